@@ -1,0 +1,123 @@
+"""The one error tree of context-mode.
+
+```
+ContextModeError
+├── UserError                      misuse: wrong arguments or configuration, fix the call
+│   ├── ConfigError                a setting is missing or invalid
+│   ├── InvalidSessionId           a session id of the wrong length or characters
+│   ├── MissingExtra               an optional dependency is not installed (names the extra)
+│   └── InputError                 a message or image the caller sent is unusable
+│       └── MessageTooLarge        the current message alone does not fit the budget
+├── NoPreviousAnswer               a follow-up ("举个例子") needs an answer and there is none
+├── SessionNotFound                no such session for this tenant
+├── ConflictError                  a compare-and-set lost: someone else wrote first
+├── StoreError                     the store failed or is unreachable (driver errors map here)
+├── ModelError                     the chat model failed (timeouts, 429/5xx, bad output)
+│   ├── ModelTimeout
+│   └── ModelUnavailable
+└── LockNotAcquired                another worker holds the session's job lock
+```
+
+Driver and provider exceptions are translated once, where they are raised
+(`store/*`, `models/openai.py`), with `raise X from exc`; the HTTP layer maps
+each class to one envelope code (see README, "Error codes").
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ConflictError",
+    "ContextModeError",
+    "InputError",
+    "InvalidSessionId",
+    "LockNotAcquired",
+    "MessageTooLarge",
+    "MissingExtra",
+    "ModelError",
+    "ModelTimeout",
+    "ModelUnavailable",
+    "NoPreviousAnswer",
+    "SessionNotFound",
+    "StoreError",
+    "UserError",
+]
+
+
+class ContextModeError(Exception):
+    """Root of every error context-mode raises on purpose."""
+
+
+class UserError(ContextModeError):
+    """The caller misused the library; the message says how to fix it."""
+
+
+class ConfigError(UserError):
+    """A setting is missing or invalid."""
+
+
+class InvalidSessionId(UserError):
+    """A session or tenant id is empty, too long, or has characters outside [A-Za-z0-9._:-]."""
+
+
+class MissingExtra(UserError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__(
+            f"{module!r} is not installed: pip install 'context-mode[{extra}]'"
+        )
+        self.extra = extra
+        self.module = module
+
+
+class InputError(UserError):
+    """A message, image or parameter sent by the caller is unusable."""
+
+
+class MessageTooLarge(InputError):
+    """The current message alone needs more tokens than the whole input budget."""
+
+    def __init__(self, message_tokens: int, budget_tokens: int) -> None:
+        super().__init__(
+            f"the current message needs {message_tokens} tokens but the input budget "
+            f"is {budget_tokens} tokens; shorten it or raise the context window"
+        )
+        self.message_tokens = message_tokens
+        self.budget_tokens = budget_tokens
+
+
+class NoPreviousAnswer(ContextModeError):
+    """A follow-up needs the previous answer and the session has none (seed 000)."""
+
+    def __init__(self, intent: str) -> None:
+        super().__init__(f"当前没有可用的上文信息 (no previous answer for a {intent!r} follow-up)")
+        self.intent = intent
+
+
+class SessionNotFound(ContextModeError):
+    """No session with this id exists for this tenant."""
+
+
+class ConflictError(ContextModeError):
+    """A compare-and-set write lost against a concurrent writer."""
+
+
+class StoreError(ContextModeError):
+    """The store failed or could not be reached; nothing was half-written."""
+
+
+class ModelError(ContextModeError):
+    """The chat model failed or answered with something unusable."""
+
+
+class ModelTimeout(ModelError):
+    """The chat model did not answer in time."""
+
+
+class ModelUnavailable(ModelError):
+    """The chat model is unreachable, rate limited (429) or failing (5xx)."""
+
+
+class LockNotAcquired(ContextModeError):
+    """Another worker holds this session's job lock."""

@@ -1,0 +1,112 @@
+"""Seams of the language layer, one Protocol per processor.
+
+Each processor has an offline implementation (the embedded default, no model
+needed) and an LLM-backed one (through `contextmode.models`). All methods are
+async so both kinds fit the same seam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from ..types import Constraint, Summary, Turn
+
+__all__ = [
+    "ConstraintExtractor",
+    "ConstraintUpdate",
+    "ContextDetector",
+    "Detection",
+    "EmotionScorer",
+    "IntentKind",
+    "Rewrite",
+    "Rewriter",
+    "SummaryResult",
+    "Summarizer",
+]
+
+IntentKind = Literal["detail", "simplify", "example", "summary", "pronoun"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Detection:
+    """Whether a message needs earlier turns to be understood."""
+
+    needs_context: bool
+    """True when the message leans on earlier turns (pronouns, ellipsis, "继续")."""
+    score: float = 0.0
+    """Confidence 0–1 that it needs context."""
+    intent: IntentKind | None = None
+    """Seed 000's follow-up intent over the last answer, if one matched."""
+    reason: str = ""
+    """Short human-readable why (matched cue, model), for logs and the inspector."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rewrite:
+    """A standalone version of a context-dependent message."""
+
+    text: str
+    """The standalone question (the original message when nothing was changed)."""
+    changed: bool
+    """False when the rewriter left the message as it was."""
+    source: str = ""
+    """Which rewriter produced it (``offline``, ``llm``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryResult:
+    """A new incremental summary and what its audit had to add back."""
+
+    text: str
+    """The summary text, audit additions included."""
+    restored_facts: Sequence[str] = ()
+    """Numbers, entities and constraints the summariser dropped and the audit put back."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConstraintUpdate:
+    """Changes to the pinned constraints found in one user turn."""
+
+    upsert: Sequence[Constraint] = field(default_factory=tuple)
+    """New or changed constraints (a newer value replaces an older one with the same key)."""
+    remove_keys: Sequence[str] = field(default_factory=tuple)
+    """Keys the user explicitly retracted ("我现在能吃辣了")."""
+
+
+@runtime_checkable
+class ContextDetector(Protocol):
+    async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
+        """Decide whether ``message`` needs ``history`` (oldest first) to be understood."""
+        ...
+
+
+@runtime_checkable
+class Rewriter(Protocol):
+    async def rewrite(
+        self, message: str, history: Sequence[Turn], *, summary: str | None = None
+    ) -> Rewrite:
+        """Rewrite ``message`` into one standalone question using the memory context."""
+        ...
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
+        """Fold ``turns`` (not yet covered) into ``previous`` and return the new summary."""
+        ...
+
+
+@runtime_checkable
+class ConstraintExtractor(Protocol):
+    async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
+        """Find constraints, preferences and identity facts stated in a user ``turn``."""
+        ...
+
+
+@runtime_checkable
+class EmotionScorer(Protocol):
+    async def score(self, text: str) -> float:
+        """Emotion intensity of ``text`` from 0 (neutral) to 1 (overwhelming)."""
+        ...

@@ -1,0 +1,249 @@
+"""The in-memory store: one process, no persistence. For tests, demos and the contract baseline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from ..errors import ConflictError, LockNotAcquired
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
+from .base import JobStats, LockHandle, SessionInfo
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass
+class _Session:
+    created_at: datetime
+    updated_at: datetime
+    turns: list[Turn] = field(default_factory=list)
+    summary: Summary | None = None
+    constraints: list[Constraint] = field(default_factory=list)
+    constraints_version: int = 0
+    last_answer: str | None = None
+    jobs: dict[str, JobStats] = field(default_factory=dict)
+
+
+class MemoryStore:
+    """Keeps every session in a dict; safe for concurrent tasks of one event loop."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[str, str], _Session] = {}
+        self._guard = asyncio.Lock()
+        self._locks: dict[str, tuple[int, float]] = {}
+        self._fence = 0
+
+    def _key(self, tenant: str, session_id: str) -> tuple[str, str]:
+        return (validate_id(tenant, "tenant"), validate_id(session_id))
+
+    async def append(
+        self,
+        tenant: str,
+        session_id: str,
+        turns: Sequence[NewTurn],
+        *,
+        expected_last_seq: int | None = None,
+    ) -> list[Turn]:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            now = utc_now()
+            session = self._sessions.get(key)
+            last_seq = len(session.turns) if session else 0
+            if expected_last_seq is not None and expected_last_seq != last_seq:
+                raise ConflictError(
+                    f"session {session_id!r} is at seq {last_seq}, expected {expected_last_seq}"
+                )
+            if session is None:
+                session = self._sessions[key] = _Session(created_at=now, updated_at=now)
+            stored = [
+                Turn(
+                    seq=last_seq + i,
+                    role=t.role,
+                    content=t.content,
+                    tokens=t.tokens,
+                    created_at=t.created_at,
+                    emotion=t.emotion,
+                    metadata=dict(t.metadata),
+                )
+                for i, t in enumerate(turns, start=1)
+            ]
+            session.turns.extend(stored)
+            for turn in stored:
+                if turn.role == "assistant":
+                    session.last_answer = turn.content
+            session.updated_at = now
+            return stored
+
+    async def load(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        recent: int = 8,
+        max_uncovered: int = 200,
+        key_moments: int = 0,
+        key_moment_threshold: float = 0.7,
+    ) -> SessionState:
+        key = self._key(tenant, session_id)
+        session = self._sessions.get(key)
+        if session is None:
+            return SessionState(tenant=tenant, session_id=session_id)
+        covers = session.summary.covers_seq if session.summary else 0
+        last_seq = len(session.turns)
+        count = min(max(last_seq - covers, recent), max_uncovered)
+        tail = session.turns[max(0, last_seq - count):]
+        moments: list[Turn] = []
+        if key_moments > 0:
+            first_tail = tail[0].seq if tail else last_seq + 1
+            older = [
+                t
+                for t in session.turns[: first_tail - 1]
+                if t.emotion is not None and t.emotion >= key_moment_threshold
+            ]
+            older.sort(key=lambda t: (-(t.emotion or 0.0), -t.seq))
+            moments = sorted(older[:key_moments], key=lambda t: t.seq)
+        return SessionState(
+            tenant=tenant,
+            session_id=session_id,
+            last_seq=last_seq,
+            turns=tuple(tail),
+            summary=session.summary,
+            constraints=tuple(session.constraints),
+            constraints_version=session.constraints_version,
+            key_moments=tuple(moments),
+            last_answer=session.last_answer,
+            created_at=session.created_at,
+            updated_at=session.updated_at,
+        )
+
+    async def turns(
+        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Turn]:
+        session = self._sessions.get(self._key(tenant, session_id))
+        if session is None:
+            return []
+        end = len(session.turns) if to_seq is None else min(to_seq, len(session.turns))
+        return session.turns[max(0, from_seq - 1) : end]
+
+    async def commit_summary(
+        self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
+    ) -> bool:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            session = self._sessions.get(key)
+            if session is None:
+                return False
+            current = session.summary
+            version = current.version if current else 0
+            if version != expected_version:
+                return False
+            if current is not None and summary.covers_seq <= current.covers_seq:
+                return False
+            session.summary = replace(summary, version=version + 1)
+            return True
+
+    async def commit_constraints(
+        self,
+        tenant: str,
+        session_id: str,
+        constraints: Sequence[Constraint],
+        *,
+        expected_version: int,
+    ) -> bool:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            session = self._sessions.get(key)
+            if session is None or session.constraints_version != expected_version:
+                return False
+            session.constraints = list(constraints)
+            session.constraints_version += 1
+            return True
+
+    async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            session = self._sessions.get(key)
+            if session is None:
+                return
+            for seq, score in scores.items():
+                if 1 <= seq <= len(session.turns):
+                    session.turns[seq - 1] = replace(session.turns[seq - 1], emotion=float(score))
+
+    async def record_job(
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+    ) -> None:
+        session = self._sessions.get(self._key(tenant, session_id))
+        if session is None:
+            return
+        stats = session.jobs.get(job, JobStats())
+        session.jobs[job] = JobStats(
+            ok=stats.ok + ok,
+            failed=stats.failed + (not ok),
+            last_error=None if ok else error,
+            last_run=utc_now(),
+        )
+
+    def _info(self, key: tuple[str, str], session: _Session) -> SessionInfo:
+        return SessionInfo(
+            tenant=key[0],
+            session_id=key[1],
+            last_seq=len(session.turns),
+            created_at=session.created_at,
+            updated_at=session.updated_at,
+            summary_covers_seq=session.summary.covers_seq if session.summary else 0,
+            summary_version=session.summary.version if session.summary else 0,
+            constraints_version=session.constraints_version,
+            jobs=dict(session.jobs),
+        )
+
+    async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
+        key = self._key(tenant, session_id)
+        session = self._sessions.get(key)
+        return self._info(key, session) if session else None
+
+    async def list_sessions(
+        self, tenant: str, *, limit: int = 100, offset: int = 0
+    ) -> list[SessionInfo]:
+        validate_id(tenant, "tenant")
+        mine = [(k, s) for k, s in self._sessions.items() if k[0] == tenant]
+        mine.sort(key=lambda ks: ks[1].updated_at, reverse=True)
+        return [self._info(k, s) for k, s in mine[offset : offset + limit]]
+
+    async def delete(self, tenant: str, session_id: str) -> bool:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            return self._sessions.pop(key, None) is not None
+
+    async def purge_idle(self, older_than: datetime) -> int:
+        async with self._guard:
+            idle = [k for k, s in self._sessions.items() if s.updated_at < older_than]
+            for k in idle:
+                del self._sessions[k]
+            return len(idle)
+
+    @asynccontextmanager
+    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        now = time.monotonic()
+        held = self._locks.get(key)
+        if held is not None and held[1] > now:
+            raise LockNotAcquired(f"job lock {key!r} is held")
+        self._fence += 1
+        token = self._fence
+        self._locks[key] = (token, now + ttl_s)
+        try:
+            yield LockHandle(key=key, token=token)
+        finally:
+            if self._locks.get(key, (None,))[0] == token:
+                del self._locks[key]
+
+    def lock(self, tenant: str, session_id: str, *, ttl_s: float = 60.0) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = self._key(tenant, session_id)
+        return self._hold(f"{tenant}/{session_id}", ttl_s)
+
+    async def close(self) -> None:
+        return None
+

@@ -1,0 +1,40 @@
+"""The `TokenCounter` seam: how many tokens a text or a chat request costs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from ..types import ChatMessage
+
+__all__ = ["TokenCounter", "count_messages"]
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts tokens for one model family.
+
+    ``exact`` is True when the count is the model's own tokenizer's; an
+    estimator says False, and every accounting that uses it reports so.
+    """
+
+    name: str
+    """Encoding name (``o200k_base``, ``qwen2``, ``estimate``…)."""
+    exact: bool
+    """True for the model's own tokenizer, False for an estimate."""
+    message_overhead: int
+    """Tokens a chat format adds around each message (role markers, separators)."""
+    reply_overhead: int
+    """Tokens the chat format adds once to prime the reply."""
+
+    def count(self, text: str) -> int:
+        """Tokens of ``text`` alone, without any chat-format overhead."""
+        ...
+
+
+def count_messages(counter: TokenCounter, messages: Sequence[ChatMessage]) -> int:
+    """Tokens of a whole chat request: contents, per-message overhead, reply priming."""
+    return (
+        sum(counter.count(m.content) + counter.message_overhead for m in messages)
+        + counter.reply_overhead
+    )

@@ -1,0 +1,165 @@
+"""Plain data that travels between the layers: turns, derived records, session state.
+
+Every record is a frozen keyword-only dataclass. Derived records (summary,
+constraints, emotion scores, last answer) carry the turn sequence number they
+cover, so a background result computed from an older state can be recognised
+and rejected instead of overwriting a newer one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from .errors import InvalidSessionId
+
+__all__ = [
+    "ChatMessage",
+    "Constraint",
+    "ConstraintKind",
+    "NewTurn",
+    "Role",
+    "SessionState",
+    "Summary",
+    "Turn",
+    "utc_now",
+    "validate_id",
+]
+
+Role = Literal["user", "assistant", "system"]
+ConstraintKind = Literal["preference", "constraint", "identity", "fact"]
+
+_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def validate_id(value: str, what: str = "session id") -> str:
+    """Return ``value`` if it is a safe id (1–128 chars of ``[A-Za-z0-9._:-]``), else raise."""
+    if not isinstance(value, str) or not _ID_RE.match(value) or value in {".", ".."}:
+        raise InvalidSessionId(
+            f"invalid {what} {value!r}: use 1-128 characters from A-Z a-z 0-9 . _ : -"
+        )
+    return value
+
+
+def utc_now() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewTurn:
+    """A turn about to be appended; the store gives it its sequence number."""
+
+    role: Role
+    """Who spoke."""
+    content: str
+    """The text, verbatim."""
+    tokens: int
+    """Token count of ``content`` under the session's counter, computed once."""
+    created_at: datetime = field(default_factory=utc_now)
+    """When it was said (UTC)."""
+    emotion: float | None = None
+    """Emotion intensity 0–1 if already known; usually scored later by a job."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Free JSON-able extras (``partial``, ``image_count``, ``rewrite``…)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Turn:
+    """One stored turn of the append-only log."""
+
+    seq: int
+    """Sequence number within the session, 1-based, without gaps."""
+    role: Role
+    """Who spoke."""
+    content: str
+    """The text, verbatim."""
+    tokens: int
+    """Token count of ``content`` (stored, never recounted)."""
+    created_at: datetime
+    """When it was said (UTC)."""
+    emotion: float | None = None
+    """Emotion intensity 0–1, ``None`` until scored."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Free JSON-able extras."""
+
+    @property
+    def partial(self) -> bool:
+        """True for an assistant answer whose stream broke before the end."""
+        return bool(self.metadata.get("partial"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """An incremental summary of turns ``1..covers_seq``."""
+
+    text: str
+    """The summary text."""
+    covers_seq: int
+    """Last turn sequence number the summary covers (inclusive)."""
+    tokens: int
+    """Token count of ``text``."""
+    version: int = 1
+    """Increases by one at every committed summary of the session."""
+    created_at: datetime = field(default_factory=utc_now)
+    """When it was committed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constraint:
+    """A user constraint or fact pinned near the top of the prompt."""
+
+    key: str
+    """What it is about, normalised (``spice``, ``budget``, ``name``…); a newer value replaces an older one with the same key."""
+    value: str
+    """The constraint as a short phrase (``不要辣``, ``预算50元以内``)."""
+    kind: ConstraintKind = "constraint"
+    """Preference, hard constraint, identity fact or other fact."""
+    source_seq: int = 0
+    """The turn it came from."""
+    quote: str = ""
+    """The user's words it was taken from (kept as data, never as instructions)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatMessage:
+    """One message of an OpenAI-style chat request."""
+
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionState:
+    """What a turn needs of a session: derived records plus the uncovered tail.
+
+    ``turns`` holds only the turns after ``summary.covers_seq`` (bounded by the
+    loader), never the whole history; older turns are reached through indexes.
+    """
+
+    tenant: str
+    session_id: str
+    last_seq: int = 0
+    """Sequence number of the newest stored turn (0 = empty session)."""
+    turns: Sequence[Turn] = ()
+    """The newest turns, oldest first (at least those the summary does not cover, bounded)."""
+    summary: Summary | None = None
+    """The latest committed summary."""
+    constraints: Sequence[Constraint] = ()
+    """Pinned constraints, in the order they were pinned."""
+    constraints_version: int = 0
+    """Bumped at each committed constraint change (compare-and-set)."""
+    key_moments: Sequence[Turn] = ()
+    """Older turns with a high emotion intensity (loaded through the emotion index)."""
+    last_answer: str | None = None
+    """The last assistant answer, kept even when its stream broke (seed 000)."""
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @property
+    def summary_covers_seq(self) -> int:
+        """Last turn covered by the summary, 0 when there is none."""
+        return self.summary.covers_seq if self.summary else 0
