@@ -1,0 +1,110 @@
+"""Seed 000's follow-up intents over the last answer, in Chinese and English.
+
+A follow-up such as "举个例子" or "simpler please" is answered from the previous
+answer with an intent-specific template. Keyword lists and their priority
+(simplify > detail > example > summary > pronoun) are seed 000's; the English
+lists are their equivalents.
+"""
+
+from __future__ import annotations
+
+import re
+from ..errors import NoPreviousAnswer
+from .base import IntentKind
+
+__all__ = [
+    "INTENT_KEYWORDS",
+    "INTENT_PRIORITY",
+    "build_follow_up_prompt",
+    "classify_follow_up_intent",
+    "is_chinese",
+]
+
+INTENT_PRIORITY: tuple[IntentKind, ...] = ("simplify", "detail", "example", "summary", "pronoun")
+"""Order in which intents are tried; the first match wins (seed 000)."""
+
+INTENT_KEYWORDS: dict[IntentKind, dict[str, tuple[str, ...]]] = {
+    "detail": {
+        "zh": ("详细", "更多信息", "再讲一遍", "补充", "继续", "扩展", "深入", "再说一遍", "重复一下"),
+        "en": ("more detail", "in detail", "elaborate", "tell me more", "go on", "continue",
+               "expand on", "go deeper", "say that again", "repeat that"),
+    },
+    "simplify": {
+        "zh": ("通俗一点", "简单一点", "简略一点", "别太专业", "小白解释", "用比喻", "用例子", "别用术语"),
+        "en": ("simpler", "simplify", "in plain", "plain english", "layman", "less technical",
+               "like i'm five", "eli5", "use an analogy", "without jargon"),
+    },
+    "example": {
+        "zh": ("举个例子", "具体点", "案例", "实例"),
+        "en": ("for example", "an example", "example?", "give me an example", "be more specific",
+               "a concrete", "case study", "for instance"),
+    },
+    "summary": {
+        "zh": ("总结", "概括", "归纳"),
+        "en": ("summarize", "summarise", "sum up", "summary", "tl;dr", "tldr", "in short",
+               "recap"),
+    },
+    "pronoun": {
+        "zh": ("它", "它们", "那些", "这个", "那个", "这些", "这点", "那点"),
+        "en": ("it", "they", "them", "those", "these", "that", "this one", "that one"),
+    },
+}
+"""Intent → language → keywords. Chinese keywords match as substrings (seed 000);
+English ones match on word boundaries, so "it" does not fire inside "items"."""
+
+_TEMPLATES: dict[str, dict[IntentKind, str]] = {
+    "zh": {
+        "detail": "基于以下内容，请进一步详细说明:\n{context}\n问题: {question}",
+        "simplify": "请用更简单易懂的语言解释以下内容:\n{context}\n问题: {question}",
+        "example": "请基于以下内容举一个具体例子:\n{context}\n问题: {question}",
+        "summary": "请对以下内容进行简要总结:\n{context}\n问题: {question}",
+        "pronoun": "基于以下内容，请解释‘{question}’所指的具体内容:\n{context}\n问题: {question}",
+    },
+    "en": {
+        "detail": "Based on the following, please explain in more detail:\n{context}\nQuestion: {question}",
+        "simplify": "Please explain the following in simpler, plain language:\n{context}\nQuestion: {question}",
+        "example": "Please give one concrete example based on the following:\n{context}\nQuestion: {question}",
+        "summary": "Please summarise the following briefly:\n{context}\nQuestion: {question}",
+        "pronoun": "Based on the following, explain what '{question}' refers to:\n{context}\nQuestion: {question}",
+    },
+}
+
+_CJK = re.compile(r"[\u3400-\u9fff]")
+_EN_PATTERNS: dict[IntentKind, re.Pattern[str]] = {
+    intent: re.compile(
+        r"(?<![a-z])(?:" + "|".join(re.escape(k) for k in langs["en"]) + r")(?![a-z])"
+    )
+    for intent, langs in INTENT_KEYWORDS.items()
+}
+
+
+def is_chinese(text: str) -> bool:
+    """True when ``text`` has at least one CJK character (then Chinese wording is used)."""
+    return bool(_CJK.search(text))
+
+
+def classify_follow_up_intent(query: str) -> IntentKind | None:
+    """Seed 000's keyword intent of ``query``, or ``None`` when none matches."""
+    lowered = query.lower()
+    for intent in INTENT_PRIORITY:
+        if any(k in lowered for k in INTENT_KEYWORDS[intent]["zh"]):
+            return intent
+        if _EN_PATTERNS[intent].search(lowered):
+            return intent
+    return None
+
+
+def build_follow_up_prompt(
+    intent: IntentKind, last_answer: str | None, question: str, *, locale: str | None = None
+) -> str:
+    """Seed 000's intent template over the previous answer.
+
+    Raises `NoPreviousAnswer` ("当前没有可用的上文信息") when there is no answer to build on.
+    """
+    context = (last_answer or "").strip()
+    if not context:
+        raise NoPreviousAnswer(intent)
+    lang = locale or ("zh" if is_chinese(question) else "en")
+    return _TEMPLATES["zh" if lang.startswith("zh") else "en"][intent].format(
+        context=context, question=question.strip()
+    )
