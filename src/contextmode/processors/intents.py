@@ -9,6 +9,7 @@ lists are their equivalents.
 from __future__ import annotations
 
 import re
+
 from ..errors import NoPreviousAnswer
 from .base import IntentKind
 
