@@ -22,8 +22,8 @@ __all__ = [
     "IntentKind",
     "Rewrite",
     "Rewriter",
-    "SummaryResult",
     "Summarizer",
+    "SummaryResult",
 ]
 
 IntentKind = Literal["detail", "simplify", "example", "summary", "pronoun"]
