@@ -1,0 +1,1 @@
+"""Evaluation of context-mode against public dialogue datasets (paths given by the caller)."""

@@ -1,0 +1,238 @@
+"""Emotion intensity against CPED (Chinese) and ESConv (English).
+
+CPED (``valid_split.csv``: one utterance a row, ``Emotion`` / ``Sentiment`` labels): how well
+the score separates neutral from emotional utterances (ROC AUC, balanced accuracy at the
+key-moment threshold, point-biserial correlation). ESConv (``valid.jsonl``): Spearman
+correlation between the scores of the seeker's first turns (mean and max) and the seeker's
+self-reported initial emotion intensity (1–5). Baselines are scored the same way: utterance
+length and an exclamation-mark count.
+
+The rank statistics are kept private here until the shared ``evaluation.metrics`` lands.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..processors.emotion import analyze_emotion
+
+__all__ = ["evaluate_emotion", "register"]
+
+KEY_MOMENT_THRESHOLD = 0.7
+"""Seed 001: a turn is a key moment above this intensity."""
+EMOTIONAL_THRESHOLD = 0.3
+"""Fixed (not tuned) cut for "emotional vs neutral" accuracy: level 2 of 5 and above."""
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else float("nan")
+
+
+def _spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    return _pearson(_ranks(xs), _ranks(ys))
+
+
+def _auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """ROC AUC by the Mann–Whitney statistic (ties count half)."""
+    ranks = _ranks(scores)
+    n_pos = sum(positive)
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")
+    rank_sum = sum(r for r, p in zip(ranks, positive, strict=True) if p)
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def _balanced_accuracy(scores: Sequence[float], positive: Sequence[bool], cut: float) -> float:
+    tp = sum(1 for s, p in zip(scores, positive, strict=True) if p and s >= cut)
+    tn = sum(1 for s, p in zip(scores, positive, strict=True) if not p and s < cut)
+    n_pos = sum(positive)
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")
+    return (tp / n_pos + tn / n_neg) / 2
+
+
+def _exclaims(text: str) -> float:
+    return float(text.count("!") + text.count("！"))
+
+
+def _length(text: str) -> float:
+    return float(len(text))
+
+
+def _read_cped(path: Path) -> list[tuple[str, str]]:
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        return [(row["Utterance"], row["Emotion"]) for row in csv.DictReader(fh)]
+
+
+def _read_esconv(path: Path, first_turns: int) -> list[tuple[list[str], float]]:
+    items = []
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            seeker = [t["text"] for t in obj["dialog"] if t.get("speaker") == "usr"]
+            level = obj["survey_score"]["seeker"]["initial_emotion_intensity"]
+            if seeker and level not in (None, ""):
+                items.append((seeker[:first_turns], float(level)))
+    return items
+
+
+def _progress() -> Any:
+    from rich.progress import Progress
+
+    return Progress(transient=True)
+
+
+def _detect_format(path: Path) -> str:
+    if path.suffix.lower() == ".csv":
+        return "cped"
+    return "esconv"
+
+
+def evaluate_emotion(
+    path: str | Path,
+    *,
+    first_turns: int = 3,
+    limit: int | None = None,
+    show_progress: bool = False,
+) -> dict[str, Any]:
+    """Score a CPED CSV or an ESConv JSONL file with `OfflineEmotionScorer`.
+
+    Returns headline figures: for CPED ``auc`` (neutral vs emotional), ``balanced_accuracy``
+    at 0.3, ``pearson`` (point-biserial), ``key_moment_share`` and the baselines'
+    ``auc_length`` / ``auc_exclaim``; for ESConv ``spearman`` (mean of the seeker's first
+    ``first_turns`` turns), ``spearman_max`` and the baselines.
+    """
+    data_path = Path(path)
+    kind = _detect_format(data_path)
+    if kind == "cped":
+        return _evaluate_cped(data_path, limit, show_progress)
+    return _evaluate_esconv(data_path, first_turns, limit, show_progress)
+
+
+def _score_all(texts: Sequence[str], show_progress: bool, label: str) -> list[float]:
+    scores: list[float] = []
+    if not show_progress:
+        return [analyze_emotion(t).intensity for t in texts]
+    with _progress() as progress:
+        task = progress.add_task(label, total=len(texts))
+        for text in texts:
+            scores.append(analyze_emotion(text).intensity)
+            progress.advance(task)
+    return scores
+
+
+def _evaluate_cped(path: Path, limit: int | None, show_progress: bool) -> dict[str, Any]:
+    rows = _read_cped(path)[:limit]
+    texts = [text for text, _ in rows]
+    emotional = [label != "neutral" for _, label in rows]
+    scores = _score_all(texts, show_progress, "scoring CPED utterances")
+    baseline: dict[str, Callable[[str], float]] = {"length": _length, "exclaim": _exclaims}
+    result: dict[str, Any] = {
+        "dataset": "cped",
+        "items": len(rows),
+        "emotional_share": round(sum(emotional) / len(rows), 4) if rows else 0.0,
+        "auc": round(_auc(scores, emotional), 4),
+        "balanced_accuracy": round(_balanced_accuracy(scores, emotional, EMOTIONAL_THRESHOLD), 4),
+        "pearson": round(_pearson(scores, [float(e) for e in emotional]), 4),
+        "key_moment_share": round(
+            sum(s > KEY_MOMENT_THRESHOLD for s in scores) / len(scores), 4
+        ) if scores else 0.0,
+        "mean_score_neutral": _mean([s for s, e in zip(scores, emotional, strict=True) if not e]),
+        "mean_score_emotional": _mean([s for s, e in zip(scores, emotional, strict=True) if e]),
+    }
+    for name, fn in baseline.items():
+        result[f"auc_{name}"] = round(_auc([fn(t) for t in texts], emotional), 4)
+    return result
+
+
+def _mean(values: Sequence[float]) -> float:
+    return round(sum(values) / len(values), 4) if values else 0.0
+
+
+def _evaluate_esconv(
+    path: Path, first_turns: int, limit: int | None, show_progress: bool
+) -> dict[str, Any]:
+    items = _read_esconv(path, first_turns)[:limit]
+    levels = [level for _, level in items]
+    mean_scores: list[float] = []
+    max_scores: list[float] = []
+    flat = [text for turns, _ in items for text in turns]
+    scores = iter(_score_all(flat, show_progress, "scoring ESConv seeker turns"))
+    for turns, _ in items:
+        turn_scores = [next(scores) for _ in turns]
+        mean_scores.append(sum(turn_scores) / len(turn_scores))
+        max_scores.append(max(turn_scores))
+    joined = [" ".join(turns) for turns, _ in items]
+    return {
+        "dataset": "esconv",
+        "items": len(items),
+        "first_turns": first_turns,
+        "spearman": round(_spearman(mean_scores, levels), 4),
+        "spearman_max": round(_spearman(max_scores, levels), 4),
+        "spearman_length": round(_spearman([_length(t) for t in joined], levels), 4),
+        "spearman_exclaim": round(_spearman([_exclaims(t) for t in joined], levels), 4),
+        "mean_score": _mean(mean_scores),
+    }
+
+
+def _print_report(title: str, result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``emotion`` evaluation subcommand to ``app``."""
+
+    @app.command("emotion")
+    def emotion_command(
+        data: Annotated[Path, typer.Option("--data", help="CPED .csv or ESConv .jsonl file")],
+        first_turns: Annotated[int, typer.Option(help="ESConv: seeker turns scored")] = 3,
+        limit: Annotated[int | None, typer.Option(help="Score only the first N items")] = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Last line: the headline figures as JSON")
+        ] = False,
+    ) -> None:
+        """Emotion intensity vs CPED labels or ESConv seeker intensity."""
+        result = evaluate_emotion(data, first_turns=first_turns, limit=limit, show_progress=True)
+        _print_report(f"emotion ({result['dataset']})", result)
+        if as_json:
+            print(json.dumps(result, ensure_ascii=False))

@@ -1,0 +1,270 @@
+"""Offline emotion intensity (seed 001): a lexicon with negation, intensifiers and punctuation.
+
+Intensity is 0 (neutral) to 1 (overwhelming), whatever the sign of the feeling: seed 001
+picks key moments by intensity > 0.7, so "我太开心了!!" and "我真的崩溃了" both count.
+
+How a score is made:
+1. Emotion words are found in the lexicon (``lexicons/{zh,en}_emotion.tsv``). Chinese is
+   matched on the text and checked against jieba's word boundaries for one-character
+   entries (so 气 counts in "别气了" but not in "天气"); English on words, with light
+   suffix stripping (``worried`` → ``worry``).
+2. Each word's weight is scaled by the modifiers just before it (太/非常/特别/真的/好,
+   so/very/really; 有点/a bit lower it) and after it (死了/极了); a negation
+   (不/没/别, not/never/n't) lowers it: much for negative words ("我不难过"), less for
+   positive ones ("不开心" is still a feeling).
+3. Words combine as a noisy-or (each adds part of what is left), then punctuation and
+   typography add arousal: ``!``/``！``, repeated ``!!``/``??``, ``……``, capitals, stretched
+   letters (``sooo``), crying emoticons.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+
+from .lexicons import Language, detect_language, emotion_words, modifiers
+
+__all__ = [
+    "EmotionAnalysis",
+    "EmotionHit",
+    "OfflineEmotionScorer",
+    "analyze_emotion",
+    "emotion_level",
+]
+
+_NEGATED_NEGATIVE = 0.3
+"""Weight kept by a negated negative word: "我不难过" still hints at the topic."""
+_NEGATED_POSITIVE = 0.75
+"""Weight kept by a negated positive word: "不开心" is a (sad) feeling of its own."""
+
+_EN_WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
+_EN_CLAUSE = re.compile(r"[.!?;,:\n]+")
+_ZH_CLAUSE = re.compile(r"[。！？；，、,.!?;\n]")
+_CRY = re.compile(r"(T_T|QAQ|:\(|:'\(|555+|呜+|😭|😢|😡|😤|💔)")
+_STRETCH = re.compile(r"([A-Za-z])\1{2,}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmotionHit:
+    """One emotion word found in a text."""
+
+    word: str
+    """The lexicon entry, as it appears in the text (or its English base form)."""
+    weight: float
+    """0–1 after modifiers and negation."""
+    polarity: str
+    """``+``, ``-`` or ``!`` (arousal), from the lexicon."""
+    negated: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmotionAnalysis:
+    """The intensity of a text and the words behind it."""
+
+    intensity: float
+    """0 (neutral) – 1 (overwhelming)."""
+    hits: tuple[EmotionHit, ...] = ()
+    language: Language = "en"
+
+    @property
+    def level(self) -> int:
+        """Seed 003's 1–5 emotion level of the intensity (see `emotion_level`)."""
+        return emotion_level(self.intensity)
+
+
+def emotion_level(intensity: float) -> int:
+    """Map a 0–1 intensity to seed 003's 1–5 scale (1 calm … 5 overwhelming)."""
+    return max(1, min(5, 1 + int(intensity * 5)))
+
+
+@cache
+def _zh_pattern() -> re.Pattern[str]:
+    words = sorted(emotion_words("zh"), key=len, reverse=True)
+    return re.compile("|".join(re.escape(w) for w in words))
+
+
+@cache
+def _zh_prefix_modifiers() -> list[str]:
+    return sorted(modifiers("zh"), key=len, reverse=True)
+
+
+_ZH_SUFFIX_MODIFIERS = ("死了", "极了", "透了", "坏了", "得不行", "要命")
+
+
+_ZH_GLUE = frozenset("我你他她它们了的啊呀吧呢嘛哦")
+
+
+def _token_spans(text: str) -> list[tuple[int, int]]:
+    import jieba
+
+    spans = []
+    pos = 0
+    for token in jieba.lcut(text, HMM=False):
+        spans.append((pos, pos + len(token)))
+        pos += len(token)
+    return spans
+
+
+def _single_char_is_word(text: str, start: int, spans: list[tuple[int, int]]) -> bool:
+    """True when a one-character entry stands as a word, not inside another (天气, 爱好)."""
+    for tok_start, tok_end in spans:
+        if tok_start <= start < tok_end:
+            before, after = text[tok_start:start], text[start + 1 : tok_end]
+            # jieba glues 有点烦 and 我爱你 into one token: the rest is a modifier or a pronoun.
+            before_ok = not before or before in modifiers("zh") or set(before) <= _ZH_GLUE
+            after_ok = not after or set(after) <= _ZH_GLUE
+            return before_ok and after_ok
+    return False
+
+
+def _apply_modifiers(
+    base: float, polarity: str, mods: list[tuple[str, float]]
+) -> tuple[float, bool]:
+    weight = base
+    negated = False
+    for kind, factor in mods:
+        if kind == "negation":
+            negated = not negated
+        else:
+            weight *= factor
+    if negated:
+        weight *= _NEGATED_POSITIVE if polarity == "+" else _NEGATED_NEGATIVE
+    return min(weight, 1.0), negated
+
+
+def _zh_hits(text: str) -> list[EmotionHit]:
+    lexicon = emotion_words("zh")
+    mods = modifiers("zh")
+    spans: list[tuple[int, int]] | None = None
+    hits: list[EmotionHit] = []
+    for match in _zh_pattern().finditer(text):
+        word = match.group()
+        start, end = match.span()
+        if len(word) == 1:
+            # One character is often part of another word (天气, 爱好): keep it only
+            # when jieba sees it as a word of its own.
+            if spans is None:
+                spans = _token_spans(text)
+            if not _single_char_is_word(text, start, spans):
+                continue
+        clause_start = max(
+            (m.end() for m in _ZH_CLAUSE.finditer(text, 0, start)), default=0
+        )
+        window = text[max(clause_start, start - 5) : start]
+        found: list[tuple[str, float]] = []
+        while window and len(found) < 3:
+            for cand in _zh_prefix_modifiers():
+                if window.endswith(cand):
+                    found.append((mods[cand].kind, mods[cand].weight))
+                    window = window[: -len(cand)]
+                    break
+            else:
+                # 得/了/的 sit between a modifier and its word ("太让人难过了").
+                if window[-1] in "的得地了让人我你他她":
+                    window = window[:-1]
+                    continue
+                break
+        tail = text[end : end + 3]
+        for suffix in _ZH_SUFFIX_MODIFIERS:
+            if tail.startswith(suffix):
+                found.append(("intensifier", mods[suffix].weight if suffix in mods else 1.4))
+                break
+        entry = lexicon[word]
+        weight, negated = _apply_modifiers(entry.intensity, entry.polarity, found)
+        hits.append(
+            EmotionHit(word=word, weight=weight, polarity=entry.polarity, negated=negated)
+        )
+    return hits
+
+
+def _en_base(word: str, lexicon: dict[str, object]) -> str | None:
+    if word in lexicon:
+        return word
+    squeezed = re.sub(r"(.)\1{2,}", r"\1\1", word)
+    for cand in (squeezed, re.sub(r"(.)\1+", r"\1", word)):
+        if cand in lexicon:
+            return cand
+    for suffix, repl in (
+        ("ies", "y"), ("ied", "y"), ("ing", ""), ("ing", "e"), ("ed", ""), ("ed", "e"),
+        ("es", ""), ("s", ""), ("ly", ""), ("d", ""), ("ness", ""), ("ful", ""),
+    ):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            cand = word[: -len(suffix)] + repl
+            if cand in lexicon:
+                return cand
+    return None
+
+
+def _en_hits(text: str) -> list[EmotionHit]:
+    lexicon = emotion_words("en")
+    mods = modifiers("en")
+    hits: list[EmotionHit] = []
+    for clause in _EN_CLAUSE.split(text):
+        words = [w.lower() for w in _EN_WORD.findall(clause)]
+        for i, word in enumerate(words):
+            base = _en_base(word, lexicon)  # type: ignore[arg-type]
+            if base is None:
+                continue
+            found: list[tuple[str, float]] = []
+            for prev in words[max(0, i - 3) : i]:
+                mod = mods.get(prev) or mods.get(re.sub(r"(.)\1{2,}", r"\1", prev))
+                if mod is None and prev.endswith("n't"):
+                    mod = mods["n't"]
+                if mod is not None:
+                    found.append((mod.kind, mod.weight))
+            entry = lexicon[base]
+            weight, negated = _apply_modifiers(entry.intensity, entry.polarity, found)
+            hits.append(
+                EmotionHit(word=base, weight=weight, polarity=entry.polarity, negated=negated)
+            )
+    return hits
+
+
+def _arousal(text: str, language: Language) -> float:
+    """0–1 extra intensity from punctuation and typography."""
+    score = 0.0
+    exclaims = text.count("!") + text.count("！")
+    if exclaims:
+        score += 0.2 + 0.1 * min(exclaims - 1, 3)
+    if re.search(r"[?？]{2,}|[!！][?？]|[?？][!！]", text):
+        score += 0.15
+    if re.search(r"\.{3,}|…|。{2,}", text):
+        score += 0.08
+    if _CRY.search(text):
+        score += 0.35
+    if language == "en":
+        if re.search(r"\b[A-Z]{3,}\b", text) and not text.isupper():
+            score += 0.15
+        if _STRETCH.search(text):
+            score += 0.1
+    elif re.search(r"([\u4e00-\u9fff])\1{2,}", text):
+        score += 0.1  # 啊啊啊, 哈哈哈
+    return min(score, 0.8)
+
+
+def analyze_emotion(text: str) -> EmotionAnalysis:
+    """Score ``text`` and say which words carried the feeling."""
+    language = detect_language(text)
+    hits = _zh_hits(text) if language == "zh" else _en_hits(text)
+    remaining = 1.0
+    for hit in hits:
+        remaining *= 1.0 - 0.85 * hit.weight
+    lexical = 1.0 - remaining
+    arousal = _arousal(text, language)
+    intensity = 1.0 - (1.0 - lexical) * (1.0 - arousal)
+    return EmotionAnalysis(
+        intensity=round(min(max(intensity, 0.0), 1.0), 4), hits=tuple(hits), language=language
+    )
+
+
+class OfflineEmotionScorer:
+    """`EmotionScorer` from the bundled zh/en lexicons; no model, deterministic."""
+
+    async def score(self, text: str) -> float:
+        """Emotion intensity of ``text``, 0 (neutral) to 1 (overwhelming)."""
+        return analyze_emotion(text).intensity
+
+    def score_sync(self, text: str) -> float:
+        """Same as `score`, for callers outside an event loop (evaluation, CLI)."""
+        return analyze_emotion(text).intensity
