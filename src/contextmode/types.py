@@ -154,6 +154,8 @@ class SessionState:
     """Bumped at each committed constraint change (compare-and-set)."""
     key_moments: Sequence[Turn] = ()
     """Older turns with a high emotion intensity (loaded through the emotion index)."""
+    recalled: Sequence[Turn] = ()
+    """Older turns relevant to the current message, best first (filled by a recaller)."""
     last_answer: str | None = None
     """The last assistant answer, kept even when its stream broke (seed 000)."""
     created_at: datetime | None = None

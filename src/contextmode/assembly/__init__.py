@@ -1,1 +1,20 @@
-"""assembly layer."""
+"""Assembly: fit memory into a token budget and render it for the model."""
+
+from .adapters import to_anthropic, to_messages, to_text
+from .assemble import ORDER_PRESETS, AssemblyConfig, assemble, cut_to_tokens
+from .context import Context, LayerAccount, LayerContent, LayerItem, PromptFormat
+
+__all__ = [
+    "ORDER_PRESETS",
+    "AssemblyConfig",
+    "Context",
+    "LayerAccount",
+    "LayerContent",
+    "LayerItem",
+    "PromptFormat",
+    "assemble",
+    "cut_to_tokens",
+    "to_anthropic",
+    "to_messages",
+    "to_text",
+]

@@ -1,1 +1,31 @@
-"""memory layer."""
+"""Memory: token budgets and the strategies that choose candidates for each layer."""
+
+from .budget import FLEXIBLE_LAYERS, LAYER_NAMES, Budget, LayerName, allocate
+from .strategies import (
+    STRATEGIES,
+    Hybrid,
+    MemoryPlan,
+    SlidingSummary,
+    SlidingWindow,
+    Strategy,
+    TokenWindow,
+    get_strategy,
+    register_strategy,
+)
+
+__all__ = [
+    "FLEXIBLE_LAYERS",
+    "LAYER_NAMES",
+    "STRATEGIES",
+    "Budget",
+    "Hybrid",
+    "LayerName",
+    "MemoryPlan",
+    "SlidingSummary",
+    "SlidingWindow",
+    "Strategy",
+    "TokenWindow",
+    "allocate",
+    "get_strategy",
+    "register_strategy",
+]

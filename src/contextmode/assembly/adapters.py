@@ -1,0 +1,64 @@
+"""Adapters: the same assembled layers as OpenAI messages, Anthropic messages or plain text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..types import ChatMessage
+from .context import Context
+from .render import SECTION_SEPARATOR
+
+__all__ = ["to_anthropic", "to_messages", "to_text"]
+
+_TURN_LAYERS = ("recent", "current")
+
+
+def _system_content(context: Context) -> str:
+    return SECTION_SEPARATOR.join(
+        layer.rendered for layer in context.layers if layer.name not in _TURN_LAYERS and layer.rendered
+    )
+
+
+def to_messages(context: Context) -> list[ChatMessage]:
+    """OpenAI-style chat messages: one system message with every non-turn layer in order,
+    then the recent turns, then the current message."""
+    if context.format != "messages":
+        return [ChatMessage(role="user", content=to_text(context))]
+    messages: list[ChatMessage] = []
+    system = _system_content(context)
+    if system:
+        messages.append(ChatMessage(role="system", content=system))
+    recent = context.layer("recent")
+    if recent is not None:
+        messages.extend(ChatMessage(role=item.role or "user", content=item.text) for item in recent.items)
+    messages.append(ChatMessage(role="user", content=context.message))
+    return messages
+
+
+def to_anthropic(context: Context) -> dict[str, Any]:
+    """Anthropic-style request parts: ``{"system": str, "messages": [...]}`` with the system
+    text apart and strict user/assistant alternation starting with a user turn
+    (consecutive turns of one role are merged; a leading assistant turn is
+    preceded by a short user marker)."""
+    messages = to_messages(context)
+    system_parts = [m.content for m in messages if m.role == "system"]
+    turns: list[dict[str, str]] = []
+    for m in messages:
+        if m.role == "system":
+            continue
+        if turns and turns[-1]["role"] == m.role:
+            turns[-1]["content"] += "\n\n" + m.content
+        else:
+            turns.append({"role": m.role, "content": m.content})
+    if turns and turns[0]["role"] == "assistant":
+        marker = "（继续之前的对话）" if context.locale.startswith("zh") else "(continuing our conversation)"
+        turns.insert(0, {"role": "user", "content": marker})
+    return {"system": "\n\n".join(system_parts), "messages": turns}
+
+
+def to_text(context: Context) -> str:
+    """One plain-text prompt with section headings, in the configured order (seed 001)."""
+    if context.format == "text":
+        return SECTION_SEPARATOR.join(layer.rendered for layer in context.layers if layer.rendered)
+    # A message-form context shown as text: render each message under its role.
+    return "\n\n".join(f"[{m.role}]\n{m.content}" for m in to_messages(context))

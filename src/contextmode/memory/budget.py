@@ -1,0 +1,181 @@
+"""Token budgets: the input budget, per-layer shares, and budget that flows between layers.
+
+Seed 003 gives fixed allocations (window 8192, a quarter reserved for the
+reply, system 300 / profile 200 / recent 4000 / summary 1500); seed 001 gives
+ratios (recent 60 %, key moments 25 %, summary 15 %). Either way, budget a layer
+does not use flows to the layers that want more (a short conversation gives
+everything to the recent turns; no key moments gives their share away).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..errors import ConfigError
+
+__all__ = [
+    "FLEXIBLE_LAYERS",
+    "LAYER_NAMES",
+    "Budget",
+    "LayerName",
+    "allocate",
+]
+
+LayerName = Literal[
+    "system", "constraints", "summary", "key_moments", "recall", "recent", "current", "format"
+]
+LAYER_NAMES: tuple[LayerName, ...] = (
+    "system", "constraints", "summary", "key_moments", "recall", "recent", "current", "format"
+)
+FLEXIBLE_LAYERS: tuple[LayerName, ...] = ("constraints", "recent", "summary", "key_moments", "recall")
+"""Layers that share the budget, in the order that receives leftover tokens first
+(pinned constraints are small and always wanted, then the newest turns)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """How many tokens the model may receive and how they are shared.
+
+    Give ``allocations`` (fixed tokens per layer, seed 003) or ``shares``
+    (weights per layer, seed 001); with neither, the strategy's default shares
+    apply. ``system``, ``current`` and ``format`` are always included whole.
+    """
+
+    context_window: int = 8192
+    """The model's context window, tokens."""
+    reply_reserve: int | None = None
+    """Tokens kept free for the reply; ``None`` = a quarter of the window (seed 003)."""
+    allocations: Mapping[LayerName, int] = field(default_factory=dict)
+    """Fixed tokens per layer (caps before flowing)."""
+    shares: Mapping[LayerName, float] = field(default_factory=dict)
+    """Relative weights per flexible layer."""
+
+    def __post_init__(self) -> None:
+        if self.context_window <= 0:
+            raise ConfigError(f"context_window must be positive, got {self.context_window}")
+        if self.reply_reserve is not None and not 0 <= self.reply_reserve < self.context_window:
+            raise ConfigError("reply_reserve must be between 0 and the context window")
+        if self.allocations and self.shares:
+            raise ConfigError("give a Budget either allocations or shares, not both")
+        if any(v < 0 for v in self.allocations.values()) or any(
+            v < 0 for v in self.shares.values()
+        ):
+            raise ConfigError("budget allocations and shares must not be negative")
+
+    @property
+    def reserve(self) -> int:
+        """Tokens reserved for the reply."""
+        return self.context_window // 4 if self.reply_reserve is None else self.reply_reserve
+
+    @property
+    def input_tokens(self) -> int:
+        """Tokens available for everything the model receives."""
+        return self.context_window - self.reserve
+
+    @classmethod
+    def seed003(cls, context_window: int = 8192) -> Budget:
+        """Seed 003's fixed allocations: system 300, profile 200, recent 4000, summary 1500."""
+        return cls(
+            context_window=context_window,
+            allocations={"system": 300, "constraints": 200, "recent": 4000, "summary": 1500},
+        )
+
+    @classmethod
+    def seed001(cls, total_tokens: int = 6000) -> Budget:
+        """Seed 001's ratios over ``total_tokens`` of input: recent 60 %, key moments 25 %, summary 15 %."""
+        return cls(
+            context_window=total_tokens,
+            reply_reserve=0,
+            shares={"recent": 0.60, "key_moments": 0.25, "summary": 0.15},
+        )
+
+    def with_total(self, input_tokens: int) -> Budget:
+        """The same sharing with exactly ``input_tokens`` of input and no reply reserve."""
+        return Budget(
+            context_window=input_tokens,
+            reply_reserve=0,
+            allocations=self.allocations,
+            shares=self.shares,
+        )
+
+
+def allocate(
+    available: int,
+    demands: Mapping[LayerName, int],
+    *,
+    caps: Mapping[LayerName, int] | None = None,
+    weights: Mapping[LayerName, float] | None = None,
+) -> dict[LayerName, int]:
+    """Split ``available`` tokens among flexible layers by water-filling.
+
+    ``demands`` is what each layer could use. With ``caps`` (fixed allocations)
+    each layer starts at its cap (scaled down if the caps exceed ``available``);
+    with ``weights`` each starts at its weighted share. Then every token a
+    layer does not need flows to the layers still wanting more, in proportion
+    to their weights (caps act as weights), until nothing is left or nobody
+    wants more. The result never exceeds ``available`` in total, nor any
+    layer's demand.
+    """
+    layers = [name for name in FLEXIBLE_LAYERS if name in demands]
+    if available <= 0 or not layers:
+        return {name: 0 for name in layers}
+    if caps:
+        raw = {name: float(caps.get(name, 0)) for name in layers}
+    else:
+        raw = {name: float((weights or {}).get(name, 0.0)) for name in layers}
+    if sum(raw.values()) <= 0:
+        raw = {name: 1.0 for name in layers}
+    base = {name: (w if w > 0 else 1e-6) for name, w in raw.items()}
+
+    alloc: dict[LayerName, int] = {}
+    if "constraints" in layers:
+        # Pinned constraints come first (seed 003 puts them near the top because they
+        # must not be lost): their whole demand, within their cap when one is set.
+        limit = caps.get("constraints", available) if caps else available
+        pinned = min(demands["constraints"], limit, available)
+        rest_layers = [n for n in layers if n != "constraints"]
+        rest_caps = {n: v for n, v in caps.items() if n != "constraints"} if caps else None
+        rest = allocate(
+            available - pinned, {n: demands[n] for n in rest_layers}, caps=rest_caps, weights=weights
+        )
+        return {"constraints": pinned, **rest}
+    if caps:
+        scale = min(1.0, available / max(1.0, sum(raw.values())))
+        for name in layers:
+            alloc[name] = int(raw[name] * scale)
+    else:
+        total_w = sum(raw.values())
+        for name in layers:
+            alloc[name] = int(available * raw[name] / total_w)
+    pool = available - sum(alloc.values())
+    # Water-filling: give back what a layer cannot use, share it among the hungry.
+    for _ in range(len(layers) + 2):
+        for name in layers:
+            extra = alloc[name] - demands[name]
+            if extra > 0:
+                alloc[name] -= extra
+                pool += extra
+        hungry = [n for n in layers if demands[n] > alloc[n]]
+        if pool <= 0 or not hungry:
+            break
+        total_w = sum(base[n] for n in hungry)
+        given = 0
+        for name in hungry:
+            share = int(pool * base[name] / total_w)
+            alloc[name] += share
+            given += share
+        pool -= given
+        # Integer remainders go to the hungry layers in priority order.
+        for name in hungry:
+            if pool <= 0:
+                break
+            want = demands[name] - alloc[name]
+            if want > 0:
+                step = min(want, pool)
+                alloc[name] += step
+                pool -= step
+    for name in layers:
+        alloc[name] = min(alloc[name], demands[name])
+    return alloc

@@ -1,0 +1,247 @@
+"""Recall: bring back the old turns that matter to the current message.
+
+The recent window shows the newest turns and the summary compresses the rest;
+neither helps when the user asks about something said two hundred turns ago.
+The `Recaller` ranks the session's older turns against the message with an
+incremental BM25 index (`recall_index.BM25Index`) and returns them best first
+for the ``recall`` layer, each optionally followed by the turn before it (the
+question a hit answers is often what makes it understandable).
+
+Query: the message's terms at full weight; when the message is short and leans
+on the conversation ("那个按钮在哪?"), terms of the last turns are added at a
+lower weight (query expansion), so the index can still find the topic.
+
+Indexes live in this process, one per session, in an LRU of ``max_sessions``:
+the first use rebuilds a session's index from the store (one pass over its
+turns), later uses add only the turns that arrived since. They are not
+persisted: rebuilding costs ~20 µs a turn (about 0.2 s for 10,000 turns),
+far less than keeping an index format in step across four store backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from ..types import SessionState, Turn
+from .recall_index import BM25Index, RecallIndex
+from .recall_text import analyze
+
+__all__ = [
+    "RecallHit",
+    "RecallSettings",
+    "Recaller",
+    "TurnSource",
+    "recall_query",
+]
+
+
+class TurnSource(Protocol):
+    """What recall needs of a store: bounded reads of the turn log."""
+
+    async def turns(
+        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Turn]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecallSettings:
+    """How recall ranks and expands (defaults chosen on principle, see docs/quality-recall.md)."""
+
+    candidates: int = 48
+    """Index hits considered per message (before neighbours); the layer's budget decides how many fit."""
+    neighbours: bool = True
+    """Follow each hit with the turn just before it."""
+    neighbour_weight: float = 0.5
+    """A neighbour ranks as its hit's score times this (it matters less than the hit)."""
+    expansion_turns: int = 2
+    """How many of the newest turns lend their terms to a short message."""
+    expansion_weight: float = 0.3
+    """Weight of a borrowed term relative to the message's own terms."""
+    short_message_terms: int = 3
+    """A message with fewer content terms than this borrows terms from the newest turns."""
+    batch: int = 2000
+    """Turns read from the store per call when (re)building an index."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecallHit:
+    """One recalled turn and why."""
+
+    seq: int
+    score: float
+    """BM25 score (neighbours: their hit's score × ``neighbour_weight``)."""
+    neighbour_of: int | None = None
+    """For a turn brought in as context of a hit: that hit's seq."""
+
+
+def recall_query(
+    message: str, recent: Sequence[Turn], settings: RecallSettings
+) -> Counter[str] | dict[str, float]:
+    """The weighted query terms for ``message`` (term → weight)."""
+    own = Counter(analyze(message))
+    if len(own) >= settings.short_message_terms or not recent:
+        return own
+    weights: dict[str, float] = {term: float(n) for term, n in own.items()}
+    for turn in recent[-settings.expansion_turns :]:
+        for term in analyze(turn.content):
+            if term not in own:
+                weights[term] = max(weights.get(term, 0.0), settings.expansion_weight)
+    return weights
+
+
+@dataclass
+class _Entry:
+    index: BM25Index
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Recaller:
+    """Ranks a session's older turns against the current message (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: RecallSettings | None = None,
+        *,
+        index_factory: Callable[[], BM25Index] = BM25Index,
+        max_sessions: int = 256,
+    ) -> None:
+        self.settings = settings or RecallSettings()
+        self._index_factory = index_factory
+        self._max_sessions = max_sessions
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+
+    def _entry(self, tenant: str, session_id: str) -> _Entry:
+        key = (tenant, session_id)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry(index=self._index_factory())
+            while len(self._entries) > self._max_sessions:
+                self._entries.popitem(last=False)
+        self._entries.move_to_end(key)
+        return entry
+
+    def forget(self, tenant: str, session_id: str) -> None:
+        """Drop a session's index (after the session is deleted)."""
+        self._entries.pop((tenant, session_id), None)
+
+    async def index(
+        self, store: TurnSource, tenant: str, session_id: str, *, last_seq: int
+    ) -> RecallIndex:
+        """The session's index, caught up to ``last_seq`` from the store."""
+        entry = self._entry(tenant, session_id)
+        async with entry.lock:
+            index = entry.index
+            while index.last_seq < last_seq:
+                start = index.last_seq + 1
+                stop = min(last_seq, start + self.settings.batch - 1)
+                turns = await store.turns(tenant, session_id, from_seq=start, to_seq=stop)
+                if not turns:
+                    break
+                for turn in turns:
+                    index.add(turn)
+        return index
+
+    def observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
+        """Index turns just appended (the engine calls this after persisting a turn).
+
+        Turns out of order (a gap since the last indexed one) are left for the
+        next `index` call to read from the store.
+        """
+        index = self._entry(tenant, session_id).index
+        for turn in turns:
+            if turn.seq == index.last_seq + 1:
+                index.add(turn)
+
+    def rank(
+        self,
+        index: RecallIndex,
+        message: str,
+        *,
+        recent: Sequence[Turn] = (),
+        exclude_from_seq: int | None = None,
+    ) -> list[RecallHit]:
+        """Hits for ``message``, best first, neighbours placed by their discounted score."""
+        settings = self.settings
+        weights = recall_query(message, recent, settings)
+        if isinstance(index, BM25Index):
+            found = index.search_terms(
+                weights, k=settings.candidates, exclude_from_seq=exclude_from_seq
+            )
+        else:
+            found = index.search(message, k=settings.candidates, exclude_from_seq=exclude_from_seq)
+        hits = [RecallHit(seq=seq, score=score) for seq, score in found]
+        if settings.neighbours:
+            taken = {h.seq for h in hits}
+            extra = []
+            for hit in hits:
+                prev = hit.seq - 1
+                if prev >= 1 and prev not in taken:
+                    taken.add(prev)
+                    extra.append(
+                        RecallHit(
+                            seq=prev,
+                            score=hit.score * settings.neighbour_weight,
+                            neighbour_of=hit.seq,
+                        )
+                    )
+            hits.extend(extra)
+            hits.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
+        return hits
+
+    async def recall(
+        self,
+        store: TurnSource,
+        state: SessionState,
+        message: str,
+        *,
+        recent_turns: int = 8,
+        limit: int | None = None,
+    ) -> list[Turn]:
+        """Older turns relevant to ``message``, best first, read from ``store``.
+
+        Turns among the newest ``recent_turns`` are left out (the recent
+        window shows them). ``limit`` caps how many turns come back
+        (default: all ranked hits and their neighbours).
+        """
+        if state.last_seq == 0:
+            return []
+        index = await self.index(store, state.tenant, state.session_id, last_seq=state.last_seq)
+        exclude_from = max(1, state.last_seq - recent_turns + 1)
+        hits = self.rank(index, message, recent=state.turns, exclude_from_seq=exclude_from)
+        if limit is not None:
+            hits = hits[:limit]
+        if not hits:
+            return []
+        by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
+        return [by_seq[h.seq] for h in hits if h.seq in by_seq]
+
+    async def with_recall(
+        self, store: TurnSource, state: SessionState, message: str, *, recent_turns: int = 8
+    ) -> SessionState:
+        """``state`` with its ``recalled`` turns filled in for ``message``."""
+        turns = await self.recall(store, state, message, recent_turns=recent_turns)
+        return replace(state, recalled=tuple(turns))
+
+
+async def fetch_turns(
+    store: TurnSource, tenant: str, session_id: str, seqs: Sequence[int]
+) -> dict[int, Turn]:
+    """Turns by seq, read in as few contiguous ranges as the seqs allow."""
+    wanted = sorted(set(seqs))
+    out: dict[int, Turn] = {}
+    start = 0
+    while start < len(wanted):
+        end = start
+        # Merge seqs that are close together into one range read (gap of at most 4).
+        while end + 1 < len(wanted) and wanted[end + 1] - wanted[end] <= 4:
+            end += 1
+        for turn in await store.turns(
+            tenant, session_id, from_seq=wanted[start], to_seq=wanted[end]
+        ):
+            out[turn.seq] = turn
+        start = end + 1
+    return {seq: out[seq] for seq in wanted if seq in out}

@@ -1,0 +1,205 @@
+"""Memory strategies: which stored material is a candidate for each layer.
+
+A strategy looks at the loaded `SessionState` and returns a `MemoryPlan`:
+candidates per layer and default shares. It never counts tokens or cuts text;
+the assembler fits the plan into the budget. Strategies (seeds 001, 002, 003):
+
+- ``window``: the last N turns verbatim (sliding window);
+- ``token_window``: as many of the newest turns as the budget holds;
+- ``summary``: summary + the last exchange (summary compression);
+- ``sliding_summary``: summary + the last N turns (the default, N = 8);
+- ``hybrid``: recent window + key moments (emotion > 0.7, at most 5, ranked
+  with a time decay) + summary, shared 60 / 25 / 15 (seed 001).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from ..errors import ConfigError
+from ..types import SessionState, Summary, Turn
+from .budget import LayerName
+
+__all__ = [
+    "STRATEGIES",
+    "Hybrid",
+    "MemoryPlan",
+    "SlidingSummary",
+    "SlidingWindow",
+    "Strategy",
+    "TokenWindow",
+    "get_strategy",
+    "register_strategy",
+]
+
+# Seed 003's allocations as weights: profile 200, recent 4000, summary 1500.
+_SEED003_SHARES: Mapping[LayerName, float] = {"constraints": 200, "recent": 4000, "summary": 1500}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPlan:
+    """Candidates for each memory layer, before budgeting."""
+
+    recent: Sequence[Turn] = ()
+    """Turns to keep verbatim, oldest first; the assembler drops from the oldest end."""
+    summary: Summary | None = None
+    """The summary to show, if any."""
+    key_moments: Sequence[Turn] = ()
+    """Older emotional turns, best first."""
+    recall: Sequence[Turn] = ()
+    """Older turns relevant to the message, best first."""
+    shares: Mapping[LayerName, float] = field(default_factory=dict)
+    """Default weights of the flexible layers for this strategy."""
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    name: str
+    """Registry name (``sliding_summary``…)."""
+    recent_turns: int
+    """How many newest turns the loader must provide at least."""
+    key_moment_limit: int
+    """How many key-moment candidates the loader should fetch (0 = none)."""
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        """Pick the candidates for each layer from ``state``."""
+        ...
+
+
+def _tail(turns: Sequence[Turn], n: int) -> Sequence[Turn]:
+    return turns[-n:] if n > 0 else ()
+
+
+def _uncovered(state: SessionState, at_least: int) -> Sequence[Turn]:
+    """Turns the summary does not cover yet, and at least the newest ``at_least``."""
+    covers = state.summary_covers_seq
+    uncovered = [t for t in state.turns if t.seq > covers]
+    if len(uncovered) >= at_least:
+        return uncovered
+    return _tail(state.turns, at_least)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindow:
+    """The last ``recent_turns`` turns verbatim, nothing else (seed 002's sliding window)."""
+
+    recent_turns: int = 8
+    name: str = "window"
+    key_moment_limit: int = 0
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        return MemoryPlan(
+            recent=_tail(state.turns, self.recent_turns), shares={"constraints": 200, "recent": 5700}
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenWindow:
+    """As many of the newest turns as the budget holds (up to what the loader provides)."""
+
+    recent_turns: int = 200
+    name: str = "token_window"
+    key_moment_limit: int = 0
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        return MemoryPlan(recent=tuple(state.turns), shares={"constraints": 200, "recent": 5700})
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingSummary:
+    """The summary plus the turns it does not cover (at least the last ``recent_turns``).
+
+    With ``recent_turns=2`` this is seed 002's summary compression (summary + the
+    last exchange); with 8 it is the default sliding summary (seed 003).
+    """
+
+    recent_turns: int = 8
+    name: str = "sliding_summary"
+    key_moment_limit: int = 0
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        return MemoryPlan(
+            recent=_uncovered(state, self.recent_turns),
+            summary=state.summary,
+            shares=_SEED003_SHARES,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hybrid:
+    """Seed 001: recent window + key moments + summary, shared 60 / 25 / 15.
+
+    Key moments are turns older than the recent window with emotion intensity
+    above ``threshold``, ranked by intensity × time decay (an emotion loses half
+    its weight every ``half_life_hours``), at most ``max_key_moments``.
+    """
+
+    recent_turns: int = 20
+    threshold: float = 0.7
+    max_key_moments: int = 5
+    half_life_hours: float = 72.0
+    name: str = "hybrid"
+    shares: Mapping[LayerName, float] = field(
+        default_factory=lambda: {"recent": 0.60, "key_moments": 0.25, "summary": 0.15}
+    )
+
+    @property
+    def key_moment_limit(self) -> int:
+        # Fetch more than we keep, so the time decay can reorder them.
+        return self.max_key_moments * 4
+
+    def rank_key_moments(
+        self, candidates: Sequence[Turn], *, before_seq: int, now: datetime
+    ) -> list[Turn]:
+        """Key moments older than ``before_seq``, strongest decayed intensity first."""
+
+        def weight(turn: Turn) -> float:
+            age_h = max(0.0, (now - turn.created_at).total_seconds() / 3600)
+            return (turn.emotion or 0.0) * 0.5 ** (age_h / self.half_life_hours)
+
+        eligible = [
+            t for t in candidates
+            if t.seq < before_seq and t.emotion is not None and t.emotion > self.threshold
+        ]
+        eligible.sort(key=lambda t: (-weight(t), -t.seq))
+        return eligible[: self.max_key_moments]
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        recent = _uncovered(state, self.recent_turns)
+        first_recent = recent[0].seq if recent else state.last_seq + 1
+        pool = list(state.key_moments) + [t for t in state.turns if t.seq < first_recent]
+        unique = {t.seq: t for t in pool}
+        moments = self.rank_key_moments(list(unique.values()), before_seq=first_recent, now=now)
+        return MemoryPlan(
+            recent=recent, summary=state.summary, key_moments=moments, shares=self.shares
+        )
+
+
+STRATEGIES: dict[str, Callable[[], Strategy]] = {
+    "window": SlidingWindow,
+    "token_window": TokenWindow,
+    "summary": lambda: SlidingSummary(recent_turns=2, name="summary"),
+    "sliding_summary": SlidingSummary,
+    "hybrid": Hybrid,
+}
+"""Strategy name → factory with the default settings."""
+
+
+def register_strategy(name: str, factory: Callable[[], Strategy]) -> None:
+    """Make a strategy available by name (used by extensions such as recall)."""
+    STRATEGIES[name] = factory
+
+
+def get_strategy(name_or_strategy: str | Strategy) -> Strategy:
+    """A strategy by registry name, or the strategy itself."""
+    if not isinstance(name_or_strategy, str):
+        return name_or_strategy
+    try:
+        return STRATEGIES[name_or_strategy]()
+    except KeyError:
+        raise ConfigError(
+            f"unknown strategy {name_or_strategy!r}; choose one of {', '.join(sorted(STRATEGIES))}"
+        ) from None
