@@ -31,6 +31,7 @@ __all__ = [
     "LockHandle",
     "SessionAdmin",
     "SessionInfo",
+    "SessionVersion",
     "Store",
     "TurnLog",
 ]
@@ -64,6 +65,24 @@ class SessionInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SessionVersion:
+    """A cheap probe of everything `load()` returns; equal probes mean equal states.
+
+    Every counter only grows while the session exists, so a cache holding a
+    state loaded at one probe knows it is stale as soon as any counter differs.
+    """
+
+    last_seq: int = 0
+    """Sequence number of the newest turn (0 = no such session)."""
+    summary_version: int = 0
+    """Version of the committed summary (0 = none)."""
+    constraints_version: int = 0
+    """Version of the pinned constraints."""
+    emotions_version: int = 0
+    """Bumped at every `set_emotions` call that changed a score."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class LockHandle:
     """A held job lock. ``token`` increases at every acquisition (fencing)."""
 
@@ -86,7 +105,8 @@ class TurnLog(Protocol):
         With ``expected_last_seq`` the append is a compare-and-set and raises
         `ConflictError` if the session's last sequence number differs. Creates
         the session if needed. Appending an assistant turn also sets the
-        session's last answer.
+        session's last answer. An empty ``turns`` writes nothing and returns
+        ``[]`` (the compare-and-set is still checked).
         """
         ...
 
@@ -115,17 +135,26 @@ class TurnLog(Protocol):
         """Turns with ``from_seq <= seq <= to_seq``, oldest first."""
         ...
 
+    async def version(self, tenant: str, session_id: str) -> SessionVersion:
+        """A one-row probe of the session's counters (all 0 for an unknown session).
+
+        Caches compare it with the probe taken at load time to never serve a
+        state another process has changed since.
+        """
+        ...
+
 
 @runtime_checkable
 class DerivedRecords(Protocol):
     async def commit_summary(
         self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
     ) -> bool:
-        """Commit ``summary`` as version ``expected_version + 1``.
+        """Commit ``summary`` as version ``expected_version + 1`` (its own ``version`` is ignored).
 
         Returns False (and changes nothing) when the stored version is not
-        ``expected_version`` or the summary covers no more turns than the stored one:
-        a result computed from an older state never overwrites a newer one.
+        ``expected_version``, the summary covers no more turns than the stored one,
+        covers turns that do not exist, or the session does not exist: a result
+        computed from an older state never overwrites a newer one.
         """
         ...
 
@@ -141,13 +170,17 @@ class DerivedRecords(Protocol):
         ...
 
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
-        """Record emotion intensities (0–1) for turns by sequence number (idempotent)."""
+        """Record emotion intensities (0–1) for turns by sequence number (idempotent).
+
+        Unknown sequence numbers and unknown sessions are ignored. Scores are
+        derived data: the turn itself is never rewritten.
+        """
         ...
 
     async def record_job(
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
     ) -> None:
-        """Count a background job's outcome in the session's stats."""
+        """Count a background job's outcome in the session's stats (ignored for unknown sessions)."""
         ...
 
 
@@ -180,6 +213,8 @@ class JobLocks(Protocol):
         """Hold the session's job lock, or raise `LockNotAcquired` at once if another holds it.
 
         The lock expires ``ttl_s`` seconds after acquisition if its holder dies.
+        Releasing checks the fencing token, so a holder whose lock expired and
+        was taken over never releases its successor's lock.
         """
         ...
 

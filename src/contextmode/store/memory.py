@@ -11,7 +11,8 @@ from datetime import datetime
 
 from ..errors import ConflictError, LockNotAcquired
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
-from .base import JobStats, LockHandle, SessionInfo
+from ._codec import window_start
+from .base import JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["MemoryStore"]
 
@@ -24,6 +25,7 @@ class _Session:
     summary: Summary | None = None
     constraints: list[Constraint] = field(default_factory=list)
     constraints_version: int = 0
+    emotions_version: int = 0
     last_answer: str | None = None
     jobs: dict[str, JobStats] = field(default_factory=dict)
 
@@ -57,6 +59,8 @@ class MemoryStore:
                 raise ConflictError(
                     f"session {session_id!r} is at seq {last_seq}, expected {expected_last_seq}"
                 )
+            if not turns:
+                return []
             if session is None:
                 session = self._sessions[key] = _Session(created_at=now, updated_at=now)
             stored = [
@@ -94,8 +98,7 @@ class MemoryStore:
             return SessionState(tenant=tenant, session_id=session_id)
         covers = session.summary.covers_seq if session.summary else 0
         last_seq = len(session.turns)
-        count = min(max(last_seq - covers, recent), max_uncovered)
-        tail = session.turns[max(0, last_seq - count):]
+        tail = session.turns[window_start(last_seq, covers, recent, max_uncovered) - 1 :]
         moments: list[Turn] = []
         if key_moments > 0:
             first_tail = tail[0].seq if tail else last_seq + 1
@@ -127,7 +130,18 @@ class MemoryStore:
         if session is None:
             return []
         end = len(session.turns) if to_seq is None else min(to_seq, len(session.turns))
-        return session.turns[max(0, from_seq - 1) : end]
+        return session.turns[max(0, from_seq - 1) : max(0, end)]
+
+    async def version(self, tenant: str, session_id: str) -> SessionVersion:
+        session = self._sessions.get(self._key(tenant, session_id))
+        if session is None:
+            return SessionVersion()
+        return SessionVersion(
+            last_seq=len(session.turns),
+            summary_version=session.summary.version if session.summary else 0,
+            constraints_version=session.constraints_version,
+            emotions_version=session.emotions_version,
+        )
 
     async def commit_summary(
         self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
@@ -141,7 +155,9 @@ class MemoryStore:
             version = current.version if current else 0
             if version != expected_version:
                 return False
-            if current is not None and summary.covers_seq <= current.covers_seq:
+            if summary.covers_seq <= (current.covers_seq if current else 0):
+                return False
+            if summary.covers_seq > len(session.turns):
                 return False
             session.summary = replace(summary, version=version + 1)
             return True
@@ -169,9 +185,12 @@ class MemoryStore:
             session = self._sessions.get(key)
             if session is None:
                 return
+            changed = False
             for seq, score in scores.items():
-                if 1 <= seq <= len(session.turns):
+                if 1 <= seq <= len(session.turns) and session.turns[seq - 1].emotion != score:
                     session.turns[seq - 1] = replace(session.turns[seq - 1], emotion=float(score))
+                    changed = True
+            session.emotions_version += changed
 
     async def record_job(
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
@@ -240,7 +259,9 @@ class MemoryStore:
             if self._locks.get(key, (None,))[0] == token:
                 del self._locks[key]
 
-    def lock(self, tenant: str, session_id: str, *, ttl_s: float = 60.0) -> AbstractAsyncContextManager[LockHandle]:
+    def lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
         tenant, session_id = self._key(tenant, session_id)
         return self._hold(f"{tenant}/{session_id}", ttl_s)
 

@@ -1,0 +1,149 @@
+"""SQLite schema as a list of small named migrations (simonw/llm style).
+
+Each migration runs once, inside the same ``BEGIN IMMEDIATE`` transaction
+that records its name in ``_migrations``, so several processes opening the
+same file at once apply each migration exactly once. Never edit a released
+migration: add a new function at the end of `MIGRATIONS`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+__all__ = ["MIGRATIONS", "migrate"]
+
+
+def m001_sessions(db: sqlite3.Connection) -> None:
+    # One row per session holds the heads of the log and every derived record,
+    # so `version()` and the first step of `load()` are a single primary-key read.
+    db.execute(
+        """
+        CREATE TABLE sessions (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            last_seq INTEGER NOT NULL DEFAULT 0,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            last_answer TEXT,
+            last_answer_seq INTEGER NOT NULL DEFAULT 0,
+            summary_text TEXT,
+            summary_covers_seq INTEGER NOT NULL DEFAULT 0,
+            summary_tokens INTEGER NOT NULL DEFAULT 0,
+            summary_version INTEGER NOT NULL DEFAULT 0,
+            summary_created_at INTEGER,
+            constraints TEXT NOT NULL DEFAULT '[]',
+            constraints_version INTEGER NOT NULL DEFAULT 0,
+            emotions_version INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (tenant, session_id)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute("CREATE INDEX sessions_tenant_updated ON sessions (tenant, updated_at)")
+    db.execute("CREATE INDEX sessions_updated ON sessions (updated_at)")
+
+
+def m002_turns(db: sqlite3.Connection) -> None:
+    # Rows are inserted once and never updated; the primary key doubles as the
+    # "no gap, no duplicate" guard of the compare-and-set append.
+    db.execute(
+        """
+        CREATE TABLE turns (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            tokens INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            metadata TEXT NOT NULL DEFAULT '{}',
+            PRIMARY KEY (tenant, session_id, seq)
+        )
+        """
+    )
+
+
+def m003_turn_emotions(db: sqlite3.Connection) -> None:
+    # Emotion scores are derived records kept beside the log, with an index
+    # that serves "strongest key moments before seq N" without a scan.
+    db.execute(
+        """
+        CREATE TABLE turn_emotions (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            emotion REAL NOT NULL,
+            PRIMARY KEY (tenant, session_id, seq)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute(
+        "CREATE INDEX turn_emotions_strength ON turn_emotions (tenant, session_id, emotion, seq)"
+    )
+
+
+def m004_jobs(db: sqlite3.Connection) -> None:
+    db.execute(
+        """
+        CREATE TABLE jobs (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            job TEXT NOT NULL,
+            ok INTEGER NOT NULL DEFAULT 0,
+            failed INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT,
+            last_run INTEGER,
+            PRIMARY KEY (tenant, session_id, job)
+        ) WITHOUT ROWID
+        """
+    )
+
+
+def m005_locks(db: sqlite3.Connection) -> None:
+    # Job locks live in the same file so they work across processes of one host;
+    # ``expires_at`` (Unix seconds) lets a crashed holder's lock lapse.
+    db.execute(
+        """
+        CREATE TABLE job_locks (
+            key TEXT PRIMARY KEY,
+            token INTEGER NOT NULL,
+            expires_at REAL NOT NULL
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute("CREATE TABLE fence (id INTEGER PRIMARY KEY CHECK (id = 1), token INTEGER NOT NULL)")
+    db.execute("INSERT INTO fence (id, token) VALUES (1, 0)")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    m001_sessions,
+    m002_turns,
+    m003_turn_emotions,
+    m004_jobs,
+    m005_locks,
+]
+
+
+def migrate(db: sqlite3.Connection) -> list[str]:
+    """Apply the migrations this file lacks; return their names. ``db`` is in autocommit mode."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+        )
+        done = {row[0] for row in db.execute("SELECT name FROM _migrations")}
+        applied = []
+        for migration in MIGRATIONS:
+            if migration.__name__ in done:
+                continue
+            migration(db)
+            db.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (?, datetime('now'))",
+                (migration.__name__,),
+            )
+            applied.append(migration.__name__)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return applied

@@ -1,0 +1,519 @@
+"""The SQLite store: the embedded default, one file under ``CONTEXTMODE_HOME``.
+
+Stdlib `sqlite3` runs on one private thread per store (the event loop never
+blocks on disk). The file is in WAL mode; every write is a ``BEGIN IMMEDIATE``
+transaction, so writers from many processes queue on SQLite's own lock (with a
+busy timeout) instead of failing on a read-to-write upgrade. Job locks are a
+table with an expiry time in the same file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from os import PathLike
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import ConflictError, LockNotAcquired, StoreError
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn
+from ._codec import (
+    check_ids,
+    constraints_from_json,
+    constraints_to_json,
+    from_micros,
+    last_answer,
+    loads_mapping,
+    metadata_json,
+    now_micros,
+    summary_fields,
+    to_micros,
+    window_start,
+)
+from ._sqlite_schema import migrate
+from .base import JobStats, LockHandle, SessionInfo, SessionVersion
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+Db = sqlite3.Connection
+
+_SESSION_COLS = (
+    "last_seq, created_at, updated_at, last_answer, summary_text, summary_covers_seq,"
+    " summary_tokens, summary_version, summary_created_at, constraints, constraints_version,"
+    " emotions_version"
+)
+_TURN_SELECT = (
+    "SELECT t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata, e.emotion FROM turns t"
+    " LEFT JOIN turn_emotions e ON e.tenant = t.tenant AND e.session_id = t.session_id"
+    " AND e.seq = t.seq WHERE t.tenant = ? AND t.session_id = ?"
+)
+_WHERE = "WHERE tenant = ? AND session_id = ?"
+
+
+def _turn(row: Sequence[Any]) -> Turn:
+    return Turn(
+        seq=row[0],
+        role=row[1],
+        content=row[2],
+        tokens=row[3],
+        created_at=from_micros(row[4]),
+        metadata=loads_mapping(row[5]),
+        emotion=row[6],
+    )
+
+
+def _summary(row: Sequence[Any]) -> Summary | None:
+    if not row[7]:
+        return None
+    return Summary(
+        text=row[4], covers_seq=row[5], tokens=row[6], version=row[7], created_at=from_micros(row[8])
+    )
+
+
+def _write(db: Db, body: Callable[[], T]) -> T:
+    """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction (all or nothing)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = body()
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return result
+
+
+def _read(db: Db, body: Callable[[], T]) -> T:
+    """Run ``body`` in one read transaction: one consistent snapshot of the file."""
+    db.execute("BEGIN")
+    try:
+        return body()
+    finally:
+        db.execute("COMMIT")
+
+
+class SQLiteStore:
+    """A `Store` in one SQLite file; safe for many processes on one host.
+
+    ``synchronous`` is SQLite's ``PRAGMA synchronous``: ``NORMAL`` (default)
+    survives any process crash; ``FULL`` also survives power loss, slower.
+    ``busy_timeout_s`` is how long a writer waits for another's lock (seconds).
+    """
+
+    def __init__(
+        self,
+        path: str | PathLike[str],
+        *,
+        busy_timeout_s: float = 30.0,
+        synchronous: str = "NORMAL",
+    ) -> None:
+        self.path = str(path)
+        self._busy_timeout_s = busy_timeout_s
+        self._synchronous = synchronous.upper()
+        if self._synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
+            raise ValueError(f"invalid synchronous mode {synchronous!r}")
+        self._db: Db | None = None
+        # One thread owns the connection: calls are serialised without a lock.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextmode-sqlite")
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _connect(self) -> Db:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(
+            self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={self._synchronous}")
+        migrate(db)
+        return db
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        # The one place sqlite3 errors become StoreError.
+        try:
+            if self._db is None:
+                self._db = self._connect()
+            return fn(self._db, *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path!r} failed: {exc}") from exc
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
+
+    async def close(self) -> None:
+        def _close(db: Db) -> None:
+            db.close()
+            self._db = None
+
+        if self._db is not None:
+            await self._run(_close)
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> SQLiteStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- turn log ---------------------------------------------------------------
+
+    async def append(
+        self,
+        tenant: str,
+        session_id: str,
+        turns: Sequence[NewTurn],
+        *,
+        expected_last_seq: int | None = None,
+    ) -> list[Turn]:
+        key = check_ids(tenant, session_id)
+        turns = list(turns)
+        now = now_micros()
+        answer = last_answer(turns)
+
+        def body(db: Db) -> int:
+            row = db.execute(f"SELECT last_seq FROM sessions {_WHERE}", key).fetchone()
+            last = row[0] if row else 0
+            if expected_last_seq is not None and expected_last_seq != last:
+                raise ConflictError(
+                    f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
+                )
+            if not turns:
+                return last
+            if row is None:
+                db.execute(
+                    "INSERT INTO sessions (tenant, session_id, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?)",
+                    (*key, now, now),
+                )
+            db.executemany(
+                "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
+                " metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (*key, last + i, t.role, t.content, t.tokens, to_micros(t.created_at),
+                     metadata_json(t.metadata))
+                    for i, t in enumerate(turns, start=1)
+                ],
+            )
+            db.executemany(
+                "INSERT INTO turn_emotions (tenant, session_id, seq, emotion) VALUES (?, ?, ?, ?)",
+                [
+                    (*key, last + i, float(t.emotion))
+                    for i, t in enumerate(turns, start=1)
+                    if t.emotion is not None
+                ],
+            )
+            answer_seq = max(
+                (last + i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0
+            )
+            db.execute(
+                "UPDATE sessions SET last_seq = ?, updated_at = ?,"
+                " last_answer = CASE WHEN ? > 0 THEN ? ELSE last_answer END,"
+                " last_answer_seq = MAX(last_answer_seq, ?),"
+                " emotions_version = emotions_version + ?"
+                f" {_WHERE}",
+                (last + len(turns), now, answer_seq, answer, answer_seq,
+                 int(any(t.emotion is not None for t in turns)), *key),
+            )
+            return last
+
+        last = await self._run(lambda db: _write(db, lambda: body(db)))
+        return [
+            Turn(
+                seq=last + i,
+                role=t.role,
+                content=t.content,
+                tokens=t.tokens,
+                created_at=from_micros(to_micros(t.created_at)),
+                emotion=None if t.emotion is None else float(t.emotion),
+                metadata=dict(t.metadata),
+            )
+            for i, t in enumerate(turns, start=1)
+        ]
+
+    async def load(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        recent: int = 8,
+        max_uncovered: int = 200,
+        key_moments: int = 0,
+        key_moment_threshold: float = 0.7,
+    ) -> SessionState:
+        key = check_ids(tenant, session_id)
+
+        def body(db: Db) -> SessionState:
+            row = db.execute(f"SELECT {_SESSION_COLS} FROM sessions {_WHERE}", key).fetchone()
+            if row is None:
+                return SessionState(tenant=tenant, session_id=session_id)
+            first = window_start(row[0], row[5], recent, max_uncovered)
+            tail = [_turn(r) for r in db.execute(f"{_TURN_SELECT} AND t.seq >= ? ORDER BY t.seq",
+                                                 (*key, first))]
+            moments: list[Turn] = []
+            if key_moments > 0:
+                # Walks the (tenant, session, emotion, seq) index from the strongest down.
+                seqs = [
+                    r[0]
+                    for r in db.execute(
+                        "SELECT seq FROM turn_emotions WHERE tenant = ? AND session_id = ?"
+                        " AND emotion >= ? AND seq < ? ORDER BY emotion DESC, seq DESC LIMIT ?",
+                        (*key, key_moment_threshold, first, key_moments),
+                    )
+                ]
+                for seq in sorted(seqs):
+                    moment = db.execute(f"{_TURN_SELECT} AND t.seq = ?", (*key, seq)).fetchone()
+                    moments.append(_turn(moment))
+            return SessionState(
+                tenant=tenant,
+                session_id=session_id,
+                last_seq=row[0],
+                turns=tuple(tail),
+                summary=_summary(row),
+                constraints=constraints_from_json(row[9]),
+                constraints_version=row[10],
+                key_moments=tuple(moments),
+                last_answer=row[3],
+                created_at=from_micros(row[1]),
+                updated_at=from_micros(row[2]),
+            )
+
+        return await self._run(lambda db: _read(db, lambda: body(db)))
+
+    async def turns(
+        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Turn]:
+        key = check_ids(tenant, session_id)
+        upper = to_seq if to_seq is not None else 2**62
+
+        def body(db: Db) -> list[Turn]:
+            rows = db.execute(
+                f"{_TURN_SELECT} AND t.seq >= ? AND t.seq <= ? ORDER BY t.seq",
+                (*key, from_seq, upper),
+            )
+            return [_turn(r) for r in rows]
+
+        return await self._run(body)
+
+    async def version(self, tenant: str, session_id: str) -> SessionVersion:
+        key = check_ids(tenant, session_id)
+
+        def body(db: Db) -> SessionVersion:
+            row = db.execute(
+                "SELECT last_seq, summary_version, constraints_version, emotions_version"
+                f" FROM sessions {_WHERE}",
+                key,
+            ).fetchone()
+            if row is None:
+                return SessionVersion()
+            return SessionVersion(
+                last_seq=row[0], summary_version=row[1], constraints_version=row[2],
+                emotions_version=row[3],
+            )
+
+        return await self._run(body)
+
+    # -- derived records --------------------------------------------------------
+
+    async def commit_summary(
+        self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
+    ) -> bool:
+        key = check_ids(tenant, session_id)
+        text, covers, tokens, created = summary_fields(summary)
+
+        def body(db: Db) -> bool:
+            # One guarded UPDATE: stale version, no progress or turns that do not exist yet
+            # all leave the row untouched.
+            cursor = db.execute(
+                "UPDATE sessions SET summary_text = ?, summary_covers_seq = ?, summary_tokens = ?,"
+                " summary_created_at = ?, summary_version = summary_version + 1"
+                f" {_WHERE} AND summary_version = ? AND summary_covers_seq < ? AND last_seq >= ?",
+                (text, covers, tokens, created, *key, expected_version, covers, covers),
+            )
+            return cursor.rowcount == 1
+
+        return await self._run(body)
+
+    async def commit_constraints(
+        self,
+        tenant: str,
+        session_id: str,
+        constraints: Sequence[Constraint],
+        *,
+        expected_version: int,
+    ) -> bool:
+        key = check_ids(tenant, session_id)
+        encoded = constraints_to_json(constraints)
+
+        def body(db: Db) -> bool:
+            cursor = db.execute(
+                "UPDATE sessions SET constraints = ?, constraints_version = constraints_version + 1"
+                f" {_WHERE} AND constraints_version = ?",
+                (encoded, *key, expected_version),
+            )
+            return cursor.rowcount == 1
+
+        return await self._run(body)
+
+    async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
+        key = check_ids(tenant, session_id)
+        items = [(int(seq), float(score)) for seq, score in scores.items()]
+
+        def body(db: Db) -> None:
+            row = db.execute(f"SELECT last_seq FROM sessions {_WHERE}", key).fetchone()
+            if row is None:
+                return
+            before = db.total_changes
+            db.executemany(
+                "INSERT INTO turn_emotions (tenant, session_id, seq, emotion) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (tenant, session_id, seq) DO UPDATE SET emotion = excluded.emotion"
+                " WHERE emotion != excluded.emotion",
+                [(*key, seq, score) for seq, score in items if 1 <= seq <= row[0]],
+            )
+            if db.total_changes != before:
+                db.execute(
+                    f"UPDATE sessions SET emotions_version = emotions_version + 1 {_WHERE}", key
+                )
+
+        await self._run(lambda db: _write(db, lambda: body(db)))
+
+    async def record_job(
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+    ) -> None:
+        key = check_ids(tenant, session_id)
+
+        def body(db: Db) -> None:
+            db.execute(
+                "INSERT INTO jobs (tenant, session_id, job, ok, failed, last_error, last_run)"
+                f" SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions {_WHERE})"
+                " ON CONFLICT (tenant, session_id, job) DO UPDATE SET ok = ok + excluded.ok,"
+                " failed = failed + excluded.failed, last_error = excluded.last_error,"
+                " last_run = excluded.last_run",
+                (*key, job, int(ok), int(not ok), None if ok else error, now_micros(), *key),
+            )
+
+        await self._run(body)
+
+    # -- administration ---------------------------------------------------------
+
+    def _infos(self, db: Db, tenant: str, rows: list[Any]) -> list[SessionInfo]:
+        jobs: dict[str, dict[str, JobStats]] = {}
+        if rows:
+            marks = ",".join("?" * len(rows))
+            for sid, job, ok, failed, error, run in db.execute(
+                "SELECT session_id, job, ok, failed, last_error, last_run FROM jobs"
+                f" WHERE tenant = ? AND session_id IN ({marks})",
+                (tenant, *(r[0] for r in rows)),
+            ):
+                jobs.setdefault(sid, {})[job] = JobStats(
+                    ok=ok, failed=failed, last_error=error,
+                    last_run=None if run is None else from_micros(run),
+                )
+        return [
+            SessionInfo(
+                tenant=tenant,
+                session_id=r[0],
+                last_seq=r[1],
+                created_at=from_micros(r[2]),
+                updated_at=from_micros(r[3]),
+                summary_covers_seq=r[4],
+                summary_version=r[5],
+                constraints_version=r[6],
+                jobs=jobs.get(r[0], {}),
+            )
+            for r in rows
+        ]
+
+    _INFO_SELECT = (
+        "SELECT session_id, last_seq, created_at, updated_at, summary_covers_seq,"
+        " summary_version, constraints_version FROM sessions"
+    )
+
+    async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
+        key = check_ids(tenant, session_id)
+
+        def body(db: Db) -> SessionInfo | None:
+            rows = db.execute(f"{self._INFO_SELECT} {_WHERE}", key).fetchall()
+            return self._infos(db, tenant, rows)[0] if rows else None
+
+        return await self._run(lambda db: _read(db, lambda: body(db)))
+
+    async def list_sessions(
+        self, tenant: str, *, limit: int = 100, offset: int = 0
+    ) -> list[SessionInfo]:
+        tenant, _ = check_ids(tenant, "x")
+
+        def body(db: Db) -> list[SessionInfo]:
+            rows = db.execute(
+                f"{self._INFO_SELECT} WHERE tenant = ?"
+                " ORDER BY updated_at DESC, session_id LIMIT ? OFFSET ?",
+                (tenant, limit, offset),
+            ).fetchall()
+            return self._infos(db, tenant, rows)
+
+        return await self._run(lambda db: _read(db, lambda: body(db)))
+
+    @staticmethod
+    def _delete(db: Db, key: tuple[str, str]) -> bool:
+        for table in ("turns", "turn_emotions", "jobs"):
+            db.execute(f"DELETE FROM {table} {_WHERE}", key)
+        return db.execute(f"DELETE FROM sessions {_WHERE}", key).rowcount == 1
+
+    async def delete(self, tenant: str, session_id: str) -> bool:
+        key = check_ids(tenant, session_id)
+        return await self._run(lambda db: _write(db, lambda: self._delete(db, key)))
+
+    async def purge_idle(self, older_than: datetime) -> int:
+        cutoff = to_micros(older_than)
+
+        def body(db: Db) -> int:
+            idle = db.execute(
+                "SELECT tenant, session_id FROM sessions WHERE updated_at < ?", (cutoff,)
+            ).fetchall()
+            return sum(self._delete(db, (t, s)) for t, s in idle)
+
+        return await self._run(lambda db: _write(db, lambda: body(db)))
+
+    # -- job locks --------------------------------------------------------------
+
+    def _acquire(self, db: Db, key: str, ttl_s: float) -> int:
+        def body() -> int:
+            now = time.time()
+            held = db.execute("SELECT expires_at FROM job_locks WHERE key = ?", (key,)).fetchone()
+            if held is not None and held[0] > now:
+                raise LockNotAcquired(f"job lock {key!r} is held")
+            token: int = db.execute(
+                "UPDATE fence SET token = token + 1 WHERE id = 1 RETURNING token"
+            ).fetchone()[0]
+            db.execute(
+                "INSERT OR REPLACE INTO job_locks (key, token, expires_at) VALUES (?, ?, ?)",
+                (key, token, now + ttl_s),
+            )
+            return token
+
+        return _write(db, body)
+
+    @asynccontextmanager
+    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        token = await self._run(self._acquire, key, ttl_s)
+        try:
+            yield LockHandle(key=key, token=token)
+        finally:
+            await self._run(
+                lambda db: db.execute(
+                    "DELETE FROM job_locks WHERE key = ? AND token = ?", (key, token)
+                )
+            )
+
+    def lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = check_ids(tenant, session_id)
+        return self._hold(f"{tenant}/{session_id}", ttl_s)

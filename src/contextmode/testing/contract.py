@@ -1,0 +1,369 @@
+"""The store contract: one pytest suite every `Store` backend must pass.
+
+Run it against your own store by subclassing `StoreContract` and providing a
+``store`` fixture that yields a fresh store no other test writes to::
+
+    import pytest
+    from contextmode.testing.contract import StoreContract
+
+    class TestMyStore(StoreContract):
+        @pytest.fixture
+        async def store(self):
+            store = MyStore(...)
+            yield store
+            await store.close()
+
+It needs pytest and pytest-asyncio (``asyncio_mode = "auto"``, or mark the
+fixture with ``pytest_asyncio.fixture`` in strict mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+import pytest
+
+from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
+from ..store.base import SessionVersion, Store
+from ..types import Constraint, NewTurn, Summary
+
+__all__ = ["StoreContract", "new_turns", "service_url", "skip_or_fail", "unique_id"]
+
+
+def unique_id(prefix: str = "s") -> str:
+    """A session or tenant id no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def new_turns(count: int, *, start: int = 1, prefix: str = "turn") -> list[NewTurn]:
+    """``count`` alternating user/assistant turns whose content names their number."""
+    return [
+        NewTurn(
+            role="user" if (start + i) % 2 else "assistant",
+            content=f"{prefix} {start + i} 你好",
+            tokens=3,
+        )
+        for i in range(count)
+    ]
+
+
+def service_url(env: str, default: str) -> str:
+    """The URL of a test service from ``env`` (or ``default``) — for skip/fail decisions.
+
+    Callers check reachability themselves and call `skip_or_fail` when it is absent.
+    """
+    return os.environ.get(env) or default
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip locally; fail under ``CI=true``, where every service must be present."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (CI=true: services are required)")
+    pytest.skip(reason)
+
+
+_T, _S = "tenant-a", "session-1"
+
+
+class StoreContract:
+    """Behaviour every backend guarantees. Subclasses provide the ``store`` fixture."""
+
+    pytestmark = [pytest.mark.asyncio]
+
+    # -- the append-only log ------------------------------------------------------
+
+    async def test_append_numbers_turns_from_one_and_round_trips(self, store: Store) -> None:
+        at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+        turn = NewTurn(role="user", content="不要辣, please", tokens=5, created_at=at,
+                       emotion=0.25, metadata={"image_count": 2, "tags": ["a", "中"]})
+        stored = await store.append(_T, _S, [turn, *new_turns(2, start=2)])
+        assert [t.seq for t in stored] == [1, 2, 3]
+        read = await store.turns(_T, _S)
+        assert read == stored
+        first = read[0]
+        assert (first.role, first.content, first.tokens) == ("user", "不要辣, please", 5)
+        assert first.created_at == at
+        assert first.emotion == 0.25
+        assert dict(first.metadata) == {"image_count": 2, "tags": ["a", "中"]}
+
+    async def test_compare_and_set_append(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(2), expected_last_seq=0)
+        with pytest.raises(ConflictError):
+            await store.append(_T, _S, new_turns(2, start=3), expected_last_seq=1)
+        with pytest.raises(ConflictError):
+            await store.append(_T, "fresh", new_turns(1), expected_last_seq=3)
+        assert (await store.version(_T, _S)).last_seq == 2
+        assert await store.info(_T, "fresh") is None
+        stored = await store.append(_T, _S, new_turns(3, start=3), expected_last_seq=2)
+        assert [t.seq for t in stored] == [3, 4, 5]
+
+    async def test_empty_append_writes_nothing(self, store: Store) -> None:
+        assert await store.append(_T, _S, []) == []
+        assert await store.info(_T, _S) is None
+        with pytest.raises(ConflictError):
+            await store.append(_T, _S, [], expected_last_seq=4)
+
+    async def test_concurrent_appends_never_interleave_or_lose(self, store: Store) -> None:
+        async def writer(name: str) -> None:
+            for i in range(5):
+                await store.append(_T, _S, new_turns(2, prefix=f"{name}-{i}"))
+
+        await asyncio.gather(*(writer(f"w{k}") for k in range(4)))
+        turns = await store.turns(_T, _S)
+        assert [t.seq for t in turns] == list(range(1, 41))
+        for pair in zip(turns[::2], turns[1::2], strict=True):
+            # A two-turn append is atomic: both halves sit next to each other.
+            assert pair[0].content.split()[0] == pair[1].content.split()[0]
+
+    async def test_last_answer_is_the_newest_assistant_turn(self, store: Store) -> None:
+        await store.append(_T, _S, [NewTurn(role="user", content="q", tokens=1)])
+        assert (await store.load(_T, _S)).last_answer is None
+        await store.append(_T, _S, [
+            NewTurn(role="assistant", content="答案一", tokens=3),
+            NewTurn(role="user", content="再来", tokens=2),
+        ])
+        broken = NewTurn(role="assistant", content="半截", tokens=2, metadata={"partial": True})
+        await store.append(_T, _S, [broken])
+        state = await store.load(_T, _S)
+        assert state.last_answer == "半截"
+        assert state.turns[-1].partial
+
+    async def test_tenants_are_isolated(self, store: Store) -> None:
+        await store.append("t1", _S, new_turns(3))
+        await store.append("t2", _S, new_turns(1))
+        assert (await store.load("t1", _S)).last_seq == 3
+        assert (await store.load("t2", _S)).last_seq == 1
+        assert [i.session_id for i in await store.list_sessions("t2")] == [_S]
+        assert await store.delete("t2", _S)
+        assert (await store.load("t1", _S)).last_seq == 3
+
+    async def test_invalid_ids_never_reach_the_backend(self, store: Store) -> None:
+        for tenant, session in [("ok", "bad/id"), ("bad id", "ok"), ("ok", ""), ("ok", "..")]:
+            with pytest.raises(InvalidSessionId):
+                await store.append(tenant, session, new_turns(1))
+            with pytest.raises(InvalidSessionId):
+                await store.load(tenant, session)
+            with pytest.raises(InvalidSessionId):
+                await store.version(tenant, session)
+            with pytest.raises(InvalidSessionId):
+                await store.delete(tenant, session)
+            with pytest.raises(InvalidSessionId):
+                store.lock(tenant, session)
+
+    # -- loading ------------------------------------------------------------------
+
+    async def test_load_unknown_session_is_empty(self, store: Store) -> None:
+        state = await store.load(_T, "nobody")
+        assert (state.last_seq, tuple(state.turns), state.summary) == (0, (), None)
+        assert await store.version(_T, "nobody") == SessionVersion()
+        assert await store.turns(_T, "nobody") == []
+
+    async def test_load_returns_uncovered_tail_within_bounds(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(30))
+        state = await store.load(_T, _S, recent=8, max_uncovered=200)
+        assert [t.seq for t in state.turns] == list(range(1, 31))
+        state = await store.load(_T, _S, recent=8, max_uncovered=10)
+        assert [t.seq for t in state.turns] == list(range(21, 31))
+        summary = Summary(text="前情", covers_seq=25, tokens=2)
+        assert await store.commit_summary(_T, _S, summary, expected_version=0)
+        state = await store.load(_T, _S, recent=8)
+        assert [t.seq for t in state.turns] == list(range(23, 31))
+        assert state.summary is not None and state.summary.covers_seq == 25
+        assert state.summary_covers_seq == 25
+        state = await store.load(_T, _S, recent=2)
+        assert [t.seq for t in state.turns] == list(range(26, 31))
+
+    async def test_key_moments_come_from_before_the_tail_strongest_first(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(40))
+        await store.set_emotions(_T, _S, {3: 0.9, 5: 0.75, 7: 0.95, 9: 0.5, 11: 0.8, 38: 0.99})
+        state = await store.load(_T, _S, recent=4, max_uncovered=4, key_moments=3)
+        assert [t.seq for t in state.turns] == [37, 38, 39, 40]
+        assert [t.seq for t in state.key_moments] == [3, 7, 11]
+        assert [t.emotion for t in state.key_moments] == [0.9, 0.95, 0.8]
+        assert state.turns[1].emotion == 0.99
+        state = await store.load(_T, _S, recent=4, max_uncovered=4, key_moments=10,
+                                 key_moment_threshold=0.7)
+        assert [t.seq for t in state.key_moments] == [3, 5, 7, 11]
+        state = await store.load(_T, _S, recent=4, max_uncovered=4)
+        assert tuple(state.key_moments) == ()
+
+    async def test_turns_range(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(10))
+        assert [t.seq for t in await store.turns(_T, _S, from_seq=4, to_seq=6)] == [4, 5, 6]
+        assert [t.seq for t in await store.turns(_T, _S, from_seq=9)] == [9, 10]
+        assert await store.turns(_T, _S, from_seq=11) == []
+
+    # -- derived records ----------------------------------------------------------
+
+    async def test_summary_compare_and_set(self, store: Store) -> None:
+        assert not await store.commit_summary(
+            _T, _S, Summary(text="x", covers_seq=1, tokens=1), expected_version=0
+        )
+        await store.append(_T, _S, new_turns(10))
+        first = Summary(text="一", covers_seq=4, tokens=1)
+        assert await store.commit_summary(_T, _S, first, expected_version=0)
+        assert not await store.commit_summary(_T, _S, first, expected_version=0)
+        behind = Summary(text="旧", covers_seq=3, tokens=1)
+        assert not await store.commit_summary(_T, _S, behind, expected_version=1)
+        beyond = Summary(text="未来", covers_seq=11, tokens=1)
+        assert not await store.commit_summary(_T, _S, beyond, expected_version=1)
+        second = Summary(text="二", covers_seq=8, tokens=1)
+        assert await store.commit_summary(_T, _S, second, expected_version=1)
+        state = await store.load(_T, _S)
+        assert state.summary is not None
+        assert (state.summary.text, state.summary.version, state.summary.covers_seq) == ("二", 2, 8)
+        # Compaction never deletes or rewrites turns.
+        assert [t.seq for t in await store.turns(_T, _S)] == list(range(1, 11))
+
+    async def test_summary_from_an_older_state_is_rejected(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(6))
+        seen = (await store.load(_T, _S)).summary
+        slow = Summary(text="slow, from seq 4", covers_seq=4, tokens=1)
+        await store.append(_T, _S, new_turns(4, start=7))
+        fast = Summary(text="fast, from seq 10", covers_seq=10, tokens=1)
+        assert await store.commit_summary(_T, _S, fast, expected_version=0)
+        assert seen is None
+        assert not await store.commit_summary(_T, _S, slow, expected_version=0)
+        state = await store.load(_T, _S)
+        assert state.summary is not None and state.summary.text == "fast, from seq 10"
+
+    async def test_constraints_compare_and_set(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(2))
+        pins = [Constraint(key="spice", value="不要辣", source_seq=1, quote="我不吃辣"),
+                Constraint(key="budget", value="预算50元以内", kind="preference")]
+        assert await store.commit_constraints(_T, _S, pins, expected_version=0)
+        assert not await store.commit_constraints(_T, _S, [], expected_version=0)
+        state = await store.load(_T, _S)
+        assert tuple(state.constraints) == tuple(pins)
+        assert state.constraints_version == 1
+        assert await store.commit_constraints(_T, _S, pins[:1], expected_version=1)
+        assert tuple((await store.load(_T, _S)).constraints) == tuple(pins[:1])
+        assert not await store.commit_constraints(_T, "nobody", pins, expected_version=0)
+
+    async def test_set_emotions_is_idempotent_and_ignores_unknown_turns(self, store: Store) -> None:
+        await store.set_emotions(_T, "nobody", {1: 0.9})
+        assert await store.info(_T, "nobody") is None
+        await store.append(_T, _S, new_turns(3))
+        await store.set_emotions(_T, _S, {2: 0.8, 9: 0.9, 0: 0.9})
+        after_first = await store.version(_T, _S)
+        await store.set_emotions(_T, _S, {2: 0.8})
+        assert await store.version(_T, _S) == after_first
+        assert [t.emotion for t in await store.turns(_T, _S)] == [None, 0.8, None]
+        await store.set_emotions(_T, _S, {2: 0.4})
+        assert (await store.turns(_T, _S, from_seq=2, to_seq=2))[0].emotion == 0.4
+
+    async def test_version_moves_with_every_change(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(4))
+        seen = [await store.version(_T, _S)]
+        await store.append(_T, _S, new_turns(1, start=5))
+        seen.append(await store.version(_T, _S))
+        await store.commit_summary(_T, _S, Summary(text="s", covers_seq=2, tokens=1),
+                                   expected_version=0)
+        seen.append(await store.version(_T, _S))
+        await store.commit_constraints(_T, _S, [Constraint(key="k", value="v")],
+                                       expected_version=0)
+        seen.append(await store.version(_T, _S))
+        await store.set_emotions(_T, _S, {1: 0.9})
+        seen.append(await store.version(_T, _S))
+        assert len(set(seen)) == 5
+        assert seen[-1] == SessionVersion(last_seq=5, summary_version=1, constraints_version=1,
+                                          emotions_version=1)
+
+    async def test_record_job_shows_in_info(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(1))
+        await store.record_job(_T, _S, "summary", ok=False, error="boom")
+        await store.record_job(_T, _S, "summary", ok=False, error="boom again")
+        info = await store.info(_T, _S)
+        assert info is not None
+        stats = info.jobs["summary"]
+        assert (stats.ok, stats.failed, stats.last_error) == (0, 2, "boom again")
+        assert stats.last_run is not None
+        await store.record_job(_T, _S, "summary", ok=True)
+        info = await store.info(_T, _S)
+        assert info is not None
+        assert (info.jobs["summary"].ok, info.jobs["summary"].last_error) == (1, None)
+        await store.record_job(_T, "nobody", "summary", ok=True)
+        assert await store.info(_T, "nobody") is None
+
+    # -- administration -----------------------------------------------------------
+
+    async def test_info_and_listing(self, store: Store) -> None:
+        assert await store.info(_T, _S) is None
+        for sid in ("a", "b", "c"):
+            await store.append(_T, sid, new_turns(2))
+        await store.append(_T, "a", new_turns(1, start=3))
+        await store.commit_summary(_T, "a", Summary(text="s", covers_seq=2, tokens=1),
+                                   expected_version=0)
+        listed = await store.list_sessions(_T)
+        assert [i.session_id for i in listed] == ["a", "c", "b"]
+        assert [i.session_id for i in await store.list_sessions(_T, limit=1, offset=1)] == ["c"]
+        info = await store.info(_T, "a")
+        assert info is not None
+        assert (info.tenant, info.last_seq, info.summary_covers_seq, info.summary_version) == (
+            _T, 3, 2, 1)
+        assert info.created_at <= info.updated_at
+        assert await store.list_sessions("other-tenant") == []
+
+    async def test_delete_removes_everything(self, store: Store) -> None:
+        assert not await store.delete(_T, _S)
+        await store.append(_T, _S, new_turns(5))
+        await store.set_emotions(_T, _S, {1: 0.9})
+        await store.commit_summary(_T, _S, Summary(text="s", covers_seq=2, tokens=1),
+                                   expected_version=0)
+        await store.record_job(_T, _S, "summary", ok=True)
+        assert await store.delete(_T, _S)
+        assert await store.info(_T, _S) is None
+        assert await store.version(_T, _S) == SessionVersion()
+        assert await store.turns(_T, _S) == []
+        stored = await store.append(_T, _S, new_turns(1))
+        assert stored[0].seq == 1
+        state = await store.load(_T, _S, key_moments=5, key_moment_threshold=0.1)
+        assert (state.summary, tuple(state.key_moments)) == (None, ())
+        info = await store.info(_T, _S)
+        assert info is not None and dict(info.jobs) == {}
+
+    async def test_purge_idle(self, store: Store) -> None:
+        await store.append(_T, "old", new_turns(2))
+        await store.append("t2", "old", new_turns(2))
+        await asyncio.sleep(0.01)
+        cutoff = datetime.now(UTC)
+        await asyncio.sleep(0.01)
+        await store.append(_T, "new", new_turns(2))
+        assert await store.purge_idle(cutoff) == 2
+        assert [i.session_id for i in await store.list_sessions(_T)] == ["new"]
+        assert await store.turns(_T, "old") == []
+        assert await store.purge_idle(cutoff - timedelta(days=1)) == 0
+
+    # -- job locks ----------------------------------------------------------------
+
+    async def test_lock_is_single_flight_with_growing_tokens(self, store: Store) -> None:
+        async with store.lock(_T, _S) as first:
+            with pytest.raises(LockNotAcquired):
+                async with store.lock(_T, _S):
+                    pass
+            async with store.lock(_T, "other") as other:
+                assert other.token != first.token
+        async with store.lock(_T, _S) as again:
+            assert again.token > first.token
+
+    async def test_expired_lock_is_taken_over_and_not_released_by_the_old_holder(
+        self, store: Store
+    ) -> None:
+        stale = store.lock(_T, _S, ttl_s=0.05)
+        old = await stale.__aenter__()
+        await asyncio.sleep(0.2)
+        async with store.lock(_T, _S, ttl_s=30) as new:
+            assert new.token > old.token
+            await stale.__aexit__(None, None, None)
+            with pytest.raises(LockNotAcquired):
+                async with store.lock(_T, _S):
+                    pass
+
+    async def test_lock_is_released_when_the_body_fails(self, store: Store) -> None:
+        with pytest.raises(RuntimeError):
+            async with store.lock(_T, _S):
+                raise RuntimeError("job failed")
+        async with store.lock(_T, _S):
+            pass
