@@ -178,7 +178,11 @@ def assemble(
     if plan.summary is not None and plan.summary.text.strip():
         text = data_text(plan.summary.text.strip())
         candidates["summary"].append(_Candidate(text, count(text) + 1, None))
-    for name, turns, dated in (("key_moments", plan.key_moments, False), ("recall", plan.recall, True)):
+    dated_layers: tuple[tuple[LayerName, Sequence[Turn], bool], ...] = (
+        ("key_moments", plan.key_moments, False),
+        ("recall", plan.recall, True),
+    )
+    for name, turns, dated in dated_layers:
         for t in turns:
             line = turn_line(t, locale, now=None if dated else now, dated=dated)
             candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t))
@@ -205,7 +209,8 @@ def assemble(
     dropped: dict[LayerName, list[int]] = {}
     truncated: dict[LayerName, bool] = {}
     leftover = available - sum(alloc.values())
-    for name in ("constraints", "summary", "key_moments", "recall", "recent"):
+    fill_order: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall", "recent")
+    for name in fill_order:
         cands = candidates[name]
         limit = alloc.get(name, 0) + (leftover if name == "recent" else 0)
         picked, cut = _fill(name, cands, limit - section_overheads[name], count, as_messages, overhead)
@@ -303,7 +308,7 @@ def _render(
                 section_texts.append(text)
                 continue
             if name == "current":
-                items = (LayerItem(text=sent, tokens=current_cost, role="user"),)
+                items: tuple[LayerItem, ...] = (LayerItem(text=sent, tokens=current_cost, role="user"),)
                 layers.append(LayerContent(name=name, title=title, items=items, rendered="" if as_messages else current_text))
                 accounts[name] = LayerAccount(name=name, allocated=current_cost, used=current_cost, items=1)
                 if not as_messages:

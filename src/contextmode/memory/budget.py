@@ -136,7 +136,9 @@ def allocate(
         limit = caps.get("constraints", available) if caps else available
         pinned = min(demands["constraints"], limit, available)
         rest_layers = [n for n in layers if n != "constraints"]
-        rest_caps = {n: v for n, v in caps.items() if n != "constraints"} if caps else None
+        rest_caps: dict[LayerName, int] | None = (
+            {n: v for n, v in caps.items() if n != "constraints"} if caps else None
+        )
         rest = allocate(
             available - pinned, {n: demands[n] for n in rest_layers}, caps=rest_caps, weights=weights
         )

@@ -57,12 +57,20 @@ class MemoryPlan:
 
 @runtime_checkable
 class Strategy(Protocol):
-    name: str
-    """Registry name (``sliding_summary``…)."""
-    recent_turns: int
-    """How many newest turns the loader must provide at least."""
-    key_moment_limit: int
-    """How many key-moment candidates the loader should fetch (0 = none)."""
+    @property
+    def name(self) -> str:
+        """Registry name (``sliding_summary``…)."""
+        ...
+
+    @property
+    def recent_turns(self) -> int:
+        """How many newest turns the loader must provide at least."""
+        ...
+
+    @property
+    def key_moment_limit(self) -> int:
+        """How many key-moment candidates the loader should fetch (0 = none)."""
+        ...
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
         """Pick the candidates for each layer from ``state``."""
