@@ -23,6 +23,7 @@ import asyncio
 import os
 import uuid
 from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
@@ -70,7 +71,7 @@ _T, _S = "tenant-a", "session-1"
 class StoreContract:
     """Behaviour every backend guarantees. Subclasses provide the ``store`` fixture."""
 
-    pytestmark = [pytest.mark.asyncio]
+    pytestmark = pytest.mark.asyncio
 
     # -- the append-only log ------------------------------------------------------
 

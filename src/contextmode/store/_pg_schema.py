@@ -1,0 +1,139 @@
+"""PostgreSQL schema as a list of small named migrations, applied under an advisory lock.
+
+Every table lives in the store's own schema (``contextmode`` by default), so
+several stores (or test runs) can share one database without colliding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["MIGRATIONS", "migrate"]
+
+Conn = Any  # asyncpg.Connection, imported lazily
+
+
+async def m001_sessions(db: Conn) -> None:
+    await db.execute(
+        """
+        CREATE TABLE sessions (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            last_seq bigint NOT NULL DEFAULT 0,
+            created_at timestamptz NOT NULL,
+            updated_at timestamptz NOT NULL,
+            last_answer text,
+            last_answer_seq bigint NOT NULL DEFAULT 0,
+            summary_text text,
+            summary_covers_seq bigint NOT NULL DEFAULT 0,
+            summary_tokens integer NOT NULL DEFAULT 0,
+            summary_version integer NOT NULL DEFAULT 0,
+            summary_created_at timestamptz,
+            constraints jsonb NOT NULL DEFAULT '[]',
+            constraints_version integer NOT NULL DEFAULT 0,
+            emotions_version bigint NOT NULL DEFAULT 0,
+            PRIMARY KEY (tenant, session_id)
+        );
+        CREATE INDEX sessions_tenant_updated ON sessions (tenant, updated_at DESC);
+        CREATE INDEX sessions_updated ON sessions (updated_at);
+        """
+    )
+
+
+async def m002_turns(db: Conn) -> None:
+    # Written once, never updated: the primary key rejects any duplicate seq.
+    await db.execute(
+        """
+        CREATE TABLE turns (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            seq bigint NOT NULL,
+            role text NOT NULL,
+            content text NOT NULL,
+            tokens integer NOT NULL,
+            created_at timestamptz NOT NULL,
+            metadata jsonb NOT NULL DEFAULT '{}',
+            PRIMARY KEY (tenant, session_id, seq)
+        );
+        """
+    )
+
+
+async def m003_turn_emotions(db: Conn) -> None:
+    await db.execute(
+        """
+        CREATE TABLE turn_emotions (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            seq bigint NOT NULL,
+            emotion double precision NOT NULL,
+            PRIMARY KEY (tenant, session_id, seq)
+        );
+        CREATE INDEX turn_emotions_strength
+            ON turn_emotions (tenant, session_id, emotion DESC, seq DESC);
+        """
+    )
+
+
+async def m004_jobs(db: Conn) -> None:
+    await db.execute(
+        """
+        CREATE TABLE jobs (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            job text NOT NULL,
+            ok integer NOT NULL DEFAULT 0,
+            failed integer NOT NULL DEFAULT 0,
+            last_error text,
+            last_run timestamptz,
+            PRIMARY KEY (tenant, session_id, job)
+        );
+        """
+    )
+
+
+async def m005_locks(db: Conn) -> None:
+    # A lock table rather than session advisory locks: it honours ``ttl_s`` even
+    # when a holder hangs, works through poolers, and the sequence gives fencing tokens.
+    await db.execute(
+        """
+        CREATE TABLE job_locks (
+            key text PRIMARY KEY,
+            token bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        );
+        CREATE SEQUENCE fence;
+        """
+    )
+
+
+MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
+    m001_sessions,
+    m002_turns,
+    m003_turn_emotions,
+    m004_jobs,
+    m005_locks,
+]
+
+
+async def migrate(db: Conn, schema: str) -> list[str]:
+    """Create ``schema`` and apply the migrations it lacks; return their names."""
+    async with db.transaction():
+        # One migrator at a time across every process and host.
+        await db.execute("SELECT pg_advisory_xact_lock(hashtext('contextmode:migrate'))")
+        await db.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        await db.execute(f'SET LOCAL search_path TO "{schema}"')
+        await db.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations"
+            " (name text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r["name"] for r in await db.fetch("SELECT name FROM _migrations")}
+        applied = []
+        for migration in MIGRATIONS:
+            if migration.__name__ in done:
+                continue
+            await migration(db)
+            await db.execute("INSERT INTO _migrations (name) VALUES ($1)", migration.__name__)
+            applied.append(migration.__name__)
+    return applied

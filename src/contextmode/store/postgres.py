@@ -1,0 +1,411 @@
+"""The PostgreSQL store (asyncpg): sessions shared by any number of workers and hosts.
+
+Appends lock the session row (``SELECT … FOR UPDATE``) and insert the whole
+batch in one transaction, so concurrent writers queue instead of interleaving.
+Loads run in one read-only ``REPEATABLE READ`` transaction and touch only the
+session row, the tail by primary key and the emotion index. Job locks are a
+table with a database-clock expiry and a sequence for fencing tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
+from ._codec import check_ids, constraints_from_json, constraints_to_json, last_answer, window_start
+from ._codec import metadata_json as _meta
+from ._pg_schema import migrate
+from .base import JobStats, LockHandle, SessionInfo, SessionVersion
+
+__all__ = ["PostgresStore"]
+
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_W = "WHERE tenant = $1 AND session_id = $2"
+_TURN_SELECT = (
+    "SELECT t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata::text AS metadata,"
+    " e.emotion FROM turns t LEFT JOIN turn_emotions e ON e.tenant = t.tenant"
+    " AND e.session_id = t.session_id AND e.seq = t.seq"
+    " WHERE t.tenant = $1 AND t.session_id = $2"
+)
+
+
+def _turn(row: Any) -> Turn:
+    return Turn(
+        seq=row["seq"],
+        role=row["role"],
+        content=row["content"],
+        tokens=row["tokens"],
+        created_at=row["created_at"],
+        metadata=json.loads(row["metadata"]),
+        emotion=row["emotion"],
+    )
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+class PostgresStore:
+    """A `Store` in PostgreSQL; ``schema`` names the schema holding its tables."""
+
+    def __init__(
+        self, dsn: str, *, schema: str = "contextmode", min_size: int = 1, max_size: int = 10
+    ) -> None:
+        if not _SCHEMA_RE.match(schema):
+            raise ValueError(f"invalid schema name {schema!r}: use [a-z_][a-z0-9_]*")
+        self.dsn = dsn
+        self.schema = schema
+        self._min_size, self._max_size = min_size, max_size
+        self._pool: Any = None
+        self._opening = asyncio.Lock()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    async def _open_pool(self) -> Any:
+        try:
+            import asyncpg
+        except ImportError as exc:
+            raise MissingExtra("postgres", "asyncpg") from exc
+        async with self._opening:
+            if self._pool is None:
+                pool = await asyncpg.create_pool(
+                    self.dsn,
+                    min_size=self._min_size,
+                    max_size=self._max_size,
+                    server_settings={"search_path": self.schema},
+                )
+                async with pool.acquire() as db:
+                    await migrate(db, self.schema)
+                self._pool = pool
+        return self._pool
+
+    @asynccontextmanager
+    async def _db(self) -> AsyncIterator[Any]:
+        """A pooled connection; the one place asyncpg and socket errors become StoreError."""
+        try:
+            pool = self._pool or await self._open_pool()
+            async with pool.acquire() as db:
+                yield db
+        except (ConflictError, LockNotAcquired, MissingExtra):
+            raise
+        except Exception as exc:
+            if type(exc).__module__.startswith("asyncpg") or isinstance(exc, OSError):
+                raise StoreError(f"PostgreSQL store failed: {exc}") from exc
+            raise
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> PostgresStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- turn log ---------------------------------------------------------------
+
+    async def append(
+        self,
+        tenant: str,
+        session_id: str,
+        turns: Sequence[NewTurn],
+        *,
+        expected_last_seq: int | None = None,
+    ) -> list[Turn]:
+        key = check_ids(tenant, session_id)
+        turns = list(turns)
+        now = utc_now()
+        async with self._db() as db, db.transaction():
+            if turns:
+                await db.execute(
+                    "INSERT INTO sessions (tenant, session_id, created_at, updated_at)"
+                    " VALUES ($1, $2, $3, $3) ON CONFLICT DO NOTHING",
+                    *key, now,
+                )
+            last = await db.fetchval(f"SELECT last_seq FROM sessions {_W} FOR UPDATE", *key) or 0
+            if expected_last_seq is not None and expected_last_seq != last:
+                raise ConflictError(
+                    f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
+                )
+            if not turns:
+                return []
+            seqs = list(range(last + 1, last + 1 + len(turns)))
+            await db.execute(
+                "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
+                " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
+                "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
+                ") AS u(s, r, c, k, a, m)",
+                *key, seqs, [t.role for t in turns], [t.content for t in turns],
+                [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
+                [_meta(t.metadata) for t in turns],
+            )
+            scored = [(s, float(t.emotion)) for s, t in zip(seqs, turns, strict=True)
+                      if t.emotion is not None]
+            if scored:
+                await db.execute(
+                    "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+                    " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)",
+                    *key, [s for s, _ in scored], [e for _, e in scored],
+                )
+            answer = last_answer(turns)
+            answer_seq = max((s for s, t in zip(seqs, turns, strict=True)
+                              if t.role == "assistant"), default=0)
+            await db.execute(
+                "UPDATE sessions SET last_seq = $3, updated_at = $4,"
+                " last_answer = CASE WHEN $5::bigint > 0 THEN $6 ELSE last_answer END,"
+                " last_answer_seq = GREATEST(last_answer_seq, $5::bigint),"
+                f" emotions_version = emotions_version + $7 {_W}",
+                *key, seqs[-1], now, answer_seq, answer, int(bool(scored)),
+            )
+        return [
+            Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
+                 created_at=_aware(t.created_at),
+                 emotion=None if t.emotion is None else float(t.emotion),
+                 metadata=dict(t.metadata))
+            for s, t in zip(seqs, turns, strict=True)
+        ]
+
+    async def load(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        recent: int = 8,
+        max_uncovered: int = 200,
+        key_moments: int = 0,
+        key_moment_threshold: float = 0.7,
+    ) -> SessionState:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
+            row = await db.fetchrow(
+                "SELECT last_seq, created_at, updated_at, last_answer, summary_text,"
+                " summary_covers_seq, summary_tokens, summary_version, summary_created_at,"
+                f" constraints::text AS constraints, constraints_version FROM sessions {_W}",
+                *key,
+            )
+            if row is None:
+                return SessionState(tenant=tenant, session_id=session_id)
+            first = window_start(row["last_seq"], row["summary_covers_seq"], recent, max_uncovered)
+            tail = await db.fetch(f"{_TURN_SELECT} AND t.seq >= $3 ORDER BY t.seq", *key, first)
+            moments: list[Any] = []
+            if key_moments > 0:
+                moments = await db.fetch(
+                    f"{_TURN_SELECT} AND t.seq IN (SELECT seq FROM turn_emotions {_W}"
+                    " AND emotion >= $3 AND seq < $4 ORDER BY emotion DESC, seq DESC LIMIT $5)"
+                    " ORDER BY t.seq",
+                    *key, key_moment_threshold, first, key_moments,
+                )
+        summary = None
+        if row["summary_version"]:
+            summary = Summary(
+                text=row["summary_text"], covers_seq=row["summary_covers_seq"],
+                tokens=row["summary_tokens"], version=row["summary_version"],
+                created_at=row["summary_created_at"],
+            )
+        return SessionState(
+            tenant=tenant,
+            session_id=session_id,
+            last_seq=row["last_seq"],
+            turns=tuple(_turn(r) for r in tail),
+            summary=summary,
+            constraints=constraints_from_json(row["constraints"]),
+            constraints_version=row["constraints_version"],
+            key_moments=tuple(_turn(r) for r in moments),
+            last_answer=row["last_answer"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+    async def turns(
+        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Turn]:
+        key = check_ids(tenant, session_id)
+        upper = to_seq if to_seq is not None else 2**62
+        async with self._db() as db:
+            rows = await db.fetch(
+                f"{_TURN_SELECT} AND t.seq >= $3 AND t.seq <= $4 ORDER BY t.seq",
+                *key, from_seq, upper,
+            )
+        return [_turn(r) for r in rows]
+
+    async def version(self, tenant: str, session_id: str) -> SessionVersion:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            row = await db.fetchrow(
+                "SELECT last_seq, summary_version, constraints_version, emotions_version"
+                f" FROM sessions {_W}",
+                *key,
+            )
+        return SessionVersion(**dict(row)) if row else SessionVersion()
+
+    # -- derived records --------------------------------------------------------
+
+    async def commit_summary(
+        self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
+    ) -> bool:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            status = await db.execute(
+                "UPDATE sessions SET summary_text = $3, summary_covers_seq = $4,"
+                " summary_tokens = $5, summary_created_at = $6,"
+                f" summary_version = summary_version + 1 {_W} AND summary_version = $7"
+                " AND summary_covers_seq < $4 AND last_seq >= $4",
+                *key, summary.text, summary.covers_seq, summary.tokens,
+                _aware(summary.created_at), expected_version,
+            )
+        return bool(status == "UPDATE 1")
+
+    async def commit_constraints(
+        self,
+        tenant: str,
+        session_id: str,
+        constraints: Sequence[Constraint],
+        *,
+        expected_version: int,
+    ) -> bool:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            status = await db.execute(
+                "UPDATE sessions SET constraints = $3::jsonb,"
+                f" constraints_version = constraints_version + 1 {_W}"
+                " AND constraints_version = $4",
+                *key, constraints_to_json(constraints), expected_version,
+            )
+        return bool(status == "UPDATE 1")
+
+    async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
+        key = check_ids(tenant, session_id)
+        items = [(int(s), float(e)) for s, e in scores.items()]
+        async with self._db() as db, db.transaction():
+            last = await db.fetchval(f"SELECT last_seq FROM sessions {_W} FOR UPDATE", *key)
+            items = [(s, e) for s, e in items if last is not None and 1 <= s <= last]
+            if not items:
+                return
+            status = await db.execute(
+                "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+                " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)"
+                " ON CONFLICT (tenant, session_id, seq) DO UPDATE SET emotion = EXCLUDED.emotion"
+                " WHERE turn_emotions.emotion IS DISTINCT FROM EXCLUDED.emotion",
+                *key, [s for s, _ in items], [e for _, e in items],
+            )
+            if status != "INSERT 0 0":
+                await db.execute(
+                    f"UPDATE sessions SET emotions_version = emotions_version + 1 {_W}", *key
+                )
+
+    async def record_job(
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+    ) -> None:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            await db.execute(
+                "INSERT INTO jobs (tenant, session_id, job, ok, failed, last_error, last_run)"
+                " SELECT $1, $2, $3, $4, $5, $6, $7"
+                " WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = $1 AND session_id = $2)"
+                " ON CONFLICT (tenant, session_id, job) DO UPDATE SET ok = jobs.ok + EXCLUDED.ok,"
+                " failed = jobs.failed + EXCLUDED.failed, last_error = EXCLUDED.last_error,"
+                " last_run = EXCLUDED.last_run",
+                *key, job, int(ok), int(not ok), None if ok else error, utc_now(),
+            )
+
+    # -- administration ---------------------------------------------------------
+
+    _INFO = (
+        "SELECT session_id, last_seq, created_at, updated_at, summary_covers_seq,"
+        " summary_version, constraints_version FROM sessions"
+    )
+
+    async def _infos(self, db: Any, tenant: str, rows: list[Any]) -> list[SessionInfo]:
+        jobs: dict[str, dict[str, JobStats]] = {}
+        for r in await db.fetch(
+            "SELECT session_id, job, ok, failed, last_error, last_run FROM jobs"
+            " WHERE tenant = $1 AND session_id = ANY($2::text[])",
+            tenant, [r["session_id"] for r in rows],
+        ):
+            jobs.setdefault(r["session_id"], {})[r["job"]] = JobStats(
+                ok=r["ok"], failed=r["failed"], last_error=r["last_error"], last_run=r["last_run"]
+            )
+        return [
+            SessionInfo(tenant=tenant, jobs=jobs.get(r["session_id"], {}), **dict(r))
+            for r in rows
+        ]
+
+    async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
+            rows = await db.fetch(f"{self._INFO} {_W}", *key)
+            infos = await self._infos(db, tenant, rows)
+        return infos[0] if infos else None
+
+    async def list_sessions(
+        self, tenant: str, *, limit: int = 100, offset: int = 0
+    ) -> list[SessionInfo]:
+        tenant, _ = check_ids(tenant, "x")
+        async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
+            rows = await db.fetch(
+                f"{self._INFO} WHERE tenant = $1 ORDER BY updated_at DESC, session_id"
+                " LIMIT $2 OFFSET $3",
+                tenant, limit, offset,
+            )
+            return await self._infos(db, tenant, rows)
+
+    async def delete(self, tenant: str, session_id: str) -> bool:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db, db.transaction():
+            status = await db.execute(f"DELETE FROM sessions {_W}", *key)
+            for table in ("turns", "turn_emotions", "jobs"):
+                await db.execute(f"DELETE FROM {table} {_W}", *key)
+        return bool(status == "DELETE 1")
+
+    async def purge_idle(self, older_than: datetime) -> int:
+        async with self._db() as db, db.transaction():
+            gone = await db.fetch(
+                "DELETE FROM sessions WHERE updated_at < $1 RETURNING tenant, session_id",
+                _aware(older_than),
+            )
+            tenants = [r["tenant"] for r in gone]
+            sids = [r["session_id"] for r in gone]
+            for table in ("turns", "turn_emotions", "jobs"):
+                await db.execute(
+                    f"DELETE FROM {table} x USING unnest($1::text[], $2::text[]) AS g(t, s)"
+                    " WHERE x.tenant = g.t AND x.session_id = g.s",
+                    tenants, sids,
+                )
+        return len(gone)
+
+    # -- job locks --------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        async with self._db() as db:
+            # Takes a free or expired lock in one statement; the database clock decides.
+            token = await db.fetchval(
+                "INSERT INTO job_locks (key, token, expires_at)"
+                " VALUES ($1, nextval('fence'), clock_timestamp() + make_interval(secs => $2))"
+                " ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token,"
+                " expires_at = EXCLUDED.expires_at"
+                " WHERE job_locks.expires_at <= clock_timestamp() RETURNING token",
+                key, float(ttl_s),
+            )
+        if token is None:
+            raise LockNotAcquired(f"job lock {key!r} is held")
+        try:
+            yield LockHandle(key=key, token=token)
+        finally:
+            async with self._db() as db:
+                await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", key, token)
+
+    def lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = check_ids(tenant, session_id)
+        return self._hold(f"{tenant}/{session_id}", ttl_s)
