@@ -23,7 +23,7 @@ async def _fresh_schema() -> str:
         skip_or_fail("asyncpg is not installed (extra 'postgres')")
     try:
         conn = await asyncpg.connect(DSN, timeout=3)
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
         skip_or_fail(f"PostgreSQL is not reachable at {DSN}: {exc}")
     await conn.close()
     return f"cm_test_{uuid.uuid4().hex[:12]}"
