@@ -1,0 +1,91 @@
+"""`OfflineResponder`: the answer when no model is configured.
+
+It says plainly that no model is configured (in Chinese when the user wrote
+Chinese) and shows what would have been sent: the standalone question and a
+compact view of every message (role, token count when a counter is given, first
+characters). That makes the default install useful for inspecting context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from ..tokens.base import TokenCounter, count_messages
+from ..types import ChatMessage
+
+__all__ = ["OfflineResponder"]
+
+
+def _is_chinese(text: str) -> bool:
+    return any("\u3400" <= ch <= "\u9fff" for ch in text)
+
+
+def _preview(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "…"
+
+
+class OfflineResponder:
+    """A `ChatModel` that needs no model: it describes the request instead of answering it."""
+
+    def __init__(
+        self,
+        *,
+        counter: TokenCounter | None = None,
+        preview_chars: int = 200,
+        chunk_chars: int = 24,
+        name: str = "offline",
+    ) -> None:
+        """``counter`` adds token totals; ``preview_chars`` characters of each message are shown;
+        the answer streams in pieces of ``chunk_chars`` characters."""
+        self.name = name
+        self.counter = counter
+        self.preview_chars = preview_chars
+        self.chunk_chars = max(1, chunk_chars)
+
+    def __repr__(self) -> str:
+        return f"OfflineResponder(name={self.name!r})"
+
+    def render(self, messages: Sequence[ChatMessage]) -> str:
+        """The full offline answer for ``messages``."""
+        question = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        zh = _is_chinese(question)
+        lines = [
+            "（未配置模型）context-mode 没有连接任何语言模型，所以这里不生成回答。"
+            "设置 CONTEXTMODE_LLM_BASE_URL 和 CONTEXTMODE_LLM_MODEL 后即可得到真正的回答。"
+            if zh
+            else "(No model configured) context-mode is not connected to a language model, so no "
+            "answer is generated here. Set CONTEXTMODE_LLM_BASE_URL and CONTEXTMODE_LLM_MODEL to get "
+            "real answers.",
+            "",
+            ("独立问题：" if zh else "Standalone question: ") + _preview(question, self.preview_chars),
+            "",
+        ]
+        total = count_messages(self.counter, messages) if self.counter else None
+        if zh:
+            head = f"将发送给模型的内容（{len(messages)} 条消息"
+            head += f"，共 {total} tokens）：" if total is not None else "）："
+        else:
+            head = f"What the model would have received ({len(messages)} messages"
+            head += f", {total} tokens in total):" if total is not None else "):"
+        lines.append(head)
+        for index, message in enumerate(messages, 1):
+            tokens = f" {self.counter.count(message.content)} tokens" if self.counter else ""
+            lines.append(
+                f"{index}. [{message.role}{tokens}] {_preview(message.content, self.preview_chars)}"
+            )
+        return "\n".join(lines)
+
+    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None) -> str:
+        """The offline answer at once (``max_tokens`` is ignored: it is a description, not a reply)."""
+        return self.render(messages)
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
+    ) -> AsyncIterator[str]:
+        """The offline answer in small chunks, yielding to the event loop between them."""
+        text = self.render(messages)
+        for start in range(0, len(text), self.chunk_chars):
+            yield text[start : start + self.chunk_chars]
+            await asyncio.sleep(0)

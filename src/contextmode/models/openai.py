@@ -1,0 +1,266 @@
+"""`OpenAIChatModel`: any OpenAI-compatible chat-completions endpoint through the official client.
+
+Works with OpenAI, DeepSeek, Qwen (DashScope compatible mode), vLLM, Ollama and
+the llama.cpp server (see docs/models.md). Provider errors are translated to
+`contextmode.errors` in one place, `map_openai_error`; the API key never
+appears in a ``repr``, an error message or a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
+from ..types import ChatMessage
+from .settings import LLMSettings, check_model_request_allowed
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+__all__ = ["ModelUsage", "OpenAIChatModel", "map_openai_error"]
+
+logger = logging.getLogger("contextmode.models.openai")
+
+_KEY_LIKE = re.compile(r"\b(sk|pk|key|api[-_]?key)-[A-Za-z0-9_\-]{8,}", re.I)
+_NO_KEY = "not-needed"  # local servers (Ollama, vLLM, llama.cpp) ignore the key but the client wants one
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelUsage:
+    """Token usage the server reported for one call."""
+
+    prompt_tokens: int
+    """Input tokens, by the server's own tokenizer."""
+    completion_tokens: int
+    """Output tokens."""
+
+
+def _scrub(text: str, secret: str | None) -> str:
+    if secret and secret != _NO_KEY:
+        text = text.replace(secret, "***")
+    return _KEY_LIKE.sub("***", text)
+
+
+def map_openai_error(
+    exc: BaseException, *, secret: str | None = None, mid_stream: bool = False
+) -> ModelError:
+    """Translate an openai/httpx exception into the `ModelError` tree (the one place this happens).
+
+    ``APITimeoutError`` and transport timeouts → `ModelTimeout`; 429, 5xx and
+    connection failures → `ModelUnavailable`; anything else (4xx, malformed
+    responses) → `ModelError`. With ``mid_stream`` (the answer had started) a
+    non-timeout failure is a plain `ModelError`: the stream broke, the partial
+    answer stands. ``secret`` is scrubbed from the message, as is anything
+    shaped like an API key.
+    """
+    import openai
+
+    detail = _scrub(f"{type(exc).__name__}: {exc}", secret)
+    if isinstance(exc, openai.APITimeoutError) or "Timeout" in type(exc).__name__:
+        return ModelTimeout(f"the model did not answer in time ({detail})")
+    if mid_stream:
+        return ModelError(f"the model's stream broke before the end; the answer is partial ({detail})")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if status == 429 or status >= 500:
+            return ModelUnavailable(f"the model endpoint answered HTTP {status} ({detail})")
+        return ModelError(f"the model endpoint refused the request with HTTP {status} ({detail})")
+    if isinstance(exc, openai.APIConnectionError):
+        return ModelUnavailable(f"could not reach the model endpoint ({detail})")
+    return ModelError(f"the model call failed ({detail})")
+
+
+def _import_openai() -> Any:
+    try:
+        import openai
+    except ImportError as exc:
+        raise MissingExtra("openai", "openai") from exc
+    return openai
+
+
+class OpenAIChatModel:
+    """A `ChatModel` over ``AsyncOpenAI``'s ``chat.completions.create``.
+
+    ``stream()`` yields text deltas; if the stream breaks or ends without a
+    ``finish_reason`` it raises `ModelError` *after* yielding what arrived, so
+    the caller can keep a partial answer (seed 000).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 2,
+        extra_headers: Mapping[str, str] | None = None,
+        temperature: float | None = None,
+        include_usage: bool = True,
+        on_usage: Callable[[ModelUsage], None] | None = None,
+        client: AsyncOpenAI | None = None,
+    ) -> None:
+        """``timeout`` in seconds (connect and each read); ``include_usage`` asks for usage on streams
+        (dropped automatically if the server refuses it); ``on_usage`` receives each call's usage."""
+        openai = _import_openai()
+        self.name = model
+        self.base_url = base_url
+        self.temperature = temperature
+        self.on_usage = on_usage
+        self.last_usage: ModelUsage | None = None
+        """Usage of the most recent call that reported one (for logs; racy under concurrency)."""
+        self._include_usage = include_usage
+        self._secret = api_key
+        if client is None:
+            try:
+                client = openai.AsyncOpenAI(
+                    api_key=api_key or (_NO_KEY if base_url else None),
+                    base_url=base_url,
+                    timeout=timeout,
+                    max_retries=max_retries,
+                    default_headers=dict(extra_headers or {}),
+                )
+            except openai.OpenAIError as exc:  # e.g. no key at all for api.openai.com
+                raise ConfigError(
+                    _scrub(f"cannot configure the OpenAI client: {exc}", api_key)
+                    + " (set CONTEXTMODE_LLM_API_KEY)"
+                ) from None
+        self._client = client
+
+    @classmethod
+    def from_settings(cls, settings: LLMSettings, **overrides: Any) -> OpenAIChatModel:
+        """Build from `LLMSettings`; ``overrides`` win over the settings' values."""
+        if not settings.model:
+            raise ConfigError("CONTEXTMODE_LLM_MODEL is not set")
+        kwargs: dict[str, Any] = {
+            "model": settings.model,
+            "base_url": settings.base_url,
+            "api_key": settings.api_key,
+            "timeout": settings.timeout,
+            "max_retries": settings.max_retries,
+            "extra_headers": settings.extra_headers,
+            "temperature": settings.temperature,
+        }
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def __repr__(self) -> str:
+        key = "***" if self._secret else None
+        return f"OpenAIChatModel(name={self.name!r}, base_url={self.base_url!r}, api_key={key!r})"
+
+    def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
+        check_model_request_allowed(self.base_url)
+        request: dict[str, Any] = {
+            "model": self.name,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+        }
+        if max_tokens is not None:
+            request["max_tokens"] = max_tokens
+        if self.temperature is not None:
+            request["temperature"] = self.temperature
+        return request
+
+    def _record_usage(self, usage: Any) -> None:
+        if usage is None:
+            return
+        try:
+            record = ModelUsage(
+                prompt_tokens=int(usage.prompt_tokens or 0),
+                completion_tokens=int(usage.completion_tokens or 0),
+            )
+        except (AttributeError, TypeError, ValueError):
+            return
+        self.last_usage = record
+        if self.on_usage is not None:
+            self.on_usage(record)
+        logger.debug("model %s usage: %s", self.name, record)
+
+    async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None) -> str:
+        """The whole answer at once (non-streaming request)."""
+        request = self._request(messages, max_tokens)
+        try:
+            completion = await self._client.chat.completions.create(**request)
+            choice = completion.choices[0]
+            text = choice.message.content or ""
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise self._map(exc) from self._cause(exc)
+        self._record_usage(getattr(completion, "usage", None))
+        return text
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
+    ) -> AsyncIterator[str]:
+        """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
+        request = self._request(messages, max_tokens)
+        stream = await self._open_stream(request)
+        finished = False
+        try:
+            async for chunk in stream:
+                if getattr(chunk, "usage", None) is not None:
+                    self._record_usage(chunk.usage)
+                for choice in chunk.choices or ():
+                    delta = getattr(choice.delta, "content", None) if choice.delta else None
+                    if delta:
+                        yield delta
+                    if choice.finish_reason:
+                        finished = True
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
+        finally:
+            await _close_quietly(stream)
+        if not finished:
+            raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
+
+    async def _open_stream(self, request: dict[str, Any]) -> Any:
+        openai = _import_openai()
+        with_usage = self._include_usage
+        try:
+            if with_usage:
+                try:
+                    stream = await self._client.chat.completions.create(
+                        **request, stream=True, stream_options={"include_usage": True}
+                    )
+                except openai.APIStatusError as exc:
+                    if exc.status_code not in (400, 422):
+                        raise
+                    # Some compatible servers reject stream_options; retry once without it.
+                    stream = await self._client.chat.completions.create(**request, stream=True)
+                    self._include_usage = False
+                    logger.info("model endpoint refused stream_options; usage capture disabled")
+                return stream
+            return await self._client.chat.completions.create(**request, stream=True)
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise self._map(exc) from self._cause(exc)
+
+    def _map(self, exc: Exception) -> ModelError:
+        return map_openai_error(exc, secret=self._secret)
+
+    def _cause(self, exc: Exception) -> Exception | None:
+        # Chain the provider error for debugging unless its text carries the key.
+        if self._secret and self._secret != _NO_KEY and self._secret in str(exc):
+            return None
+        return exc
+
+    async def aclose(self) -> None:
+        """Close the underlying HTTP connection pool."""
+        await self._client.close()
+
+
+async def _close_quietly(stream: Any) -> None:
+    close = getattr(stream, "close", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception:  # closing a broken connection may fail again; the first error is the one that counts
+        logger.debug("closing the model stream failed", exc_info=True)
