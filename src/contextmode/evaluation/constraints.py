@@ -1,0 +1,248 @@
+"""Constraint / user-fact extraction against Multi-Session Chat (MSC) persona annotations.
+
+Input: ``personasummary_s*_*.txt``, one JSON dialogue a line, ``dialog:[{id, text,
+persona_text?}]``; an utterance's ``persona_text`` is the gold fact(s) it reveals about its
+speaker. Every utterance (both speakers) goes through `OfflineConstraintExtractor`.
+
+The matching rule (also in docs/quality-language.md):
+
+* gold facts: the utterance's ``persona_text`` split into sentences;
+* an extracted value and a gold fact *match* when they share content words (stop words
+  dropped, light stemming, see `contextmode.processors.constraints.content_words`) making at
+  least ``min_overlap`` (default 0.5) of the extracted value's content words AND at least
+  ``min_overlap`` of the gold fact's content words; matching is only within one utterance;
+* precision = extracted values that match a gold fact of their utterance / all extracted
+  values (values from utterances without ``persona_text`` are all false positives);
+* recall = gold facts matched by some value extracted from their utterance / all gold facts;
+* ``utterance_recall`` (looser, reported beside) = utterances with ``persona_text`` where
+  at least one extracted value matches / utterances with ``persona_text``.
+
+Baselines scored with the same rule: ``whole_utterance`` (the whole utterance as one value)
+and ``first_person`` (every clause starting with I/my).
+
+P/R/F1 are computed privately here until the shared ``evaluation.metrics`` lands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..processors.constraints import OfflineConstraintExtractor, content_words
+
+__all__ = ["evaluate_constraints", "register"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Counts:
+    extracted: int = 0
+    matched_extracted: int = 0
+    gold: int = 0
+    matched_gold: int = 0
+    gold_utterances: int = 0
+    matched_utterances: int = 0
+
+    def add(self, other: _Counts) -> _Counts:
+        return _Counts(**{k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__})
+
+    def figures(self) -> dict[str, float]:
+        precision = self.matched_extracted / self.extracted if self.extracted else 0.0
+        recall = self.matched_gold / self.gold if self.gold else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return {
+            "precision": round(precision, 4),
+            "recall": round(recall, 4),
+            "f1": round(f1, 4),
+            "utterance_recall": round(
+                self.matched_utterances / self.gold_utterances if self.gold_utterances else 0.0, 4
+            ),
+        }
+
+
+def _gold_facts(persona_text: str) -> list[str]:
+    return [s.strip() for s in re.split(r"(?<=[.!?])\s+", persona_text) if content_words(s)]
+
+
+def facts_match(value: str, gold: str, min_overlap: float = 0.5) -> bool:
+    """The matching rule: shared content words cover ``min_overlap`` of both sides."""
+    value_words = set(content_words(value))
+    gold_words = set(content_words(gold))
+    if not value_words or not gold_words:
+        return False
+    shared = len(value_words & gold_words)
+    return shared / len(value_words) >= min_overlap and shared / len(gold_words) >= min_overlap
+
+
+def _covered(words: set[str], pool: set[str], min_overlap: float) -> bool:
+    return bool(words) and len(words & pool) / len(words) >= min_overlap
+
+
+def _score_utterance(
+    values: Sequence[str], persona_text: str, min_overlap: float, lenient: bool = False
+) -> _Counts:
+    gold = _gold_facts(persona_text) if persona_text else []
+    if lenient:
+        persona_words = set(content_words(persona_text))
+        value_words = {w for v in values for w in content_words(v)}
+        matched_values = sum(
+            1 for v in values if _covered(set(content_words(v)), persona_words, min_overlap)
+        )
+        matched_gold = sum(
+            1 for g in gold if _covered(set(content_words(g)), value_words, min_overlap)
+        )
+    else:
+        matched_values = sum(
+            1 for v in values if any(facts_match(v, g, min_overlap) for g in gold)
+        )
+        matched_gold = sum(
+            1 for g in gold if any(facts_match(v, g, min_overlap) for v in values)
+        )
+    return _Counts(
+        extracted=len(values),
+        matched_extracted=matched_values,
+        gold=len(gold),
+        matched_gold=matched_gold,
+        gold_utterances=1 if gold else 0,
+        matched_utterances=1 if gold and matched_values else 0,
+    )
+
+
+def _whole_utterance(text: str) -> list[str]:
+    return [text]
+
+
+def _first_person(text: str) -> list[str]:
+    return [
+        m.group().strip()
+        for m in re.finditer(r"(?<![A-Za-z'])(?:I|I'm|I've|My)\s+[^,.;!?]{3,}", text)
+    ]
+
+
+def _read_dialogues(path: Path) -> Iterable[list[dict[str, Any]]]:
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)["dialog"]
+
+
+def evaluate_constraints(
+    path: str | Path,
+    *,
+    min_overlap: float = 0.5,
+    generic_facts: bool = True,
+    limit: int | None = None,
+    show_progress: bool = False,
+) -> dict[str, Any]:
+    """Precision / recall of `OfflineConstraintExtractor` on an MSC persona file.
+
+    Returns ``precision``, ``recall``, ``f1``, ``utterance_recall``, item counts, the share
+    of values per kind, and the same figures for the two baselines (``baseline_*``).
+    """
+    dialogues = list(_read_dialogues(Path(path)))[:limit]
+    extractor = OfflineConstraintExtractor(generic_facts=generic_facts)
+    systems: dict[str, Callable[[str], list[str]]] = {
+        "whole_utterance": _whole_utterance,
+        "first_person": _first_person,
+    }
+    totals = _Counts()
+    lenient_totals = _Counts()
+    baseline_totals = {name: _Counts() for name in systems}
+    lenient_baselines = {name: _Counts() for name in systems}
+    kinds: dict[str, int] = {}
+    utterances = 0
+    progress = _progress() if show_progress else None
+    task = progress.add_task("extracting", total=len(dialogues)) if progress else None
+    if progress:
+        progress.start()
+    try:
+        for dialog in dialogues:
+            for utterance in dialog:
+                utterances += 1
+                text = utterance.get("text", "")
+                persona = utterance.get("persona_text") or ""
+                update = extractor.extract_text(text)
+                for c in update.upsert:
+                    kinds[c.kind] = kinds.get(c.kind, 0) + 1
+                values = [c.value for c in update.upsert]
+                totals = totals.add(_score_utterance(values, persona, min_overlap))
+                lenient_totals = lenient_totals.add(
+                    _score_utterance(values, persona, min_overlap, lenient=True)
+                )
+                for name, system in systems.items():
+                    baseline_totals[name] = baseline_totals[name].add(
+                        _score_utterance(system(text), persona, min_overlap)
+                    )
+                    lenient_baselines[name] = lenient_baselines[name].add(
+                        _score_utterance(system(text), persona, min_overlap, lenient=True)
+                    )
+            if progress and task is not None:
+                progress.advance(task)
+    finally:
+        if progress:
+            progress.stop()
+    result: dict[str, Any] = {
+        **totals.figures(),
+        "dialogues": len(dialogues),
+        "utterances": utterances,
+        "gold_facts": totals.gold,
+        "extracted": totals.extracted,
+        "min_overlap": min_overlap,
+        "kinds": kinds,
+    }
+    for key, value in lenient_totals.figures().items():
+        if key != "utterance_recall":
+            result[f"lenient_{key}"] = value
+    for name, counts in baseline_totals.items():
+        for key, value in counts.figures().items():
+            result[f"baseline_{name}_{key}"] = value
+        for key, value in lenient_baselines[name].figures().items():
+            if key != "utterance_recall":
+                result[f"baseline_{name}_lenient_{key}"] = value
+    return result
+
+
+def _progress() -> Any:
+    from rich.progress import Progress
+
+    return Progress(transient=True)
+
+
+def _print_report(title: str, result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in result.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``constraints`` evaluation subcommand to ``app``."""
+
+    @app.command("constraints")
+    def constraints_command(
+        data: Annotated[Path, typer.Option("--data", help="MSC personasummary_s*.txt file")],
+        min_overlap: Annotated[float, typer.Option(help="Matching rule: content-word overlap")] = 0.5,
+        generic_facts: Annotated[bool, typer.Option(help="Also extract untyped first-person facts")] = True,
+        limit: Annotated[int | None, typer.Option(help="Only the first N dialogues")] = None,
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Last line: the headline figures as JSON")
+        ] = False,
+    ) -> None:
+        """Constraint / user-fact extraction precision and recall on MSC."""
+        result = evaluate_constraints(
+            data, min_overlap=min_overlap, generic_facts=generic_facts, limit=limit,
+            show_progress=True,
+        )
+        _print_report("constraint extraction (MSC)", result)
+        if as_json:
+            print(json.dumps(result, ensure_ascii=False))

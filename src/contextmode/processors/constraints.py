@@ -1,0 +1,187 @@
+"""Offline constraint extraction (seed 003 §2.3, §3.4): preferences, hard constraints, identity.
+
+`OfflineConstraintExtractor` reads one user turn with hand-written Chinese and English
+patterns and returns a `ConstraintUpdate`: typed `Constraint` entries (``key``, short
+``value``, ``kind``, the turn's ``seq`` and the clause ``quote``) to pin, and keys the user
+explicitly took back ("我现在能吃辣了", "I eat meat again now"). `apply_update` merges an
+update into the pinned list: a newer value replaces the one with the same key in place,
+retracted keys go.
+
+Keys are normalised so a later statement finds the earlier one: fixed keys for one-valued
+facts (``name``, ``age``, ``location``, ``job``, ``budget``, ``spice``, ``diet``) and
+``like:<thing>`` / ``dislike:<thing>`` / ``allergy:<thing>`` / ``family:<who>`` /
+``avoid:<thing>`` for facts that can hold several values. Everything else a user says about
+themself in the first person ("I play guitar in a band") becomes a low-priority ``fact:…``
+entry when ``generic_facts`` is on, since multi-session chat (MSC) shows most personal facts
+take no fixed form.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from ..types import Constraint, Turn
+from .lexicons.constraint_patterns import (
+    EN_STOPWORDS,
+    Found,
+    Retract,
+    en_generic,
+    en_rules,
+    zh_generic,
+    zh_rules,
+)
+from .base import ConstraintUpdate
+from .lexicons import detect_language
+
+__all__ = [
+    "OfflineConstraintExtractor",
+    "apply_update",
+    "content_words",
+    "extract_constraints",
+]
+
+_ZH_SENTENCE = re.compile(r"(?<=[。！？!?；;\n])")
+_EN_SENTENCE = re.compile(r"(?<=[.!?;\n])\s+")
+_EN_QUESTION_START = re.compile(
+    r"^\s*(do|does|did|are|is|was|were|have|has|can|could|would|will|what|where|when|who|"
+    r"why|how|which|should)\b",
+    re.IGNORECASE,
+)
+
+
+def content_words(text: str) -> list[str]:
+    """Lower-cased words of ``text`` minus English stop words, lightly stemmed; CJK by character."""
+    words = []
+    for raw in re.findall(r"[a-z0-9]+(?:['’][a-z]+)?|[\u4e00-\u9fff]", text.lower()):
+        token = _NUMBER_WORDS.get(raw, raw.replace("'", "").replace("’", ""))
+        stem = _stem(token)
+        if token in EN_STOPWORDS or stem in EN_STOPWORDS:
+            continue
+        words.append(stem)
+    return words
+
+
+_NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve".split()
+    )
+}
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ies", "ed", "es", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+    return word
+
+
+def _sentences(text: str, language: str) -> list[str]:
+    parts = (_ZH_SENTENCE if language == "zh" else _EN_SENTENCE).split(text)
+    return [p.strip() for p in parts if p and p.strip()]
+
+
+def _is_question(sentence: str, language: str) -> bool:
+    stripped = sentence.rstrip(" .!。！~")
+    if stripped.endswith(("?", "？")):
+        return True
+    if language == "zh":
+        return stripped.endswith(("吗", "么", "呢")) and "我" not in stripped[:2]
+    return bool(_EN_QUESTION_START.match(sentence))
+
+
+def extract_constraints(
+    text: str, *, source_seq: int = 0, generic_facts: bool = True
+) -> tuple[list[Constraint], list[Retract]]:
+    """Constraints stated in ``text`` and retractions, in the order they appear."""
+    language = detect_language(text)
+    rules = zh_rules() if language == "zh" else en_rules()
+    generic = zh_generic if language == "zh" else en_generic
+    found: list[Constraint] = []
+    retracted: list[Retract] = []
+    for sentence in _sentences(text, language):
+        if _is_question(sentence, language):
+            continue
+        hits: list[Found | Retract] = []
+        for rule in rules:
+            hits.extend(rule(sentence))
+        if generic_facts:
+            typed_words = {w for h in hits if isinstance(h, Found) for w in content_words(h.value)}
+            for fact in generic(sentence):
+                words = content_words(fact.value) if isinstance(fact, Found) else []
+                # A clause a typed rule already read ("I live in Boston") is not pinned twice.
+                if words and sum(w in typed_words for w in words) / len(words) < 0.6:
+                    hits.append(fact)
+        for hit in hits:
+            if isinstance(hit, Retract):
+                retracted.append(hit)
+            else:
+                found.append(
+                    Constraint(
+                        key=hit.key,
+                        value=hit.value,
+                        kind=hit.kind,
+                        source_seq=source_seq,
+                        quote=sentence[:200],
+                    )
+                )
+    return found, retracted
+
+
+def _retracted_keys(retracts: Iterable[Retract], current: Sequence[Constraint]) -> list[str]:
+    keys: list[str] = []
+    for retract in retracts:
+        for constraint in current:
+            if retract.matches(constraint) and constraint.key not in keys:
+                keys.append(constraint.key)
+        if retract.key and retract.key not in keys:
+            keys.append(retract.key)
+    return keys
+
+
+class OfflineConstraintExtractor:
+    """`ConstraintExtractor` from Chinese and English patterns; no model, deterministic.
+
+    ``generic_facts`` adds other first-person statements ("I play guitar") as ``fact``
+    entries; turn it off to pin only the typed constraints and identity facts.
+    """
+
+    def __init__(self, *, generic_facts: bool = True) -> None:
+        self.generic_facts = generic_facts
+
+    async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
+        """Constraints stated in a user ``turn``; assistant and system turns give none."""
+        if turn.role != "user":
+            return ConstraintUpdate()
+        return self.extract_text(turn.content, current, source_seq=turn.seq)
+
+    def extract_text(
+        self, text: str, current: Sequence[Constraint] = (), *, source_seq: int = 0
+    ) -> ConstraintUpdate:
+        """Same as `extract` on plain text, synchronous (evaluation, CLI)."""
+        found, retracts = extract_constraints(
+            text, source_seq=source_seq, generic_facts=self.generic_facts
+        )
+        remove = _retracted_keys(retracts, current)
+        upserts: dict[str, Constraint] = {}
+        for constraint in found:
+            upserts[constraint.key] = constraint  # the last statement of a turn wins
+        # A key both stated and retracted in one turn keeps the statement that came after.
+        remove = [k for k in remove if k not in upserts]
+        return ConstraintUpdate(upsert=tuple(upserts.values()), remove_keys=tuple(remove))
+
+
+def apply_update(current: Sequence[Constraint], update: ConstraintUpdate) -> list[Constraint]:
+    """Merge ``update`` into ``current``: retracted keys go, a newer value replaces the older
+    one with the same key where it stood, new keys are appended (pinning order kept)."""
+    removed = set(update.remove_keys)
+    merged = [c for c in current if c.key not in removed]
+    position = {c.key: i for i, c in enumerate(merged)}
+    for constraint in update.upsert:
+        if constraint.key in position:
+            merged[position[constraint.key]] = constraint
+        else:
+            position[constraint.key] = len(merged)
+            merged.append(constraint)
+    return merged
