@@ -1,0 +1,192 @@
+"""The small public API: `ContextMode`, sync and async, on embedded defaults.
+
+```python
+from contextmode import ContextMode
+
+cm = ContextMode()                                  # SQLite under CONTEXTMODE_HOME, offline processors
+cm.chat("demo", "我不吃辣，预算五十以内")
+reply = cm.chat("demo", "推荐一家餐厅吧")             # offline responder unless a model is configured
+print(reply.answer)
+ctx = cm.context("demo", "那家店在哪?")               # what the model would receive, per layer
+print(ctx.summary_line())
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, Literal, TypeVar
+
+from .assembly import Context
+from .engine import Engine, PreparedTurn, TurnResult
+from .models.base import ChatModel
+from .settings import EngineSettings, Mode
+from .store.base import Store
+from .tokens.base import TokenCounter
+
+__all__ = ["ContextMode", "build_engine"]
+
+T = TypeVar("T")
+ProcessorKind = Literal["offline", "llm"]
+
+
+def _processors(kind: ProcessorKind, model: ChatModel) -> dict[str, Any]:
+    if kind == "llm":
+        from .processors.audit import AuditedSummarizer
+        from .processors.llm import (
+            LLMConstraintExtractor,
+            LLMContextDetector,
+            LLMEmotionScorer,
+            LLMRewriter,
+            LLMSummarizer,
+        )
+
+        return {
+            "detector": LLMContextDetector(model),
+            "rewriter": LLMRewriter(model),
+            "summarizer": AuditedSummarizer(LLMSummarizer(model)),
+            "extractor": LLMConstraintExtractor(model),
+            "emotion": LLMEmotionScorer(model),
+        }
+    from .processors.constraints import OfflineConstraintExtractor
+    from .processors.detect import OfflineContextDetector
+    from .processors.emotion import OfflineEmotionScorer
+    from .processors.rewrite import OfflineRewriter
+    from .processors.summarize import OfflineSummarizer
+
+    return {
+        "detector": OfflineContextDetector(),
+        "rewriter": OfflineRewriter(),
+        "summarizer": OfflineSummarizer(),
+        "extractor": OfflineConstraintExtractor(),
+        "emotion": OfflineEmotionScorer(),
+    }
+
+
+def build_engine(
+    *,
+    store: Store | str | None = None,
+    model: ChatModel | None = None,
+    counter: TokenCounter | None = None,
+    settings: EngineSettings | None = None,
+    processors: ProcessorKind | None = None,
+    **overrides: Any,
+) -> Engine:
+    """An `Engine` on the configured or embedded defaults.
+
+    ``store``: a `Store` or a URL (``sqlite:///…``, ``postgresql://…``, ``redis://…``,
+    ``memory://``); default ``CONTEXTMODE_STORE_URL`` or SQLite under ``CONTEXTMODE_HOME``.
+    ``model``: default from ``CONTEXTMODE_LLM_*`` or the offline responder.
+    ``processors``: ``offline`` (default) or ``llm`` (``CONTEXTMODE_PROCESSORS``).
+    ``overrides`` replace single collaborators (``detector=``, ``summarizer=``…).
+    """
+    from .models.factory import model_from_env
+    from .store import open_store
+    from .tokens import counter_for_model
+
+    settings = settings or EngineSettings.from_env()
+    if model is None:
+        model = model_from_env()
+    if counter is None:
+        counter = counter_for_model(os.environ.get("CONTEXTMODE_LLM_MODEL") or model.name)
+    if model.__class__.__name__ == "OfflineResponder" and getattr(model, "counter", None) is None:
+        model.counter = counter  # type: ignore[attr-defined]
+    if store is None or isinstance(store, str):
+        store = open_store(store)
+    kind: ProcessorKind = processors or os.environ.get("CONTEXTMODE_PROCESSORS", "offline")  # type: ignore[assignment]
+    parts = _processors(kind, model)
+    parts.update(overrides)
+    return Engine(store=store, model=model, counter=counter, settings=settings, **parts)
+
+
+class ContextMode:
+    """Memory for a chat application, sync or async.
+
+    The async methods (``achat``, ``astream``, ``acontext``) run on the caller's
+    loop; the sync ones (``chat``, ``context``) run on a private event-loop
+    thread so connections stay open between calls. Don't mix both kinds on one
+    instance.
+    """
+
+    def __init__(
+        self,
+        *,
+        tenant: str | None = None,
+        mode: Mode | None = None,
+        engine: Engine | None = None,
+        **engine_options: Any,
+    ) -> None:
+        self.engine = engine or build_engine(**engine_options)
+        self.tenant = tenant or self.engine.settings.tenant
+        self.mode = mode
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- async -----------------------------------------------------------
+
+    async def achat(self, session_id: str, message: str, **kwargs: Any) -> TurnResult:
+        """Run one turn and return the answer with its context and accounting."""
+        return await self.engine.turn(self.tenant, session_id, message, mode=kwargs.pop("mode", self.mode), **kwargs)
+
+    async def astream(self, session_id: str, message: str, **kwargs: Any) -> AsyncIterator[str]:
+        """Run one turn, yielding the answer's text as it streams."""
+        async for event in self.engine.stream(
+            self.tenant, session_id, message, mode=kwargs.pop("mode", self.mode), **kwargs
+        ):
+            if event.kind == "delta":
+                yield event.text
+
+    async def aprepare(self, session_id: str, message: str, **kwargs: Any) -> PreparedTurn:
+        """What the next turn would do (detection, rewrite, context), writing nothing."""
+        return await self.engine.prepare(self.tenant, session_id, message, mode=kwargs.pop("mode", self.mode), **kwargs)
+
+    async def acontext(self, session_id: str, message: str, **kwargs: Any) -> Context:
+        """Exactly what the model would receive for ``message``, per layer with tokens."""
+        return (await self.aprepare(session_id, message, **kwargs)).context
+
+    async def aclose(self) -> None:
+        await self.engine.close()
+
+    # -- sync ------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="contextmode-loop", daemon=True)
+            self._thread.start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def chat(self, session_id: str, message: str, **kwargs: Any) -> TurnResult:
+        """Sync `achat`."""
+        return self._run(self.achat(session_id, message, **kwargs))
+
+    def prepare(self, session_id: str, message: str, **kwargs: Any) -> PreparedTurn:
+        """Sync `aprepare`."""
+        return self._run(self.aprepare(session_id, message, **kwargs))
+
+    def context(self, session_id: str, message: str, **kwargs: Any) -> Context:
+        """Sync `acontext`."""
+        return self._run(self.acontext(session_id, message, **kwargs))
+
+    def drain(self) -> None:
+        """Wait for the background jobs (summaries, constraints, emotions) to finish."""
+        self._run(self.engine.drain())
+
+    def close(self) -> None:
+        """Finish background jobs and close the store."""
+        if self._loop is not None:
+            self._run(self.engine.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._loop.close()
+            self._loop = None
+
+    def __enter__(self) -> ContextMode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,87 @@
+"""Engine settings, read from ``CONTEXTMODE_*`` environment variables.
+
+One dataclass per area: this one is the engine's (strategy, budget, mode,
+background thresholds). The model's settings live in `contextmode.models.settings`,
+the store's URL in `CONTEXTMODE_STORE_URL` (see `contextmode.store.open_store`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .errors import ConfigError
+
+__all__ = ["EngineSettings", "Mode", "contextmode_home"]
+
+Mode = Literal["contextual", "decoupled"]
+
+
+def contextmode_home(env: Mapping[str, str] | None = None) -> Path:
+    """The folder that holds all local state (``CONTEXTMODE_HOME``, default ``~/.contextmode``)."""
+    env = os.environ if env is None else env
+    return Path(env.get("CONTEXTMODE_HOME") or Path.home() / ".contextmode")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """How a turn is built and what runs after it."""
+
+    strategy: str = "sliding_summary"
+    """Memory strategy name (``window``, ``token_window``, ``summary``, ``sliding_summary``, ``hybrid``…)."""
+    context_window: int = 8192
+    """The model's context window, tokens (seed 003)."""
+    reply_reserve: int | None = None
+    """Tokens kept for the reply; ``None`` = a quarter of the window."""
+    mode: Mode = "contextual"
+    """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite (seed 002)."""
+    order: str = "default"
+    """Layer order preset (``default``, ``seed001``, ``seed003``)."""
+    locale: str = "auto"
+    """``zh``, ``en`` or ``auto``."""
+    summary_threshold: int = 10
+    """Summarise when this many turns outside the recent window are not covered yet (5 exchanges, seed 003)."""
+    job_attempts: int = 3
+    """Attempts per background job before it is given up (and recorded as failed)."""
+    rewrite: bool = True
+    """Rewrite context-dependent messages into standalone questions."""
+    tenant: str = "local"
+    """Tenant used when the caller names none (single-tenant use)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("contextual", "decoupled"):
+            raise ConfigError(f"mode must be 'contextual' or 'decoupled', got {self.mode!r}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
+        """Settings from ``CONTEXTMODE_STRATEGY``, ``_CONTEXT_WINDOW``, ``_REPLY_RESERVE``,
+        ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``."""
+        env = os.environ if env is None else env
+        reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
+        return cls(
+            strategy=env.get("CONTEXTMODE_STRATEGY", "sliding_summary"),
+            context_window=_int(env, "CONTEXTMODE_CONTEXT_WINDOW", 8192, minimum=64),
+            reply_reserve=_int(env, "CONTEXTMODE_REPLY_RESERVE", 0) if reserve else None,
+            mode=env.get("CONTEXTMODE_MODE", "contextual"),  # type: ignore[arg-type]
+            order=env.get("CONTEXTMODE_ORDER", "default"),
+            locale=env.get("CONTEXTMODE_LOCALE", "auto"),
+            summary_threshold=_int(env, "CONTEXTMODE_SUMMARY_THRESHOLD", 10, minimum=1),
+            job_attempts=_int(env, "CONTEXTMODE_JOB_ATTEMPTS", 3, minimum=1),
+            rewrite=env.get("CONTEXTMODE_REWRITE", "1").lower() not in ("0", "false", "no"),
+        )

@@ -1,0 +1,197 @@
+"""The engine's turn end to end, on the in-memory store with fakes for every seam."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from contextmode.engine import Engine
+from contextmode.errors import ModelError, NoPreviousAnswer
+from contextmode.processors.base import (
+    ConstraintUpdate,
+    Detection,
+    Rewrite,
+    SummaryResult,
+)
+from contextmode.processors.intents import classify_follow_up_intent
+from contextmode.settings import EngineSettings
+from contextmode.store import MemoryStore
+from contextmode.testing import CharTokenCounter
+from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
+from contextmode.types import ChatMessage, Constraint, NewTurn, Summary, Turn
+
+
+class KeywordDetector:
+    async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
+        intent = classify_follow_up_intent(message)
+        return Detection(needs_context=intent is not None, intent=intent)
+
+
+class PrefixRewriter:
+    async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
+        topic = next((t.content for t in reversed(history) if t.role == "user"), "")
+        return Rewrite(text=f"{message}（指：{topic}）", changed=True, source="test")
+
+
+class JoiningSummarizer:
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.failures = failures
+
+    async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
+        self.calls.append((turns[0].seq, turns[-1].seq))
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("summariser down")
+        head = previous.text + " " if previous else ""
+        return SummaryResult(text=head + " / ".join(t.content for t in turns))
+
+
+class SpiceExtractor:
+    async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
+        if "不吃辣" in turn.content:
+            return ConstraintUpdate(upsert=(Constraint(key="spice", value="不吃辣", source_seq=turn.seq),))
+        return ConstraintUpdate()
+
+
+class LengthEmotion:
+    async def score(self, text: str) -> float:
+        return 0.9 if "!" in text or "！" in text else 0.1
+
+
+def make_engine(model: object, *, summarizer: JoiningSummarizer | None = None, **settings: object) -> Engine:
+    return Engine(
+        store=MemoryStore(),
+        model=model,  # type: ignore[arg-type]
+        counter=CharTokenCounter(),
+        detector=KeywordDetector(),
+        rewriter=PrefixRewriter(),
+        summarizer=summarizer or JoiningSummarizer(),
+        extractor=SpiceExtractor(),
+        emotion=LengthEmotion(),
+        settings=EngineSettings(job_attempts=3, **settings),  # type: ignore[arg-type]
+    )
+
+
+def echo(messages: Sequence[ChatMessage]) -> list[str]:
+    return ["收到：", messages[-1].content[:10]]
+
+
+async def test_turn_stores_user_then_answer_and_runs_jobs() -> None:
+    engine = make_engine(FunctionModel(echo))
+    result = await engine.turn("t1", "s1", "我不吃辣！")
+    assert result.answer.startswith("收到：")
+    assert not result.partial
+    await engine.drain()
+    state = await engine.store.load("t1", "s1")
+    assert [t.role for t in state.turns] == ["user", "assistant"]
+    assert state.turns[0].tokens == CharTokenCounter().count("我不吃辣！")
+    assert state.turns[1].metadata["reply_to"] == 1
+    assert state.last_answer == result.answer
+    assert [c.value for c in state.constraints] == ["不吃辣"]
+    assert state.turns[0].emotion == pytest.approx(0.9)
+
+
+async def test_prepare_writes_nothing() -> None:
+    engine = make_engine(FunctionModel(echo))
+    prepared = await engine.prepare("t1", "s1", "你好")
+    assert prepared.context.total_tokens > 0
+    assert await engine.store.info("t1", "s1") is None
+
+
+async def test_broken_stream_keeps_user_turn_and_partial_answer() -> None:
+    engine = make_engine(ScriptedModel([BrokenStream(chunks=["一半", "的回答"])]))
+    with pytest.raises(ModelError):
+        await engine.turn("t1", "s1", "讲个故事")
+    state = await engine.store.load("t1", "s1")
+    assert [t.content for t in state.turns] == ["讲个故事", "一半的回答"]
+    assert state.turns[1].partial
+    assert state.last_answer == "一半的回答"
+
+
+async def test_model_failure_before_any_token_keeps_only_user_turn() -> None:
+    engine = make_engine(ScriptedModel([ModelError("503")]))
+    with pytest.raises(ModelError):
+        await engine.turn("t1", "s1", "在吗")
+    state = await engine.store.load("t1", "s1")
+    assert [t.content for t in state.turns] == ["在吗"]
+
+
+async def test_client_gone_mid_stream_stores_partial_answer() -> None:
+    engine = make_engine(ScriptedModel([["第一段", "第二段", "第三段"]]))
+    stream = engine.stream("t1", "s1", "说三段话")
+    async for event in stream:
+        if event.kind == "delta":
+            break  # the client went away after the first delta
+    await stream.aclose()
+    state = await engine.store.load("t1", "s1")
+    assert [t.content for t in state.turns] == ["说三段话", "第一段"]
+    assert state.turns[1].partial
+
+
+async def test_follow_up_without_previous_answer_is_a_typed_error() -> None:
+    engine = make_engine(FunctionModel(echo))
+    # a user turn exists but no answer does
+    await engine.store.append("t1", "s1", [NewTurn(role="user", content="什么是熵", tokens=4)])
+    with pytest.raises(NoPreviousAnswer, match="当前没有可用的上文信息"):
+        await engine.prepare("t1", "s1", "举个例子")
+    assert (await engine.store.version("t1", "s1")).last_seq == 1
+
+
+async def test_follow_up_intent_uses_seed000_template_over_last_answer() -> None:
+    model = FunctionModel(echo)
+    engine = make_engine(model)
+    await engine.turn("t1", "s1", "什么是熵")
+    await engine.turn("t1", "s1", "举个例子")
+    sent = model.calls[-1].last_user
+    assert sent.startswith("请基于以下内容举一个具体例子:")
+    assert "收到：什么是熵" in sent
+    state = await engine.store.load("t1", "s1")
+    assert state.turns[2].content == "举个例子"  # the user's words are stored, not the template
+    assert state.turns[2].metadata["intent"] == "example"
+
+
+async def test_decoupled_mode_sends_standalone_question_and_constraints_only() -> None:
+    model = FunctionModel(echo)
+    engine = make_engine(model, mode="decoupled")
+    await engine.turn("t1", "s1", "我不吃辣")
+    await engine.drain()
+    await engine.turn("t1", "s1", "那个餐厅在哪")
+    call = model.calls[-1]
+    assert [m.role for m in call.messages] == ["system", "user"]
+    assert call.last_user == "那个餐厅在哪（指：我不吃辣）"
+    assert "不吃辣" in call.system
+
+
+async def test_summary_job_covers_turns_outside_the_window_once() -> None:
+    summarizer = JoiningSummarizer()
+    engine = make_engine(FunctionModel(echo), summarizer=summarizer, summary_threshold=4)
+    for i in range(8):
+        await engine.turn("t1", "s1", f"第{i}个问题")
+        await engine.drain()
+    state = await engine.store.load("t1", "s1")
+    assert state.summary is not None
+    # contiguous coverage from turn 1, never twice over the same range
+    starts = [a for a, _ in summarizer.calls]
+    ends = [b for _, b in summarizer.calls]
+    assert starts[0] == 1
+    assert all(s == e + 1 for s, e in zip(starts[1:], ends[:-1], strict=False))
+    assert state.summary.covers_seq == ends[-1]
+    assert state.summary.covers_seq <= state.last_seq - 8
+    info = await engine.store.info("t1", "s1")
+    assert info is not None and info.jobs["summary"].ok == len(summarizer.calls)
+
+
+async def test_failing_summariser_never_touches_turns_or_replies() -> None:
+    summarizer = JoiningSummarizer(failures=3)
+    engine = make_engine(FunctionModel(echo), summarizer=summarizer, summary_threshold=1)
+    for i in range(5):
+        result = await engine.turn("t1", "s1", f"消息{i}")
+        assert result.answer  # replies never fail because of the summariser
+    await engine.drain()
+    turns = await engine.store.turns("t1", "s1")
+    assert [t.content for t in turns if t.role == "user"] == [f"消息{i}" for i in range(5)]
+    info = await engine.store.info("t1", "s1")
+    assert info is not None and info.jobs["summary"].failed >= 1
+    assert info.jobs["summary"].last_error is None or "summariser down" in info.jobs["summary"].last_error
