@@ -1,5 +1,33 @@
-"""Token counting: exact tokenizers per model family, and a script-aware estimator."""
+"""Token counting: exact tokenizers per model family, and a script-aware estimator.
 
-from .base import TokenCounter, count_messages
+``counter_for_model(model)`` picks the counter; ``count_messages`` prices a chat request.
+Vocabularies come from installed packages, never from the network (``docs/tokens.md``).
+"""
 
-__all__ = ["TokenCounter", "count_messages"]
+from .base import RoleAwareCounter, TokenCounter, count_messages
+from .cached import CachedCounter
+from .estimate import EstimateCounter
+from .hf_counter import HFTokenizerCounter
+from .registry import (
+    ENV_TOKENIZER,
+    EXACT_ENCODINGS,
+    counter_for_encoding,
+    counter_for_model,
+    encoding_for_model,
+)
+from .tiktoken_counter import TiktokenCounter
+
+__all__ = [
+    "ENV_TOKENIZER",
+    "EXACT_ENCODINGS",
+    "CachedCounter",
+    "EstimateCounter",
+    "HFTokenizerCounter",
+    "RoleAwareCounter",
+    "TiktokenCounter",
+    "TokenCounter",
+    "count_messages",
+    "counter_for_encoding",
+    "counter_for_model",
+    "encoding_for_model",
+]

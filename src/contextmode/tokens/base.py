@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from ..types import ChatMessage
 
-__all__ = ["TokenCounter", "count_messages"]
+__all__ = ["RoleAwareCounter", "TokenCounter", "count_messages"]
 
 
 @runtime_checkable
@@ -32,9 +32,27 @@ class TokenCounter(Protocol):
         ...
 
 
+@runtime_checkable
+class RoleAwareCounter(TokenCounter, Protocol):
+    """A counter whose chat format adds a different overhead per role.
+
+    DeepSeek's template, for one, wraps a user message in one marker token, an
+    assistant message in two and a system message in none. ``message_overhead``
+    then holds the largest of them, so code that ignores roles over-counts
+    (safe for a budget) instead of under-counting.
+    """
+
+    role_overheads: Mapping[str, int]
+    """Tokens the chat format adds around one message of each role."""
+
+
 def count_messages(counter: TokenCounter, messages: Sequence[ChatMessage]) -> int:
     """Tokens of a whole chat request: contents, per-message overhead, reply priming."""
+    per_role: Mapping[str, int] = getattr(counter, "role_overheads", None) or {}
     return (
-        sum(counter.count(m.content) + counter.message_overhead for m in messages)
+        sum(
+            counter.count(m.content) + per_role.get(m.role, counter.message_overhead)
+            for m in messages
+        )
         + counter.reply_overhead
     )
