@@ -134,26 +134,29 @@ CONSTRAINTS = Prompt(
     version=1,
     system_zh=(
         "你从用户的一句话里提取需要长期记住的约束、偏好和身份信息。只提取用户本人明确说出的内容，"
-        "不要推测；用户撤回的旧约束放进 remove。key 用简短的英文小写单词（如 spice、budget、name、city）；"
+        "不要推测；用户撤回的旧约束放进 remove。key 用简短的英文小写单词：单值信息用 name、age、location、job、"
+        "budget、spice、diet，可以有多个的用 like:事物、dislike:事物、allergy:事物、family:称谓、avoid:事物；"
         "和“已记住的约束”同一件事时沿用它的 key。kind 取 preference、constraint、identity、fact 之一。"
         "quote 是用户原话中对应的片段。没有可提取的内容时输出 {{\"upsert\": [], \"remove\": []}}。\n"
         "只输出一个 JSON 对象，不要任何多余文字，不要代码块。格式示例：\n"
         '{{"upsert": [{{"key": "spice", "value": "不要辣", "kind": "preference", "quote": "我不吃辣"}}, '
         '{{"key": "budget", "value": "预算50元以内", "kind": "constraint", "quote": "价格控制在五十以内"}}], '
-        '"remove": ["city"]}}'
+        '"remove": ["location"]}}'
     ),
     user_zh="<已记住的约束>\n{current}\n</已记住的约束>\n\n<用户的话>\n{message}\n</用户的话>\n\nJSON：",
     system_en=(
         "You extract, from one user message, the constraints, preferences and identity facts worth remembering "
         "for the rest of the conversation. Extract only what the user states explicitly, never guess; put old "
-        "constraints the user retracts in remove. key is a short lowercase English word (spice, budget, name, "
-        "city); reuse the key of a remembered constraint about the same thing. kind is one of preference, "
+        "constraints the user retracts in remove. key is short, lowercase English: name, age, location, job, "
+        "budget, spice, diet for one-valued facts, like:<thing>, dislike:<thing>, allergy:<thing>, family:<who>, "
+        "avoid:<thing> for facts that can hold several values; reuse the key of a remembered constraint about "
+        "the same thing. kind is one of preference, "
         "constraint, identity, fact. quote is the matching part of the user's words. When there is nothing to "
         "extract output {{\"upsert\": [], \"remove\": []}}.\n"
         "Output only one JSON object, no other text, no code fence. Example:\n"
         '{{"upsert": [{{"key": "spice", "value": "no spicy food", "kind": "preference", "quote": "I can\'t eat spicy"}}, '
         '{{"key": "budget", "value": "under $50", "kind": "constraint", "quote": "keep it under fifty"}}], '
-        '"remove": ["city"]}}'
+        '"remove": ["location"]}}'
     ),
     user_en="<remembered_constraints>\n{current}\n</remembered_constraints>\n\n<user_message>\n{message}\n</user_message>\n\nJSON:",
 )

@@ -1,0 +1,436 @@
+"""LLM-backed processors: one implementation of each protocol in `processors.base`.
+
+Each takes a `ChatModel` and sends the matching prompt of `contextmode.prompts`.
+Bad model output never fails a turn: it is cleaned or parsed tolerantly, and
+when nothing usable is left the processor returns a safe default (or asks its
+``fallback``, typically the offline processor) and logs a warning.
+
+Model failures (`ModelError`: timeouts, 429, 5xx) are handled by where the
+processor runs:
+
+- `LLMContextDetector` and `LLMRewriter` sit on the response path, so they fall
+  back (or keep the message as it is) and the turn goes on;
+- `LLMSummarizer`, `LLMConstraintExtractor` and `LLMEmotionScorer` run as
+  background jobs, so without a ``fallback`` they re-raise the `ModelError` and
+  the job is retried later rather than committing a made-up result.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from ..errors import ModelError
+from ..jsonparse import extract_json, validate_as
+from ..models.base import ChatModel
+from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
+from ..types import Constraint, ConstraintKind, Summary, Turn
+from .base import (
+    ConstraintExtractor,
+    ConstraintUpdate,
+    ContextDetector,
+    Detection,
+    EmotionScorer,
+    Rewrite,
+    Rewriter,
+    Summarizer,
+    SummaryResult,
+)
+from .intents import classify_follow_up_intent, is_chinese
+
+__all__ = [
+    "LLMConstraintExtractor",
+    "LLMContextDetector",
+    "LLMEmotionScorer",
+    "LLMRewriter",
+    "LLMSummarizer",
+    "clean_model_text",
+    "format_turns",
+    "parse_intensity",
+    "parse_yes_no",
+]
+
+logger = logging.getLogger("contextmode.processors.llm")
+
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?|\n?```\s*$")
+_LABEL = re.compile(
+    r"^(?:改写后的?(?:独立)?问题|改写结果|改写后|独立问题|新的摘要|摘要|"
+    r"standalone question|rewritten question|rewrite|new summary|summary|question|answer)"
+    r"\s*[:：]\s*",
+    re.I,
+)
+_QUOTE_PAIRS = {'"': '"', "'": "'", "“": "”", "‘": "’", "「": "」", "『": "』", "`": "`", "《": "》"}
+_KINDS: frozenset[str] = frozenset({"preference", "constraint", "identity", "fact"})
+
+
+def format_turns(turns: Sequence[Turn], *, chinese: bool, turn_chars: int = 600, times: bool = False) -> str:
+    """Turns as ``用户: …`` / ``User: …`` lines, each cut to ``turn_chars`` characters."""
+    labels = {"user": "用户", "assistant": "助手", "system": "系统"} if chinese else {
+        "user": "User", "assistant": "Assistant", "system": "System"}
+    lines = []
+    for turn in turns:
+        text = " ".join(turn.content.split())
+        if len(text) > turn_chars:
+            text = text[:turn_chars] + "…"
+        stamp = f"[{turn.created_at:%m-%d %H:%M}] " if times else ""
+        lines.append(f"{stamp}{labels[turn.role]}: {text}")
+    return "\n".join(lines) or ("（无）" if chinese else "(none)")
+
+
+def clean_model_text(text: str) -> str:
+    """Strip code fences, a leading label (``改写后的问题：``, ``Summary:``), markdown bold and
+    surrounding quotes from a plain-text model answer."""
+    text = _FENCE.sub("", text.strip()).strip()
+    text = text.replace("**", "").strip()
+    text = _LABEL.sub("", text).strip()
+    while len(text) >= 2 and _QUOTE_PAIRS.get(text[0]) == text[-1]:
+        text = text[1:-1].strip()
+    return text
+
+
+def parse_yes_no(text: str) -> bool | None:
+    """``yes``/``no`` (or 是/需要/不需要/否, true/false, a JSON verdict) → bool; ``None`` if unclear."""
+    head = clean_model_text(text).lower().lstrip("([{\"' ")
+    for prefix, verdict in (("不需要", False), ("不", False), ("否", False), ("no", False),
+                            ("false", False), ("需要", True), ("是", True), ("yes", True),
+                            ("true", True)):
+        if head.startswith(prefix) and not (prefix == "no" and head[2:3].isalpha()):
+            return verdict
+    data = extract_json(text) if "{" in text else None
+    if isinstance(data, dict):
+        for key in ("needs_context", "answer", "verdict", "result"):
+            if key in data:
+                try:
+                    return bool(validate_as(data[key], bool))
+                except ValueError:
+                    return None
+    match = re.search(r"\b(yes|no)\b|不需要|需要", head)
+    if match:
+        return match.group(0) in ("yes", "需要")
+    return None
+
+
+_NUMBER = re.compile(r"(-?\d+(?:\.\d+)?)\s*(%|/\s*(?:5|10|100)\b)?")
+
+
+def parse_intensity(text: str) -> float | None:
+    """An emotion intensity in 0–1 from ``{"intensity": 0.7}``, a bare ``0.7``, ``70%`` or ``4/5``.
+
+    Out-of-range values are clamped; ``None`` when no number is found.
+    """
+    raw: Any = None
+    data = extract_json(text) if ("{" in text or "[" in text) else None
+    if isinstance(data, dict):
+        for key in ("intensity", "emotion_intensity", "score", "value", "强度", "情绪强度"):
+            if key in data:
+                raw = data[key]
+                break
+    if raw is None:
+        raw = clean_model_text(text)
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int | float):
+        return min(1.0, max(0.0, float(raw)))
+    match = _NUMBER.search(str(raw))
+    if not match:
+        return None
+    value, scale = float(match.group(1)), (match.group(2) or "").replace(" ", "")
+    if scale == "%":
+        value /= 100
+    elif scale.startswith("/"):
+        value /= float(scale[1:])
+    return min(1.0, max(0.0, value))
+
+
+async def _ask(model: ChatModel, prompt: Prompt, *, chinese: bool, max_tokens: int | None, **fields: object) -> str:
+    return await model.complete(prompt.render(chinese=chinese, **fields), max_tokens=max_tokens)
+
+
+class LLMContextDetector:
+    """`ContextDetector` asking the model whether a message needs the history (``yes``/``no``)."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        fallback: ContextDetector | None = None,
+        history_turns: int = 4,
+        max_tokens: int | None = 16,
+        prompt: Prompt = DETECT,
+    ) -> None:
+        """``history_turns`` newest turns are shown; ``max_tokens`` caps the verdict."""
+        self.model, self.fallback, self.prompt = model, fallback, prompt
+        self.history_turns, self.max_tokens = history_turns, max_tokens
+
+    async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
+        if not history:
+            return Detection(needs_context=False, score=0.0, reason="no history")
+        chinese = is_chinese(message)
+        try:
+            answer = await _ask(
+                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, message=message,
+                history=format_turns(history[-self.history_turns :], chinese=chinese),
+            )
+            verdict = parse_yes_no(answer)
+        except ModelError as exc:
+            logger.warning("context detection failed (%s); using the fallback", exc)
+            verdict, answer = None, ""
+        if verdict is None:
+            if self.fallback is not None:
+                return await self.fallback.detect(message, history)
+            logger.warning("context detection gave no verdict (%r); assuming standalone", answer[:80])
+            return Detection(needs_context=False, score=0.0, reason="llm gave no verdict")
+        intent = classify_follow_up_intent(message) if verdict else None
+        return Detection(
+            needs_context=verdict, score=0.9 if verdict else 0.1, intent=intent,
+            reason=f"{self.prompt.tag}: {'yes' if verdict else 'no'}",
+        )
+
+
+class LLMRewriter:
+    """`Rewriter` turning a follow-up into one standalone question (seed 002)."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        fallback: Rewriter | None = None,
+        history_turns: int = 8,
+        turn_chars: int = 600,
+        max_tokens: int | None = 256,
+        prompt: Prompt = REWRITE,
+    ) -> None:
+        """The newest ``history_turns`` turns (each cut to ``turn_chars`` characters) plus the
+        summary are the memory context the rewrite sees."""
+        self.model, self.fallback, self.prompt = model, fallback, prompt
+        self.history_turns, self.turn_chars, self.max_tokens = history_turns, turn_chars, max_tokens
+
+    async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
+        original = message.strip()
+        if not history and not summary:
+            return Rewrite(text=message, changed=False, source="llm")
+        chinese = is_chinese(message)
+        try:
+            answer = await _ask(
+                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, message=original,
+                summary=summary or ("（无）" if chinese else "(none)"),
+                history=format_turns(history[-self.history_turns :], chinese=chinese, turn_chars=self.turn_chars),
+            )
+            text = self._pick(answer)
+        except ModelError as exc:
+            logger.warning("rewrite failed (%s); keeping the message", exc)
+            text = ""
+        if not text or len(text) > max(4 * len(original), len(original) + 300):
+            if self.fallback is not None:
+                return await self.fallback.rewrite(message, history, summary=summary)
+            return Rewrite(text=message, changed=False, source="llm")
+        return Rewrite(text=text, changed=text != original, source="llm")
+
+    @staticmethod
+    def _pick(answer: str) -> str:
+        """The question out of the answer: the first non-empty line once labels are dropped."""
+        cleaned = clean_model_text(answer)
+        for line in cleaned.splitlines():
+            line = clean_model_text(line.lstrip("-*> ").strip())
+            if line:
+                return line
+        return ""
+
+
+_LIST_MARKER = re.compile(r"^\s*\d+[.、)]\s", re.M)
+_CLAUSE = re.compile(r"[^。！？!?；;\n]+")
+
+
+def _facts_with_numbers(text: str) -> list[tuple[str, str]]:
+    """``(number, clause)`` pairs for every number in ``text`` (list markers excluded)."""
+    text = _LIST_MARKER.sub(" ", text)
+    pairs = []
+    for clause in _CLAUSE.findall(text):
+        for number in re.findall(r"\d+(?:[.:/,]\d+)*", clause):
+            pairs.append((number, clause.strip()[:80]))
+    return pairs
+
+
+class LLMSummarizer:
+    """`Summarizer` folding new turns into the previous summary (seed 003 §3.2).
+
+    After the model answers, an audit puts back every number of the user's turns
+    and of the previous summary that the new summary dropped (``restored_facts``).
+    """
+
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        fallback: Summarizer | None = None,
+        target_length: int = 300,
+        turn_chars: int = 2000,
+        max_tokens: int | None = 1024,
+        prompt: Prompt = SUMMARY,
+    ) -> None:
+        """``target_length``: characters (Chinese) or words (English) asked of the summary."""
+        self.model, self.fallback, self.prompt = model, fallback, prompt
+        self.target_length, self.turn_chars, self.max_tokens = target_length, turn_chars, max_tokens
+
+    async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
+        previous_text = previous.text if previous else ""
+        if not turns:
+            return SummaryResult(text=previous_text)
+        chinese = any(is_chinese(t.content) for t in turns) or is_chinese(previous_text)
+        try:
+            answer = await _ask(
+                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens,
+                target_length=self.target_length, previous=previous_text or ("（无）" if chinese else "(none)"),
+                turns=format_turns(turns, chinese=chinese, turn_chars=self.turn_chars, times=True),
+            )
+            text = clean_model_text(answer)
+            if not text:
+                raise ModelError("the model returned an empty summary")
+        except ModelError as exc:
+            if self.fallback is None:
+                raise
+            logger.warning("summary failed (%s); using the fallback", exc)
+            return await self.fallback.summarize(previous, turns)
+        sources = previous_text + "\n" + "\n".join(t.content for t in turns if t.role == "user")
+        restored: list[str] = []
+        for number, clause in _facts_with_numbers(sources):
+            kept = re.search(rf"(?<![\d.]){re.escape(number)}(?!\d)", text)
+            if not kept and clause not in restored:
+                restored.append(clause)
+        if restored:
+            label = "补充：" if chinese else "Also: "
+            text += "\n" + label + ("；" if chinese else "; ").join(restored)
+        return SummaryResult(text=text, restored_facts=tuple(restored))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ConstraintItem:
+    key: str
+    value: str
+    kind: str = "constraint"
+    quote: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ConstraintPayload:
+    upsert: list[_ConstraintItem] = field(default_factory=list)
+    remove: list[str] = field(default_factory=list)
+
+
+_UPSERT_ALIASES = ("upsert", "constraints", "add", "items", "info_retrieval", "update")
+_REMOVE_ALIASES = ("remove", "remove_keys", "removed", "retract", "delete")
+
+
+def _normalise_payload(data: Any) -> dict[str, Any]:
+    """Accept the shapes models actually produce: a bare list, aliases, a ``{key: value}`` dict."""
+    if isinstance(data, list):
+        data = {"upsert": data}
+    if not isinstance(data, dict):
+        return {}
+    upsert: Any = next((data[k] for k in _UPSERT_ALIASES if k in data), [])
+    remove: Any = next((data[k] for k in _REMOVE_ALIASES if k in data), [])
+    if isinstance(upsert, dict):
+        upsert = [v | {"key": k} if isinstance(v, dict) else {"key": k, "value": v} for k, v in upsert.items()]
+    return {"upsert": upsert, "remove": remove}
+
+
+def _norm_key(key: str) -> str:
+    return re.sub(r"\s+", "_", key.strip().lower())[:64]
+
+
+class LLMConstraintExtractor:
+    """`ConstraintExtractor` asking for one JSON object (seed 003 §2.3, §4.4), parsed tolerantly."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        fallback: ConstraintExtractor | None = None,
+        max_tokens: int | None = 512,
+        max_value_chars: int = 200,
+        prompt: Prompt = CONSTRAINTS,
+    ) -> None:
+        self.model, self.fallback, self.prompt = model, fallback, prompt
+        self.max_tokens, self.max_value_chars = max_tokens, max_value_chars
+
+    async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
+        if turn.role != "user" or not turn.content.strip():
+            return ConstraintUpdate()
+        chinese = is_chinese(turn.content)
+        remembered = "\n".join(f"- {c.key}: {c.value}" for c in current) or ("（无）" if chinese else "(none)")
+        try:
+            answer = await _ask(
+                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens,
+                current=remembered, message=turn.content,
+            )
+        except ModelError as exc:
+            if self.fallback is None:
+                raise
+            logger.warning("constraint extraction failed (%s); using the fallback", exc)
+            return await self.fallback.extract(turn, current)
+        data = extract_json(answer)
+        payload = None
+        if data is not None:
+            try:
+                payload = validate_as(_normalise_payload(data), _ConstraintPayload)
+            except ValueError as exc:
+                logger.warning("constraint JSON has the wrong shape: %s", exc)
+        if payload is None:
+            if self.fallback is not None:
+                return await self.fallback.extract(turn, current)
+            return ConstraintUpdate()
+        return self._update(payload, turn)
+
+    def _update(self, payload: _ConstraintPayload, turn: Turn) -> ConstraintUpdate:
+        found: dict[str, Constraint] = {}
+        for item in payload.upsert:
+            key, value = _norm_key(item.key), " ".join(item.value.split())[: self.max_value_chars]
+            if not key or not value:
+                continue
+            kind_text = item.kind.strip().lower()
+            kind = cast(ConstraintKind, kind_text if kind_text in _KINDS else "constraint")
+            quote = item.quote.strip()
+            found[key] = Constraint(
+                key=key, value=value, kind=kind, source_seq=turn.seq,
+                quote=quote if quote and quote in turn.content else "",  # never keep invented quotes
+            )
+        removed = [k for k in dict.fromkeys(_norm_key(k) for k in payload.remove) if k and k not in found]
+        return ConstraintUpdate(upsert=tuple(found.values()), remove_keys=tuple(removed))
+
+
+class LLMEmotionScorer:
+    """`EmotionScorer` asking for an intensity in 0–1 (seed 001), clamped."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        fallback: EmotionScorer | None = None,
+        max_tokens: int | None = 64,
+        text_chars: int = 2000,
+        prompt: Prompt = EMOTION,
+    ) -> None:
+        self.model, self.fallback, self.prompt = model, fallback, prompt
+        self.max_tokens, self.text_chars = max_tokens, text_chars
+
+    async def score(self, text: str) -> float:
+        if not text.strip():
+            return 0.0
+        try:
+            answer = await _ask(
+                self.model, self.prompt, chinese=is_chinese(text), max_tokens=self.max_tokens,
+                text=text[: self.text_chars],
+            )
+        except ModelError as exc:
+            if self.fallback is None:
+                raise
+            logger.warning("emotion scoring failed (%s); using the fallback", exc)
+            return await self.fallback.score(text)
+        value = parse_intensity(answer)
+        if value is None:
+            logger.warning("no emotion intensity in %r", answer[:80])
+            return await self.fallback.score(text) if self.fallback is not None else 0.0
+        return value
