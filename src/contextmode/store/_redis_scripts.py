@@ -1,0 +1,184 @@
+"""Lua scripts of the Redis store: each runs atomically inside Redis.
+
+Keys of one session (``P`` = namespace + ``tenant/session_id``):
+``{ns}s:P`` hash of heads and derived records, ``{ns}t:P`` hash seq → turn JSON
+(written once), ``{ns}e:P`` sorted set of emotion scores (member = seq padded to
+12 digits, so ties order by seq), ``{ns}j:P`` hash of job counters.
+Indexes: ``{ns}ix:tenant`` (session id by updated_at) and ``{ns}idle``
+(``tenant/session_id`` by updated_at). Times are microsecond strings and are
+never turned into Lua numbers for storage (Lua would print them rounded).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APPEND",
+    "COMMIT_CONSTRAINTS",
+    "COMMIT_SUMMARY",
+    "DELETE",
+    "LOAD",
+    "RECORD_JOB",
+    "RELEASE_LOCK",
+    "SET_EMOTIONS",
+]
+
+# KEYS: sess, turns, emo, tenant index, idle index
+# ARGV: expected ('' = none), now, session id, idle member, answer index (0 = none), n,
+#       then per turn: json, emotion ('' = none), content
+APPEND = """
+local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq') or '0')
+if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= last then return {0, last} end
+local n = tonumber(ARGV[6])
+if n == 0 then return {1, last} end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'created_at', ARGV[2], 'summary_version', 0,
+             'summary_covers_seq', 0, 'constraints_version', 0, 'emotions_version', 0,
+             'constraints', '[]', 'last_answer_seq', 0)
+end
+local scored = 0
+for i = 1, n do
+  local base = 6 + (i - 1) * 3
+  local seq = last + i
+  redis.call('HSET', KEYS[2], seq, ARGV[base + 1])
+  if ARGV[base + 2] ~= '' then
+    redis.call('ZADD', KEYS[3], ARGV[base + 2], string.format('%012d', seq))
+    scored = 1
+  end
+end
+redis.call('HSET', KEYS[1], 'last_seq', last + n, 'updated_at', ARGV[2])
+local answer = tonumber(ARGV[5])
+if answer > 0 then
+  redis.call('HSET', KEYS[1], 'last_answer', ARGV[6 + (answer - 1) * 3 + 3],
+             'last_answer_seq', last + answer)
+end
+if scored == 1 then redis.call('HINCRBY', KEYS[1], 'emotions_version', 1) end
+redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3])
+redis.call('ZADD', KEYS[5], ARGV[2], ARGV[4])
+return {1, last}
+"""
+
+# KEYS: sess, turns, emo; ARGV: recent, max_uncovered, key_moments, threshold
+# Returns {heads, tail json, tail scores, moment seqs, moment json, moment scores} or {}.
+LOAD = """
+local h = redis.call('HMGET', KEYS[1], 'last_seq', 'summary_covers_seq', 'created_at',
+  'updated_at', 'last_answer', 'summary_text', 'summary_tokens', 'summary_version',
+  'summary_created_at', 'constraints', 'constraints_version')
+if not h[1] then return {} end
+local last = tonumber(h[1])
+local count = math.min(math.max(last - tonumber(h[2]), tonumber(ARGV[1])),
+                       math.max(tonumber(ARGV[2]), 0))
+local first = math.max(1, last - count + 1)
+local function fetch(seqs)
+  local docs, scores = {}, {}
+  for start = 1, #seqs, 500 do
+    local part, padded = {}, {}
+    for i = start, math.min(start + 499, #seqs) do
+      part[#part + 1] = seqs[i]
+      padded[#padded + 1] = string.format('%012d', seqs[i])
+    end
+    local d = redis.call('HMGET', KEYS[2], unpack(part))
+    local s = redis.call('ZMSCORE', KEYS[3], unpack(padded))
+    for i = 1, #part do
+      docs[#docs + 1] = d[i]
+      scores[#scores + 1] = s[i] or ''
+    end
+  end
+  return docs, scores
+end
+local seqs = {}
+for s = first, last do seqs[#seqs + 1] = s end
+local tail, tail_scores = fetch(seqs)
+local moments = {}
+local k = tonumber(ARGV[3])
+if k > 0 then
+  -- The tail holds at most `count` scored turns, so k + count candidates always suffice.
+  local cands = redis.call('ZREVRANGEBYSCORE', KEYS[3], '+inf', ARGV[4], 'LIMIT', 0, k + count)
+  for _, member in ipairs(cands) do
+    local seq = tonumber(member)
+    if seq < first and #moments < k then moments[#moments + 1] = seq end
+  end
+  table.sort(moments)
+end
+local mdocs, mscores = fetch(moments)
+return {h, tail, tail_scores, moments, mdocs, mscores}
+"""
+
+# KEYS: sess; ARGV: expected version, text, covers, tokens, created_at
+COMMIT_SUMMARY = """
+local v = redis.call('HMGET', KEYS[1], 'summary_version', 'summary_covers_seq', 'last_seq')
+if not v[3] then return 0 end
+local covers = tonumber(ARGV[3])
+if tonumber(v[1]) ~= tonumber(ARGV[1]) then return 0 end
+if covers <= tonumber(v[2]) or covers > tonumber(v[3]) then return 0 end
+redis.call('HSET', KEYS[1], 'summary_text', ARGV[2], 'summary_covers_seq', ARGV[3],
+           'summary_tokens', ARGV[4], 'summary_created_at', ARGV[5],
+           'summary_version', tonumber(v[1]) + 1)
+return 1
+"""
+
+# KEYS: sess; ARGV: expected version, constraints json
+COMMIT_CONSTRAINTS = """
+local v = redis.call('HGET', KEYS[1], 'constraints_version')
+if not v or tonumber(v) ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'constraints', ARGV[2], 'constraints_version', tonumber(v) + 1)
+return 1
+"""
+
+# KEYS: sess, emo; ARGV: seq, score, seq, score...
+SET_EMOTIONS = """
+local last = redis.call('HGET', KEYS[1], 'last_seq')
+if not last then return 0 end
+last = tonumber(last)
+local changed = 0
+for i = 1, #ARGV, 2 do
+  local seq = tonumber(ARGV[i])
+  if seq >= 1 and seq <= last then
+    local member = string.format('%012d', seq)
+    local old = redis.call('ZSCORE', KEYS[2], member)
+    if not old or tonumber(old) ~= tonumber(ARGV[i + 1]) then
+      redis.call('ZADD', KEYS[2], ARGV[i + 1], member)
+      changed = 1
+    end
+  end
+end
+if changed == 1 then redis.call('HINCRBY', KEYS[1], 'emotions_version', 1) end
+return changed
+"""
+
+# KEYS: sess, jobs; ARGV: job, ok (1/0), error, now
+RECORD_JOB = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local job = ARGV[1]
+redis.call('HINCRBY', KEYS[2], 'ok:' .. job, tonumber(ARGV[2]))
+redis.call('HINCRBY', KEYS[2], 'failed:' .. job, 1 - tonumber(ARGV[2]))
+if ARGV[2] == '1' then
+  redis.call('HDEL', KEYS[2], 'error:' .. job)
+else
+  redis.call('HSET', KEYS[2], 'error:' .. job, ARGV[3])
+end
+redis.call('HSET', KEYS[2], 'run:' .. job, ARGV[4])
+return 1
+"""
+
+# KEYS: sess, turns, emo, jobs, tenant index, idle index
+# ARGV: session id, idle member, cutoff ('' = delete unconditionally)
+DELETE = """
+if ARGV[3] ~= '' then
+  local updated = redis.call('HGET', KEYS[1], 'updated_at')
+  if not updated or tonumber(updated) >= tonumber(ARGV[3]) then
+    if not updated then redis.call('ZREM', KEYS[6], ARGV[2]) end
+    return 0
+  end
+end
+local existed = redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('ZREM', KEYS[6], ARGV[2])
+return existed
+"""
+
+# KEYS: lock; ARGV: token
+RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

@@ -1,0 +1,349 @@
+"""The Redis store (redis-py asyncio): sessions in Redis, every write one Lua script.
+
+Appends, summary and constraint commits, emotion scores and deletes each run
+as one script, so they are atomic and compare-and-set by construction. Loads
+are one script too (a consistent snapshot) that reads the session hash, the
+tail by sequence number and the emotion sorted set, never the whole log.
+Job locks are ``SET NX PX`` with an ``INCR`` fencing token and a Lua release
+that deletes only its own token. All keys start with ``namespace``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn
+from . import _redis_scripts as lua
+from ._codec import (
+    check_ids,
+    constraints_from_json,
+    constraints_to_json,
+    dumps,
+    from_micros,
+    now_micros,
+    to_micros,
+)
+from .base import JobStats, LockHandle, SessionInfo, SessionVersion
+
+__all__ = ["RedisStore"]
+
+_NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:\-]{0,64}$")
+
+
+def _encode(turn: NewTurn) -> str:
+    return dumps([turn.role, turn.content, turn.tokens, to_micros(turn.created_at),
+                  dict(turn.metadata)])
+
+
+def _decode(seq: int, doc: str, score: str | None) -> Turn:
+    role, content, tokens, created, metadata = json.loads(doc)
+    return Turn(seq=seq, role=role, content=content, tokens=tokens,
+                created_at=from_micros(created), metadata=metadata,
+                emotion=float(score) if score else None)
+
+
+class RedisStore:
+    """A `Store` in Redis; ``namespace`` prefixes every key (default ``cm:``)."""
+
+    def __init__(self, url: str, *, namespace: str = "cm:") -> None:
+        if not _NAMESPACE_RE.match(namespace):
+            raise ValueError(f"invalid namespace {namespace!r}: use [A-Za-z0-9._:-], ≤ 64 chars")
+        self.url = url
+        self.namespace = namespace
+        self._client: Any = None
+        self._scripts: dict[str, Any] = {}
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _redis(self) -> Any:
+        if self._client is None:
+            try:
+                import redis.asyncio as aioredis
+            except ImportError as exc:
+                raise MissingExtra("redis", "redis") from exc
+            self._client = aioredis.Redis.from_url(self.url, decode_responses=True)
+            self._scripts = {
+                name: self._client.register_script(getattr(lua, name)) for name in lua.__all__
+            }
+        return self._client
+
+    @asynccontextmanager
+    async def _guard(self) -> AsyncIterator[Any]:
+        """The client; the one place redis-py and socket errors become StoreError."""
+        client = self._redis()
+        try:
+            yield client
+        except (ConflictError, LockNotAcquired):
+            raise
+        except Exception as exc:
+            if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
+                raise StoreError(f"Redis store failed: {exc}") from exc
+            raise
+
+    async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        async with self._guard():
+            return await self._scripts[name](keys=keys, args=args)
+
+    def _keys(self, tenant: str, session_id: str) -> dict[str, str]:
+        path = f"{tenant}/{session_id}"
+        ns = self.namespace
+        return {
+            "sess": f"{ns}s:{path}", "turns": f"{ns}t:{path}", "emo": f"{ns}e:{path}",
+            "jobs": f"{ns}j:{path}", "ix": f"{ns}ix:{tenant}", "idle": f"{ns}idle",
+            "lock": f"{ns}lock:{path}", "member": path,
+        }
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def __aenter__(self) -> RedisStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- turn log ---------------------------------------------------------------
+
+    async def append(
+        self,
+        tenant: str,
+        session_id: str,
+        turns: Sequence[NewTurn],
+        *,
+        expected_last_seq: int | None = None,
+    ) -> list[Turn]:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        turns = list(turns)
+        answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
+        args: list[Any] = [
+            "" if expected_last_seq is None else expected_last_seq, now_micros(), session_id,
+            k["member"], answer, len(turns),
+        ]
+        for turn in turns:
+            args += [_encode(turn), "" if turn.emotion is None else repr(float(turn.emotion)),
+                     turn.content]
+        ok, last = await self._script(
+            "APPEND", [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"]], args
+        )
+        if not ok:
+            raise ConflictError(
+                f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
+            )
+        return [
+            _decode(last + i, _encode(t), None if t.emotion is None else repr(float(t.emotion)))
+            for i, t in enumerate(turns, start=1)
+        ]
+
+    async def load(
+        self,
+        tenant: str,
+        session_id: str,
+        *,
+        recent: int = 8,
+        max_uncovered: int = 200,
+        key_moments: int = 0,
+        key_moment_threshold: float = 0.7,
+    ) -> SessionState:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        reply = await self._script(
+            "LOAD", [k["sess"], k["turns"], k["emo"]],
+            [recent, max_uncovered, key_moments, repr(float(key_moment_threshold))],
+        )
+        if not reply:
+            return SessionState(tenant=tenant, session_id=session_id)
+        heads, tail, tail_scores, moment_seqs, moment_docs, moment_scores = reply
+        (last_seq, covers, created, updated, answer, s_text, s_tokens, s_version, s_created,
+         constraints, constraints_version) = heads
+        first = int(last_seq) - len(tail) + 1
+        summary = None
+        if int(s_version or 0):
+            summary = Summary(text=s_text, covers_seq=int(covers), tokens=int(s_tokens),
+                              version=int(s_version), created_at=from_micros(int(s_created)))
+        return SessionState(
+            tenant=tenant,
+            session_id=session_id,
+            last_seq=int(last_seq),
+            turns=tuple(_decode(first + i, doc, score)
+                        for i, (doc, score) in enumerate(zip(tail, tail_scores, strict=True))),
+            summary=summary,
+            constraints=constraints_from_json(constraints),
+            constraints_version=int(constraints_version or 0),
+            key_moments=tuple(_decode(int(seq), doc, score) for seq, doc, score
+                              in zip(moment_seqs, moment_docs, moment_scores, strict=True)),
+            last_answer=answer,
+            created_at=from_micros(int(created)),
+            updated_at=from_micros(int(updated)),
+        )
+
+    async def turns(
+        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Turn]:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        async with self._guard() as client:
+            last = int(await client.hget(k["sess"], "last_seq") or 0)
+            upper = last if to_seq is None else min(to_seq, last)
+            seqs = list(range(max(1, from_seq), upper + 1))
+            out: list[Turn] = []
+            for start in range(0, len(seqs), 1000):
+                part = seqs[start : start + 1000]
+                async with client.pipeline(transaction=False) as pipe:
+                    pipe.hmget(k["turns"], part)
+                    pipe.zmscore(k["emo"], [f"{s:012d}" for s in part])
+                    docs, scores = await pipe.execute()
+                out += [_decode(s, d, c) for s, d, c in zip(part, docs, scores, strict=True) if d]
+        return out
+
+    async def version(self, tenant: str, session_id: str) -> SessionVersion:
+        tenant, session_id = check_ids(tenant, session_id)
+        async with self._guard() as client:
+            row = await client.hmget(
+                self._keys(tenant, session_id)["sess"],
+                ["last_seq", "summary_version", "constraints_version", "emotions_version"],
+            )
+        if row[0] is None:
+            return SessionVersion()
+        last, summary, constraints, emotions = (int(v or 0) for v in row)
+        return SessionVersion(last_seq=last, summary_version=summary,
+                              constraints_version=constraints, emotions_version=emotions)
+
+    # -- derived records --------------------------------------------------------
+
+    async def commit_summary(
+        self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
+    ) -> bool:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        args = [expected_version, summary.text, summary.covers_seq, summary.tokens,
+                to_micros(summary.created_at)]
+        return bool(await self._script("COMMIT_SUMMARY", [k["sess"]], args))
+
+    async def commit_constraints(
+        self,
+        tenant: str,
+        session_id: str,
+        constraints: Sequence[Constraint],
+        *,
+        expected_version: int,
+    ) -> bool:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        args = [expected_version, constraints_to_json(constraints)]
+        return bool(await self._script("COMMIT_CONSTRAINTS", [k["sess"]], args))
+
+    async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        args: list[Any] = []
+        for seq, score in scores.items():
+            args += [int(seq), repr(float(score))]
+        if args:
+            await self._script("SET_EMOTIONS", [k["sess"], k["emo"]], args)
+
+    async def record_job(
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+    ) -> None:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        args = [job, int(ok), error or "", now_micros()]
+        await self._script("RECORD_JOB", [k["sess"], k["jobs"]], args)
+
+    # -- administration ---------------------------------------------------------
+
+    async def _infos(self, client: Any, tenant: str, sids: list[str]) -> list[SessionInfo]:
+        async with client.pipeline(transaction=False) as pipe:
+            for sid in sids:
+                k = self._keys(tenant, sid)
+                pipe.hmget(k["sess"], ["last_seq", "created_at", "updated_at",
+                                       "summary_covers_seq", "summary_version",
+                                       "constraints_version"])
+                pipe.hgetall(k["jobs"])
+            replies = await pipe.execute()
+        infos = []
+        for sid, row, raw_jobs in zip(sids, replies[::2], replies[1::2], strict=True):
+            if row[0] is None:
+                continue  # deleted between the index read and this one
+            counters: dict[str, dict[str, str]] = {}
+            for field, value in raw_jobs.items():
+                kind, _, job = field.partition(":")
+                counters.setdefault(job, {})[kind] = value
+            jobs = {
+                job: JobStats(ok=int(c.get("ok", 0)), failed=int(c.get("failed", 0)),
+                              last_error=c.get("error") or None,
+                              last_run=from_micros(int(c["run"])) if "run" in c else None)
+                for job, c in counters.items()
+            }
+            infos.append(SessionInfo(
+                tenant=tenant, session_id=sid, last_seq=int(row[0]),
+                created_at=from_micros(int(row[1])), updated_at=from_micros(int(row[2])),
+                summary_covers_seq=int(row[3] or 0), summary_version=int(row[4] or 0),
+                constraints_version=int(row[5] or 0), jobs=jobs,
+            ))
+        return infos
+
+    async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
+        tenant, session_id = check_ids(tenant, session_id)
+        async with self._guard() as client:
+            infos = await self._infos(client, tenant, [session_id])
+        return infos[0] if infos else None
+
+    async def list_sessions(
+        self, tenant: str, *, limit: int = 100, offset: int = 0
+    ) -> list[SessionInfo]:
+        tenant, _ = check_ids(tenant, "x")
+        if limit <= 0:
+            return []
+        async with self._guard() as client:
+            sids = await client.zrevrange(f"{self.namespace}ix:{tenant}", offset,
+                                          offset + limit - 1)
+            return await self._infos(client, tenant, list(sids))
+
+    async def _delete(self, tenant: str, session_id: str, cutoff: int | str) -> bool:
+        k = self._keys(tenant, session_id)
+        keys = [k["sess"], k["turns"], k["emo"], k["jobs"], k["ix"], k["idle"]]
+        return bool(await self._script("DELETE", keys, [session_id, k["member"], cutoff]))
+
+    async def delete(self, tenant: str, session_id: str) -> bool:
+        tenant, session_id = check_ids(tenant, session_id)
+        return await self._delete(tenant, session_id, "")
+
+    async def purge_idle(self, older_than: datetime) -> int:
+        cutoff = to_micros(older_than)
+        async with self._guard() as client:
+            members = await client.zrangebyscore(f"{self.namespace}idle", "-inf", f"({cutoff}")
+        purged = 0
+        for member in members:
+            tenant, _, session_id = member.partition("/")
+            # The script re-checks updated_at: a session written since the index read survives.
+            purged += await self._delete(tenant, session_id, cutoff)
+        return purged
+
+    # -- job locks --------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _hold(self, key: str, path: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        async with self._guard() as client:
+            token = int(await client.incr(f"{self.namespace}fence"))
+            taken = await client.set(key, token, nx=True, px=max(1, int(ttl_s * 1000)))
+        if not taken:
+            raise LockNotAcquired(f"job lock {path!r} is held")
+        try:
+            yield LockHandle(key=path, token=token)
+        finally:
+            await self._script("RELEASE_LOCK", [key], [token])
+
+    def lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = check_ids(tenant, session_id)
+        return self._hold(self._keys(tenant, session_id)["lock"], f"{tenant}/{session_id}", ttl_s)
