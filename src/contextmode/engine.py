@@ -300,6 +300,7 @@ class Engine:
                 [NewTurn(role="user", content=message, tokens=self.counter.count(message), metadata=meta)],
             )
         )[0]
+        self._observe(tenant, session_id, [user_turn])
         pieces: list[str] = []
         ttft: float | None = None
         error: ModelError | None = None
@@ -359,21 +360,47 @@ class Engine:
             session_id,
             [NewTurn(role="assistant", content=answer, tokens=self.counter.count(answer), metadata=meta)],
         )
+        self._observe(tenant, session_id, stored)
         return stored[0]
 
     # -- background work -------------------------------------------------
 
-    def _schedule_jobs(self, tenant: str, session_id: str, user_turn: Turn, prepared: PreparedTurn) -> list[str]:
+    async def record(
+        self, tenant: str, session_id: str, role: Literal["user", "assistant"], content: str,
+        *, metadata: dict[str, Any] | None = None,
+    ) -> Turn:
+        """Append one turn without calling the model (imports, replays) and schedule the
+        same background jobs a live turn would."""
+        turn = (
+            await self.store.append(
+                tenant, session_id,
+                [NewTurn(role=role, content=content, tokens=self.counter.count(content), metadata=metadata or {})],
+            )
+        )[0]
+        self._observe(tenant, session_id, [turn])
+        if role == "user":
+            self._schedule_jobs(tenant, session_id, turn, None)
+        return turn
+
+    def _observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
+        """Keep the recall index current: O(new turns), never a re-index."""
+        if self.recaller is not None and hasattr(self.recaller, "observe"):
+            self.recaller.observe(tenant, session_id, turns)
+
+    def _schedule_jobs(
+        self, tenant: str, session_id: str, user_turn: Turn, prepared: PreparedTurn | None
+    ) -> list[str]:
         jobs = ["emotion", "constraints"]
         self.jobs.schedule(tenant, session_id, "emotion", lambda: self._score_emotion(tenant, session_id, user_turn))
         self.jobs.schedule(
             tenant, session_id, "constraints", lambda: self._extract_constraints(tenant, session_id, user_turn)
         )
         strategy = get_strategy(self.settings.strategy)
-        state = prepared.state
-        # Turns after this one: the user turn and (usually) the answer.
+        covered = prepared.state.summary_covers_seq if prepared is not None else 0
+        # Turns after this one: the user turn and (usually) the answer. Without a
+        # prepared state the job itself re-checks the coverage, so over-scheduling is harmless.
         last_seq = user_turn.seq + 1
-        uncovered_outside_window = last_seq - strategy.recent_turns - state.summary_covers_seq
+        uncovered_outside_window = last_seq - strategy.recent_turns - covered
         if uncovered_outside_window >= self.settings.summary_threshold:
             jobs.append("summary")
             self.jobs.schedule(
@@ -400,9 +427,13 @@ class Engine:
                 return
         raise RuntimeError("constraints kept changing underneath; will retry")
 
-    async def summarize_now(self, tenant: str, session_id: str) -> bool:
-        """Fold the turns outside the recent window into the summary; False if nothing was due
-        or a newer summary won the race (the result is then discarded, never overwriting it)."""
+    async def summarize_now(self, tenant: str, session_id: str, *, force: bool = False) -> bool:
+        """Fold the turns outside the recent window into the summary.
+
+        Returns False when fewer than ``summary_threshold`` turns are due (any number
+        with ``force``), or when a newer summary won the race: the result is then
+        discarded, never overwriting it.
+        """
         from .types import Summary
 
         strategy = get_strategy(self.settings.strategy)
@@ -411,7 +442,8 @@ class Engine:
         previous = state.summary
         start = state.summary_covers_seq + 1
         end = info.last_seq - strategy.recent_turns
-        if end < start:
+        due = end - start + 1
+        if due <= 0 or (due < self.settings.summary_threshold and not force):
             return False
         turns = await self.store.turns(tenant, session_id, from_seq=start, to_seq=end)
         if not turns:

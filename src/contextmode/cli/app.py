@@ -1,0 +1,164 @@
+"""Typer application: one function per command, each a thin layer over the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..api import build_engine
+from ..errors import ContextModeError
+from ..settings import EngineSettings
+from .render import prepared_panel, turns_table
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="contextmode",
+    help="context-mode: what an LLM chat model should see, inside a token budget.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+eval_app = typer.Typer(help="Measure the language layer and recall on public datasets.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+console = Console()
+
+for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "locomo"):
+    try:
+        importlib.import_module(f"contextmode.evaluation.{_module}").register(eval_app)
+    except ModuleNotFoundError as exc:  # pragma: no cover - a module still being written
+        if exc.name != f"contextmode.evaluation.{_module}":
+            raise
+
+
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URL (default: CONTEXTMODE_STORE_URL or SQLite under CONTEXTMODE_HOME).")]
+TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant of the session.")]
+
+
+@app.command()
+def demo(
+    store: StoreOpt = "memory://",
+    window: Annotated[int, typer.Option(help="Context window in tokens (small, so summaries show).")] = 700,
+    messages: Annotated[bool, typer.Option(help="Also print the messages sent.")] = False,
+) -> None:
+    """Replay a sample Chinese conversation and show, per turn, what the model receives."""
+    from .demo import run_demo
+
+    asyncio.run(run_demo(console, store=store, window=window, show_messages=messages))
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1, CONTEXTMODE_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000, CONTEXTMODE_PORT).")] = None,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+) -> None:
+    """Run the HTTP service (SSE chat, OpenAI-compatible proxy, inspector page)."""
+    try:
+        import uvicorn
+
+        from ..service.settings import ServiceSettings
+    except ModuleNotFoundError as exc:
+        raise typer.BadParameter(f"{exc.name} is missing: pip install 'context-mode[service]'") from exc
+    settings = ServiceSettings.from_env()
+    uvicorn.run(
+        "contextmode.service.app:create_app",
+        factory=True,
+        host=host or settings.host,
+        port=port or settings.port,
+        workers=workers,
+        log_level="info",
+    )
+
+
+@app.command()
+def chat(
+    session: Annotated[str, typer.Option("--session", "-s", help="Session id.")] = "cli",
+    store: StoreOpt = None,
+    tenant: TenantOpt = "local",
+) -> None:
+    """Chat in the terminal, with /context, /summary, /constraints, /reset, /session."""
+    from .chat import run_chat
+
+    asyncio.run(run_chat(console, session=session, store=store, tenant=tenant))
+
+
+@app.command()
+def inspect(
+    session: Annotated[str, typer.Argument(help="Session id.")],
+    message: Annotated[str, typer.Option("--message", "-m", help="A next message to build the context for.")] = "…",
+    store: StoreOpt = None,
+    tenant: TenantOpt = "local",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+) -> None:
+    """Show a stored session: its turns, summary, constraints and the layers of the next context."""
+
+    async def run() -> None:
+        engine = build_engine(store=store)
+        try:
+            info = await engine.store.info(tenant, session)
+            if info is None:
+                console.print(f"[red]no session {session!r} for tenant {tenant!r}[/red]")
+                raise typer.Exit(1)
+            state = await engine.store.load(tenant, session, recent=20)
+            prepared = await engine.prepare(tenant, session, message)
+            if as_json:
+                print(json.dumps({
+                    "session": session, "last_seq": info.last_seq,
+                    "summary": state.summary.text if state.summary else None,
+                    "summary_covers_seq": state.summary_covers_seq,
+                    "constraints": [{"value": c.value, "key": c.key, "source_seq": c.source_seq} for c in state.constraints],
+                    "layers": {n: {"allocated": a.allocated, "used": a.used, "dropped": list(a.dropped_seqs)}
+                               for n, a in prepared.context.accounts.items()},
+                    "total_tokens": prepared.context.total_tokens,
+                    "jobs": {k: {"ok": v.ok, "failed": v.failed, "last_error": v.last_error} for k, v in info.jobs.items()},
+                }, ensure_ascii=False))
+                return
+            console.print(turns_table(state.turns, state.constraints))
+            if state.summary:
+                console.print(f"[cyan]summary (turns 1–{state.summary.covers_seq}, v{state.summary.version}):[/cyan] {state.summary.text}")
+            for name, stats in info.jobs.items():
+                console.print(f"job {name}: ok {stats.ok}, failed {stats.failed}" + (f", last error: {stats.last_error}" if stats.last_error else ""))
+            console.print(prepared_panel(prepared))
+        finally:
+            await engine.close()
+
+    _guard(run)
+
+
+@app.command()
+def replay(
+    file: Annotated[Path, typer.Argument(help="A JSONL file: one {\"role\", \"content\"} per line (or {\"user\", \"assistant\"}).", exists=True, dir_okay=False)],
+    session: Annotated[str | None, typer.Option("--session", "-s", help="Session id (default: the file's stem).")] = None,
+    store: StoreOpt = "memory://",
+    strategy: Annotated[str | None, typer.Option(help="Memory strategy.")] = None,
+    window: Annotated[int | None, typer.Option(help="Context window, tokens.")] = None,
+    quiet: Annotated[bool, typer.Option(help="Only the final summary line per turn.")] = False,
+) -> None:
+    """Feed a recorded conversation and print, per turn, what the model would receive."""
+    from .replay import run_replay
+
+    settings = EngineSettings.from_env()
+    if strategy or window:
+        from dataclasses import replace
+
+        settings = replace(settings, strategy=strategy or settings.strategy, context_window=window or settings.context_window)
+    _guard(lambda: run_replay(console, file, session=session or file.stem, store=store, settings=settings, quiet=quiet))
+
+
+def _guard(factory) -> None:  # type: ignore[no-untyped-def]
+    try:
+        asyncio.run(factory())
+    except ContextModeError as exc:
+        console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def main() -> None:
+    """Entry point of the ``contextmode`` script."""
+    app()

@@ -1,0 +1,94 @@
+"""``contextmode chat``: an interactive REPL with streamed answers and inspection commands."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rich.console import Console
+
+from ..api import build_engine
+from ..errors import ContextModeError
+from .render import prepared_panel, turns_table
+
+__all__ = ["HELP", "run_chat"]
+
+HELP = """commands:
+  /context [message]  the layers the next message would get (with token bars)
+  /summary            the committed summary and what it covers
+  /constraints        pinned constraints with the turn they came from
+  /history            the newest stored turns
+  /reset              delete this session (turns and derived records)
+  /session [id]       show or switch the session
+  /help, /quit"""
+
+
+async def run_chat(console: Console, *, session: str, store: str | None, tenant: str) -> None:
+    engine = build_engine(store=store)
+    console.print(
+        f"context-mode chat · session [bold]{session}[/bold] · model {engine.model.name} · "
+        f"tokens {engine.counter.name}{'' if engine.counter.exact else ' (estimate)'} · /help for commands"
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            try:
+                line = await loop.run_in_executor(None, lambda: console.input("[bold green]你> [/bold green]"))
+            except (EOFError, KeyboardInterrupt):
+                break
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                command, _, arg = line.partition(" ")
+                if command in ("/quit", "/exit"):
+                    break
+                session = await _command(console, engine, tenant, session, command, arg.strip())
+                continue
+            try:
+                console.print("[bold]助手>[/bold] ", end="")
+                async for event in engine.stream(tenant, session, line):
+                    if event.kind == "delta":
+                        console.print(event.text, end="", markup=False, highlight=False)
+                    elif event.kind == "done" and event.result is not None:
+                        flag = " (partial)" if event.result.partial else ""
+                        console.print(f"\n[bright_black]{event.result.prepared.context.summary_line()}{flag}[/bright_black]")
+            except ContextModeError as exc:
+                console.print(f"\n[red]{type(exc).__name__}: {exc}[/red]")
+    finally:
+        await engine.close()
+
+
+async def _command(console: Console, engine, tenant: str, session: str, command: str, arg: str) -> str:  # type: ignore[no-untyped-def]
+    if command == "/help":
+        console.print(HELP)
+    elif command == "/context":
+        try:
+            console.print(prepared_panel(await engine.prepare(tenant, session, arg or "…"), show_messages=True))
+        except ContextModeError as exc:
+            console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
+    elif command == "/summary":
+        state = await engine.store.load(tenant, session, recent=0)
+        if state.summary:
+            console.print(f"[cyan]turns 1–{state.summary.covers_seq} (v{state.summary.version}):[/cyan] {state.summary.text}")
+        else:
+            console.print("no summary yet")
+    elif command == "/constraints":
+        state = await engine.store.load(tenant, session, recent=0)
+        for c in state.constraints:
+            console.print(f"📌 {c.value}  [bright_black](turn {c.source_seq}, {c.kind}, key {c.key})[/bright_black]")
+        if not state.constraints:
+            console.print("no pinned constraints")
+    elif command == "/history":
+        state = await engine.store.load(tenant, session, recent=12)
+        console.print(turns_table(state.turns, state.constraints))
+    elif command == "/reset":
+        await engine.drain()
+        deleted = await engine.store.delete(tenant, session)
+        console.print("session deleted" if deleted else "nothing stored yet")
+    elif command == "/session":
+        if arg:
+            session = arg
+        console.print(f"session: {session}")
+    else:
+        console.print(f"unknown command {command}; /help lists them")
+    return session
