@@ -21,74 +21,17 @@ and for a server in another process ``POST /_stub/fault`` (JSON ``{"kind": …,
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import random
 import signal
-import socket
-import struct
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Literal
+from collections.abc import Callable, Iterable
+from http.server import ThreadingHTTPServer
 
+from ._stub_http import Fault, FaultKind, StubRequest, _Handler
 from .counters import CharTokenCounter
 
-__all__ = ["Fault", "StubReply", "StubRequest", "StubServer", "echo_reply", "main"]
-
-FaultKind = Literal["status", "hang", "malformed", "truncate", "reset"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class StubRequest:
-    """One request the stub server received."""
-
-    method: str
-    path: str
-    headers: Mapping[str, str]
-    """Header names lower-cased."""
-    body: Any
-    """Parsed JSON body (``None`` when empty or not JSON)."""
-    received_at: float = field(default_factory=time.time)
-    """Unix time, seconds."""
-
-    @property
-    def messages(self) -> list[dict[str, Any]]:
-        """The chat messages of a chat-completions request."""
-        return list(self.body.get("messages", [])) if isinstance(self.body, dict) else []
-
-    @property
-    def stream(self) -> bool:
-        return bool(isinstance(self.body, dict) and self.body.get("stream"))
-
-    @property
-    def last_user(self) -> str:
-        """Content of the last user message ('' if none)."""
-        for message in reversed(self.messages):
-            if message.get("role") == "user":
-                return str(message.get("content") or "")
-        return ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fault:
-    """A failure applied to the next chat-completions request(s)."""
-
-    kind: FaultKind
-    """``status``: HTTP error; ``hang``: never answer; ``malformed``: invalid JSON / SSE data;
-    ``truncate``: stream some chunks then close without finish or ``[DONE]``; ``reset``: TCP reset."""
-    status: int = 500
-    """HTTP status for ``status`` faults."""
-    retry_after: float | None = 0.001
-    """Seconds sent as ``retry-after-ms`` with ``status`` faults (keeps client retries fast)."""
-    after_chunks: int = 1
-    """Content chunks sent before a ``truncate`` cuts the stream."""
-    hang_seconds: float = 300.0
-    """How long a ``hang`` lasts at most (the server's stop ends it sooner)."""
-
+__all__ = ["Fault", "FaultKind", "StubReply", "StubRequest", "StubServer", "echo_reply", "main"]
 
 StubReply = Callable[[StubRequest], "str | Iterable[str]"]
 """Computes the answer from the request: a string (split into chunks) or the chunks themselves."""
@@ -105,7 +48,8 @@ class StubServer:
     Latency: ``first_token_delay`` and ``chunk_delay`` (seconds); answers stream
     in pieces of ``chunk_chars`` characters. ``error_rate`` answers that share of
     chat requests with 503 (``seed`` makes it repeatable). Faults queue with
-    ``fail_next``, ``hang_next``, ``malformed_next``, ``truncate_next``, ``reset_next``.
+    ``fail_next``, ``hang_next``, ``malformed_next``, ``truncate_next``,
+    ``unfinished_next``, ``reset_next``.
     """
 
     def __init__(
@@ -151,7 +95,10 @@ class StubServer:
         self._stopping.clear()
         self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="stub-server", daemon=True)
+        # A short poll interval keeps stop() fast (shutdown waits for one poll).
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="stub-server", daemon=True
+        )
         self._thread.start()
         return self.url
 
@@ -192,6 +139,10 @@ class StubServer:
     def truncate_next(self, *, count: int = 1, after_chunks: int = 1) -> None:
         """Stream ``after_chunks`` content chunks, then close the connection mid-stream."""
         self.add_fault(Fault(kind="truncate", after_chunks=after_chunks), count)
+
+    def unfinished_next(self, *, count: int = 1) -> None:
+        """Stream the whole answer and ``[DONE]`` but never a ``finish_reason``."""
+        self.add_fault(Fault(kind="unfinished"), count)
 
     def reset_next(self, *, count: int = 1) -> None:
         """Reset the TCP connection (RST) instead of answering."""
@@ -243,178 +194,6 @@ class StubServer:
     def _sleep(self, seconds: float) -> bool:
         """Sleep unless the server stops first; False when it is stopping."""
         return not (seconds > 0 and self._stopping.wait(seconds)) and not self._stopping.is_set()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    stub: StubServer
-    protocol_version = "HTTP/1.1"
-    server_version = "contextmode-stub/1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
-        pass
-
-    def finish(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            super().finish()
-
-    def _read_request(self) -> StubRequest:
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
-        request = StubRequest(
-            method=self.command,
-            path=self.path,
-            headers={k.lower(): v for k, v in self.headers.items()},
-            body=body,
-        )
-        self.stub._log(request)
-        return request
-
-    def _send_json(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
-        data = json.dumps(payload, ensure_ascii=False).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        request = self._read_request()
-        path = request.path.split("?")[0].rstrip("/")
-        if path.endswith("/models"):
-            model = {"id": self.stub.model, "object": "model", "created": 0, "owned_by": "contextmode-stub"}
-            self._send_json(200, {"object": "list", "data": [model]})
-        elif path == "/_stub/requests":
-            self._send_json(200, [asdict(r) for r in self.stub.requests])
-        else:
-            self._send_json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
-
-    def do_POST(self) -> None:
-        request = self._read_request()
-        path = request.path.split("?")[0].rstrip("/")
-        try:
-            if path.endswith("/chat/completions"):
-                self._chat(request)
-            elif path == "/_stub/fault" and isinstance(request.body, dict):
-                body = dict(request.body)
-                try:
-                    count = int(body.pop("count", 1))
-                    self.stub.add_fault(Fault(**body), count)
-                except (TypeError, ValueError) as exc:
-                    self._send_json(400, {"error": {"message": f"bad fault: {exc}", "type": "invalid_request"}})
-                    return
-                self._send_json(200, {"queued": count})
-            elif path == "/_stub/reset":
-                self.stub.reset()
-                self._send_json(200, {"reset": True})
-            else:
-                self._send_json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-
-    # -- chat completions ------------------------------------------------------------------
-    def _chat(self, request: StubRequest) -> None:
-        stub = self.stub
-        fault = stub._next_fault()
-        if fault and fault.kind == "reset":
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.close_connection = True
-            self.connection.close()
-            return
-        if fault and fault.kind == "hang":
-            stub._stopping.wait(fault.hang_seconds)
-            self.close_connection = True
-            return
-        if fault and fault.kind == "status":
-            headers = {}
-            if fault.retry_after is not None:
-                headers["retry-after-ms"] = str(max(1, int(fault.retry_after * 1000)))
-            kind = "rate_limit_exceeded" if fault.status == 429 else "server_error"
-            message = {"message": f"stub fault: HTTP {fault.status}", "type": kind, "code": kind}
-            self._send_json(fault.status, {"error": message}, headers)
-            return
-        try:
-            chunks = stub._chunks(request)
-        except Exception as exc:  # a broken reply function is a 500, not a dead server thread
-            self._send_json(500, {"error": {"message": f"stub reply failed: {exc}", "type": "server_error"}})
-            return
-        if request.stream:
-            self._stream(request, chunks, fault)
-        else:
-            self._complete(request, chunks, fault)
-
-    def _envelope(self, kind: str) -> dict[str, Any]:
-        return {"id": f"chatcmpl-stub-{id(self)}", "object": kind, "created": int(time.time()), "model": self.stub.model}
-
-    def _complete(self, request: StubRequest, chunks: list[str], fault: Fault | None) -> None:
-        if not self.stub._sleep(self.stub.first_token_delay + self.stub.chunk_delay * max(0, len(chunks) - 1)):
-            return
-        answer = "".join(chunks)
-        payload = self._envelope("chat.completion") | {
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
-            "usage": self.stub._usage(request, answer),
-        }
-        data = json.dumps(payload, ensure_ascii=False).encode()
-        if fault and fault.kind == "malformed":
-            data = b'{"id": "chatcmpl-stub", "choices": [{"index": 0, "message": {"content": "trunc'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        if fault and fault.kind == "truncate":
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data[: len(data) // 2])
-            self.close_connection = True
-            return
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _write_chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
-
-    def _event(self, payload: dict[str, Any] | str) -> None:
-        text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-        self._write_chunk(f"data: {text}\n\n".encode())
-
-    def _stream(self, request: StubRequest, chunks: list[str], fault: Fault | None) -> None:
-        stub = self.stub
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("cache-control", "no-cache")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()
-        base = self._envelope("chat.completion.chunk")
-        self._event(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        if not stub._sleep(stub.first_token_delay):
-            return
-        for index, chunk in enumerate(chunks):
-            if fault and fault.kind == "truncate" and index >= fault.after_chunks:
-                self.close_connection = True  # no terminating chunk: an incomplete body
-                return
-            if fault and fault.kind == "malformed" and index == 1:
-                self._write_chunk(b'data: {"choices": [{"delta": {"content": "oops\n\n')
-                continue
-            if index and not stub._sleep(stub.chunk_delay):
-                return
-            self._event(base | {"choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}]})
-        if fault and fault.kind == "truncate":
-            self.close_connection = True
-            return
-        if fault and fault.kind == "malformed" and len(chunks) < 2:
-            self._write_chunk(b"data: {not json}\n\n")
-        self._event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-        options = request.body.get("stream_options") if isinstance(request.body, dict) else None
-        if isinstance(options, dict) and options.get("include_usage"):
-            self._event(base | {"choices": [], "usage": stub._usage(request, "".join(chunks))})
-        self._event("[DONE]")
-        self._write_chunk(b"")
 
 
 def _fixed_length_reply(length: int) -> StubReply:
