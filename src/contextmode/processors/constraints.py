@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterable, Sequence
 
 from ..types import Constraint, Turn
+from .base import ConstraintUpdate
+from .lexicons import detect_language
 from .lexicons.constraint_patterns import (
     EN_STOPWORDS,
     Found,
@@ -31,8 +33,6 @@ from .lexicons.constraint_patterns import (
     zh_generic,
     zh_rules,
 )
-from .base import ConstraintUpdate
-from .lexicons import detect_language
 
 __all__ = [
     "OfflineConstraintExtractor",
@@ -62,12 +62,8 @@ def content_words(text: str) -> list[str]:
     return words
 
 
-_NUMBER_WORDS = {
-    w: str(i)
-    for i, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve".split()
-    )
-}
+_NUMBER_TEXT = "zero one two three four five six seven eight nine ten eleven twelve"
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(_NUMBER_TEXT.split())}
 
 
 def _stem(word: str) -> str:

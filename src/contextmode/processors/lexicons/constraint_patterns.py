@@ -54,15 +54,16 @@ class Retract:
 
 Rule = Callable[[str], list[Found | Retract]]
 
-EN_STOPWORDS = frozenset(
-    """a an the and or but so to of in on at for with from by about as into over after
-    before than then too very really just also i me my mine myself we us our you your he him
-    his she her it its they them their this that these those is am are was were be been being
-    have has had do does did doing will would can could should shall may might must not no
-    yes there here what which who whom when where why how all any some much many more most
-    own same such only other im ive id ill dont doesnt didnt cant wont isnt arent wasnt
-    s t d ll m re ve get got go going gonna like well oh yeah lot lots thing things one""".split()
-)
+_STOPWORDS_TEXT = """
+a an the and or but so to of in on at for with from by about as into over after before
+than then too very really just also i me my mine myself we us our you your he him his
+she her it its they them their this that these those is am are was were be been being
+have has had do does did doing will would can could should shall may might must not no
+yes there here what which who whom when where why how all any some much many more most
+own same such only other im ive id ill dont doesnt didnt cant wont isnt arent wasnt s t
+d ll m re ve get got go going gonna like well oh yeah lot lots thing things one
+"""
+EN_STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
 
 
 def normalise(text: str, limit: int = 3) -> str:
