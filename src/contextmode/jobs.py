@@ -1,0 +1,236 @@
+"""Background jobs off the response path: one job per session at a time, retried, recorded.
+
+`JobRunner.schedule()` returns at once; jobs of one session run one after the
+other in this process (a per-session FIFO), and across processes each run
+holds the store's session lock (`Store.lock`), so two workers never work on
+the same session at once. A failing job is retried with exponential backoff;
+its final outcome is logged and counted with `Store.record_job` (shown in
+`SessionInfo.jobs`). Nothing here ever raises into the reply that scheduled it.
+
+Jobs must commit through the store's compare-and-set methods
+(`commit_summary`, `commit_constraints`): if a lock expired under a slow job
+and a newer result landed, the slow result is rejected, never written over it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from .errors import ConfigError, LockNotAcquired
+from .store.base import Store
+from .types import validate_id
+
+__all__ = ["JobFactory", "JobRunner", "JobSettings"]
+
+log = logging.getLogger("contextmode.jobs")
+
+JobFactory = Callable[[], Awaitable[object]]
+"""Makes the coroutine of one attempt; called again for every retry."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSettings:
+    """Retry, timeout and lock settings of background jobs."""
+
+    attempts: int = 3
+    """Attempts per job before it is given up and recorded as failed (``CONTEXTMODE_JOB_ATTEMPTS``)."""
+    base_delay_s: float = 0.5
+    """Backoff before the 2nd attempt, doubled for each next one, seconds (``CONTEXTMODE_JOB_BASE_DELAY_S``)."""
+    max_delay_s: float = 30.0
+    """Cap of one backoff, seconds."""
+    jitter: float = 0.1
+    """Each backoff is scaled by a random factor in ``[1 - jitter, 1 + jitter]`` (spreads workers)."""
+    timeout_s: float | None = 120.0
+    """Time limit of one attempt, seconds; ``None`` = none (``CONTEXTMODE_JOB_TIMEOUT_S``)."""
+    lock_ttl_s: float = 300.0
+    """Expiry of the session lock an attempt holds, seconds; longer than ``timeout_s``."""
+    lock_attempts: int = 20
+    """Tries to get a session lock held by another worker (with backoff) before skipping the job."""
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.lock_attempts < 1:
+            raise ConfigError("job attempts and lock attempts must be at least 1")
+        if self.base_delay_s < 0 or self.max_delay_s < 0 or not 0 <= self.jitter < 1:
+            raise ConfigError("job delays must be ≥ 0 and jitter in [0, 1)")
+        if self.timeout_s is not None and self.lock_ttl_s <= self.timeout_s:
+            raise ConfigError("lock_ttl_s must exceed timeout_s, or a live job could lose its lock")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JobSettings:
+        env = os.environ if env is None else env
+        try:
+            timeout = env.get("CONTEXTMODE_JOB_TIMEOUT_S")
+            return cls(
+                attempts=int(env.get("CONTEXTMODE_JOB_ATTEMPTS") or 3),
+                base_delay_s=float(env.get("CONTEXTMODE_JOB_BASE_DELAY_S") or 0.5),
+                timeout_s=float(timeout) if timeout else 120.0,
+                lock_ttl_s=float(env.get("CONTEXTMODE_JOB_LOCK_TTL_S") or 300.0),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"invalid job setting: {exc}") from exc
+
+
+@dataclass
+class _SessionQueue:
+    waiting: deque[tuple[str, JobFactory]] = field(default_factory=deque)
+    running: str | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class _LockBusy(Exception):
+    """The session lock stayed with another worker for every try."""
+
+
+class JobRunner:
+    """Runs per-session background jobs; ``store`` provides the cross-process lock and stats.
+
+    ``sleep`` is injectable so tests need not wait for real backoffs.
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        settings: JobSettings | None = None,
+        *,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    ) -> None:
+        self.store = store
+        self.settings = settings or JobSettings()
+        self._sleep = sleep
+        self._queues: dict[tuple[str, str], _SessionQueue] = {}
+
+    def schedule(
+        self,
+        tenant: str,
+        session_id: str,
+        job_name: str,
+        coro_factory: JobFactory,
+        *,
+        coalesce: bool = False,
+    ) -> None:
+        """Queue ``job_name`` for the session and return at once (needs a running event loop).
+
+        With ``coalesce`` a job of the same name still waiting is replaced by this
+        one instead of queueing a second: for jobs that read the latest state
+        (summaries), not for jobs bound to one turn (emotion of turn N).
+        """
+        key = (validate_id(tenant, "tenant"), validate_id(session_id))
+        queue = self._queues.setdefault(key, _SessionQueue())
+        if coalesce:
+            for i, (name, _) in enumerate(queue.waiting):
+                if name == job_name:
+                    queue.waiting[i] = (job_name, coro_factory)
+                    break
+            else:
+                queue.waiting.append((job_name, coro_factory))
+        else:
+            queue.waiting.append((job_name, coro_factory))
+        if queue.task is None:
+            queue.task = asyncio.get_running_loop().create_task(
+                self._work(key, queue), name=f"contextmode-jobs:{tenant}/{session_id}"
+            )
+
+    def pending(self, tenant: str, session_id: str) -> list[str]:
+        """Names of the session's running job (first) and waiting jobs, in order."""
+        queue = self._queues.get((tenant, session_id))
+        if queue is None:
+            return []
+        running = [queue.running] if queue.running else []
+        return running + [name for name, _ in queue.waiting]
+
+    async def drain(self) -> None:
+        """Wait until every scheduled job (and any it schedules) has finished."""
+        while self._queues:
+            tasks = [q.task for q in self._queues.values() if q.task is not None]
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Cancel waiting and running jobs (shutdown without draining)."""
+        tasks = [q.task for q in self._queues.values() if q.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._queues.clear()
+
+    # -- internals ----------------------------------------------------------------
+
+    async def _work(self, key: tuple[str, str], queue: _SessionQueue) -> None:
+        try:
+            while queue.waiting:
+                name, factory = queue.waiting.popleft()
+                queue.running = name
+                try:
+                    await self._run(key, name, factory)
+                except Exception:  # a bug here must not stop the session's other jobs
+                    log.exception("job runner failed on %s for %s/%s", name, *key)
+                finally:
+                    queue.running = None
+        finally:
+            if self._queues.get(key) is queue:
+                del self._queues[key]
+
+    def _delay(self, attempt: int) -> float:
+        s = self.settings
+        delay = min(s.max_delay_s, s.base_delay_s * 2 ** (attempt - 1))
+        return delay * random.uniform(1 - s.jitter, 1 + s.jitter)
+
+    async def _run(self, key: tuple[str, str], name: str, factory: JobFactory) -> None:
+        attempts = self.settings.attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                await self._attempt(key, factory)
+            except _LockBusy:
+                log.info("job %s for %s/%s skipped: another worker holds the session", name, *key)
+                return
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"[:500]
+                if attempt < attempts:
+                    log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
+                                name, *key, attempt, attempts, error)
+                    await self._sleep(self._delay(attempt))
+                    continue
+                log.error("job %s for %s/%s gave up after %d attempts: %s",
+                          name, *key, attempts, error)
+                await self._record(key, name, ok=False, error=f"after {attempts} attempts: {error}")
+                return
+            await self._record(key, name, ok=True)
+            return
+
+    async def _attempt(self, key: tuple[str, str], factory: JobFactory) -> None:
+        if self.store is None:
+            await self._call(factory)
+            return
+        for attempt in range(1, self.settings.lock_attempts + 1):
+            held = self.store.lock(*key, ttl_s=self.settings.lock_ttl_s)
+            try:
+                await held.__aenter__()
+            except LockNotAcquired:
+                if attempt < self.settings.lock_attempts:
+                    await self._sleep(self._delay(attempt))
+                continue
+            try:
+                await self._call(factory)
+            finally:
+                await held.__aexit__(None, None, None)
+            return
+        raise _LockBusy
+
+    async def _call(self, factory: JobFactory) -> None:
+        if self.settings.timeout_s is None:
+            await factory()
+        else:
+            await asyncio.wait_for(factory(), self.settings.timeout_s)
+
+    async def _record(self, key: tuple[str, str], name: str, *, ok: bool, error: str | None = None) -> None:
+        if self.store is None:
+            return
+        try:
+            await self.store.record_job(*key, name, ok=ok, error=error)
+        except Exception as exc:  # stats are best effort; the job's own result stands
+            log.warning("could not record job %s for %s/%s: %s", name, *key, exc)

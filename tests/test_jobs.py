@@ -1,0 +1,277 @@
+"""JobRunner: one job per session at a time, retries, recorded failures, stale results rejected."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from contextmode.errors import ConfigError
+from contextmode.jobs import JobFactory, JobRunner, JobSettings
+from contextmode.store import MemoryStore
+from contextmode.store.sqlite import SQLiteStore
+from contextmode.testing.contract import new_turns
+from contextmode.types import Summary
+
+FAST = JobSettings(base_delay_s=0.0, jitter=0.0, timeout_s=5.0, lock_ttl_s=10.0)
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(tmp_path / "jobs.db")
+    yield store
+    await store.close()
+
+
+async def test_summariser_failing_three_times_leaves_the_log_untouched(
+    sqlite_store: SQLiteStore,
+) -> None:
+    store = sqlite_store
+    await store.append("t", "s", new_turns(12))
+    before = await store.turns("t", "s")
+    calls = 0
+
+    async def summarise() -> None:
+        nonlocal calls
+        calls += 1
+        await store.load("t", "s")
+        raise RuntimeError("model timed out")
+
+    runner = JobRunner(store, FAST)
+    runner.schedule("t", "s", "summary", summarise)
+    assert runner.pending("t", "s") == ["summary"]
+    await runner.drain()
+    assert calls == 3
+    assert await store.turns("t", "s") == before
+    info = await store.info("t", "s")
+    assert info is not None
+    stats = info.jobs["summary"]
+    assert (stats.ok, stats.failed) == (0, 1)
+    assert stats.last_error is not None and "model timed out" in stats.last_error
+    assert info.summary_version == 0 and info.last_seq == 12
+    assert runner.pending("t", "s") == []
+
+
+async def test_retry_then_success_is_recorded_once() -> None:
+    store = MemoryStore()
+    await store.append("t", "s", new_turns(2))
+    outcomes = iter([RuntimeError("429"), None])
+
+    async def flaky() -> None:
+        error = next(outcomes)
+        if error:
+            raise error
+
+    delays: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    settings = JobSettings(base_delay_s=0.5, jitter=0.0, timeout_s=5.0, lock_ttl_s=10.0)
+    runner = JobRunner(store, settings, sleep=fake_sleep)
+    runner.schedule("t", "s", "constraints", flaky)
+    await runner.drain()
+    info = await store.info("t", "s")
+    assert info is not None
+    assert (info.jobs["constraints"].ok, info.jobs["constraints"].failed) == (1, 0)
+    assert delays == [0.5]
+
+
+async def test_backoff_doubles_and_is_capped() -> None:
+    delays: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    async def always_fails() -> None:
+        raise ValueError("bad JSON")
+
+    settings = JobSettings(attempts=5, base_delay_s=1.0, max_delay_s=4.0, jitter=0.0,
+                           timeout_s=5.0, lock_ttl_s=10.0)
+    runner = JobRunner(None, settings, sleep=fake_sleep)
+    runner.schedule("t", "s", "summary", always_fails)
+    await runner.drain()
+    assert delays == [1.0, 2.0, 4.0, 4.0]
+
+
+async def test_one_job_per_session_at_a_time_sessions_in_parallel() -> None:
+    store = MemoryStore()
+    running: dict[str, int] = {"a": 0, "b": 0}
+    peak: dict[str, int] = {"a": 0, "b": 0}
+    overlap_seen = asyncio.Event()
+    order: list[str] = []
+
+    def job(session: str, name: str) -> JobFactory:
+        async def body() -> None:
+            running[session] += 1
+            peak[session] = max(peak[session], running[session])
+            if running["a"] and running["b"]:
+                overlap_seen.set()
+            await asyncio.sleep(0.01)
+            order.append(f"{session}:{name}")
+            running[session] -= 1
+
+        return body
+
+    runner = JobRunner(store, FAST)
+    for name in ("emotion", "constraints", "summary"):
+        runner.schedule("t", "a", name, job("a", name))
+        runner.schedule("t", "b", name, job("b", name))
+    assert runner.pending("t", "a") == ["emotion", "constraints", "summary"]
+    await runner.drain()
+    assert peak == {"a": 1, "b": 1}
+    assert overlap_seen.is_set()
+    assert [o for o in order if o.startswith("a:")] == ["a:emotion", "a:constraints", "a:summary"]
+
+
+async def test_coalesce_replaces_a_waiting_job_of_the_same_name() -> None:
+    ran: list[str] = []
+    gate = asyncio.Event()
+
+    async def blocker() -> None:
+        await gate.wait()
+
+    def summary(tag: str) -> JobFactory:
+        async def body() -> None:
+            ran.append(tag)
+
+        return body
+
+    runner = JobRunner(None, FAST)
+    runner.schedule("t", "s", "emotion", blocker)
+    await asyncio.sleep(0)
+    runner.schedule("t", "s", "summary", summary("old"), coalesce=True)
+    runner.schedule("t", "s", "summary", summary("new"), coalesce=True)
+    assert runner.pending("t", "s") == ["emotion", "summary"]
+    gate.set()
+    await runner.drain()
+    assert ran == ["new"]
+
+
+async def test_stale_summary_arriving_after_a_newer_one_is_rejected(
+    sqlite_store: SQLiteStore,
+) -> None:
+    """Two workers (two runners on one file): the first stalls past its lock's expiry."""
+    store = sqlite_store
+    await store.append("t", "s", new_turns(6))
+    newer_committed = asyncio.Event()
+    slow_started = asyncio.Event()
+    results: dict[str, bool] = {}
+
+    async def slow_summary() -> None:
+        state = await store.load("t", "s")
+        slow_started.set()
+        await newer_committed.wait()  # meanwhile the lock expires and another worker runs
+        summary = Summary(text="from seq 4", covers_seq=4, tokens=1)
+        version = state.summary.version if state.summary else 0
+        results["slow"] = await store.commit_summary("t", "s", summary, expected_version=version)
+
+    async def fast_summary() -> None:
+        await store.append("t", "s", new_turns(4, start=7))
+        state = await store.load("t", "s")
+        summary = Summary(text="from seq 10", covers_seq=10, tokens=1)
+        version = state.summary.version if state.summary else 0
+        results["fast"] = await store.commit_summary("t", "s", summary, expected_version=version)
+        newer_committed.set()
+
+    short_lock = JobSettings(base_delay_s=0.05, jitter=0.0, timeout_s=None, lock_ttl_s=0.2)
+    worker_a, worker_b = JobRunner(store, short_lock), JobRunner(store, short_lock)
+    worker_a.schedule("t", "s", "summary", slow_summary)
+    await slow_started.wait()
+    worker_b.schedule("t", "s", "summary", fast_summary)
+    await asyncio.gather(worker_a.drain(), worker_b.drain())
+    assert results == {"fast": True, "slow": False}
+    state = await store.load("t", "s")
+    assert state.summary is not None
+    assert (state.summary.text, state.summary.covers_seq, state.summary.version) == (
+        "from seq 10", 10, 1)
+    assert [t.seq for t in await store.turns("t", "s")] == list(range(1, 11))
+
+
+async def test_the_store_lock_keeps_two_runners_off_one_session(
+    sqlite_store: SQLiteStore,
+) -> None:
+    store = sqlite_store
+    await store.append("t", "s", new_turns(1))
+    active = 0
+    peak = 0
+
+    async def job() -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.02)
+        active -= 1
+
+    settings = JobSettings(base_delay_s=0.01, jitter=0.5, timeout_s=5.0, lock_ttl_s=10.0,
+                           lock_attempts=200)
+    runners = [JobRunner(store, settings) for _ in range(3)]
+    for runner in runners:
+        for _ in range(3):
+            runner.schedule("t", "s", "emotion", job)
+    await asyncio.gather(*(r.drain() for r in runners))
+    assert peak == 1
+    info = await store.info("t", "s")
+    assert info is not None and info.jobs["emotion"].ok == 9
+
+
+async def test_a_held_lock_makes_the_job_skip_after_its_tries() -> None:
+    store = MemoryStore()
+    ran = False
+
+    async def job() -> None:
+        nonlocal ran
+        ran = True
+
+    settings = JobSettings(base_delay_s=0.0, jitter=0.0, timeout_s=5.0, lock_ttl_s=10.0,
+                           lock_attempts=3)
+    runner = JobRunner(store, settings)
+    async with store.lock("t", "s"):
+        runner.schedule("t", "s", "summary", job)
+        await runner.drain()
+    assert not ran
+
+
+async def test_timeouts_count_as_failures() -> None:
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    store = MemoryStore()
+    await store.append("t", "s", new_turns(1))
+    settings = JobSettings(attempts=2, base_delay_s=0.0, jitter=0.0, timeout_s=0.01, lock_ttl_s=1)
+    runner = JobRunner(store, settings)
+    runner.schedule("t", "s", "emotion", hangs)
+    await runner.drain()
+    info = await store.info("t", "s")
+    assert info is not None and info.jobs["emotion"].failed == 1
+    assert "TimeoutError" in (info.jobs["emotion"].last_error or "")
+
+
+async def test_aclose_cancels_pending_work() -> None:
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    runner = JobRunner(None, JobSettings(timeout_s=None))
+    runner.schedule("t", "s", "summary", forever)
+    runner.schedule("t", "s", "emotion", forever)
+    await started.wait()
+    await runner.aclose()
+    assert runner.pending("t", "s") == []
+    await runner.drain()
+
+
+def test_settings_validation_and_env() -> None:
+    with pytest.raises(ConfigError):
+        JobSettings(attempts=0)
+    with pytest.raises(ConfigError):
+        JobSettings(timeout_s=60, lock_ttl_s=30)
+    settings = JobSettings.from_env({"CONTEXTMODE_JOB_ATTEMPTS": "5",
+                                     "CONTEXTMODE_JOB_BASE_DELAY_S": "0.1"})
+    assert (settings.attempts, settings.base_delay_s) == (5, 0.1)
+    with pytest.raises(ConfigError):
+        JobSettings.from_env({"CONTEXTMODE_JOB_ATTEMPTS": "three"})
