@@ -37,7 +37,7 @@ _PIECE = regex.compile(
     r"|(?P<kana>[\p{Hiragana}\p{Katakana}\p{Hangul}])"
     r"|(?P<word>[A-Za-z]+)"
     r"|(?P<number>\p{N}+)"
-    r"|(?P<other_letter>[\p{L}\p{M}])"
+    r"|(?P<other_letters>[\p{L}\p{M}])"
     r"|(?P<cjk_punct>[\u3000-\u303f\uff00-\uffef\u2018-\u201f\u2026])"
     r"|(?P<newline>\s*[\r\n]\s*)"
     r"|(?P<space>\s+)"
@@ -119,7 +119,15 @@ class EstimateCoefficients:
     punct_chars: float
 
 
-FITTED: Final = ("han", "words", "long_word_letters", "numbers", "digits", "punct_runs", "punct_chars")
+FITTED: Final = (
+    "han",
+    "words",
+    "long_word_letters",
+    "numbers",
+    "digits",
+    "punct_runs",
+    "punct_chars",
+)
 """The ``ScriptCounts`` fields whose weight is fitted per family."""
 
 # Classes too rare in the evaluation data to fit (a few hundred pieces in 180k
@@ -141,24 +149,49 @@ FIXED_WEIGHTS: Final[Mapping[str, float]] = MappingProxyType(
 # than under-counted.
 _COEFFICIENTS: Final[dict[str, EstimateCoefficients]] = {
     "o200k_base": EstimateCoefficients(
-        han=0.830, words=1.030, long_word_letters=0.138, numbers=0.774, digits=0.506,
-        punct_runs=-0.134, punct_chars=0.585,
+        han=0.835,
+        words=1.016,
+        long_word_letters=0.094,
+        numbers=0.813,
+        digits=0.392,
+        punct_runs=0.139,
+        punct_chars=0.396,
     ),
     "cl100k_base": EstimateCoefficients(
-        han=1.340, words=1.021, long_word_letters=0.126, numbers=0.412, digits=0.549,
-        punct_runs=0.310, punct_chars=0.426,
+        han=1.33,
+        words=1.011,
+        long_word_letters=0.087,
+        numbers=0.396,
+        digits=0.459,
+        punct_runs=0.504,
+        punct_chars=0.288,
     ),
     "qwen2": EstimateCoefficients(
-        han=0.651, words=1.023, long_word_letters=0.124, numbers=0.441, digits=1.105,
-        punct_runs=0.276, punct_chars=0.440,
+        han=0.653,
+        words=1.013,
+        long_word_letters=0.084,
+        numbers=0.439,
+        digits=1.07,
+        punct_runs=0.469,
+        punct_chars=0.307,
     ),
     "deepseek_v3": EstimateCoefficients(
-        han=0.602, words=1.026, long_word_letters=0.122, numbers=0.855, digits=0.441,
-        punct_runs=0.249, punct_chars=0.478,
+        han=0.603,
+        words=1.016,
+        long_word_letters=0.083,
+        numbers=0.971,
+        digits=0.328,
+        punct_runs=0.439,
+        punct_chars=0.343,
     ),
     "generic": EstimateCoefficients(
-        han=1.340, words=1.060, long_word_letters=0.140, numbers=0.800, digits=1.105,
-        punct_runs=0.310, punct_chars=0.600,
+        han=1.328,
+        words=1.014,
+        long_word_letters=0.093,
+        numbers=-0.257,
+        digits=1.037,
+        punct_runs=0.475,
+        punct_chars=0.327,
     ),
 }
 

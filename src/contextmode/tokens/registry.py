@@ -14,7 +14,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from typing import Final
 
 from ..errors import ConfigError
@@ -52,7 +52,10 @@ EXACT_ENCODINGS: Final = tuple(_LOADERS)
 _RULES: Final[tuple[tuple[re.Pattern[str], str], ...]] = tuple(
     (re.compile(pattern), encoding)
     for pattern, encoding in (
-        (r"^(gpt-4o|chatgpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|o\d|codex-|omni-moderation)", "o200k_base"),
+        (
+            r"^(gpt-4o|chatgpt-4o|gpt-4\.1|gpt-4\.5|gpt-5|gpt-oss|o\d|codex-|omni-moderation)",
+            "o200k_base",
+        ),
         (r"^(gpt-4|gpt-3\.5|gpt-35|text-embedding-ada-002|text-embedding-3)", "cl100k_base"),
         # R1 distilled into Qwen keeps Qwen's vocabulary; into Llama, neither family's.
         (r"^deepseek-r1-distill-qwen", "qwen2"),
@@ -101,7 +104,7 @@ def _warn_once(key: str, message: str, *args: object) -> None:
     logger.warning(message, *args)
 
 
-@lru_cache(maxsize=None)
+@cache
 def counter_for_encoding(name: str) -> TokenCounter:
     """The (process-wide, cached) counter for an encoding name, see ``EXACT_ENCODINGS``.
 

@@ -166,6 +166,4 @@ def load_qwen2_counter() -> TiktokenCounter:
         for role in ("system", "user", "assistant")
     }
     reply = template_tokens("<|im_start|>assistant\n")
-    return TiktokenCounter(
-        encoding, role_overheads=roles, reply_overhead=reply, normalize_nfc=True
-    )
+    return TiktokenCounter(encoding, role_overheads=roles, reply_overhead=reply, normalize_nfc=True)
