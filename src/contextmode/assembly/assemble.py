@@ -221,8 +221,9 @@ def assemble(
             leftover += max(0, alloc.get(name, 0) - used)
         chosen[name] = picked
         truncated[name] = cut
-        picked_ids = {id(c) for c in picked}
-        dropped[name] = [c.seq for c in cands if id(c) not in picked_ids and c.seq is not None and name != "constraints"]
+        # By seq, not identity: a turn cut to fit is a new candidate but was not dropped.
+        picked_seqs = {c.seq for c in picked}
+        dropped[name] = [c.seq for c in cands if c.seq not in picked_seqs and c.seq is not None and name != "constraints"]
 
     return _render(
         state=state, message=message, sent=sent, current_text=current_text, current_cost=current_cost,
