@@ -143,6 +143,8 @@ def assemble(
     lang = "zh" if locale.startswith("zh") else "en"
     count = _cached_count(counter)
     overhead = counter.message_overhead
+    # Chat formats such as DeepSeek's wrap each role differently; count each role's own overhead.
+    role_overheads = getattr(counter, "role_overheads", None) or {}
     sep_cost = count(SECTION_SEPARATOR)
     as_messages = config.format == "messages"
     plan = strategy.plan(state, message, now=now)
@@ -152,7 +154,7 @@ def assemble(
     # Layers that are always whole: the current message, the system prompt, the reply format.
     if as_messages:
         current_text = sent
-        current_cost = count(sent) + overhead + counter.reply_overhead
+        current_cost = count(sent) + role_overheads.get("user", overhead) + counter.reply_overhead
     else:
         current_text = section_text("current", layer_title("current", locale), [f"{role_label('user', locale)}: {sent}"])
         current_cost = count(current_text) + sep_cost
@@ -165,7 +167,7 @@ def assemble(
     if config.reply_format:
         fixed_sections["format"] = section_text("format", layer_title("format", locale), [config.reply_format])
     fixed_costs = {name: count(text) + sep_cost for name, text in fixed_sections.items()}
-    system_message_overhead = overhead if as_messages else 0
+    system_message_overhead = role_overheads.get("system", overhead) if as_messages else 0
     available = input_budget - current_cost - sum(fixed_costs.values()) - system_message_overhead
     if available < 0:
         raise MessageTooLarge(current_cost + sum(fixed_costs.values()), input_budget)
@@ -188,7 +190,7 @@ def assemble(
             candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t))
     label_costs = {role: count(f"{role_label(role, locale)}: ") for role in ("user", "assistant", "system")}
     for t in reversed(plan.recent):  # newest first
-        cost = t.tokens + overhead if as_messages else t.tokens + label_costs[t.role] + 1
+        cost = t.tokens + role_overheads.get(t.role, overhead) if as_messages else t.tokens + label_costs[t.role] + 1
         candidates["recent"].append(_Candidate(t.content, cost, t.seq, t))
 
     section_overheads = {
@@ -293,7 +295,7 @@ def _render(
     layers: list[LayerContent] = []
     accounts: dict[LayerName, LayerAccount] = {}
     section_texts: list[str] = []
-    overhead = counter.message_overhead
+    overhead = (getattr(counter, "role_overheads", None) or {}).get("system", counter.message_overhead)
     while True:
         layers.clear()
         accounts.clear()
