@@ -30,6 +30,8 @@ from .tokens.base import TokenCounter
 __all__ = ["ContextMode", "build_engine"]
 
 T = TypeVar("T")
+DEFAULT_COUNTING_MODEL = "gpt-4o"
+"""Whose tokenizer counts tokens when no model is configured (o200k_base)."""
 ProcessorKind = Literal["offline", "llm"]
 
 
@@ -88,10 +90,12 @@ def build_engine(
     from .tokens import counter_for_model
 
     settings = settings or EngineSettings.from_env()
+    if counter is None:
+        # The configured model's tokenizer; with none configured, o200k (gpt-4o family).
+        named = os.environ.get("CONTEXTMODE_LLM_MODEL") or (model.name if model is not None else None)
+        counter = counter_for_model(named or DEFAULT_COUNTING_MODEL)
     if model is None:
         model = model_from_env()
-    if counter is None:
-        counter = counter_for_model(os.environ.get("CONTEXTMODE_LLM_MODEL") or model.name)
     if model.__class__.__name__ == "OfflineResponder" and getattr(model, "counter", None) is None:
         model.counter = counter  # type: ignore[attr-defined]
     if store is None or isinstance(store, str):

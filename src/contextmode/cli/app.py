@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -151,7 +152,7 @@ def replay(
     _guard(lambda: run_replay(console, file, session=session or file.stem, store=store, settings=settings, quiet=quiet))
 
 
-def _guard(factory) -> None:  # type: ignore[no-untyped-def]
+def _guard(factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
     try:
         asyncio.run(factory())
     except ContextModeError as exc:

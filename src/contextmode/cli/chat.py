@@ -7,6 +7,7 @@ import asyncio
 from rich.console import Console
 
 from ..api import build_engine
+from ..engine import Engine
 from ..errors import ContextModeError
 from .render import prepared_panel, turns_table
 
@@ -58,7 +59,7 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
         await engine.close()
 
 
-async def _command(console: Console, engine, tenant: str, session: str, command: str, arg: str) -> str:  # type: ignore[no-untyped-def]
+async def _command(console: Console, engine: Engine, tenant: str, session: str, command: str, arg: str) -> str:
     if command == "/help":
         console.print(HELP)
     elif command == "/context":

@@ -7,9 +7,10 @@ import os
 from rich.console import Console
 from rich.rule import Rule
 
-from ..api import build_engine
+from ..api import DEFAULT_COUNTING_MODEL, build_engine
 from ..models.base import ChatModel
 from ..settings import EngineSettings
+from ..tokens import counter_for_model
 from .render import prepared_panel, turns_table
 
 __all__ = ["SAMPLE_CONVERSATION", "run_demo"]
@@ -40,7 +41,8 @@ async def run_demo(console: Console, *, store: str | None, window: int, show_mes
 
         model = ScriptedModel([answer for _, answer in SAMPLE_CONVERSATION], name="recorded-demo")
     settings = EngineSettings(context_window=window, summary_threshold=4, strategy="sliding_summary")
-    engine = build_engine(store=store, model=model, settings=settings)
+    counter = None if configured else counter_for_model(DEFAULT_COUNTING_MODEL)
+    engine = build_engine(store=store, model=model, settings=settings, counter=counter)
     session = "demo"
     tenant = settings.tenant
     await engine.store.delete(tenant, session)
