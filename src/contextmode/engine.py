@@ -13,12 +13,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
 from .assembly import AssemblyConfig, Context, assemble, cut_to_tokens, to_messages
 from .errors import ModelError, NoPreviousAnswer
+from .jobs import JobRunner, JobSettings
 from .memory.budget import Budget
 from .memory.strategies import Strategy, get_strategy
 from .models.base import ChatModel
@@ -96,53 +97,6 @@ class TurnResult:
     """The model error that cut the answer short, if any."""
 
 
-@dataclass
-class _Runner:
-    """Per-session background jobs run one at a time in this process, with retries.
-
-    A stand-in used when no `jobs.JobRunner` is given: same interface.
-    """
-
-    attempts: int = 3
-    base_delay_s: float = 0.2
-    store: Store | None = None
-    _tails: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
-
-    def schedule(self, tenant: str, session_id: str, job: str, factory: Any) -> None:
-        key = (tenant, session_id)
-        previous = self._tails.get(key)
-
-        async def run() -> None:
-            if previous is not None:
-                await asyncio.gather(previous, return_exceptions=True)
-            for attempt in range(1, self.attempts + 1):
-                try:
-                    await factory()
-                except Exception as exc:
-                    log.warning("job %s for %s/%s failed (attempt %d): %s", job, tenant, session_id, attempt, exc)
-                    if attempt == self.attempts:
-                        if self.store is not None:
-                            await self.store.record_job(tenant, session_id, job, ok=False, error=str(exc)[:300])
-                        return
-                    await asyncio.sleep(self.base_delay_s * 2 ** (attempt - 1))
-                else:
-                    if self.store is not None:
-                        await self.store.record_job(tenant, session_id, job, ok=True)
-                    return
-
-        self._tails[key] = asyncio.get_running_loop().create_task(run())
-
-    def pending(self, tenant: str, session_id: str) -> list[str]:
-        task = self._tails.get((tenant, session_id))
-        return ["jobs"] if task is not None and not task.done() else []
-
-    async def drain(self) -> None:
-        while self._tails:
-            tasks = list(self._tails.values())
-            self._tails.clear()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
 class Engine:
     """A chat turn with memory. Every collaborator is a seam with an offline default."""
 
@@ -159,7 +113,7 @@ class Engine:
         emotion: EmotionScorer,
         settings: EngineSettings | None = None,
         recaller: Any | None = None,
-        jobs: Any | None = None,
+        jobs: JobRunner | None = None,
         system_prompt: str | None = None,
     ) -> None:
         self.store = store
@@ -173,7 +127,9 @@ class Engine:
         self.settings = settings or EngineSettings()
         self.recaller = recaller
         self.system_prompt = system_prompt
-        self.jobs = jobs or _Runner(attempts=self.settings.job_attempts, store=store)
+        self.jobs: JobRunner = jobs or JobRunner(
+            store, replace(JobSettings.from_env(), attempts=self.settings.job_attempts)
+        )
 
     # -- preparing -------------------------------------------------------
 
@@ -404,7 +360,8 @@ class Engine:
         if uncovered_outside_window >= self.settings.summary_threshold:
             jobs.append("summary")
             self.jobs.schedule(
-                tenant, session_id, "summary", lambda: self.summarize_now(tenant, session_id)
+                tenant, session_id, "summary", lambda: self.summarize_now(tenant, session_id),
+                coalesce=True,
             )
         return jobs
 
