@@ -155,14 +155,14 @@ class LLMRewriter:
 
 
 _LIST_MARKER = re.compile(r"^\s*\d+[.、)]\s", re.M)
-_CLAUSE = re.compile(r"[^。！？!?；;\n]+")
+_CLAUSE_END = re.compile(r"[。！？!?；;\n]|\.(?=\s|$)")  # a "." inside 12.5 does not end a clause
 
 
 def _facts_with_numbers(text: str) -> list[tuple[str, str]]:
     """``(number, clause)`` pairs for every number in ``text`` (list markers excluded)."""
     text = _LIST_MARKER.sub(" ", text)
     pairs = []
-    for clause in _CLAUSE.findall(text):
+    for clause in _CLAUSE_END.split(text):
         for number in re.findall(r"\d+(?:[.:/,]\d+)*", clause):
             pairs.append((number, clause.strip()[:80]))
     return pairs
