@@ -165,3 +165,26 @@ async def test_fakes_can_fail_like_real_models() -> None:
         await model.complete(_messages("5"))
     assert [call.last_user for call in model.calls] == ["1", "2", "3", "4", "5"]
     assert isinstance(model, ChatModel)
+
+
+@pytest.mark.parametrize("module_name", [
+    "contextmode.models", "contextmode.models.offline", "contextmode.models.openai",
+    "contextmode.models.settings", "contextmode.models.factory", "contextmode.jsonparse",
+    "contextmode.prompts", "contextmode.processors.llm", "contextmode.testing.models",
+    "contextmode.testing.stub_server",
+])
+def test_public_names_are_complete_and_sorted(module_name: str) -> None:
+    import importlib
+    import inspect
+
+    module = importlib.import_module(module_name)
+    exported = module.__all__
+    # isort-style order, as ruff's RUF022 keeps it: CONSTANTS, Classes, functions
+    assert exported == sorted(exported, key=lambda n: (not n.isupper(), not n[0].isupper(), n))
+    assert all(hasattr(module, name) for name in exported)
+    defined = {
+        name for name, value in vars(module).items()
+        if not name.startswith("_") and (inspect.isclass(value) or inspect.isfunction(value))
+        and getattr(value, "__module__", None) == module_name
+    }
+    assert defined <= set(exported)
