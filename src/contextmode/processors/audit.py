@@ -18,7 +18,7 @@ from typing import Literal
 from ..types import Summary, Turn
 from .base import Summarizer, SummaryResult
 from .constraints import content_words, extract_constraints
-from .lexicons import Language, detect_language
+from .lexicons import Language, detect_language, emotion_words
 
 __all__ = [
     "FACTS_LABELS",
@@ -54,6 +54,7 @@ _EN_NUMBER = re.compile(
 )
 _EN_CAPS = re.compile(r"[A-Z][\w'’&-]*(?:[ \t]+(?:of|the|de|and|&)?[ \t]*[A-Z][\w'’&-]*)*")
 _ZH_ENTITY_FLAGS = ("nr", "ns", "nt", "nz", "nrt", "nrfg")
+_ZH_NOT_ENTITIES = frozenset(["谢谢", "你好", "您好", "哈哈", "嗯嗯", "好吧", "拜拜", "晚安", "早安"])
 _CLAUSE = re.compile(r"(?:[^，。！？；,;!?.\n]|\.(?=\S))+[，。！？；,;!?.]?")
 _STARTERS_TEXT = """
 hey hi hello thanks thank wow yes no oh well so congrats congratulations yeah sure good
@@ -117,6 +118,9 @@ def _zh_facts(text: str) -> list[Fact]:
             continue
         facts.append(Fact(text=core + unit, kind="number", weight=2.0 if unit else 1.5))
     for word, flag in jieba.posseg.lcut(text):
+        # jieba tags a lone 谢谢 as a person name: politeness and feelings are not entities.
+        if word in _ZH_NOT_ENTITIES or word in emotion_words("zh"):
+            continue
         if flag in _ZH_ENTITY_FLAGS and len(word) >= 2:
             facts.append(Fact(text=word, kind="entity", weight=1.0))
     return facts
@@ -174,7 +178,11 @@ def fact_kept(fact: Fact, summary_text: str) -> bool:
     haystack = summary_text.lower().replace(",", "")
     if fact.kind == "number":
         core = re.sub(r"[^\d" + _CN_DIGITS + r".:]", "", fact.text) or fact.text
-        return any(v.lower() in haystack for v in _number_variants(core))
+        # Whole numbers only: 3点 is not kept by 3000元.
+        return any(
+            re.search(r"(?<![\d" + _CN_DIGITS + r"])" + re.escape(v.lower()) + r"(?![\d" + _CN_DIGITS + r"])", haystack)
+            for v in _number_variants(core)
+        )
     if fact.kind == "constraint":
         if fact.text.lower() in haystack:
             return True

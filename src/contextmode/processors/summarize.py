@@ -50,8 +50,8 @@ _TASK = re.compile(
     re.IGNORECASE,
 )
 _FILLER = re.compile(
-    r"^(?:你好|您好|嗯+|哦+|好的?|谢谢|哈哈+|是的|对|行|ok|okay|hi|hello|hey|thanks?(?: you)?|"
-    r"yes|yeah|yep|sure|cool|great|wow|lol|haha)[\s!！.。~,，]*$",
+    r"^(?:你好|您好|嗯+|哦+|好的?|谢谢|哈哈+|是的|对|行|有什么(?:可以|能)?帮(?:你|您)的?(?:吗)?|ok|okay|hi|hello|hey|thanks?(?: you)?|"
+    r"yes|yeah|yep|sure|cool|great|wow|lol|haha)[\s!！.。~,，?？]*$",
     re.IGNORECASE,
 )
 
