@@ -60,6 +60,8 @@ class ScriptCounts:
     """Runs of ASCII letters."""
     long_word_letters: int = 0
     """ASCII letters beyond the sixth in each word."""
+    capitalized_words: int = 0
+    """ASCII words starting with a capital (names and titles split into more tokens)."""
     numbers: int = 0
     """Runs of digits."""
     digits: int = 0
@@ -91,6 +93,7 @@ def script_counts(text: str) -> ScriptCounts:
         if kind == "word":
             counts["words"] += 1
             counts["long_word_letters"] += max(0, len(piece) - _LONG_WORD)
+            counts["capitalized_words"] += piece[0].isupper()
         elif kind == "number":
             counts["numbers"] += 1
             counts["digits"] += len(piece)
@@ -113,6 +116,7 @@ class EstimateCoefficients:
     han: float
     words: float
     long_word_letters: float
+    capitalized_words: float
     numbers: float
     digits: float
     punct_runs: float
@@ -123,6 +127,7 @@ FITTED: Final = (
     "han",
     "words",
     "long_word_letters",
+    "capitalized_words",
     "numbers",
     "digits",
     "punct_runs",
@@ -150,48 +155,53 @@ FIXED_WEIGHTS: Final[Mapping[str, float]] = MappingProxyType(
 _COEFFICIENTS: Final[dict[str, EstimateCoefficients]] = {
     "o200k_base": EstimateCoefficients(
         han=0.835,
-        words=1.016,
-        long_word_letters=0.094,
-        numbers=0.813,
-        digits=0.392,
-        punct_runs=0.139,
-        punct_chars=0.396,
+        words=0.988,
+        long_word_letters=0.083,
+        capitalized_words=0.353,
+        numbers=0.869,
+        digits=0.349,
+        punct_runs=0.004,
+        punct_chars=0.399,
     ),
     "cl100k_base": EstimateCoefficients(
         han=1.33,
-        words=1.011,
-        long_word_letters=0.087,
-        numbers=0.396,
-        digits=0.459,
-        punct_runs=0.504,
-        punct_chars=0.288,
+        words=0.986,
+        long_word_letters=0.077,
+        capitalized_words=0.32,
+        numbers=0.45,
+        digits=0.418,
+        punct_runs=0.383,
+        punct_chars=0.287,
     ),
     "qwen2": EstimateCoefficients(
         han=0.653,
-        words=1.013,
-        long_word_letters=0.084,
-        numbers=0.439,
-        digits=1.07,
-        punct_runs=0.469,
-        punct_chars=0.307,
+        words=0.988,
+        long_word_letters=0.075,
+        capitalized_words=0.307,
+        numbers=0.499,
+        digits=1.025,
+        punct_runs=0.346,
+        punct_chars=0.314,
     ),
     "deepseek_v3": EstimateCoefficients(
         han=0.603,
-        words=1.016,
-        long_word_letters=0.083,
-        numbers=0.971,
-        digits=0.328,
-        punct_runs=0.439,
-        punct_chars=0.343,
+        words=0.99,
+        long_word_letters=0.073,
+        capitalized_words=0.321,
+        numbers=1.02,
+        digits=0.291,
+        punct_runs=0.31,
+        punct_chars=0.351,
     ),
     "generic": EstimateCoefficients(
         han=1.328,
-        words=1.014,
-        long_word_letters=0.093,
-        numbers=-0.257,
-        digits=1.037,
-        punct_runs=0.475,
-        punct_chars=0.327,
+        words=0.987,
+        long_word_letters=0.083,
+        capitalized_words=0.351,
+        numbers=-0.184,
+        digits=0.981,
+        punct_runs=0.34,
+        punct_chars=0.328,
     ),
 }
 

@@ -100,7 +100,7 @@ def _is_fit_half(text: str) -> bool:
 
 
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting; the system is small (7x7)."""
+    """Gaussian elimination with partial pivoting; the system is small (8x8)."""
     n = len(vector)
     a = [[*row, vector[i]] for i, row in enumerate(matrix)]
     for col in range(n):
@@ -207,7 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("| " + " | ".join(row) + " |")
     for lang, pools in pooled.items():
         n = len(next(iter(pools.values()))[0])
-        cells = [_cell(*pools[f]) for f in [*families, "chars/4"]]
+        cells = [
+            f"{_cell(*pools[f])} (Σ {100 * (sum(pools[f][0]) / sum(pools[f][1]) - 1):+.1f}%)"
+            for f in [*families, "chars/4"]
+        ]
         print("| " + " | ".join([f"**all {lang}**", lang, str(n), *cells]) + " |")
     fitted = [f.name for f in fields(EstimateCoefficients)]
     print(f"\nfixed weights: {dict(FIXED_WEIGHTS)}; fitted per family: {fitted}")
