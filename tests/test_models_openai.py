@@ -81,6 +81,17 @@ async def test_a_400_on_stream_options_retries_without_them(server: StubServer, 
     assert "stream_options" not in server.chat_requests[-1].body
 
 
+async def test_newer_openai_models_get_max_completion_tokens(server: StubServer, model: OpenAIChatModel) -> None:
+    server.fail_next(400, message="Unsupported parameter: 'max_tokens'. Use 'max_completion_tokens' instead.")
+    assert (await model.complete(MESSAGES, max_tokens=20)).startswith("Stub answer")
+    refused, accepted = server.chat_requests
+    assert refused.body["max_tokens"] == 20 and "max_tokens" not in accepted.body
+    assert accepted.body["max_completion_tokens"] == 20
+    await model.complete(MESSAGES, max_tokens=30)
+    assert server.chat_requests[-1].body["max_completion_tokens"] == 30  # remembered
+    assert len(server.chat_requests) == 3
+
+
 @pytest.mark.parametrize(("status", "error"), [(429, ModelUnavailable), (500, ModelUnavailable),
                                                (503, ModelUnavailable), (404, ModelError)])
 async def test_http_errors_map_to_the_error_tree(

@@ -114,6 +114,7 @@ class OpenAIChatModel:
         self.last_usage: ModelUsage | None = None
         """Usage of the most recent call that reported one (for logs; racy under concurrency)."""
         self._include_usage = include_usage
+        self._length_param = "max_tokens"
         self._secret = api_key
         if client is None:
             try:
@@ -182,14 +183,11 @@ class OpenAIChatModel:
     async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None) -> str:
         """The whole answer at once (non-streaming request)."""
         request = self._request(messages, max_tokens)
+        completion = await self._create(request, stream=False)
         try:
-            completion = await self._client.chat.completions.create(**request)
-            choice = completion.choices[0]
-            text = choice.message.content or ""
-        except ModelError:
-            raise
-        except Exception as exc:
-            raise self._map(exc) from self._cause(exc)
+            text = completion.choices[0].message.content or ""
+        except (AttributeError, IndexError, TypeError) as exc:
+            raise ModelError(f"the model endpoint sent a completion without a message ({exc})") from exc
         self._record_usage(getattr(completion, "usage", None))
         return text
 
@@ -198,7 +196,7 @@ class OpenAIChatModel:
     ) -> AsyncIterator[str]:
         """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
         request = self._request(messages, max_tokens)
-        stream = await self._open_stream(request)
+        stream = await self._create(request, stream=True)
         finished = False
         try:
             async for chunk in stream:
@@ -219,28 +217,44 @@ class OpenAIChatModel:
         if not finished:
             raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
 
-    async def _open_stream(self, request: dict[str, Any]) -> Any:
+    async def _create(self, request: dict[str, Any], *, stream: bool) -> Any:
+        """``chat.completions.create``, adapting once to servers that refuse an optional parameter.
+
+        A 400/422 that names ``max_completion_tokens`` (newer OpenAI models) switches the
+        length parameter; a 400/422 on a request with ``stream_options`` drops usage capture.
+        Each adaptation is remembered for later calls once it has worked.
+        """
         openai = _import_openai()
-        with_usage = self._include_usage
-        try:
-            if with_usage:
-                try:
-                    stream = await self._client.chat.completions.create(
-                        **request, stream=True, stream_options={"include_usage": True}
-                    )
-                except openai.APIStatusError as exc:
-                    if exc.status_code not in (400, 422):
-                        raise
-                    # Some compatible servers reject stream_options; retry once without it.
-                    stream = await self._client.chat.completions.create(**request, stream=True)
-                    self._include_usage = False
-                    logger.info("model endpoint refused stream_options; usage capture disabled")
-                return stream
-            return await self._client.chat.completions.create(**request, stream=True)
-        except ModelError:
-            raise
-        except Exception as exc:
-            raise self._map(exc) from self._cause(exc)
+        length_param, with_usage = self._length_param, stream and self._include_usage
+        for _attempt in range(3):
+            kwargs = dict(request)
+            if "max_tokens" in kwargs and length_param != "max_tokens":
+                kwargs[length_param] = kwargs.pop("max_tokens")
+            if stream:
+                kwargs["stream"] = True
+                if with_usage:
+                    kwargs["stream_options"] = {"include_usage": True}
+            try:
+                result = await self._client.chat.completions.create(**kwargs)
+            except openai.APIStatusError as exc:
+                refused = exc.status_code in (400, 422)
+                if refused and "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
+                    length_param = "max_completion_tokens"
+                    continue
+                if refused and with_usage:
+                    with_usage = False
+                    continue
+                raise self._map(exc) from self._cause(exc)
+            except Exception as exc:
+                raise self._map(exc) from self._cause(exc)
+            if length_param != self._length_param:
+                self._length_param = length_param
+                logger.info("model endpoint wants %s; switched", length_param)
+            if stream and self._include_usage and not with_usage:
+                self._include_usage = False
+                logger.info("model endpoint refused stream_options; usage capture disabled")
+            return result
+        raise ModelError("the model endpoint refused the request")  # unreachable in practice
 
     def _map(self, exc: Exception) -> ModelError:
         return map_openai_error(exc, secret=self._secret)

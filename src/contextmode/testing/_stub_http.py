@@ -66,6 +66,8 @@ class Fault:
     """HTTP status for ``status`` faults."""
     retry_after: float | None = 0.001
     """Seconds sent as ``retry-after-ms`` with ``status`` faults (keeps client retries fast)."""
+    message: str = ""
+    """Error message for ``status`` faults (default ``stub fault: HTTP <status>``)."""
     after_chunks: int = 1
     """Content chunks sent before a ``truncate`` cuts the stream."""
     hang_seconds: float = 300.0
@@ -163,7 +165,8 @@ class _Handler(BaseHTTPRequestHandler):
             if fault.retry_after is not None:
                 headers["retry-after-ms"] = str(max(1, int(fault.retry_after * 1000)))
             kind = "rate_limit_exceeded" if fault.status == 429 else "server_error"
-            message = {"message": f"stub fault: HTTP {fault.status}", "type": kind, "code": kind}
+            text = fault.message or f"stub fault: HTTP {fault.status}"
+            message = {"message": text, "type": kind, "code": kind}
             self._send_json(fault.status, {"error": message}, headers)
             return
         try:

@@ -124,9 +124,12 @@ class StubServer:
         with self._lock:
             self._faults.extend([fault] * count)
 
-    def fail_next(self, status: int = 500, *, count: int = 1, retry_after: float | None = 0.001) -> None:
-        """Answer the next ``count`` chat requests with HTTP ``status`` (429, 500, 503…)."""
-        self.add_fault(Fault(kind="status", status=status, retry_after=retry_after), count)
+    def fail_next(
+        self, status: int = 500, *, count: int = 1, retry_after: float | None = 0.001, message: str = ""
+    ) -> None:
+        """Answer the next ``count`` chat requests with HTTP ``status`` (429, 500, 503…);
+        ``retry_after`` seconds go out as ``retry-after-ms``, ``message`` as the error message."""
+        self.add_fault(Fault(kind="status", status=status, retry_after=retry_after, message=message), count)
 
     def hang_next(self, *, count: int = 1, seconds: float = 300.0) -> None:
         """Accept the next ``count`` chat requests and send nothing (client timeouts)."""
