@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["MIGRATIONS", "migrate"]
+__all__ = ["KEY_MOMENT_FLOOR", "MIGRATIONS", "migrate"]
+
+KEY_MOMENT_FLOOR = 0.5
+"""Emotion at or above which a score is in the partial strength index (m003)."""
 
 Conn = Any  # asyncpg.Connection, imported lazily
 
@@ -68,10 +71,14 @@ async def m003_turn_emotions(db: Conn) -> None:
             session_id text NOT NULL,
             seq bigint NOT NULL,
             emotion double precision NOT NULL,
-            PRIMARY KEY (tenant, session_id, seq)
+            -- INCLUDE makes "the emotion of turn N" an index-only primary-key probe.
+            PRIMARY KEY (tenant, session_id, seq) INCLUDE (emotion)
         );
+        -- Partial: only turns strong enough to be key moments (KEY_MOMENT_FLOOR). Queries
+        -- by seq cannot use it, so they always take the primary key, even before the
+        -- first ANALYZE of a bulk-loaded table.
         CREATE INDEX turn_emotions_strength
-            ON turn_emotions (tenant, session_id, emotion DESC, seq DESC);
+            ON turn_emotions (tenant, session_id, emotion DESC, seq DESC) WHERE emotion >= 0.5;
         """
     )
 

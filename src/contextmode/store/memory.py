@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -26,6 +27,8 @@ class _Session:
     constraints: list[Constraint] = field(default_factory=list)
     constraints_version: int = 0
     emotions_version: int = 0
+    strength: list[tuple[float, int]] = field(default_factory=list)
+    """Emotion index: ``(-emotion, -seq)`` sorted, strongest (then newest) first."""
     last_answer: str | None = None
     jobs: dict[str, JobStats] = field(default_factory=dict)
 
@@ -77,6 +80,9 @@ class MemoryStore:
             ]
             session.turns.extend(stored)
             for turn in stored:
+                if turn.emotion is not None:
+                    bisect.insort(session.strength, (-turn.emotion, -turn.seq))
+            for turn in stored:
                 if turn.role == "assistant":
                     session.last_answer = turn.content
             session.updated_at = now
@@ -102,13 +108,13 @@ class MemoryStore:
         moments: list[Turn] = []
         if key_moments > 0:
             first_tail = tail[0].seq if tail else last_seq + 1
-            older = [
-                t
-                for t in session.turns[: first_tail - 1]
-                if t.emotion is not None and t.emotion >= key_moment_threshold
-            ]
-            older.sort(key=lambda t: (-(t.emotion or 0.0), -t.seq))
-            moments = sorted(older[:key_moments], key=lambda t: t.seq)
+            # Walks the emotion index from the strongest: O(key_moments + tail), not O(history).
+            for neg_emotion, neg_seq in session.strength:
+                if -neg_emotion < key_moment_threshold or len(moments) == key_moments:
+                    break
+                if -neg_seq < first_tail:
+                    moments.append(session.turns[-neg_seq - 1])
+            moments.sort(key=lambda t: t.seq)
         return SessionState(
             tenant=tenant,
             session_id=session_id,
@@ -187,7 +193,11 @@ class MemoryStore:
                 return
             changed = False
             for seq, score in scores.items():
-                if 1 <= seq <= len(session.turns) and session.turns[seq - 1].emotion != score:
+                old = session.turns[seq - 1].emotion if 1 <= seq <= len(session.turns) else score
+                if old != score:
+                    if old is not None:
+                        session.strength.remove((-old, -seq))
+                    bisect.insort(session.strength, (-float(score), -seq))
                     session.turns[seq - 1] = replace(session.turns[seq - 1], emotion=float(score))
                     changed = True
             session.emotions_version += changed

@@ -21,18 +21,28 @@ from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
 from ._codec import check_ids, constraints_from_json, constraints_to_json, last_answer, window_start
 from ._codec import metadata_json as _meta
-from ._pg_schema import migrate
+from ._pg_schema import KEY_MOMENT_FLOOR, migrate
 from .base import JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["PostgresStore"]
 
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _W = "WHERE tenant = $1 AND session_id = $2"
-_TURN_SELECT = (
+# The emotion is a scalar subquery, not a join: it forces one primary-key probe per
+# returned turn whatever the planner's statistics say (a fresh bulk load has none).
+_TURN_COLUMNS = (
     "SELECT t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata::text AS metadata,"
-    " e.emotion FROM turns t LEFT JOIN turn_emotions e ON e.tenant = t.tenant"
-    " AND e.session_id = t.session_id AND e.seq = t.seq"
-    " WHERE t.tenant = $1 AND t.session_id = $2"
+    " (SELECT e.emotion FROM turn_emotions e WHERE e.tenant = t.tenant"
+    " AND e.session_id = t.session_id AND e.seq = t.seq) AS emotion"
+)
+_TURN_SELECT = f"{_TURN_COLUMNS} FROM turns t WHERE t.tenant = $1 AND t.session_id = $2"
+# Turns by a list of seqs: one primary-key probe per seq (``LIMIT 1`` keeps the planner
+# from flattening the lateral into a scan of the session).
+_TURNS_BY_SEQS = (
+    f"{_TURN_COLUMNS} FROM unnest($3::bigint[]) AS q(seq) CROSS JOIN LATERAL"
+    " (SELECT * FROM turns x WHERE x.tenant = $1 AND x.session_id = $2 AND x.seq = q.seq"
+    " LIMIT 1) t"
+    " ORDER BY t.seq"
 )
 
 
@@ -198,12 +208,16 @@ class PostgresStore:
             tail = await db.fetch(f"{_TURN_SELECT} AND t.seq >= $3 ORDER BY t.seq", *key, first)
             moments: list[Any] = []
             if key_moments > 0:
-                moments = await db.fetch(
-                    f"{_TURN_SELECT} AND t.seq IN (SELECT seq FROM turn_emotions {_W}"
-                    " AND emotion >= $3 AND seq < $4 ORDER BY emotion DESC, seq DESC LIMIT $5)"
-                    " ORDER BY t.seq",
+                # Two steps so each is a plain index range: strongest seqs, then those turns.
+                # The literal floor lets the planner prove the partial index applies.
+                floor = f"AND emotion >= {KEY_MOMENT_FLOOR}" if (
+                    key_moment_threshold >= KEY_MOMENT_FLOOR) else ""
+                seqs = await db.fetch(
+                    f"SELECT seq FROM turn_emotions {_W} {floor} AND emotion >= $3 AND seq < $4"
+                    " ORDER BY emotion DESC, seq DESC LIMIT $5",
                     *key, key_moment_threshold, first, key_moments,
                 )
+                moments = await db.fetch(_TURNS_BY_SEQS, *key, [r["seq"] for r in seqs])
         summary = None
         if row["summary_version"]:
             summary = Summary(
