@@ -30,8 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from contextmode.store import MemoryStore, SQLiteStore, Store  # noqa: E402
-from contextmode.types import NewTurn, Summary  # noqa: E402
+from contextmode.store import MemoryStore, SQLiteStore, Store
+from contextmode.types import NewTurn, Summary
 
 PG_DSN = os.environ.get("CONTEXTMODE_TEST_PG_DSN") or "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = os.environ.get("CONTEXTMODE_TEST_REDIS_URL") or "redis://127.0.0.1:6379/0"
