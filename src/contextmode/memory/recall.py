@@ -27,14 +27,18 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ..types import SessionState, Turn
+from .recall_dense import DenseIndex, Embedder, rrf_fuse
 from .recall_index import BM25Index, RecallIndex
+from .recall_strategy import HybridRecall
 from .recall_text import analyze
 
 __all__ = [
+    "HybridRecall",
     "RecallHit",
     "RecallSettings",
     "Recaller",
     "TurnSource",
+    "fetch_turns",
     "recall_query",
 ]
 
@@ -63,6 +67,8 @@ class RecallSettings:
     """Weight of a borrowed term relative to the message's own terms."""
     short_message_terms: int = 3
     """A message with fewer content terms than this borrows terms from the newest turns."""
+    rrf_k: float = 60.0
+    """Reciprocal-rank-fusion constant when dense retrieval is on (60, as in Cormack et al.)."""
     batch: int = 2000
     """Turns read from the store per call when (re)building an index."""
 
@@ -73,7 +79,8 @@ class RecallHit:
 
     seq: int
     score: float
-    """BM25 score (neighbours: their hit's score × ``neighbour_weight``)."""
+    """BM25 score, or the RRF score when dense retrieval is fused in
+    (neighbours: their hit's score × ``neighbour_weight``)."""
     neighbour_of: int | None = None
     """For a turn brought in as context of a hit: that hit's seq."""
 
@@ -96,6 +103,7 @@ def recall_query(
 @dataclass
 class _Entry:
     index: BM25Index
+    dense: DenseIndex | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -107,9 +115,12 @@ class Recaller:
         settings: RecallSettings | None = None,
         *,
         index_factory: Callable[[], BM25Index] = BM25Index,
+        embedder: Embedder | None = None,
         max_sessions: int = 256,
     ) -> None:
         self.settings = settings or RecallSettings()
+        self.embedder = embedder
+        """With an embedder, dense retrieval runs beside BM25 and the two are fused (RRF)."""
         self._index_factory = index_factory
         self._max_sessions = max_sessions
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
@@ -118,7 +129,8 @@ class Recaller:
         key = (tenant, session_id)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(index=self._index_factory())
+            dense = DenseIndex(self.embedder) if self.embedder is not None else None
+            entry = self._entries[key] = _Entry(index=self._index_factory(), dense=dense)
             while len(self._entries) > self._max_sessions:
                 self._entries.popitem(last=False)
         self._entries.move_to_end(key)
@@ -131,25 +143,37 @@ class Recaller:
     async def index(
         self, store: TurnSource, tenant: str, session_id: str, *, last_seq: int
     ) -> RecallIndex:
-        """The session's index, caught up to ``last_seq`` from the store."""
+        """The session's BM25 index, caught up to ``last_seq`` from the store."""
+        return (await self._caught_up(store, tenant, session_id, last_seq)).index
+
+    async def _caught_up(
+        self, store: TurnSource, tenant: str, session_id: str, last_seq: int
+    ) -> _Entry:
         entry = self._entry(tenant, session_id)
         async with entry.lock:
-            index = entry.index
-            while index.last_seq < last_seq:
-                start = index.last_seq + 1
-                stop = min(last_seq, start + self.settings.batch - 1)
-                turns = await store.turns(tenant, session_id, from_seq=start, to_seq=stop)
+            indexes: list[BM25Index | DenseIndex] = [entry.index]
+            if entry.dense is not None:
+                indexes.append(entry.dense)
+            done = min(i.last_seq for i in indexes)
+            while done < last_seq:
+                stop = min(last_seq, done + self.settings.batch)
+                turns = await store.turns(tenant, session_id, from_seq=done + 1, to_seq=stop)
                 if not turns:
                     break
                 for turn in turns:
-                    index.add(turn)
-        return index
+                    entry.index.add(turn)
+                if entry.dense is not None:
+                    entry.dense.add_many(turns)
+                done = turns[-1].seq
+        return entry
 
     def observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
         """Index turns just appended (the engine calls this after persisting a turn).
 
-        Turns out of order (a gap since the last indexed one) are left for the
-        next `index` call to read from the store.
+        Only the BM25 index is updated here (microseconds); embeddings, which
+        cost milliseconds, are computed at the next `recall`, off the write
+        path. Turns out of order (a gap since the last indexed one) are left
+        for the next `recall` to read from the store.
         """
         index = self._entry(tenant, session_id).index
         for turn in turns:
@@ -163,33 +187,22 @@ class Recaller:
         *,
         recent: Sequence[Turn] = (),
         exclude_from_seq: int | None = None,
+        dense: DenseIndex | None = None,
     ) -> list[RecallHit]:
         """Hits for ``message``, best first, neighbours placed by their discounted score."""
         settings = self.settings
         weights = recall_query(message, recent, settings)
+        k = settings.candidates
         if isinstance(index, BM25Index):
-            found = index.search_terms(
-                weights, k=settings.candidates, exclude_from_seq=exclude_from_seq
-            )
+            found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)
         else:
-            found = index.search(message, k=settings.candidates, exclude_from_seq=exclude_from_seq)
+            found = index.search(message, k=k, exclude_from_seq=exclude_from_seq)
+        if dense is not None:
+            similar = dense.search(message, k=k, exclude_from_seq=exclude_from_seq)
+            found = rrf_fuse([[s for s, _ in found], [s for s, _ in similar]], k=settings.rrf_k)[:k]
         hits = [RecallHit(seq=seq, score=score) for seq, score in found]
         if settings.neighbours:
-            taken = {h.seq for h in hits}
-            extra = []
-            for hit in hits:
-                prev = hit.seq - 1
-                if prev >= 1 and prev not in taken:
-                    taken.add(prev)
-                    extra.append(
-                        RecallHit(
-                            seq=prev,
-                            score=hit.score * settings.neighbour_weight,
-                            neighbour_of=hit.seq,
-                        )
-                    )
-            hits.extend(extra)
-            hits.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
+            hits = _with_neighbours(hits, settings.neighbour_weight)
         return hits
 
     async def recall(
@@ -209,9 +222,11 @@ class Recaller:
         """
         if state.last_seq == 0:
             return []
-        index = await self.index(store, state.tenant, state.session_id, last_seq=state.last_seq)
+        entry = await self._caught_up(store, state.tenant, state.session_id, state.last_seq)
         exclude_from = max(1, state.last_seq - recent_turns + 1)
-        hits = self.rank(index, message, recent=state.turns, exclude_from_seq=exclude_from)
+        hits = self.rank(
+            entry.index, message, recent=state.turns, exclude_from_seq=exclude_from, dense=entry.dense
+        )
         if limit is not None:
             hits = hits[:limit]
         if not hits:
@@ -225,6 +240,20 @@ class Recaller:
         """``state`` with its ``recalled`` turns filled in for ``message``."""
         turns = await self.recall(store, state, message, recent_turns=recent_turns)
         return replace(state, recalled=tuple(turns))
+
+
+def _with_neighbours(hits: list[RecallHit], weight: float) -> list[RecallHit]:
+    """Each hit followed by the turn before it, ranked at ``weight`` × the hit's score."""
+    taken = {h.seq for h in hits}
+    extra = []
+    for hit in hits:
+        prev = hit.seq - 1
+        if prev >= 1 and prev not in taken:
+            taken.add(prev)
+            extra.append(RecallHit(seq=prev, score=hit.score * weight, neighbour_of=hit.seq))
+    merged = hits + extra
+    merged.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
+    return merged
 
 
 async def fetch_turns(

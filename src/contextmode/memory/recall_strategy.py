@@ -1,0 +1,66 @@
+"""The ``hybrid_recall`` strategy: seed 001's hybrid plus a recall layer.
+
+Layers: a short recent window (the last ``recent_turns`` turns), the summary,
+key moments, and the older turns a `Recaller` found relevant to the message
+(``SessionState.recalled``, best first). The recent window is deliberately
+short: turns between the summary's coverage and the window are not lost, they
+are reachable through recall when they matter, which spends the budget on
+what the message is about rather than on whatever was said last.
+
+Default shares: recall 0.60, recent 0.20, summary 0.10, key moments 0.05,
+constraints 0.05 (pinned constraints get a share of their own, as seed 003's
+200-token profile does, so a long list of extracted facts cannot crowd out
+everything else).
+Shares are starting points: what a layer does not need (a short recent window,
+no key moments, nothing recalled) flows to the others (`memory.budget.allocate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ..types import SessionState
+from .budget import LayerName
+from .strategies import Hybrid, MemoryPlan, register_strategy
+
+__all__ = ["HybridRecall"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HybridRecall(Hybrid):
+    """Recent window + summary + key moments + recalled turns (see the module docstring)."""
+
+    recent_turns: int = 6
+    max_key_moments: int = 3
+    recall_limit: int = 128
+    """How many recalled turns (hits and neighbours) the engine asks the recaller for."""
+    name: str = "hybrid_recall"
+    shares: Mapping[LayerName, float] = field(
+        default_factory=lambda: {
+            "recall": 0.60,
+            "recent": 0.20,
+            "summary": 0.10,
+            "key_moments": 0.05,
+            "constraints": 0.05,
+        }
+    )
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        recent = tuple(state.turns[-self.recent_turns :]) if self.recent_turns > 0 else ()
+        first_recent = recent[0].seq if recent else state.last_seq + 1
+        pool = {t.seq: t for t in (*state.key_moments, *state.turns) if t.seq < first_recent}
+        moments = self.rank_key_moments(list(pool.values()), before_seq=first_recent, now=now)
+        shown = {t.seq for t in moments}
+        recall = tuple(t for t in state.recalled if t.seq < first_recent and t.seq not in shown)
+        return MemoryPlan(
+            recent=recent,
+            summary=state.summary,
+            key_moments=moments,
+            recall=recall,
+            shares=self.shares,
+        )
+
+
+register_strategy("hybrid_recall", HybridRecall)
