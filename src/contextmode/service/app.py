@@ -1,0 +1,231 @@
+"""The FastAPI app: `create_app(engine=None, settings=None)`.
+
+Every non-stream response is an envelope ``{code, msg, data}`` (seed 002),
+errors included: the library's errors, validation errors, invalid JSON,
+unknown routes and uncaught exceptions all go through `codes` (one table).
+Under ``/v1/chat/completions`` and ``/v1/models`` errors take OpenAI's shape
+instead, since that is what the openai SDK parses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..engine import Engine
+from ..errors import ContextModeError, StoreError
+from .auth import ApiKeys
+from .codes import ErrorCode, code_for_exception, code_for_status, http_status
+from .metrics import MeteredJobs, ServiceMetrics
+from .routes_openai import openai_error_body
+from .routes_openai import router as openai_router
+from .routes_sessions import envelope
+from .routes_sessions import router as sessions_router
+from .schemas import Envelope, ErrorEnvelope, HealthOut
+from .settings import ServiceSettings
+from .state import AppState, app_state
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("contextmode.http")
+
+_OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+
+
+def _error_response(path: str, row: ErrorCode, msg: str, data: Any = None) -> JSONResponse:
+    status = http_status(row.code)
+    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    if path.startswith(_OPENAI_PATHS):
+        return JSONResponse(openai_error_body(row.code, row.name, msg), status_code=status, headers=headers)
+    return JSONResponse({"code": row.code, "msg": msg, "data": data}, status_code=status, headers=headers)
+
+
+async def _send_error(scope: Scope, send: Send, row: ErrorCode, msg: str) -> None:
+    response = _error_response(scope.get("path", ""), row, msg)
+    await response(scope, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+class _EdgeMiddleware:
+    """Pure ASGI (no buffering of streams): body-size limit, request log and metrics, last-resort 50000.
+
+    The log line holds method, path, status, duration and tenant: never headers,
+    query strings or bodies, so no key or message text reaches the logs.
+    """
+
+    def __init__(self, app: ASGIApp, *, state: AppState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        limit = self.state.settings.max_body_bytes
+        too_large = code_for_status(413)
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                await _send_error(scope, send, too_large, f"the request body is larger than {limit} bytes")
+                self._record(scope, 413, started)
+                return
+        status = 500
+        response_started = False
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise StarletteHTTPException(413, f"the request body is larger than {limit} bytes")
+            return message
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status, response_started = message["status"], True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, observed_send)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if not response_started:
+                status = 500
+                await _send_error(scope, send, code_for_exception(RuntimeError()), "internal error")
+        finally:
+            self._record(scope, status, started)
+
+    def _record(self, scope: Scope, status: int, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        route = scope.get("route")
+        template = getattr(route, "path", None) or "unmatched"
+        method = scope.get("method", "")
+        metrics = self.state.metrics
+        metrics.http_requests.labels(method=method, route=template, status=str(status)).inc()
+        metrics.http_seconds.labels(method=method, route=template).observe(elapsed)
+        tenant = (scope.get("state") or {}).get("tenant", "-")
+        log.info(
+            "%s %s %d %.1fms tenant=%s",
+            method,
+            scope.get("path", ""),
+            status,
+            elapsed * 1000,
+            tenant,
+            extra={"method": method, "route": template, "status": status, "duration_ms": elapsed * 1000, "tenant": tenant},
+        )
+
+
+def _install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ContextModeError)
+    async def library_error(request: Request, exc: ContextModeError) -> JSONResponse:
+        row = code_for_exception(exc)
+        if row.code >= 50000:
+            log.warning("%s on %s: %s", type(exc).__name__, request.url.path, exc)
+        msg = str(exc) if row.code != 50000 else "internal error"
+        return _error_response(request.url.path, row, msg)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(part) for part in first["loc"])
+        msg = "invalid JSON body" if any(e["type"] == "json_invalid" for e in errors) else f"{where}: {first['msg']}"
+        return _error_response(request.url.path, code_for_status(400), msg, data={"errors": errors})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        row = code_for_status(exc.status_code)
+        # FastAPI turns a failure while reading the body into a bare 400; say what it was.
+        cause = exc.__cause__
+        if isinstance(cause, StarletteHTTPException) and cause.status_code == 413:
+            row, detail = code_for_status(413), str(cause.detail)
+        else:
+            detail = str(exc.detail) if exc.detail else row.meaning
+        return _error_response(request.url.path, row, detail)
+
+
+def create_app(engine: Engine | None = None, settings: ServiceSettings | None = None) -> FastAPI:
+    """The HTTP service around ``engine`` (default: `build_engine()` from the environment, offline).
+
+    The engine's job runner is wrapped to count jobs in the metrics. An engine
+    built here is closed at shutdown; one passed in stays the caller's.
+    """
+    settings = settings or ServiceSettings.from_env()
+    owns_engine = engine is None
+    if engine is None:
+        from ..api import build_engine
+
+        engine = build_engine()
+    metrics = ServiceMetrics()
+    jobs: Any = engine.jobs
+    if isinstance(jobs, MeteredJobs):
+        jobs.metrics = metrics
+    else:
+        engine.jobs = MeteredJobs(jobs, metrics)  # type: ignore[assignment]
+    state = AppState(
+        engine=engine,
+        settings=settings,
+        keys=ApiKeys(settings.api_keys, local_tenant=settings.local_tenant),
+        metrics=metrics,
+        owns_engine=owns_engine,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if state.owns_engine:
+            await state.engine.close()
+
+    from .. import __version__
+
+    app = FastAPI(
+        title="context-mode",
+        version=__version__,
+        description="Memory for LLM chat apps: SSE chat with per-layer token accounting, an "
+        "OpenAI-compatible memory proxy, session history. Non-stream responses are "
+        "`{code, msg, data}` envelopes; see docs/service.md for the code table.",
+        lifespan=lifespan,
+    )
+    app.state.contextmode = state
+    _install_handlers(app)
+    app.add_middleware(_EdgeMiddleware, state=state)
+    app.include_router(sessions_router)
+    app.include_router(openai_router)
+
+    @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])
+    async def healthz(request: Request) -> Any:
+        current = app_state(request)
+        try:
+            await asyncio.wait_for(current.engine.store.version(current.settings.local_tenant, "healthz"), 5.0)
+        except Exception as exc:
+            log.warning("health check: store unavailable: %s", type(exc).__name__)
+            return _error_response("/healthz", code_for_exception(StoreError("down")), "store unavailable")
+        return envelope(
+            HealthOut(status="ok", store=type(current.engine.store).__name__, model=current.engine.model.name)
+        )
+
+    @app.get("/metrics", tags=["ops"], response_class=Response, summary="Prometheus metrics")
+    async def prometheus(request: Request) -> Response:
+        body, content_type = app_state(request).metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    return app
+

@@ -1,0 +1,166 @@
+"""Envelope codes: every error the service can answer with, mapped in ONE place.
+
+An envelope code is five digits: the HTTP status times 100 plus a number, so
+``code // 100`` is always the HTTP status of the response (``0`` = 200).
+
+| code  | HTTP | meaning                                            | raised by                      |
+|-------|------|----------------------------------------------------|--------------------------------|
+| 0     | 200  | success                                            |                                |
+| 40001 | 400  | validation error (body, query, invalid JSON)       | `InputError`, `UserError`      |
+| 40002 | 400  | message too large (characters or tokens)           | `MessageTooLarge`, `MessageTooLong` |
+| 40003 | 400  | bad image (base64, MIME, size, count)              | `BadImage`                     |
+| 40004 | 400  | invalid session or tenant id                       | `InvalidSessionId`             |
+| 40101 | 401  | missing or unknown API key                         | `Unauthorized`                 |
+| 40400 | 404  | no such route                                      | framework 404                  |
+| 40401 | 404  | session not found                                  | `SessionNotFound`              |
+| 40500 | 405  | method not allowed                                 | framework 405                  |
+| 40901 | 409  | conflict: a concurrent write won                   | `ConflictError`                |
+| 40902 | 409  | the session's job lock is held elsewhere           | `LockNotAcquired`              |
+| 41301 | 413  | request body too large                             | `PayloadTooLarge`              |
+| 42201 | 422  | follow-up without a previous answer (当前没有可用的上文信息) | `NoPreviousAnswer`     |
+| 50000 | 500  | internal error                                     | anything else                  |
+| 50001 | 500  | server misconfigured (setting, missing extra)      | `ConfigError`, `MissingExtra`  |
+| 50201 | 502  | the model failed                                   | `ModelError`                   |
+| 50202 | 502  | the model is unreachable, rate limited or failing  | `ModelUnavailable`             |
+| 50301 | 503  | the store is unavailable                           | `StoreError`                   |
+| 50401 | 504  | the model timed out                                | `ModelTimeout`                 |
+
+The service's own failures are subclasses of the library's error tree
+(`MessageTooLong`, `BadImage`, `PayloadTooLarge` under `InputError`;
+`Unauthorized` under `UserError`), so one table covers them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import (
+    ConfigError,
+    ConflictError,
+    ContextModeError,
+    InputError,
+    InvalidSessionId,
+    LockNotAcquired,
+    MessageTooLarge,
+    MissingExtra,
+    ModelError,
+    ModelTimeout,
+    ModelUnavailable,
+    NoPreviousAnswer,
+    SessionNotFound,
+    StoreError,
+    UserError,
+)
+
+__all__ = [
+    "CODE_TABLE",
+    "INTERNAL",
+    "NOT_FOUND_ROUTE",
+    "SUCCESS",
+    "VALIDATION",
+    "BadImage",
+    "ErrorCode",
+    "MessageTooLong",
+    "PayloadTooLarge",
+    "Unauthorized",
+    "code_for_exception",
+    "code_for_status",
+    "http_status",
+]
+
+SUCCESS = 0
+VALIDATION = 40001
+NOT_FOUND_ROUTE = 40400
+INTERNAL = 50000
+
+
+class MessageTooLong(InputError):
+    """The message has more characters than the service accepts (``CONTEXTMODE_MAX_MESSAGE_CHARS``)."""
+
+
+class BadImage(InputError):
+    """An image is not a base64 data URL of an allowed type and size, or there are too many."""
+
+
+class PayloadTooLarge(InputError):
+    """The request body is larger than ``CONTEXTMODE_MAX_BODY_BYTES``."""
+
+
+class Unauthorized(UserError):
+    """No API key, or one that is not configured."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorCode:
+    """One row of the code table."""
+
+    code: int
+    """Envelope code; ``code // 100`` is the HTTP status."""
+    name: str
+    """Short machine name (also the ``code`` of OpenAI-shaped errors)."""
+    meaning: str
+
+
+# Most specific class first: the first ``isinstance`` match wins.
+_BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
+    (MessageTooLarge, ErrorCode(code=40002, name="message_too_large", meaning="message too large")),
+    (MessageTooLong, ErrorCode(code=40002, name="message_too_large", meaning="message too large")),
+    (BadImage, ErrorCode(code=40003, name="bad_image", meaning="bad image")),
+    (PayloadTooLarge, ErrorCode(code=41301, name="payload_too_large", meaning="request body too large")),
+    (InvalidSessionId, ErrorCode(code=40004, name="invalid_session_id", meaning="invalid session or tenant id")),
+    (Unauthorized, ErrorCode(code=40101, name="unauthorized", meaning="missing or unknown API key")),
+    (ConfigError, ErrorCode(code=50001, name="server_misconfigured", meaning="server misconfigured")),
+    (MissingExtra, ErrorCode(code=50001, name="server_misconfigured", meaning="server misconfigured")),
+    (InputError, ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error")),
+    (UserError, ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error")),
+    (SessionNotFound, ErrorCode(code=40401, name="session_not_found", meaning="session not found")),
+    (ConflictError, ErrorCode(code=40901, name="conflict", meaning="a concurrent write won")),
+    (LockNotAcquired, ErrorCode(code=40902, name="session_busy", meaning="job lock held elsewhere")),
+    (NoPreviousAnswer, ErrorCode(code=42201, name="no_previous_answer", meaning="当前没有可用的上文信息")),
+    (ModelTimeout, ErrorCode(code=50401, name="model_timeout", meaning="the model timed out")),
+    (ModelUnavailable, ErrorCode(code=50202, name="model_unavailable", meaning="the model is unavailable")),
+    (ModelError, ErrorCode(code=50201, name="model_error", meaning="the model failed")),
+    (StoreError, ErrorCode(code=50301, name="store_unavailable", meaning="the store is unavailable")),
+    (ContextModeError, ErrorCode(code=INTERNAL, name="internal_error", meaning="internal error")),
+)
+
+_INTERNAL = ErrorCode(code=INTERNAL, name="internal_error", meaning="internal error")
+
+_BY_STATUS: dict[int, ErrorCode] = {
+    400: ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error"),
+    401: ErrorCode(code=40101, name="unauthorized", meaning="missing or unknown API key"),
+    404: ErrorCode(code=NOT_FOUND_ROUTE, name="not_found", meaning="no such route"),
+    405: ErrorCode(code=40500, name="method_not_allowed", meaning="method not allowed"),
+    413: ErrorCode(code=41301, name="payload_too_large", meaning="request body too large"),
+    422: ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error"),
+}
+
+CODE_TABLE: tuple[ErrorCode, ...] = tuple(
+    sorted(
+        ({row.code: row for _, row in _BY_CLASS} | {row.code: row for row in _BY_STATUS.values()}).values(),
+        key=lambda row: row.code,
+    )
+)
+"""Every code the service can answer with, ascending (success excluded)."""
+
+
+def code_for_exception(exc: BaseException) -> ErrorCode:
+    """The table row for ``exc`` (``50000`` for anything outside the error tree)."""
+    for cls, row in _BY_CLASS:
+        if isinstance(exc, cls):
+            return row
+    return _INTERNAL
+
+
+def code_for_status(status: int) -> ErrorCode:
+    """The table row for a framework HTTP error with ``status``."""
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    if status >= 500:
+        return _INTERNAL
+    return ErrorCode(code=status * 100, name="http_error", meaning="HTTP error")
+
+
+def http_status(code: int) -> int:
+    """The HTTP status of an envelope code (``0`` → 200)."""
+    return 200 if code == SUCCESS else code // 100

@@ -1,0 +1,111 @@
+"""Prometheus metrics of the service, on a registry of its own (one per app).
+
+| metric                                       | type      | labels                 |
+|----------------------------------------------|-----------|------------------------|
+| ``contextmode_turns_total``                  | counter   | ``mode``, ``outcome`` (ok, partial, error, client_gone) |
+| ``contextmode_layer_tokens``                 | histogram | ``layer`` (tokens used per turn) |
+| ``contextmode_context_tokens``               | histogram | (total input tokens per turn) |
+| ``contextmode_model_latency_seconds``        | histogram | (whole answer stream)  |
+| ``contextmode_ttft_seconds``                 | histogram | (turn start → first token) |
+| ``contextmode_jobs_scheduled_total``         | counter   | ``job``                |
+| ``contextmode_job_failures_total``           | counter   | ``job`` (failed attempts, retries included) |
+| ``contextmode_active_streams``               | gauge     |                        |
+| ``contextmode_http_requests_total``          | counter   | ``method``, ``route``, ``status`` |
+| ``contextmode_http_request_seconds``         | histogram | ``method``, ``route``  |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..engine import TurnResult
+from ..errors import MissingExtra
+
+__all__ = ["MeteredJobs", "ServiceMetrics"]
+
+_TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class ServiceMetrics:
+    """The service's metrics and their text exposition."""
+
+    def __init__(self) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError as exc:
+            raise MissingExtra("service", "prometheus_client") from exc
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.turns = Counter("contextmode_turns", "Chat turns served", ["mode", "outcome"], registry=r)
+        self.layer_tokens = Histogram(
+            "contextmode_layer_tokens", "Tokens used per layer per turn", ["layer"], buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.context_tokens = Histogram(
+            "contextmode_context_tokens", "Input tokens per turn", buckets=_TOKEN_BUCKETS, registry=r
+        )
+        self.model_latency = Histogram(
+            "contextmode_model_latency_seconds", "Time streaming the model's answer", buckets=_SECONDS_BUCKETS, registry=r
+        )
+        self.ttft = Histogram(
+            "contextmode_ttft_seconds", "Time from the start of a turn to its first token", buckets=_SECONDS_BUCKETS, registry=r
+        )
+        self.jobs_scheduled = Counter("contextmode_jobs_scheduled", "Background jobs scheduled", ["job"], registry=r)
+        self.job_failures = Counter("contextmode_job_failures", "Failed background job attempts", ["job"], registry=r)
+        self.active_streams = Gauge("contextmode_active_streams", "SSE streams open now", registry=r)
+        self.http_requests = Counter(
+            "contextmode_http_requests", "HTTP requests", ["method", "route", "status"], registry=r
+        )
+        self.http_seconds = Histogram(
+            "contextmode_http_request_seconds", "HTTP request duration", ["method", "route"], buckets=_SECONDS_BUCKETS, registry=r
+        )
+
+    def observe_turn(self, result: TurnResult, *, outcome: str) -> None:
+        """Count a finished turn and its token accounting."""
+        context = result.prepared.context
+        self.turns.labels(mode=result.prepared.mode, outcome=outcome).inc()
+        for name, account in context.accounts.items():
+            self.layer_tokens.labels(layer=name).observe(account.used)
+        self.context_tokens.observe(context.total_tokens)
+        self.model_latency.observe(result.model_ms / 1000)
+        if result.ttft_ms is not None:
+            self.ttft.observe(result.ttft_ms / 1000)
+
+    def count_turn(self, mode: str, outcome: str) -> None:
+        """Count a turn that ended without a result (model error, client gone)."""
+        self.turns.labels(mode=mode, outcome=outcome).inc()
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text exposition and its content type."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class MeteredJobs:
+    """Wraps the engine's job runner to count scheduled jobs and failed attempts.
+
+    Everything else (``pending``, ``drain``…) is delegated to the wrapped runner.
+    """
+
+    def __init__(self, inner: Any, metrics: ServiceMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    def schedule(
+        self, tenant: str, session_id: str, job: str, factory: Callable[[], Awaitable[Any]], **options: Any
+    ) -> None:
+        self.metrics.jobs_scheduled.labels(job=job).inc()
+
+        async def counted() -> Any:
+            try:
+                return await factory()
+            except Exception:
+                self.metrics.job_failures.labels(job=job).inc()
+                raise
+
+        self.inner.schedule(tenant, session_id, job, counted, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

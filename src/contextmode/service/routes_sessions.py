@@ -1,0 +1,263 @@
+"""``/v1/sessions``: chat turns (envelope or SSE), history, context preview, listing, deletion."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from ..engine import TurnEvent
+from ..errors import ModelError, SessionNotFound
+from ..types import validate_id
+from .codes import SUCCESS, MessageTooLong, code_for_exception
+from .images import ImageFiles, decode_images
+from .schemas import (
+    ConstraintOut,
+    ContextOut,
+    DeletedOut,
+    Envelope,
+    ErrorEnvelope,
+    JobStatsOut,
+    MessageRequest,
+    SessionListOut,
+    SessionOut,
+    SessionStatsOut,
+    SessionSummaryOut,
+    SummaryOut,
+    TurnOut,
+    TurnRecord,
+)
+from .sse import DONE, SSEResponse, sse_event
+from .state import AppState, Tenant, app_state
+
+__all__ = ["envelope", "router"]
+
+log = logging.getLogger("contextmode.service")
+
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+
+State = Annotated[AppState, Depends(app_state)]
+SessionId = Annotated[str, Path(description="Session id: 1-128 characters of A-Z a-z 0-9 . _ : -")]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorEnvelope, "description": "Validation error, bad image, message too large (40001-40004)"},
+    401: {"model": ErrorEnvelope, "description": "Missing or unknown API key (40101)"},
+    404: {"model": ErrorEnvelope, "description": "Session not found (40401)"},
+    500: {"model": ErrorEnvelope, "description": "Internal error (50000)"},
+    503: {"model": ErrorEnvelope, "description": "Store unavailable (50301)"},
+}
+_TURN_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    413: {"model": ErrorEnvelope, "description": "Request body too large (41301)"},
+    422: {"model": ErrorEnvelope, "description": "Follow-up with no previous answer (42201)"},
+    502: {"model": ErrorEnvelope, "description": "Model error (50201, 50202)"},
+    504: {"model": ErrorEnvelope, "description": "Model timeout (50401)"},
+    200: {
+        "description": "An envelope, or with stream=true an SSE stream (see docs/service.md)",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+}
+
+
+def envelope(data: BaseModel, msg: str = "success") -> JSONResponse:
+    """A success envelope (``code`` 0) around ``data``, serialised once (no second validation)."""
+    return JSONResponse({"code": SUCCESS, "msg": msg, "data": data.model_dump(mode="json")})
+
+
+def _session(session_id: str) -> str:
+    return validate_id(session_id)
+
+
+@dataclass
+class _TurnOutcome:
+    """How a streamed turn ended, for the metrics counted at close."""
+
+    mode: str
+    outcome: Literal["ok", "partial", "error", "client_gone"] = "client_gone"
+
+
+async def _turn_events(
+    first: TurnEvent, stream: AsyncIterator[TurnEvent], session_id: str, state: AppState, outcome: _TurnOutcome
+) -> AsyncIterator[bytes]:
+    assert first.prepared is not None
+    context = ContextOut.of(first.prepared, full=False).model_dump(mode="json")
+    yield sse_event({"type": "context", "session_id": session_id, **context})
+    try:
+        async for event in stream:
+            if event.kind == "delta":
+                yield sse_event({"type": "delta", "text": event.text})
+            elif event.kind == "done" and event.result is not None:
+                result = event.result
+                outcome.outcome = "partial" if result.partial else "ok"
+                state.metrics.observe_turn(result, outcome=outcome.outcome)
+                yield sse_event(
+                    {
+                        "type": "done",
+                        "answer": result.answer,
+                        "partial": result.partial,
+                        "seq": result.assistant_turn.seq if result.assistant_turn else None,
+                        "user_seq": result.user_turn.seq,
+                        "jobs": list(result.jobs),
+                        "ttft_ms": result.ttft_ms,
+                        "model_ms": result.model_ms,
+                    }
+                )
+    except Exception as exc:
+        # Headers are gone: a failure mid-stream becomes an error event, then [DONE].
+        outcome.outcome = "error"
+        row = code_for_exception(exc)
+        if not isinstance(exc, ModelError):
+            log.exception("turn failed mid-stream (session %s)", session_id)
+        msg = str(exc) if row.code != 50000 else "internal error"
+        yield sse_event({"type": "error", "code": row.code, "msg": msg, "partial": True})
+    yield DONE
+
+
+@router.post(
+    "/{session_id}/messages",
+    response_model=Envelope[TurnOut],
+    responses=_TURN_ERRORS,
+    summary="Send a message: the answer as one envelope, or streamed as SSE",
+)
+async def post_message(session_id: SessionId, body: MessageRequest, tenant: Tenant, state: State) -> Any:
+    _session(session_id)
+    if len(body.message) > state.settings.max_message_chars:
+        raise MessageTooLong(
+            f"the message has {len(body.message)} characters; at most {state.settings.max_message_chars}"
+        )
+    decoded = decode_images(body.images, state.settings)
+    images = ImageFiles.write(decoded, state.settings.image_dir)
+    mode = body.mode or state.engine.settings.mode
+    metadata = images.metadata()
+    if not body.stream:
+        try:
+            result = await state.engine.turn(tenant, session_id, body.message, mode=mode, metadata=metadata)
+        except ModelError:
+            state.metrics.count_turn(mode, "error")
+            raise
+        finally:
+            images.cleanup()
+        state.metrics.observe_turn(result, outcome="partial" if result.partial else "ok")
+        return envelope(TurnOut.of(session_id, result))
+
+    stream: AsyncIterator[TurnEvent] | None = None
+    try:
+        stream = state.engine.stream(tenant, session_id, body.message, mode=mode, metadata=metadata)
+        # Run up to the prepared context before answering 200: errors found while
+        # preparing (no previous answer, bad id, store down) still get an envelope.
+        first = await anext(stream)
+    except BaseException:
+        try:
+            if stream is not None:
+                await stream.aclose()  # type: ignore[attr-defined]
+        finally:
+            images.cleanup()
+        raise
+    outcome = _TurnOutcome(mode=mode)
+    state.metrics.active_streams.inc()
+
+    async def close() -> None:
+        try:
+            await stream.aclose()  # type: ignore[attr-defined]
+        finally:
+            images.cleanup()
+            state.metrics.active_streams.dec()
+            if outcome.outcome in ("client_gone", "error"):
+                state.metrics.count_turn(mode, outcome.outcome)
+
+    return SSEResponse(_turn_events(first, stream, session_id, state, outcome), on_close=close)
+
+
+@router.get(
+    "/{session_id}/context",
+    response_model=Envelope[ContextOut],
+    responses={**_ERRORS, 422: _TURN_ERRORS[422]},
+    summary="The exact context the next message would get (writes nothing)",
+)
+async def get_context(
+    session_id: SessionId,
+    tenant: Tenant,
+    state: State,
+    message: Annotated[str, Query(min_length=1, description="The message to prepare the context for.")],
+    mode: Annotated[Literal["contextual", "decoupled"] | None, Query()] = None,
+) -> Any:
+    _session(session_id)
+    if len(message) > state.settings.max_message_chars:
+        raise MessageTooLong(f"the message has {len(message)} characters; at most {state.settings.max_message_chars}")
+    prepared = await state.engine.prepare(tenant, session_id, message, mode=mode)
+    return envelope(ContextOut.of(prepared, full=True))
+
+
+@router.get(
+    "/{session_id}",
+    response_model=Envelope[SessionOut],
+    responses=_ERRORS,
+    summary="History (paginated, oldest first), summary, constraints and job stats",
+)
+async def get_session(
+    session_id: SessionId,
+    tenant: Tenant,
+    state: State,
+    limit: Annotated[int, Query(ge=1, le=500, description="Turns per page.")] = 50,
+    before: Annotated[int | None, Query(ge=1, description="Only turns with seq < before (default: the newest).")] = None,
+) -> Any:
+    _session(session_id)
+    store = state.engine.store
+    info = await store.info(tenant, session_id)
+    if info is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    end = min(before - 1 if before is not None else info.last_seq, info.last_seq)
+    start = max(1, end - limit + 1)
+    turns = await store.turns(tenant, session_id, from_seq=start, to_seq=end) if end >= 1 else []
+    loaded = await store.load(tenant, session_id, recent=0, max_uncovered=0)
+    pending = getattr(state.engine.jobs, "pending", None)
+    data = SessionOut(
+        session_id=session_id,
+        last_seq=info.last_seq,
+        created_at=info.created_at,
+        updated_at=info.updated_at,
+        turns=[TurnRecord.of(t) for t in turns],
+        next_before=start if start > 1 and end >= 1 else None,
+        summary=SummaryOut.of(loaded.summary) if loaded.summary else None,
+        constraints=[ConstraintOut.of(c) for c in loaded.constraints],
+        last_answer=loaded.last_answer,
+        stats=SessionStatsOut(
+            summary_covers_seq=info.summary_covers_seq,
+            summary_version=info.summary_version,
+            constraints_version=info.constraints_version,
+            jobs={
+                name: JobStatsOut(ok=s.ok, failed=s.failed, last_error=s.last_error, last_run=s.last_run)
+                for name, s in info.jobs.items()
+            },
+            pending_jobs=list(pending(tenant, session_id)) if pending else [],
+        ),
+    )
+    return envelope(data)
+
+
+@router.delete(
+    "/{session_id}", response_model=Envelope[DeletedOut], responses=_ERRORS, summary="Delete a session and all its records"
+)
+async def delete_session(session_id: SessionId, tenant: Tenant, state: State) -> Any:
+    _session(session_id)
+    if not await state.engine.store.delete(tenant, session_id):
+        raise SessionNotFound(f"no session {session_id!r}")
+    return envelope(DeletedOut(session_id=session_id, deleted=True))
+
+
+@router.get("", response_model=Envelope[SessionListOut], responses=_ERRORS, summary="The tenant's sessions, newest first")
+async def list_sessions(
+    tenant: Tenant,
+    state: State,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> Any:
+    infos = await state.engine.store.list_sessions(tenant, limit=limit, offset=offset)
+    data = SessionListOut(sessions=[SessionSummaryOut.of(i) for i in infos], limit=limit, offset=offset)
+    return envelope(data)
+

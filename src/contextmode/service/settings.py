@@ -1,0 +1,153 @@
+"""Settings of the HTTP service, read from ``CONTEXTMODE_*`` environment variables.
+
+| variable                          | default                        | unit / meaning                              |
+|-----------------------------------|--------------------------------|---------------------------------------------|
+| ``CONTEXTMODE_HOST``              | ``127.0.0.1``                  | bind address (loopback unless told)          |
+| ``CONTEXTMODE_PORT``              | ``8000``                       | TCP port                                     |
+| ``CONTEXTMODE_API_KEYS``          | (none)                         | ``key1:tenantA,key2:tenantB``                |
+| ``CONTEXTMODE_API_KEYS_FILE``     | (none)                         | JSON or TOML file: ``{key: tenant}`` or ``keys`` table |
+| ``CONTEXTMODE_MAX_IMAGES``        | ``4``                          | images per message                           |
+| ``CONTEXTMODE_MAX_IMAGE_BYTES``   | ``5242880`` (5 MiB)            | decoded bytes per image                      |
+| ``CONTEXTMODE_ALLOWED_IMAGE_TYPES`` | ``png,jpeg,gif,webp``        | allowed image types (checked by magic bytes) |
+| ``CONTEXTMODE_MAX_MESSAGE_CHARS`` | ``32000``                      | characters per message                       |
+| ``CONTEXTMODE_MAX_BODY_BYTES``    | ``33554432`` (32 MiB)          | bytes per request body                       |
+| ``CONTEXTMODE_IMAGE_DIR``         | ``<tmp>/contextmode-images``   | where image temp files live while a turn runs |
+
+No key configured means one local tenant (``local``) and no authentication:
+keep the service on loopback then.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..types import validate_id
+
+__all__ = ["IMAGE_TYPES", "ServiceSettings", "parse_api_keys"]
+
+IMAGE_TYPES = ("png", "jpeg", "gif", "webp")
+"""Image types the boundary knows how to recognise by their magic bytes."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def parse_api_keys(spec: str) -> dict[str, str]:
+    """``"key1:tenantA,key2:tenantB"`` → ``{"key1": "tenantA", …}`` (tenants validated)."""
+    keys: dict[str, str] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, tenant = part.rpartition(":")
+        if not sep or not key.strip() or not tenant.strip():
+            # never echo the key itself into the error
+            raise ConfigError("CONTEXTMODE_API_KEYS must look like 'key1:tenantA,key2:tenantB'")
+        keys[key.strip()] = validate_id(tenant.strip(), "tenant")
+    return keys
+
+
+def _keys_from_file(path: Path) -> dict[str, str]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read CONTEXTMODE_API_KEYS_FILE {str(path)!r}: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"CONTEXTMODE_API_KEYS_FILE {str(path)!r} is not valid {path.suffix[1:] or 'JSON'}") from exc
+    if isinstance(data, dict) and isinstance(data.get("keys"), dict):
+        data = data["keys"]
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        raise ConfigError("CONTEXTMODE_API_KEYS_FILE must map API keys to tenant names ({key: tenant})")
+    return {k: validate_id(v, "tenant") for k, v in data.items() if k}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceSettings:
+    """How the HTTP service listens, authenticates and limits requests."""
+
+    host: str = "127.0.0.1"
+    """Bind address; loopback by default."""
+    port: int = 8000
+    """TCP port."""
+    api_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """API key → tenant. Empty: one tenant (``local_tenant``), no authentication."""
+    local_tenant: str = "local"
+    """The tenant every request uses when no key is configured."""
+    max_images: int = 4
+    """Images per message."""
+    max_image_bytes: int = 5 * 1024 * 1024
+    """Decoded bytes per image."""
+    allowed_image_types: tuple[str, ...] = IMAGE_TYPES
+    """Image types accepted (subset of `IMAGE_TYPES`), checked by magic bytes, not by the declared MIME."""
+    max_message_chars: int = 32_000
+    """Characters per message."""
+    max_body_bytes: int = 32 * 1024 * 1024
+    """Bytes per request body (checked on ``Content-Length`` and while reading)."""
+    image_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "contextmode-images")
+    """Dedicated folder for image temp files; they exist only while their turn runs."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
+        if unknown:
+            raise ConfigError(f"unknown image types {sorted(unknown)}; known: {', '.join(IMAGE_TYPES)}")
+        validate_id(self.local_tenant, "tenant")
+
+    def __repr__(self) -> str:
+        return (
+            f"ServiceSettings(host={self.host!r}, port={self.port}, api_keys=<{len(self.api_keys)} keys>, "
+            f"max_images={self.max_images}, max_image_bytes={self.max_image_bytes}, "
+            f"max_message_chars={self.max_message_chars}, max_body_bytes={self.max_body_bytes}, "
+            f"image_dir={str(self.image_dir)!r})"
+        )
+
+    @property
+    def auth_enabled(self) -> bool:
+        """True when at least one API key is configured."""
+        return bool(self.api_keys)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceSettings:
+        """Read the settings (see the module docstring); raise `ConfigError` on bad values."""
+        env = os.environ if env is None else env
+        keys: dict[str, str] = {}
+        if file := env.get("CONTEXTMODE_API_KEYS_FILE", "").strip():
+            keys.update(_keys_from_file(Path(file).expanduser()))
+        if spec := env.get("CONTEXTMODE_API_KEYS", "").strip():
+            keys.update(parse_api_keys(spec))
+        types = env.get("CONTEXTMODE_ALLOWED_IMAGE_TYPES", "").strip()
+        image_dir = env.get("CONTEXTMODE_IMAGE_DIR", "").strip()
+        defaults = cls()
+        return cls(
+            host=env.get("CONTEXTMODE_HOST", "").strip() or defaults.host,
+            port=_int(env, "CONTEXTMODE_PORT", defaults.port, 0),
+            api_keys=keys,
+            max_images=_int(env, "CONTEXTMODE_MAX_IMAGES", defaults.max_images, 0),
+            max_image_bytes=_int(env, "CONTEXTMODE_MAX_IMAGE_BYTES", defaults.max_image_bytes, 1),
+            allowed_image_types=tuple(
+                t.strip().lower().replace("jpg", "jpeg") for t in types.split(",") if t.strip()
+            )
+            if types
+            else IMAGE_TYPES,
+            max_message_chars=_int(env, "CONTEXTMODE_MAX_MESSAGE_CHARS", defaults.max_message_chars, 1),
+            max_body_bytes=_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
+            image_dir=Path(image_dir).expanduser() if image_dir else defaults.image_dir,
+        )

@@ -1,0 +1,86 @@
+"""Server-sent events whose cleanup always runs: when the stream ends, fails, or the client leaves.
+
+Starlette's ``StreamingResponse`` does not close its iterator when the client
+disconnects, so a turn's ``finally`` (which stores the partial answer, seed
+000) and the image cleanup (seed 002) would wait for the garbage collector.
+`SSEResponse` streams in a task of its own while it listens for
+``http.disconnect``; whichever ends first, it cancels the other, closes the
+iterator and then awaits ``on_close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["DONE", "SSEResponse", "sse_event"]
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_event(payload: Any) -> bytes:
+    """One ``data:`` event holding ``payload`` as compact JSON (UTF-8, no ASCII escapes)."""
+    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+class SSEResponse(Response):
+    """A ``text/event-stream`` response over ``events`` with guaranteed ``on_close``."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        *,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.events = events
+        self.on_close = on_close
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
+        self.client_gone = False
+        """True when the client disconnected before the last event was sent."""
+
+    async def _stream(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.events:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _until_disconnect(receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streaming = asyncio.ensure_future(self._stream(send))
+        listening = asyncio.ensure_future(self._until_disconnect(receive))
+        try:
+            await asyncio.wait({streaming, listening}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.client_gone = not streaming.done()
+            for task in (streaming, listening):
+                task.cancel()
+            await asyncio.gather(streaming, listening, return_exceptions=True)
+            try:
+                aclose = getattr(self.events, "aclose", None)
+                if aclose is not None:
+                    with contextlib.suppress(Exception):
+                        await aclose()
+            finally:
+                if self.on_close is not None:
+                    await self.on_close()
+        if not self.client_gone and streaming.exception() is not None and not isinstance(
+            streaming.exception(), OSError
+        ):
+            raise streaming.exception()  # type: ignore[misc]
