@@ -1,8 +1,12 @@
 """Fakes and contract suites shipped with the package, for users' tests and ours."""
 
+from typing import TYPE_CHECKING, Any
+
 from .counters import CharTokenCounter
 from .models import BrokenStream, FunctionModel, ModelCall, ScriptedModel
-from .stub_server import StubServer
+
+if TYPE_CHECKING:
+    from .stub_server import StubServer
 
 __all__ = [
     "BrokenStream",
@@ -12,3 +16,13 @@ __all__ = [
     "ScriptedModel",
     "StubServer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use so `python -m contextmode.testing.stub_server` does not find
+    # the module already half-imported by this package.
+    if name == "StubServer":
+        from .stub_server import StubServer
+
+        return StubServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -77,6 +77,7 @@ class Fault:
 class _Handler(BaseHTTPRequestHandler):
     stub: StubServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # small SSE writes must leave at once, not after a delayed ACK
     server_version = "contextmode-stub/1"
 
     def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet

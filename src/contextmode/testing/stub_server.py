@@ -33,6 +33,12 @@ from .counters import CharTokenCounter
 
 __all__ = ["Fault", "FaultKind", "StubReply", "StubRequest", "StubServer", "echo_reply", "main"]
 
+class _StubHTTPServer(ThreadingHTTPServer):
+    # The default listen backlog of 5 resets connections under a load test's burst.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 StubReply = Callable[[StubRequest], "str | Iterable[str]"]
 """Computes the answer from the request: a string (split into chunks) or the chunks themselves."""
 
@@ -93,8 +99,7 @@ class StubServer:
         """Bind (port 0 = a free one), serve in a daemon thread and return `url`."""
         handler = type("_BoundHandler", (_Handler,), {"stub": self})
         self._stopping.clear()
-        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _StubHTTPServer((self.host, self.port), handler)
         # A short poll interval keeps stop() fast (shutdown waits for one poll).
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="stub-server", daemon=True
@@ -178,8 +183,8 @@ class StubServer:
         with self._lock:
             if self._faults:
                 return self._faults.popleft()
-        if self.error_rate and self._random.random() < self.error_rate:
-            return Fault(kind="status", status=503)
+            if self.error_rate and self._random.random() < self.error_rate:
+                return Fault(kind="status", status=503)
         return None
 
     def _chunks(self, request: StubRequest) -> list[str]:
