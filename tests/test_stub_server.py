@@ -161,7 +161,7 @@ def test_runs_as_a_separate_process() -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "contextmode.testing.stub_server", "--port", "0", "--latency-ms", "1", "--reply-chars", "40"],
-        stdout=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
         assert proc.stdout is not None
@@ -172,4 +172,6 @@ def test_runs_as_a_separate_process() -> None:
         assert len(body["choices"][0]["message"]["content"]) == 40
     finally:
         proc.terminate()
-        assert proc.wait(timeout=10) == 0
+        _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    assert "Warning" not in stderr

@@ -211,7 +211,10 @@ class OpenAIChatModel:
         except ModelError:
             raise
         except Exception as exc:
-            raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
+            if finished:  # the answer was complete; only the trailing usage/[DONE] was lost
+                logger.info("model stream broke after its finish_reason: %s", type(exc).__name__)
+            else:
+                raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
         finally:
             await _close_quietly(stream)
         if not finished:
