@@ -78,3 +78,24 @@ async def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
         await open_store("postgresql://127.0.0.1/x").load("t", "s")
     with pytest.raises(MissingExtra, match=r"context-mode\[redis\]"):
         await open_store("redis://127.0.0.1:6379/0").load("t", "s")
+
+
+def test_public_surface_is_sorted_and_importable() -> None:
+    import contextmode.jobs
+    import contextmode.store
+    import contextmode.testing.contract
+
+    for module in (contextmode.store, contextmode.jobs, contextmode.testing.contract):
+        assert list(module.__all__) == sorted(module.__all__)
+        assert all(hasattr(module, name) for name in module.__all__)
+
+
+async def test_closed_sqlite_store_says_so(tmp_path: Path) -> None:
+    from contextmode.errors import StoreError
+
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    await store.load("t", "s")
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.load("t", "s")

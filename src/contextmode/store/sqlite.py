@@ -119,6 +119,7 @@ class SQLiteStore:
         if self._synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
             raise ValueError(f"invalid synchronous mode {synchronous!r}")
         self._db: Db | None = None
+        self._closed = False
         # One thread owns the connection: calls are serialised without a lock.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextmode-sqlite")
 
@@ -130,9 +131,13 @@ class SQLiteStore:
         db = sqlite3.connect(
             self.path, timeout=self._busy_timeout_s, isolation_level=None, check_same_thread=False
         )
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute(f"PRAGMA synchronous={self._synchronous}")
-        migrate(db)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
+            migrate(db)
+        except BaseException:
+            db.close()
+            raise
         return db
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -145,6 +150,8 @@ class SQLiteStore:
             raise StoreError(f"SQLite store {self.path!r} failed: {exc}") from exc
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise StoreError(f"SQLite store {self.path!r} is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
 
@@ -153,8 +160,11 @@ class SQLiteStore:
             db.close()
             self._db = None
 
+        if self._closed:
+            return
         if self._db is not None:
             await self._run(_close)
+        self._closed = True
         self._executor.shutdown(wait=True)
 
     async def __aenter__(self) -> SQLiteStore:
