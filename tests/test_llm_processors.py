@@ -172,15 +172,19 @@ async def test_summarizer_folds_turns_into_the_previous_summary() -> None:
     assert "用户家在南方。" in user.content and "[06-09 10:01] 用户: 我今天很难过" in user.content
 
 
-async def test_summary_audit_restores_dropped_numbers() -> None:
-    model = ScriptedModel(["The user wants a cheap phone."])
-    previous = Summary(text="User lives in flat 12B.", covers_seq=2, tokens=6)
-    turns = [turn(3, "user", "Budget is 450 dollars. I need it by 12.5 at the latest!"),
-             turn(4, "assistant", "Option 1 costs 999.")]
-    result = await LLMSummarizer(model).summarize(previous, turns)
-    assert result.restored_facts == ("User lives in flat 12B", "Budget is 450 dollars", "I need it by 12.5 at the latest")
-    assert result.text.startswith("The user wants a cheap phone.\nAlso: User lives in flat 12B; Budget is 450")
-    assert "999" not in result.text  # only the user's numbers and the old summary are audited
+async def test_summary_keeps_the_previous_summarys_facts() -> None:
+    model = ScriptedModel(["用户想买手机，预算3000元。", "The user wants a cheap phone."])
+    previous = Summary(text="用户住在北京，预算3000元，不吃辣。\n要点: 周五下午3点开会", covers_seq=2, tokens=20)
+    result = await LLMSummarizer(model).summarize(previous, [turn(3, "user", "我想买手机")])
+    assert result.text.startswith("用户想买手机，预算3000元。\n要点: 周五下午3点开会；")
+    assert "不吃辣" in result.restored_facts and "周五下午3点开会" in result.restored_facts
+    assert not any("3000" in fact for fact in result.restored_facts)  # the model kept it
+    previous = Summary(text="Budget is 450 dollars. The meeting is at 3pm.", covers_seq=2, tokens=9)
+    result = await LLMSummarizer(model).summarize(previous, [turn(3, "user", "I want a phone"),
+                                                             turn(4, "assistant", "Option 1 costs 999.")])
+    assert result.text.startswith("The user wants a cheap phone.\nFacts: ")
+    assert "450" in result.text and "3pm" in result.text
+    assert "999" not in result.text  # new turns are AuditedSummarizer's job, not this one's
 
 
 async def test_summarizer_raises_for_a_retry_or_uses_its_fallback() -> None:

@@ -29,6 +29,7 @@ from ..models.base import ChatModel
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..types import Constraint, ConstraintKind, Summary, Turn
 from ._llm_text import clean_model_text, format_turns, parse_intensity, parse_yes_no
+from .audit import join_facts_line, restore_facts, split_facts_line
 from .base import (
     ConstraintExtractor,
     ConstraintUpdate,
@@ -154,25 +155,13 @@ class LLMRewriter:
         return ""
 
 
-_LIST_MARKER = re.compile(r"^\s*\d+[.、)]\s", re.M)
-_CLAUSE_END = re.compile(r"[。！？!?；;\n]|\.(?=\s|$)")  # a "." inside 12.5 does not end a clause
-
-
-def _facts_with_numbers(text: str) -> list[tuple[str, str]]:
-    """``(number, clause)`` pairs for every number in ``text`` (list markers excluded)."""
-    text = _LIST_MARKER.sub(" ", text)
-    pairs = []
-    for clause in _CLAUSE_END.split(text):
-        for number in re.findall(r"\d+(?:[.:/,]\d+)*", clause):
-            pairs.append((number, clause.strip()[:80]))
-    return pairs
-
-
 class LLMSummarizer:
     """`Summarizer` folding new turns into the previous summary (seed 003 §3.2).
 
-    After the model answers, an audit puts back every number of the user's turns
-    and of the previous summary that the new summary dropped (``restored_facts``).
+    The facts of the *previous summary* (numbers, names, constraints, its facts
+    line) that the model's new summary dropped are put back on the facts line with
+    `processors.audit.restore_facts`, so folding can never lose them. Auditing the
+    new turns is `AuditedSummarizer`'s job: wrap this class in it.
     """
 
     def __init__(
@@ -208,16 +197,18 @@ class LLMSummarizer:
                 raise
             logger.warning("summary failed (%s); using the fallback", exc)
             return await self.fallback.summarize(previous, turns)
-        sources = previous_text + "\n" + "\n".join(t.content for t in turns if t.role == "user")
-        restored: list[str] = []
-        for number, clause in _facts_with_numbers(sources):
-            kept = re.search(rf"(?<![\d.]){re.escape(number)}(?!\d)", text)
-            if not kept and clause not in restored:
-                restored.append(clause)
-        if restored:
-            label = "补充：" if chinese else "Also: "
-            text += "\n" + label + ("；" if chinese else "; ").join(restored)
-        return SummaryResult(text=text, restored_facts=tuple(restored))
+        if previous is None:
+            return SummaryResult(text=text)
+        # Items of the previous facts line stay unless the new summary says them already.
+        old_body, old_items = split_facts_line(previous.text)
+        new_body, new_items = split_facts_line(text)
+        carried = [i for i in old_items if i not in new_items and i not in new_body]
+        text = join_facts_line(new_body, [*new_items, *carried], "zh" if chinese else "en")
+        # The previous body read as one "turn", so the shared audit checks its facts too.
+        as_turn = Turn(seq=previous.covers_seq, role="user", content=old_body,
+                       tokens=previous.tokens, created_at=previous.created_at)
+        audited = restore_facts(text, [as_turn])
+        return SummaryResult(text=audited.text, restored_facts=(*carried, *audited.restored_facts))
 
 
 @dataclass(frozen=True, kw_only=True)
