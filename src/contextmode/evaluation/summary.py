@@ -2,8 +2,10 @@
 
 Input: a JSON list of ``{sample_id, conversation:{speaker_a, speaker_b,
 session_N_date_time, session_N:[{speaker, dia_id, text}]}, qa:[{question, answer,
-category}]}``. Each conversation is summarised session by session with
-`OfflineSummarizer` (``speaker_a`` plays the user). At every step the facts of the
+category}]}`` (LoCoMo). Each conversation is summarised session by session with
+`OfflineSummarizer` (``speaker_a`` plays the user). A ``.csv`` file in CPED's format
+(``Dialogue_ID, Speaker, Utterance``) works too, for Chinese: each dialogue is a
+conversation, its first speaker the user, and every ``chunk`` utterances a session. At every step the facts of the
 session's turns (numbers with units, named entities, the user's stated constraints — see
 `contextmode.processors.audit.collect_facts`) are counted and looked up:
 
@@ -18,6 +20,7 @@ session's turns (numbers with units, named entities, the user's stated constrain
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from collections.abc import Sequence
@@ -56,6 +59,31 @@ def _turns(session: list[dict[str, Any]], user: str, start_seq: int) -> list[Tur
     ]
 
 
+def _read_cped(path: Path, chunk: int) -> list[dict[str, Any]]:
+    """CPED rows grouped into LoCoMo-shaped samples (no QA)."""
+    dialogues: dict[str, list[dict[str, str]]] = {}
+    with path.open(encoding="utf-8-sig", newline="") as fh:
+        for row in csv.DictReader(fh):
+            dialogues.setdefault(row["Dialogue_ID"], []).append(row)
+    samples = []
+    for dialogue_id, rows in dialogues.items():
+        conversation: dict[str, Any] = {"speaker_a": rows[0]["Speaker"]}
+        for n, start in enumerate(range(0, len(rows), chunk), 1):
+            conversation[f"session_{n}"] = [
+                {"speaker": r["Speaker"], "dia_id": f"D{n}:{i}", "text": r["Utterance"]}
+                for i, r in enumerate(rows[start : start + chunk], 1)
+            ]
+        samples.append({"sample_id": dialogue_id, "conversation": conversation, "qa": []})
+    return samples
+
+
+def _load(path: Path, chunk: int) -> list[dict[str, Any]]:
+    if path.suffix.lower() == ".csv":
+        return _read_cped(path, chunk)
+    data: list[dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
 def _share(kept: int, total: int) -> float:
     return round(kept / total, 4) if total else 0.0
 
@@ -71,11 +99,15 @@ def evaluate_summary(
     block_chars: int | None = None,
     max_chars: int | None = None,
     max_restored: int = 12,
+    chunk: int = 8,
     limit: int | None = None,
     show_progress: bool = False,
 ) -> dict[str, Any]:
-    """Fact retention of the offline summariser and its audit; see the module docstring."""
-    samples = json.loads(Path(path).read_text(encoding="utf-8"))[:limit]
+    """Fact retention of the offline summariser and its audit; see the module docstring.
+
+    ``chunk``: utterances per session for a CPED ``.csv`` input (ignored for LoCoMo).
+    """
+    samples = _load(Path(path), chunk)[:limit]
     plain = OfflineSummarizer(block_chars=block_chars, max_chars=max_chars, audit=False)
     audited = OfflineSummarizer(
         block_chars=block_chars, max_chars=max_chars, max_restored=max_restored
@@ -170,10 +202,11 @@ def register(app: typer.Typer) -> None:
 
     @app.command("summary")
     def summary_command(
-        data: Annotated[Path, typer.Option("--data", help="LoCoMo-format JSON file")],
+        data: Annotated[Path, typer.Option("--data", help="LoCoMo JSON or CPED .csv file")],
         block_chars: Annotated[int | None, typer.Option(help="New characters per step")] = None,
         max_chars: Annotated[int | None, typer.Option(help="Summary length bound, characters")] = None,
         max_restored: Annotated[int, typer.Option(help="Facts the audit may add per step")] = 12,
+        chunk: Annotated[int, typer.Option(help="CPED .csv: utterances per session")] = 8,
         limit: Annotated[int | None, typer.Option(help="Only the first N conversations")] = None,
         as_json: Annotated[
             bool, typer.Option("--json", help="Last line: the headline figures as JSON")
@@ -182,7 +215,7 @@ def register(app: typer.Typer) -> None:
         """Facts kept by the incremental summary before and after the audit."""
         result = evaluate_summary(
             data, block_chars=block_chars, max_chars=max_chars, max_restored=max_restored,
-            limit=limit, show_progress=True,
+            chunk=chunk, limit=limit, show_progress=True,
         )
         _print_report("incremental summary + audit (LoCoMo)", result)
         if as_json:

@@ -30,6 +30,7 @@ from .lexicons.constraint_patterns import (
     Retract,
     en_generic,
     en_rules,
+    is_fact_head,
     zh_generic,
     zh_rules,
 )
@@ -98,14 +99,23 @@ def _is_question(sentence: str, language: str) -> bool:
 
 
 def extract_constraints(
-    text: str, *, source_seq: int = 0, generic_facts: bool = True
+    text: str,
+    *,
+    source_seq: int = 0,
+    generic_facts: bool = True,
+    max_generic: int | None = None,
 ) -> tuple[list[Constraint], list[Retract]]:
-    """Constraints stated in ``text`` and retractions, in the order they appear."""
+    """Constraints stated in ``text`` and retractions, in the order they appear.
+
+    ``max_generic`` bounds the untyped first-person facts taken from one text; clauses
+    led by a typical self-description ("I work…", "I have two…", "My wife…") go first.
+    """
     language = detect_language(text)
     rules = zh_rules() if language == "zh" else en_rules()
     generic = zh_generic if language == "zh" else en_generic
     found: list[Constraint] = []
     retracted: list[Retract] = []
+    generic_found: list[tuple[int, int, Constraint]] = []
     for sentence in _sentences(text, language):
         if _is_question(sentence, language):
             continue
@@ -122,16 +132,19 @@ def extract_constraints(
         for hit in hits:
             if isinstance(hit, Retract):
                 retracted.append(hit)
+                continue
+            constraint = Constraint(
+                key=hit.key, value=hit.value, kind=hit.kind, source_seq=source_seq,
+                quote=sentence[:200],
+            )
+            if hit.kind == "fact":
+                rank = 0 if is_fact_head(hit.value) else 1
+                generic_found.append((rank, len(found) + len(generic_found), constraint))
             else:
-                found.append(
-                    Constraint(
-                        key=hit.key,
-                        value=hit.value,
-                        kind=hit.kind,
-                        source_seq=source_seq,
-                        quote=sentence[:200],
-                    )
-                )
+                found.append(constraint)
+    if max_generic is not None:
+        generic_found = sorted(generic_found)[:max_generic]
+    found.extend(c for _, _, c in sorted(generic_found, key=lambda item: item[1]))
     return found, retracted
 
 
@@ -150,11 +163,13 @@ class OfflineConstraintExtractor:
     """`ConstraintExtractor` from Chinese and English patterns; no model, deterministic.
 
     ``generic_facts`` adds other first-person statements ("I play guitar") as ``fact``
-    entries; turn it off to pin only the typed constraints and identity facts.
+    entries, at most ``max_generic_facts`` a turn; turn it off to pin only the typed
+    constraints and identity facts.
     """
 
-    def __init__(self, *, generic_facts: bool = True) -> None:
+    def __init__(self, *, generic_facts: bool = True, max_generic_facts: int | None = 3) -> None:
         self.generic_facts = generic_facts
+        self.max_generic_facts = max_generic_facts
 
     async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         """Constraints stated in a user ``turn``; assistant and system turns give none."""
@@ -167,7 +182,8 @@ class OfflineConstraintExtractor:
     ) -> ConstraintUpdate:
         """Same as `extract` on plain text, synchronous (evaluation, CLI)."""
         found, retracts = extract_constraints(
-            text, source_seq=source_seq, generic_facts=self.generic_facts
+            text, source_seq=source_seq, generic_facts=self.generic_facts,
+            max_generic=self.max_generic_facts,
         )
         remove = _retracted_keys(retracts, current)
         upserts: dict[str, Constraint] = {}

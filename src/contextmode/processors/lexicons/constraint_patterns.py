@@ -21,6 +21,7 @@ __all__ = [
     "Rule",
     "en_generic",
     "en_rules",
+    "is_fact_head",
     "normalise",
     "zh_generic",
     "zh_rules",
@@ -279,6 +280,11 @@ _EN_HEDGE = re.compile(
     re.IGNORECASE,
 )
 _PRONOUN_OBJECT = re.compile(r"\b(?:it|them|that|this|those|these|him|her|one)\s*$", re.IGNORECASE)
+
+
+def is_fact_head(clause: str) -> bool:
+    """True when a clause opens like a typical self-description ("I work…", "My wife…")."""
+    return bool(_EN_FACT_HEAD.match(clause)) or clause.startswith("我")
 
 
 def en_generic(sentence: str) -> list[Found | Retract]:
