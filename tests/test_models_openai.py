@@ -206,3 +206,14 @@ def test_missing_api_key_for_openai_itself_is_a_config_error(monkeypatch: pytest
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ConfigError, match="CONTEXTMODE_LLM_API_KEY"):
         OpenAIChatModel(model="gpt-4o-mini")
+
+
+def test_a_key_from_openai_api_key_is_hidden_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    model = OpenAIChatModel(model="gpt-4o-mini")
+    assert SECRET not in repr(model)
+
+    class Echoing(Exception):
+        pass
+
+    assert SECRET not in str(model._map(Echoing(f"key {SECRET} rejected")))

@@ -131,6 +131,9 @@ class OpenAIChatModel:
                     + " (set CONTEXTMODE_LLM_API_KEY)"
                 ) from None
         self._client = client
+        resolved = getattr(client, "api_key", None)  # OPENAI_API_KEY when no key was passed
+        if isinstance(resolved, str) and resolved and not self._secret:
+            self._secret = resolved
 
     @classmethod
     def from_settings(cls, settings: LLMSettings, **overrides: Any) -> OpenAIChatModel:
