@@ -386,6 +386,7 @@ class PostgresStore:
                 "DELETE FROM sessions WHERE updated_at < $1 RETURNING tenant, session_id",
                 _aware(older_than),
             )
+            await db.execute("DELETE FROM job_locks WHERE expires_at < clock_timestamp()")
             tenants = [r["tenant"] for r in gone]
             sids = [r["session_id"] for r in gone]
             for table in ("turns", "turn_emotions", "jobs"):

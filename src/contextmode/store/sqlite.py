@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -21,8 +20,9 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import ConflictError, LockNotAcquired, StoreError
+from ..errors import ConflictError, StoreError
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
+from . import _sqlite_admin as admin
 from ._codec import (
     check_ids,
     constraints_from_json,
@@ -37,7 +37,7 @@ from ._codec import (
     window_start,
 )
 from ._sqlite_schema import migrate
-from .base import JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["SQLiteStore"]
 
@@ -54,7 +54,6 @@ _TURN_SELECT = (
     " LEFT JOIN turn_emotions e ON e.tenant = t.tenant AND e.session_id = t.session_id"
     " AND e.seq = t.seq WHERE t.tenant = ? AND t.session_id = ?"
 )
-_WHERE = "WHERE tenant = ? AND session_id = ?"
 
 
 def _turn(row: Sequence[Any]) -> Turn:
@@ -75,27 +74,6 @@ def _summary(row: Sequence[Any]) -> Summary | None:
     return Summary(
         text=row[4], covers_seq=row[5], tokens=row[6], version=row[7], created_at=from_micros(row[8])
     )
-
-
-def _write(db: Db, body: Callable[[], T]) -> T:
-    """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction (all or nothing)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        result = body()
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-    return result
-
-
-def _read(db: Db, body: Callable[[], T]) -> T:
-    """Run ``body`` in one read transaction: one consistent snapshot of the file."""
-    db.execute("BEGIN")
-    try:
-        return body()
-    finally:
-        db.execute("COMMIT")
 
 
 class SQLiteStore:
@@ -189,7 +167,7 @@ class SQLiteStore:
         answer = last_answer(turns)
 
         def body(db: Db) -> int:
-            row = db.execute(f"SELECT last_seq FROM sessions {_WHERE}", key).fetchone()
+            row = db.execute(f"SELECT last_seq FROM sessions {admin.WHERE}", key).fetchone()
             last = row[0] if row else 0
             if expected_last_seq is not None and expected_last_seq != last:
                 raise ConflictError(
@@ -228,13 +206,13 @@ class SQLiteStore:
                 " last_answer = CASE WHEN ? > 0 THEN ? ELSE last_answer END,"
                 " last_answer_seq = MAX(last_answer_seq, ?),"
                 " emotions_version = emotions_version + ?"
-                f" {_WHERE}",
+                f" {admin.WHERE}",
                 (last + len(turns), now, answer_seq, answer, answer_seq,
                  int(any(t.emotion is not None for t in turns)), *key),
             )
             return last
 
-        last = await self._run(lambda db: _write(db, lambda: body(db)))
+        last = await self._run(lambda db: admin.write(db, lambda: body(db)))
         return [
             Turn(
                 seq=last + i,
@@ -261,7 +239,7 @@ class SQLiteStore:
         key = check_ids(tenant, session_id)
 
         def body(db: Db) -> SessionState:
-            row = db.execute(f"SELECT {_SESSION_COLS} FROM sessions {_WHERE}", key).fetchone()
+            row = db.execute(f"SELECT {_SESSION_COLS} FROM sessions {admin.WHERE}", key).fetchone()
             if row is None:
                 return SessionState(tenant=tenant, session_id=session_id)
             first = window_start(row[0], row[5], recent, max_uncovered)
@@ -295,7 +273,7 @@ class SQLiteStore:
                 updated_at=from_micros(row[2]),
             )
 
-        return await self._run(lambda db: _read(db, lambda: body(db)))
+        return await self._run(lambda db: admin.read(db, lambda: body(db)))
 
     async def turns(
         self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
@@ -318,7 +296,7 @@ class SQLiteStore:
         def body(db: Db) -> SessionVersion:
             row = db.execute(
                 "SELECT last_seq, summary_version, constraints_version, emotions_version"
-                f" FROM sessions {_WHERE}",
+                f" FROM sessions {admin.WHERE}",
                 key,
             ).fetchone()
             if row is None:
@@ -344,7 +322,7 @@ class SQLiteStore:
             cursor = db.execute(
                 "UPDATE sessions SET summary_text = ?, summary_covers_seq = ?, summary_tokens = ?,"
                 " summary_created_at = ?, summary_version = summary_version + 1"
-                f" {_WHERE} AND summary_version = ? AND summary_covers_seq < ? AND last_seq >= ?",
+                f" {admin.WHERE} AND summary_version = ? AND summary_covers_seq < ? AND last_seq >= ?",
                 (text, covers, tokens, created, *key, expected_version, covers, covers),
             )
             return cursor.rowcount == 1
@@ -365,7 +343,7 @@ class SQLiteStore:
         def body(db: Db) -> bool:
             cursor = db.execute(
                 "UPDATE sessions SET constraints = ?, constraints_version = constraints_version + 1"
-                f" {_WHERE} AND constraints_version = ?",
+                f" {admin.WHERE} AND constraints_version = ?",
                 (encoded, *key, expected_version),
             )
             return cursor.rowcount == 1
@@ -377,7 +355,7 @@ class SQLiteStore:
         items = [(int(seq), float(score)) for seq, score in scores.items()]
 
         def body(db: Db) -> None:
-            row = db.execute(f"SELECT last_seq FROM sessions {_WHERE}", key).fetchone()
+            row = db.execute(f"SELECT last_seq FROM sessions {admin.WHERE}", key).fetchone()
             if row is None:
                 return
             before = db.total_changes
@@ -389,10 +367,10 @@ class SQLiteStore:
             )
             if db.total_changes != before:
                 db.execute(
-                    f"UPDATE sessions SET emotions_version = emotions_version + 1 {_WHERE}", key
+                    f"UPDATE sessions SET emotions_version = emotions_version + 1 {admin.WHERE}", key
                 )
 
-        await self._run(lambda db: _write(db, lambda: body(db)))
+        await self._run(lambda db: admin.write(db, lambda: body(db)))
 
     async def record_job(
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
@@ -402,7 +380,7 @@ class SQLiteStore:
         def body(db: Db) -> None:
             db.execute(
                 "INSERT INTO jobs (tenant, session_id, job, ok, failed, last_error, last_run)"
-                f" SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions {_WHERE})"
+                f" SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions {admin.WHERE})"
                 " ON CONFLICT (tenant, session_id, job) DO UPDATE SET ok = ok + excluded.ok,"
                 " failed = failed + excluded.failed, last_error = excluded.last_error,"
                 " last_run = excluded.last_run",
@@ -413,114 +391,30 @@ class SQLiteStore:
 
     # -- administration ---------------------------------------------------------
 
-    def _infos(self, db: Db, tenant: str, rows: list[Any]) -> list[SessionInfo]:
-        jobs: dict[str, dict[str, JobStats]] = {}
-        if rows:
-            marks = ",".join("?" * len(rows))
-            for sid, job, ok, failed, error, run in db.execute(
-                "SELECT session_id, job, ok, failed, last_error, last_run FROM jobs"
-                f" WHERE tenant = ? AND session_id IN ({marks})",
-                (tenant, *(r[0] for r in rows)),
-            ):
-                jobs.setdefault(sid, {})[job] = JobStats(
-                    ok=ok, failed=failed, last_error=error,
-                    last_run=None if run is None else from_micros(run),
-                )
-        return [
-            SessionInfo(
-                tenant=tenant,
-                session_id=r[0],
-                last_seq=r[1],
-                created_at=from_micros(r[2]),
-                updated_at=from_micros(r[3]),
-                summary_covers_seq=r[4],
-                summary_version=r[5],
-                constraints_version=r[6],
-                jobs=jobs.get(r[0], {}),
-            )
-            for r in rows
-        ]
-
-    _INFO_SELECT = (
-        "SELECT session_id, last_seq, created_at, updated_at, summary_covers_seq,"
-        " summary_version, constraints_version FROM sessions"
-    )
-
     async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
-        key = check_ids(tenant, session_id)
-
-        def body(db: Db) -> SessionInfo | None:
-            rows = db.execute(f"{self._INFO_SELECT} {_WHERE}", key).fetchall()
-            return self._infos(db, tenant, rows)[0] if rows else None
-
-        return await self._run(lambda db: _read(db, lambda: body(db)))
+        return await self._run(admin.session_info, check_ids(tenant, session_id))
 
     async def list_sessions(
         self, tenant: str, *, limit: int = 100, offset: int = 0
     ) -> list[SessionInfo]:
         tenant, _ = check_ids(tenant, "x")
-
-        def body(db: Db) -> list[SessionInfo]:
-            rows = db.execute(
-                f"{self._INFO_SELECT} WHERE tenant = ?"
-                " ORDER BY updated_at DESC, session_id LIMIT ? OFFSET ?",
-                (tenant, limit, offset),
-            ).fetchall()
-            return self._infos(db, tenant, rows)
-
-        return await self._run(lambda db: _read(db, lambda: body(db)))
-
-    @staticmethod
-    def _delete(db: Db, key: tuple[str, str]) -> bool:
-        for table in ("turns", "turn_emotions", "jobs"):
-            db.execute(f"DELETE FROM {table} {_WHERE}", key)
-        return db.execute(f"DELETE FROM sessions {_WHERE}", key).rowcount == 1
+        return await self._run(admin.list_sessions, tenant, limit, offset)
 
     async def delete(self, tenant: str, session_id: str) -> bool:
-        key = check_ids(tenant, session_id)
-        return await self._run(lambda db: _write(db, lambda: self._delete(db, key)))
+        return await self._run(admin.delete_session, check_ids(tenant, session_id))
 
     async def purge_idle(self, older_than: datetime) -> int:
-        cutoff = to_micros(older_than)
-
-        def body(db: Db) -> int:
-            idle = db.execute(
-                "SELECT tenant, session_id FROM sessions WHERE updated_at < ?", (cutoff,)
-            ).fetchall()
-            return sum(self._delete(db, (t, s)) for t, s in idle)
-
-        return await self._run(lambda db: _write(db, lambda: body(db)))
+        return await self._run(admin.purge_idle, to_micros(older_than))
 
     # -- job locks --------------------------------------------------------------
 
-    def _acquire(self, db: Db, key: str, ttl_s: float) -> int:
-        def body() -> int:
-            now = time.time()
-            held = db.execute("SELECT expires_at FROM job_locks WHERE key = ?", (key,)).fetchone()
-            if held is not None and held[0] > now:
-                raise LockNotAcquired(f"job lock {key!r} is held")
-            token: int = db.execute(
-                "UPDATE fence SET token = token + 1 WHERE id = 1 RETURNING token"
-            ).fetchone()[0]
-            db.execute(
-                "INSERT OR REPLACE INTO job_locks (key, token, expires_at) VALUES (?, ?, ?)",
-                (key, token, now + ttl_s),
-            )
-            return token
-
-        return _write(db, body)
-
     @asynccontextmanager
     async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
-        token = await self._run(self._acquire, key, ttl_s)
+        token = await self._run(admin.acquire_lock, key, ttl_s)
         try:
             yield LockHandle(key=key, token=token)
         finally:
-            await self._run(
-                lambda db: db.execute(
-                    "DELETE FROM job_locks WHERE key = ? AND token = ?", (key, token)
-                )
-            )
+            await self._run(admin.release_lock, key, token)
 
     def lock(
         self, tenant: str, session_id: str, *, ttl_s: float = 60.0
