@@ -310,3 +310,17 @@ async def test_processors_over_the_stub_server_survive_malformed_json() -> None:
         assert all(not r.stream for r in server.chat_requests)
         assert isinstance(server.chat_requests[0].body["messages"][0], dict)
         assert ChatMessage  # the processors send plain chat messages through the model
+
+
+async def test_response_path_processors_give_up_after_their_timeout() -> None:
+    import asyncio
+
+    async def slow(messages: object) -> str:
+        await asyncio.sleep(5)
+        return "yes"
+
+    model = FunctionModel(slow)
+    detection = await LLMContextDetector(model, timeout=0.05).detect("那个呢?", HISTORY)
+    assert detection.needs_context is False
+    rewrite = await LLMRewriter(model, timeout=0.05).rewrite("那个呢?", HISTORY)
+    assert rewrite == Rewrite(text="那个呢?", changed=False, source="llm")

@@ -17,13 +17,14 @@ processor runs:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..errors import ModelError
+from ..errors import ModelError, ModelTimeout
 from ..jsonparse import extract_json, validate_as
 from ..models.base import ChatModel
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
@@ -60,8 +61,16 @@ logger = logging.getLogger("contextmode.processors.llm")
 _KINDS: frozenset[str] = frozenset({"preference", "constraint", "identity", "fact"})
 
 
-async def _ask(model: ChatModel, prompt: Prompt, *, chinese: bool, max_tokens: int | None, **fields: object) -> str:
-    return await model.complete(prompt.render(chinese=chinese, **fields), max_tokens=max_tokens)
+async def _ask(
+    model: ChatModel, prompt: Prompt, *, chinese: bool, max_tokens: int | None,
+    timeout: float | None = None, **fields: object,
+) -> str:
+    """One ``complete`` call; ``timeout`` (seconds) bounds it on top of the client's own."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await model.complete(prompt.render(chinese=chinese, **fields), max_tokens=max_tokens)
+    except TimeoutError:
+        raise ModelTimeout(f"{prompt.tag} took longer than {timeout} s") from None
 
 
 class LLMContextDetector:
@@ -74,11 +83,13 @@ class LLMContextDetector:
         fallback: ContextDetector | None = None,
         history_turns: int = 4,
         max_tokens: int | None = 16,
+        timeout: float | None = 10.0,
         prompt: Prompt = DETECT,
     ) -> None:
-        """``history_turns`` newest turns are shown; ``max_tokens`` caps the verdict."""
+        """``history_turns`` newest turns are shown; ``max_tokens`` caps the verdict; after
+        ``timeout`` seconds the turn goes on without the model (it is on the response path)."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
-        self.history_turns, self.max_tokens = history_turns, max_tokens
+        self.history_turns, self.max_tokens, self.timeout = history_turns, max_tokens, timeout
 
     async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
         if not history:
@@ -86,8 +97,8 @@ class LLMContextDetector:
         chinese = is_chinese(message)
         try:
             answer = await _ask(
-                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, message=message,
-                history=format_turns(history[-self.history_turns :], chinese=chinese),
+                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
+                message=message, history=format_turns(history[-self.history_turns :], chinese=chinese),
             )
             verdict = parse_yes_no(answer)
         except ModelError as exc:
@@ -116,12 +127,15 @@ class LLMRewriter:
         history_turns: int = 8,
         turn_chars: int = 600,
         max_tokens: int | None = 256,
+        timeout: float | None = 15.0,
         prompt: Prompt = REWRITE,
     ) -> None:
         """The newest ``history_turns`` turns (each cut to ``turn_chars`` characters) plus the
-        summary are the memory context the rewrite sees."""
+        summary are the memory context the rewrite sees; after ``timeout`` seconds the
+        message goes on unchanged (the rewrite is on the response path)."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.history_turns, self.turn_chars, self.max_tokens = history_turns, turn_chars, max_tokens
+        self.timeout = timeout
 
     async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
         original = message.strip()
@@ -130,8 +144,8 @@ class LLMRewriter:
         chinese = is_chinese(message)
         try:
             answer = await _ask(
-                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, message=original,
-                summary=summary or ("（无）" if chinese else "(none)"),
+                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
+                message=original, summary=summary or ("（无）" if chinese else "(none)"),
                 history=format_turns(history[-self.history_turns :], chinese=chinese, turn_chars=self.turn_chars),
             )
             text = self._pick(answer)
