@@ -217,3 +217,18 @@ def test_a_key_from_openai_api_key_is_hidden_too(monkeypatch: pytest.MonkeyPatch
         pass
 
     assert SECRET not in str(model._map(Echoing(f"key {SECRET} rejected")))
+
+
+async def test_a_length_cut_answer_is_complete_not_broken(model: OpenAIChatModel) -> None:
+    chunks, error = await _collect_with(model, max_tokens=2)
+    assert error is None and "".join(chunks) == "Stub answer"
+
+
+async def _collect_with(model: OpenAIChatModel, **kwargs: int) -> tuple[list[str], BaseException | None]:
+    chunks: list[str] = []
+    try:
+        async for chunk in model.stream(MESSAGES, **kwargs):
+            chunks.append(chunk)
+    except ModelError as exc:
+        return chunks, exc
+    return chunks, None

@@ -175,3 +175,13 @@ def test_runs_as_a_separate_process() -> None:
         _, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 0
     assert "Warning" not in stderr
+
+
+def test_max_tokens_cuts_the_answer_with_finish_reason_length(server: StubServer) -> None:
+    body = json.loads(_post(server.url, "/v1/chat/completions", _chat(False, "hello", max_tokens=3)).read())
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == "Stub answer to"  # three tokens: Stub / answer / to
+    assert choice["finish_reason"] == "length"
+    events = _events(_post(server.url, "/v1/chat/completions", _chat(True, "hello", max_tokens=3)).read())
+    finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]]
+    assert finishes[-1] == "length"

@@ -171,24 +171,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(fault.status, {"error": message}, headers)
             return
         try:
-            chunks = stub._chunks(request)
+            chunks, finish = stub._answer(request)
         except Exception as exc:  # a broken reply function is a 500, not a dead server thread
             self._send_json(500, {"error": {"message": f"stub reply failed: {exc}", "type": "server_error"}})
             return
         if request.stream:
-            self._stream(request, chunks, fault)
+            self._stream(request, chunks, finish, fault)
         else:
-            self._complete(request, chunks, fault)
+            self._complete(request, chunks, finish, fault)
 
     def _envelope(self, kind: str) -> dict[str, Any]:
         return {"id": f"chatcmpl-stub-{id(self)}", "object": kind, "created": int(time.time()), "model": self.stub.model}
 
-    def _complete(self, request: StubRequest, chunks: list[str], fault: Fault | None) -> None:
+    def _complete(self, request: StubRequest, chunks: list[str], finish: str, fault: Fault | None) -> None:
         if not self.stub._sleep(self.stub.first_token_delay + self.stub.chunk_delay * max(0, len(chunks) - 1)):
             return
         answer = "".join(chunks)
         payload = self._envelope("chat.completion") | {
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": finish}],
             "usage": self.stub._usage(request, answer),
         }
         data = json.dumps(payload, ensure_ascii=False).encode()
@@ -214,7 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
         text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
         self._write_chunk(f"data: {text}\n\n".encode())
 
-    def _stream(self, request: StubRequest, chunks: list[str], fault: Fault | None) -> None:
+    def _stream(self, request: StubRequest, chunks: list[str], finish: str, fault: Fault | None) -> None:
         stub = self.stub
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
@@ -242,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault and fault.kind == "malformed" and len(chunks) < 2:
             self._write_chunk(b"data: {not json}\n\n")
         if not (fault and fault.kind == "unfinished"):
-            self._event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            self._event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         options = request.body.get("stream_options") if isinstance(request.body, dict) else None
         if isinstance(options, dict) and options.get("include_usage"):
             self._event(base | {"choices": [], "usage": stub._usage(request, "".join(chunks))})

@@ -187,12 +187,23 @@ class StubServer:
                 return Fault(kind="status", status=503)
         return None
 
-    def _chunks(self, request: StubRequest) -> list[str]:
+    def _answer(self, request: StubRequest) -> tuple[list[str], str]:
+        """The reply's chunks and finish reason: ``length`` when ``max_tokens`` cut it
+        (tokens as `CharTokenCounter` counts them)."""
         answer = self.reply(request)
-        if isinstance(answer, str):
-            n = self.chunk_chars
-            return [answer[i : i + n] for i in range(0, len(answer), n)] or [""]
-        return list(answer)
+        n = self.chunk_chars
+        chunks = [answer[i : i + n] for i in range(0, len(answer), n)] if isinstance(answer, str) else list(answer)
+        body = request.body if isinstance(request.body, dict) else {}
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        text = "".join(chunks)
+        if not isinstance(limit, int) or self._counter.count(text) <= limit:
+            return chunks or [""], "stop"
+        low, high = 0, len(text)  # longest prefix within the limit
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self._counter.count(text[:mid]) <= limit else (low, mid - 1)
+        cut = text[:low].rstrip()
+        return [cut[i : i + n] for i in range(0, len(cut), n)] or [""], "length"
 
     def _usage(self, request: StubRequest, answer: str) -> dict[str, int]:
         prompt = sum(self._counter.count(str(m.get("content") or "")) + 4 for m in request.messages) + 3
