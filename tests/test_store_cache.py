@@ -88,3 +88,16 @@ async def test_deleted_session_is_not_served() -> None:
     await cache.get("t", "s")
     await store.delete("t", "s")
     assert (await cache.get("t", "s")).last_seq == 0
+
+
+async def test_session_recreated_by_another_process_is_reloaded(tmp_path: Path) -> None:
+    path = tmp_path / "recreate.db"
+    async with SQLiteStore(path) as mine, SQLiteStore(path) as theirs:
+        await mine.append("t", "s", new_turns(2, prefix="old"))
+        cache = SessionCache(mine)
+        assert (await cache.get("t", "s")).turns[0].content.startswith("old")
+        await theirs.delete("t", "s")
+        await theirs.append("t", "s", new_turns(2, prefix="new"))
+        state = await cache.get("t", "s")
+        assert state.last_seq == 2
+        assert state.turns[0].content.startswith("new")

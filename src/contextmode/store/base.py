@@ -68,8 +68,9 @@ class SessionInfo:
 class SessionVersion:
     """A cheap probe of everything `load()` returns; equal probes mean equal states.
 
-    Every counter only grows while the session exists, so a cache holding a
-    state loaded at one probe knows it is stale as soon as any counter differs.
+    Every counter only grows while the session exists, and ``created_at`` changes
+    when it is deleted and re-created, so a cache holding a state loaded at one
+    probe knows it is stale as soon as any field differs.
     """
 
     last_seq: int = 0
@@ -80,6 +81,9 @@ class SessionVersion:
     """Version of the pinned constraints."""
     emotions_version: int = 0
     """Bumped at every `set_emotions` call that changed a score."""
+    created_at: datetime | None = None
+    """When the session was created (``None`` = no such session): tells a session
+    deleted and re-created with the same counters from the one a cache holds."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -147,6 +147,7 @@ class MemoryStore:
             summary_version=session.summary.version if session.summary else 0,
             constraints_version=session.constraints_version,
             emotions_version=session.emotions_version,
+            created_at=session.created_at,
         )
 
     async def commit_summary(

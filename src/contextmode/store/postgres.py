@@ -255,8 +255,8 @@ class PostgresStore:
         key = check_ids(tenant, session_id)
         async with self._db() as db:
             row = await db.fetchrow(
-                "SELECT last_seq, summary_version, constraints_version, emotions_version"
-                f" FROM sessions {_W}",
+                "SELECT last_seq, summary_version, constraints_version, emotions_version,"
+                f" created_at FROM sessions {_W}",
                 *key,
             )
         return SessionVersion(**dict(row)) if row else SessionVersion()

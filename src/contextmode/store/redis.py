@@ -209,13 +209,15 @@ class RedisStore:
         async with self._guard() as client:
             row = await client.hmget(
                 self._keys(tenant, session_id)["sess"],
-                ["last_seq", "summary_version", "constraints_version", "emotions_version"],
+                ["last_seq", "summary_version", "constraints_version", "emotions_version",
+                 "created_at"],
             )
         if row[0] is None:
             return SessionVersion()
-        last, summary, constraints, emotions = (int(v or 0) for v in row)
+        last, summary, constraints, emotions, created = (int(v or 0) for v in row)
         return SessionVersion(last_seq=last, summary_version=summary,
-                              constraints_version=constraints, emotions_version=emotions)
+                              constraints_version=constraints, emotions_version=emotions,
+                              created_at=from_micros(created))
 
     # -- derived records --------------------------------------------------------
 

@@ -295,15 +295,15 @@ class SQLiteStore:
 
         def body(db: Db) -> SessionVersion:
             row = db.execute(
-                "SELECT last_seq, summary_version, constraints_version, emotions_version"
-                f" FROM sessions {admin.WHERE}",
+                "SELECT last_seq, summary_version, constraints_version, emotions_version,"
+                f" created_at FROM sessions {admin.WHERE}",
                 key,
             ).fetchone()
             if row is None:
                 return SessionVersion()
             return SessionVersion(
                 last_seq=row[0], summary_version=row[1], constraints_version=row[2],
-                emotions_version=row[3],
+                emotions_version=row[3], created_at=from_micros(row[4]),
             )
 
         return await self._run(body)

@@ -269,8 +269,20 @@ class StoreContract:
         await store.set_emotions(_T, _S, {1: 0.9})
         seen.append(await store.version(_T, _S))
         assert len(set(seen)) == 5
+        info = await store.info(_T, _S)
+        assert info is not None
         assert seen[-1] == SessionVersion(last_seq=5, summary_version=1, constraints_version=1,
-                                          emotions_version=1)
+                                          emotions_version=1, created_at=info.created_at)
+
+    async def test_version_tells_a_recreated_session_apart(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(2))
+        before = await store.version(_T, _S)
+        await store.delete(_T, _S)
+        await asyncio.sleep(0.002)
+        await store.append(_T, _S, new_turns(2))
+        after = await store.version(_T, _S)
+        assert after.last_seq == before.last_seq == 2
+        assert after != before
 
     async def test_record_job_shows_in_info(self, store: Store) -> None:
         await store.append(_T, _S, new_turns(1))
