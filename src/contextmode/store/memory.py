@@ -82,6 +82,7 @@ class MemoryStore:
             for turn in stored:
                 if turn.emotion is not None:
                     bisect.insort(session.strength, (-turn.emotion, -turn.seq))
+            session.emotions_version += any(t.emotion is not None for t in stored)
             for turn in stored:
                 if turn.role == "assistant":
                     session.last_answer = turn.content
