@@ -89,3 +89,13 @@ def test_scores_follow_seed_003_priorities() -> None:
     assert level >= 4
     _, assistant_level = score_sentence("我真的快崩溃了！！", "zh", role="assistant")
     assert assistant_level == 0
+
+
+def test_the_users_strongest_feeling_survives_a_tight_block() -> None:
+    turns = [
+        _turn(1, "我下周三去北京出差，预算3000元，住在王府井附近的酒店。"),
+        _turn(2, "我真的太难过了，昨天和男朋友分手了！！"),
+        _turn(3, "还要订周五下午5点回上海的高铁票，二等座。"),
+    ]
+    text = OfflineSummarizer(block_chars=30, audit=False).summarize_text(None, turns).text
+    assert "分手" in text and "情绪强度" in text

@@ -56,6 +56,10 @@ _FILLER = re.compile(
 )
 
 
+_USER_EMOTION_WEIGHT = 0.6
+"""Weight of the user's emotion intensity in a sentence's score (the strongest one is kept anyway)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Sentence:
     order: int
@@ -102,7 +106,7 @@ def score_sentence(
     level = emotion.level if emotion.intensity >= 0.5 else 0
     # The user's feelings are what seed 003 §4.2 says must survive; the other side's
     # politeness ("Wow, great!") is not.
-    score += (1.2 if role == "user" else 0.4) * emotion.intensity
+    score += (_USER_EMOTION_WEIGHT if role == "user" else 0.4) * emotion.intensity
     if keywords:
         hits = sum(1 for k in keywords if k in sentence.lower())
         score += min(0.3 * hits, 1.5)
@@ -210,7 +214,18 @@ class OfflineSummarizer:
                 order += 1
         chosen: list[_Sentence] = []
         used = 0
-        for cand in sorted(candidates, key=lambda c: (-c.score, c.order)):
+        ranked = sorted(candidates, key=lambda c: (-c.score, c.order))
+        # Seed 003 §4.2: the user's strongest feeling of the block is kept verbatim, whatever
+        # else competes for the room.
+        strongest = max(
+            (c for c in candidates if c.emotion_level >= 4 and len(c.text) <= block_chars),
+            key=lambda c: (c.emotion_level, c.score),
+            default=None,
+        )
+        if strongest is not None:
+            ranked.remove(strongest)
+            ranked.insert(0, strongest)
+        for cand in ranked:
             if cand.score <= 0 and chosen:
                 break  # greetings and fillers never take room, however much is left
             size = len(cand.text)
