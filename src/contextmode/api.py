@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from .assembly import Context
 from .engine import Engine, PreparedTurn, TurnResult
+from .errors import ConfigError
 from .models.base import ChatModel
 from .settings import EngineSettings, Mode
 from .store.base import Store
@@ -35,24 +36,7 @@ DEFAULT_COUNTING_MODEL = "gpt-4o"
 ProcessorKind = Literal["offline", "llm"]
 
 
-def _processors(kind: ProcessorKind, model: ChatModel) -> dict[str, Any]:
-    if kind == "llm":
-        from .processors.audit import AuditedSummarizer
-        from .processors.llm import (
-            LLMConstraintExtractor,
-            LLMContextDetector,
-            LLMEmotionScorer,
-            LLMRewriter,
-            LLMSummarizer,
-        )
-
-        return {
-            "detector": LLMContextDetector(model),
-            "rewriter": LLMRewriter(model),
-            "summarizer": AuditedSummarizer(LLMSummarizer(model)),
-            "extractor": LLMConstraintExtractor(model),
-            "emotion": LLMEmotionScorer(model),
-        }
+def _offline_processors() -> dict[str, Any]:
     from .processors.constraints import OfflineConstraintExtractor
     from .processors.detect import OfflineContextDetector
     from .processors.emotion import OfflineEmotionScorer
@@ -65,6 +49,32 @@ def _processors(kind: ProcessorKind, model: ChatModel) -> dict[str, Any]:
         "summarizer": OfflineSummarizer(),
         "extractor": OfflineConstraintExtractor(),
         "emotion": OfflineEmotionScorer(),
+    }
+
+
+def _processors(kind: ProcessorKind, model: ChatModel) -> dict[str, Any]:
+    offline = _offline_processors()
+    if kind == "offline":
+        return offline
+    if kind != "llm":
+        raise ConfigError(f"CONTEXTMODE_PROCESSORS must be 'offline' or 'llm', got {kind!r}")
+    from .processors.audit import AuditedSummarizer
+    from .processors.llm import (
+        LLMConstraintExtractor,
+        LLMContextDetector,
+        LLMEmotionScorer,
+        LLMRewriter,
+        LLMSummarizer,
+    )
+
+    # On the response path a model failure falls back to the offline processor; in
+    # background jobs it raises, so the job is retried and, at worst, recorded as failed.
+    return {
+        "detector": LLMContextDetector(model, fallback=offline["detector"]),
+        "rewriter": LLMRewriter(model, fallback=offline["rewriter"]),
+        "summarizer": AuditedSummarizer(LLMSummarizer(model)),
+        "extractor": LLMConstraintExtractor(model),
+        "emotion": LLMEmotionScorer(model),
     }
 
 
