@@ -227,5 +227,8 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
         body, content_type = app_state(request).metrics.exposition()
         return Response(body, media_type=content_type)
 
+    from .web import mount_web  # the inspector page at / and its assets under /static (docs/web.md)
+
+    mount_web(app)
     return app
 

@@ -1,0 +1,196 @@
+// UI labels in Chinese and English. The language is picked from navigator.language
+// unless the user chose one with the toggle (kept in localStorage).
+
+const STRINGS = {
+  zh: {
+    subtitle: "上下文检查器",
+    session: "会话",
+    newSession: "新会话",
+    noSessions: "（还没有会话）",
+    mode: "模式",
+    modeContextual: "上下文模式",
+    modeDecoupled: "解耦模式",
+    apiKey: "API 密钥",
+    langToggle: "English",
+    chat: "对话",
+    inspector: "模型看到了什么",
+    placeholder: "输入消息，Enter 发送，Shift+Enter 换行",
+    attach: "图片",
+    preview: "预览上下文",
+    send: "发送",
+    sending: "生成中…",
+    emptyChat: "发一条消息开始。右侧会显示模型收到的每一层内容。",
+    emptyInspector: "发送消息或点击“预览上下文”，这里会显示模型收到的每一层及其 token。",
+    imagesAttached: (n) => `${n} 张图片`,
+    removeImage: "移除图片",
+    sourceTurn: (seq) => `第 ${seq} 轮发送时`,
+    sourcePreview: "草稿预览（未发送）",
+    windowCaption: (used, budget, reserve) => `输入 ${used} / ${budget} tokens，回复预留 ${reserve}`,
+    exact: "精确计数",
+    estimated: "估算",
+    strategy: "策略",
+    prepareMs: (ms) => `准备 ${ms} ms`,
+    layers: "各层 token（已用 / 分配）",
+    items: (n) => `${n} 项`,
+    truncated: "已截断",
+    droppedInLayer: (seqs) => `丢弃：${seqs}`,
+    rewrite: "问题改写",
+    original: "原问题",
+    standalone: "独立问题（发给模型）",
+    notRewritten: "未改写：原问题即发给模型的问题",
+    detection: (d) =>
+      `需要上下文：${d.needs_context ? "是" : "否"}` +
+      (d.intent ? ` · 意图 ${d.intent}` : "") +
+      ` · 分数 ${Number(d.score).toFixed(2)}` +
+      (d.reason ? ` · ${d.reason}` : ""),
+    rewriteSource: (s) => `改写来源：${s}`,
+    constraints: "固定约束",
+    noConstraints: "还没有约束。",
+    fromTurn: (seq) => `来自第 ${seq} 轮`,
+    timeline: "会话时间线",
+    legendCovered: "已被摘要覆盖",
+    legendDropped: "被窗口丢弃",
+    legendPinned: "约束来源",
+    legendCurrent: "本轮消息",
+    legendInContext: "在上下文中",
+    dropped: "窗口丢弃的轮次",
+    noneDropped: "无",
+    summary: "摘要",
+    noSummary: "还没有摘要（轮次达到阈值后在后台生成）。",
+    summaryCovers: (seq, v, tokens) => `覆盖第 1–${seq} 轮 · 版本 ${v} · ${tokens} tokens`,
+    jobs: "后台任务",
+    pending: "进行中",
+    noJobs: "暂无后台任务。",
+    jobLine: (ok, failed) => `成功 ${ok} · 失败 ${failed}`,
+    keyTitle: "API 密钥",
+    keyHelp: "服务开启了认证。输入租户的 API 密钥，它只保存在本浏览器（localStorage）。",
+    keySave: "保存",
+    keyCancel: "取消",
+    keyForget: "清除",
+    partial: "（回答未完成）",
+    error: "错误",
+    turnMeta: (m) =>
+      [m.ttft != null ? `首字 ${m.ttft} ms` : null, m.tokens != null ? `输入 ${m.tokens} tokens` : null,
+        m.jobs?.length ? `后台：${m.jobs.join("、")}` : null].filter(Boolean).join(" · "),
+    turn: (seq, role) => `第 ${seq} 轮 · ${role === "user" ? "用户" : "助手"}`,
+    layer: {
+      system: "系统指令", constraints: "约束", summary: "摘要", key_moments: "关键时刻", recall: "召回",
+      recent: "近期对话", current: "当前消息", format: "格式要求",
+    },
+  },
+  en: {
+    subtitle: "context inspector",
+    session: "Session",
+    newSession: "New session",
+    noSessions: "(no sessions yet)",
+    mode: "Mode",
+    modeContextual: "contextual",
+    modeDecoupled: "decoupled",
+    apiKey: "API key",
+    langToggle: "中文",
+    chat: "Chat",
+    inspector: "What the model sees",
+    placeholder: "Type a message. Enter sends, Shift+Enter for a new line",
+    attach: "Images",
+    preview: "Preview context",
+    send: "Send",
+    sending: "Answering…",
+    emptyChat: "Send a message to start. The right pane shows every layer the model receives.",
+    emptyInspector: "Send a message or press “Preview context” to see each layer the model receives, with its tokens.",
+    imagesAttached: (n) => `${n} image${n === 1 ? "" : "s"}`,
+    removeImage: "Remove image",
+    sourceTurn: (seq) => `As sent with turn ${seq}`,
+    sourcePreview: "Preview of the draft (not sent)",
+    windowCaption: (used, budget, reserve) => `Input ${used} / ${budget} tokens, ${reserve} reserved for the reply`,
+    exact: "exact count",
+    estimated: "estimate",
+    strategy: "strategy",
+    prepareMs: (ms) => `prepared in ${ms} ms`,
+    layers: "Tokens per layer (used / allocated)",
+    items: (n) => `${n} item${n === 1 ? "" : "s"}`,
+    truncated: "truncated",
+    droppedInLayer: (seqs) => `dropped: ${seqs}`,
+    rewrite: "Question rewrite",
+    original: "Original",
+    standalone: "Standalone (sent to the model)",
+    notRewritten: "Not rewritten: the model got the question as asked",
+    detection: (d) =>
+      `needs context: ${d.needs_context ? "yes" : "no"}` +
+      (d.intent ? ` · intent ${d.intent}` : "") +
+      ` · score ${Number(d.score).toFixed(2)}` +
+      (d.reason ? ` · ${d.reason}` : ""),
+    rewriteSource: (s) => `rewritten by: ${s}`,
+    constraints: "Pinned constraints",
+    noConstraints: "No constraints yet.",
+    fromTurn: (seq) => `from turn ${seq}`,
+    timeline: "Session timeline",
+    legendCovered: "covered by the summary",
+    legendDropped: "dropped by the window",
+    legendPinned: "constraint source",
+    legendCurrent: "this turn",
+    legendInContext: "in the context",
+    dropped: "Turns the window dropped",
+    noneDropped: "none",
+    summary: "Summary",
+    noSummary: "No summary yet (made in the background once enough turns pile up).",
+    summaryCovers: (seq, v, tokens) => `covers turns 1–${seq} · version ${v} · ${tokens} tokens`,
+    jobs: "Background jobs",
+    pending: "pending",
+    noJobs: "No background jobs yet.",
+    jobLine: (ok, failed) => `ok ${ok} · failed ${failed}`,
+    keyTitle: "API key",
+    keyHelp: "This service requires authentication. Enter your tenant's API key; it is kept in this browser only (localStorage).",
+    keySave: "Save",
+    keyCancel: "Cancel",
+    keyForget: "Forget",
+    partial: "(answer incomplete)",
+    error: "Error",
+    turnMeta: (m) =>
+      [m.ttft != null ? `first token ${m.ttft} ms` : null, m.tokens != null ? `${m.tokens} input tokens` : null,
+        m.jobs?.length ? `jobs: ${m.jobs.join(", ")}` : null].filter(Boolean).join(" · "),
+    turn: (seq, role) => `turn ${seq} · ${role}`,
+    layer: {
+      system: "System", constraints: "Constraints", summary: "Summary", key_moments: "Key moments", recall: "Recall",
+      recent: "Recent turns", current: "Current message", format: "Format",
+    },
+  },
+};
+
+const STORAGE_KEY = "contextmode.lang";
+
+function initialLang() {
+  const saved = localStorage.getItem(STORAGE_KEY);
+  if (saved && saved in STRINGS) return saved;
+  return (navigator.language || "en").toLowerCase().startsWith("zh") ? "zh" : "en";
+}
+
+let lang = initialLang();
+
+export function currentLang() {
+  return lang;
+}
+
+export function setLang(next) {
+  lang = next in STRINGS ? next : "en";
+  localStorage.setItem(STORAGE_KEY, lang);
+  applyStatic();
+}
+
+/** The label `key` in the current language; functions are called with `args`. */
+export function t(key, ...args) {
+  const value = STRINGS[lang][key] ?? STRINGS.en[key] ?? key;
+  return typeof value === "function" ? value(...args) : value;
+}
+
+/** A layer's label: ours when we know the layer, else the title the server sent. */
+export function layerLabel(name, title) {
+  return STRINGS[lang].layer[name] ?? title ?? name;
+}
+
+/** Fill every element marked data-i18n / data-i18n-placeholder / data-i18n-title. */
+export function applyStatic(root = document) {
+  document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
+  for (const node of root.querySelectorAll("[data-i18n]")) node.textContent = t(node.dataset.i18n);
+  for (const node of root.querySelectorAll("[data-i18n-placeholder]")) node.placeholder = t(node.dataset.i18nPlaceholder);
+  for (const node of root.querySelectorAll("[data-i18n-title]")) node.title = t(node.dataset.i18nTitle);
+}

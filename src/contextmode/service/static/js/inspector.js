@@ -1,0 +1,213 @@
+// The inspector pane: what the model received for a turn (layers and their tokens, the
+// rewrite, dropped turns) and the session around it (constraints, summary, jobs, timeline).
+
+import { $, clear, el } from "./dom.js";
+import { layerLabel, t } from "./i18n.js";
+
+const pct = (part, whole) => (whole > 0 ? Math.min(100, (100 * part) / whole) : 0);
+const seqList = (seqs) => [...seqs].sort((a, b) => a - b).map((s) => `#${s}`).join(", ");
+
+/** Turn numbers that the context holds verbatim (only a full context, i.e. a preview, lists items). */
+function contextSeqs(ctx) {
+  const seqs = new Set();
+  for (const layer of ctx?.layers ?? []) {
+    for (const item of layer.content ?? []) if (item.seq != null && layer.name !== "constraints") seqs.add(item.seq);
+  }
+  return seqs;
+}
+
+function windowBar(ctx) {
+  const segments = ctx.layers
+    .filter((layer) => layer.used > 0)
+    .map((layer) =>
+      el("span", {
+        class: `segment layer-${layer.name}`,
+        style: { width: `${pct(layer.used, ctx.input_budget)}%` },
+        title: `${layerLabel(layer.name, layer.title)}: ${layer.used}`,
+      }),
+    );
+  return el("div", { class: "window-bar", role: "img", "aria-label": t("windowCaption", ctx.total_tokens, ctx.input_budget, ctx.reply_reserve) }, segments);
+}
+
+function layerRow(layer, ctx, widest) {
+  const notes = [t("items", layer.items)];
+  if (layer.truncated) notes.push(t("truncated"));
+  if (layer.dropped_seqs.length) notes.push(t("droppedInLayer", seqList(layer.dropped_seqs)));
+  if (layer.name === "current" && ctx.rewrite?.changed) notes.push(t("standalone"));
+  const head = el(
+    "div",
+    { class: "layer-head" },
+    el("span", { class: "layer-name", title: layer.title ?? layer.name }, layerLabel(layer.name, layer.title)),
+    el(
+      "span",
+      { class: "layer-track", style: { width: `${Math.max(pct(layer.allocated, widest), 2)}%` } },
+      el("span", { class: `layer-fill layer-${layer.name}`, style: { width: `${pct(layer.used, layer.allocated)}%` } }),
+    ),
+    el("span", { class: "layer-tokens" }, `${layer.used} / ${layer.allocated}`),
+  );
+  const row = el(
+    "div",
+    {
+      class: `layer${layer.dropped_seqs.length ? " has-dropped" : ""}`,
+      dataset: { layer: layer.name, used: layer.used, allocated: layer.allocated },
+    },
+    head,
+    el("div", { class: "layer-notes" }, notes.join(" · ")),
+  );
+  if (!layer.content?.length) return row;
+  // A preview carries each layer's items: show them on demand.
+  const items = layer.content.map((item) =>
+    el(
+      "li",
+      { class: item.truncated ? "truncated" : null },
+      el("span", { class: "item-meta" }, [item.seq != null ? `#${item.seq}` : null, item.role, `${item.tokens} tok`].filter(Boolean).join(" · ")),
+      el("span", { class: "item-text" }, item.text),
+    ),
+  );
+  return el("details", { class: "layer-details" }, el("summary", {}, row), el("ol", { class: "items" }, items));
+}
+
+/** Draw the context of a turn (`source` {kind: "turn", seq} or {kind: "preview"}); null clears it. */
+export function renderContext(ctx, source) {
+  const root = $("#context-view");
+  if (!ctx) {
+    clear(root, el("p", { class: "empty" }, t("emptyInspector")));
+    return;
+  }
+  const widest = Math.max(1, ...ctx.layers.map((layer) => layer.allocated));
+  const caption = [
+    t("windowCaption", ctx.total_tokens, ctx.input_budget, ctx.reply_reserve),
+    `${ctx.exact ? t("exact") : t("estimated")} (${ctx.counter})`,
+    `${t("strategy")} ${ctx.strategy}`,
+    ctx.mode,
+    t("prepareMs", ctx.prepare_ms),
+  ];
+  const rewritten = ctx.rewrite?.changed && ctx.message !== ctx.original_message;
+  clear(
+    root,
+    el("p", { class: `context-source ${source.kind}`, id: "context-source" }, source.kind === "turn" ? t("sourceTurn", source.seq) : t("sourcePreview")),
+    el("p", { class: "caption", id: "context-caption", dataset: { total: ctx.total_tokens } }, caption.join(" · ")),
+    windowBar(ctx),
+    el("h3", {}, t("layers")),
+    el("div", { class: "layers", id: "layers" }, ctx.layers.map((layer) => layerRow(layer, ctx, widest))),
+    el(
+      "section",
+      { class: "card", id: "rewrite-card", dataset: { rewritten: rewritten ? "yes" : "no" } },
+      el("h3", {}, t("rewrite")),
+      el(
+        "div",
+        { class: "rewrite-grid" },
+        el("div", {}, el("h4", {}, t("original")), el("p", { class: "quote", id: "original-message" }, ctx.original_message)),
+        el(
+          "div",
+          { class: rewritten ? "rewritten" : "same" },
+          el("h4", {}, t("standalone")),
+          el("p", { class: "quote", id: "standalone-message" }, rewritten ? ctx.message : t("notRewritten")),
+        ),
+      ),
+      el("p", { class: "muted" }, t("detection", ctx.detection), ctx.rewrite ? ` · ${t("rewriteSource", ctx.rewrite.source)}` : ""),
+    ),
+    el(
+      "p",
+      { class: "dropped", id: "dropped-turns", dataset: { seqs: ctx.dropped_seqs.join(",") } },
+      el("strong", {}, `${t("dropped")}: `),
+      ctx.dropped_seqs.length ? seqList(ctx.dropped_seqs) : t("noneDropped"),
+    ),
+  );
+}
+
+function timeline(session, ctx, currentSeq) {
+  const roles = new Map(session.turns.map((turn) => [turn.seq, turn.role]));
+  const covered = session.stats.summary_covers_seq;
+  const dropped = new Set(ctx?.dropped_seqs ?? []);
+  const inContext = contextSeqs(ctx);
+  const pinned = new Set(session.constraints.map((c) => c.source_seq));
+  const cells = [];
+  for (let seq = 1; seq <= session.last_seq; seq += 1) {
+    const role = roles.get(seq) ?? "unknown";
+    const marks = [];
+    if (seq <= covered) marks.push(t("legendCovered"));
+    if (dropped.has(seq)) marks.push(t("legendDropped"));
+    if (inContext.has(seq)) marks.push(t("legendInContext"));
+    if (pinned.has(seq)) marks.push(t("legendPinned"));
+    if (seq === currentSeq) marks.push(t("legendCurrent"));
+    const classes = ["cell", role];
+    if (seq <= covered) classes.push("covered");
+    if (dropped.has(seq)) classes.push("dropped");
+    if (inContext.has(seq)) classes.push("in-context");
+    if (pinned.has(seq)) classes.push("pinned");
+    if (seq === currentSeq) classes.push("current");
+    cells.push(el("span", { class: classes.join(" "), dataset: { seq }, title: [t("turn", seq, role), ...marks].join(" · ") }, String(seq)));
+  }
+  const legend = [
+    ["covered", t("legendCovered")],
+    ["dropped", t("legendDropped")],
+    ["pinned", t("legendPinned")],
+    ["current", t("legendCurrent")],
+    ["in-context", t("legendInContext")],
+  ].map(([cls, label]) => el("span", { class: "legend-item" }, el("span", { class: `cell sample ${cls}` }), label));
+  return [el("div", { class: "timeline", id: "timeline" }, cells), el("p", { class: "legend" }, legend)];
+}
+
+function constraintList(session) {
+  if (!session.constraints.length) return el("p", { class: "muted", id: "constraints" }, t("noConstraints"));
+  return el(
+    "ul",
+    { class: "constraints", id: "constraints" },
+    session.constraints.map((c) =>
+      el(
+        "li",
+        { dataset: { key: c.key, sourceSeq: c.source_seq }, title: c.quote },
+        el("span", { class: "constraint-value" }, c.value),
+        el("span", { class: "constraint-key" }, c.key),
+        el("a", { class: "constraint-source", href: `#turn-${c.source_seq}` }, t("fromTurn", c.source_seq)),
+      ),
+    ),
+  );
+}
+
+function jobList(session) {
+  const { jobs, pending_jobs: pending } = session.stats;
+  const names = [...new Set([...pending, ...Object.keys(jobs)])];
+  if (!names.length) return el("p", { class: "muted", id: "jobs" }, t("noJobs"));
+  return el(
+    "ul",
+    { class: "jobs", id: "jobs", dataset: { pending: pending.join(",") } },
+    names.map((name) => {
+      const stats = jobs[name];
+      const failed = stats?.failed > 0;
+      return el(
+        "li",
+        { class: [pending.includes(name) ? "pending" : null, failed ? "failed" : null].filter(Boolean).join(" ") || null, dataset: { job: name } },
+        el("strong", {}, name),
+        pending.includes(name) ? el("span", { class: "badge" }, t("pending")) : null,
+        stats ? el("span", { class: "muted" }, t("jobLine", stats.ok, stats.failed)) : null,
+        stats?.last_error ? el("span", { class: "error-text" }, stats.last_error) : null,
+      );
+    }),
+  );
+}
+
+/** Draw the session around the context: timeline, constraints, summary, jobs. */
+export function renderSession(session, ctx, currentSeq) {
+  const root = $("#session-view");
+  if (!session) {
+    clear(root);
+    return;
+  }
+  const summary = session.summary;
+  clear(
+    root,
+    el("section", { class: "card" }, el("h3", {}, t("constraints")), constraintList(session)),
+    el("section", { class: "card" }, el("h3", {}, t("timeline")), timeline(session, ctx, currentSeq)),
+    el(
+      "section",
+      { class: "card", id: "summary-card" },
+      el("h3", {}, t("summary")),
+      summary
+        ? [el("p", { class: "muted" }, t("summaryCovers", summary.covers_seq, summary.version, summary.tokens)), el("p", { class: "quote summary-text" }, summary.text)]
+        : el("p", { class: "muted" }, t("noSummary")),
+    ),
+    el("section", { class: "card" }, el("h3", {}, t("jobs")), jobList(session)),
+  );
+}
