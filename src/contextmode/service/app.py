@@ -33,7 +33,7 @@ from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
 from .schemas import Envelope, ErrorEnvelope, HealthOut
 from .settings import ServiceSettings
-from .state import AppState, app_state
+from .state import AppState
 
 __all__ = ["create_app"]
 
@@ -212,7 +212,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])
     async def healthz(request: Request) -> Any:
-        current = app_state(request)
+        current: AppState = request.app.state.contextmode
         try:
             await asyncio.wait_for(current.engine.store.version(current.settings.local_tenant, "healthz"), 5.0)
         except Exception as exc:
@@ -224,7 +224,8 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
     @app.get("/metrics", tags=["ops"], response_class=Response, summary="Prometheus metrics")
     async def prometheus(request: Request) -> Response:
-        body, content_type = app_state(request).metrics.exposition()
+        state: AppState = request.app.state.contextmode
+        body, content_type = state.metrics.exposition()
         return Response(body, media_type=content_type)
 
     from .web import mount_web  # the inspector page at / and its assets under /static (docs/web.md)

@@ -26,8 +26,8 @@ class AppState:
     """True when `create_app` built the engine (then the app closes it at shutdown)."""
 
 
-def app_state(request: Request) -> AppState:
-    """The app's `AppState` (set by `create_app`)."""
+async def app_state(request: Request) -> AppState:
+    """The app's `AppState` (set by `create_app`). Async: a sync dependency would cost a thread hop."""
     state: AppState = request.app.state.contextmode
     return state
 
@@ -36,14 +36,15 @@ _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API k
 _api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: <API key>")
 
 
-def tenant(
+async def tenant(
     request: Request,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
     x_api_key: Annotated[str | None, Security(_api_key)] = None,
 ) -> str:
     """The caller's tenant from its API key (``local`` when no key is configured)."""
     authorization = f"Bearer {bearer.credentials}" if bearer is not None else None
-    found = app_state(request).keys.tenant_for(authorization, x_api_key)
+    state: AppState = request.app.state.contextmode
+    found = state.keys.tenant_for(authorization, x_api_key)
     request.state.tenant = found
     return found
 
