@@ -114,3 +114,14 @@ def test_apply_update_is_pure() -> None:
     merged = apply_update(current, update)
     assert [(c.key, c.value) for c in merged] == [("a", "9"), ("c", "3")]
     assert [c.value for c in current] == ["1", "2"]
+
+
+def test_seed_003_examples() -> None:
+    pinned = _by_key(_run(["不要辣椒", "价格控制在五十以内", "我家在南方", "我喜欢周杰伦",
+                           "别给我推荐日料", "我减肥，晚上不吃主食"]))
+    assert pinned["spice"].value == "不吃辣"
+    assert pinned["budget"].value == "预算五十元以内"
+    assert pinned["location"].value == "住在南方"
+    assert pinned["like:周杰伦"].value == "喜欢周杰伦"
+    assert pinned["avoid:日料"].kind == "constraint"
+    assert pinned["diet:主食"].value == "不吃主食"

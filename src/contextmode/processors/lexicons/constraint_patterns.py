@@ -103,7 +103,7 @@ def zh_rules() -> list[Rule]:
         # 我现在能吃辣了 / 我又能吃辣了: the spice constraint is taken back.
         _rule(r"(?<!不)(?:现在|又|已经|开始|也)(?:能|可以|敢|会)?吃辣了?|(?<![不没])(?:能|可以|敢)吃辣了",
               lambda m: [Retract(key="spice")]),
-        _rule(r"(?:不|别|不要|不能|不敢|没法|吃不了)(?:吃|放|加|要)?(?:太|很)?辣(?:的|椒)?",
+        _rule(r"(?:不|别|不要|不能|不敢|没法|吃不了)(?:太|怎么|大)?(?:能|敢)?(?:吃|放|加|要)?(?:太|很)?辣(?:的|椒)?(?!的菜)",
               lambda m: [Found(key="spice", value="不吃辣", kind="constraint")]),
         _rule(r"(?<!不)(?:喜欢|爱)吃辣",
               lambda m: [Found(key="spice", value="喜欢吃辣", kind="preference")]),
@@ -129,7 +129,7 @@ def zh_rules() -> list[Rule]:
               lambda m: [Found(key="hometown", value=f"{m.group(1)}人", kind="identity")]),
         _rule(r"我(?:现在)?(?:是|当)(?:一名|一个|个|名)?([\u4e00-\u9fff]{0,6}(?:学生|老师|医生|护士|工程师|程序员|设计师|律师|会计|司机|厨师|警察|销售|经理|老板|主管|研究生|博士|本科生|大学生|高中生|初中生|小学生|妈妈|爸爸|宝妈|家庭主妇|自由职业者|公务员|员工|作家|记者|演员|歌手|画家|学者|教授|研究员))",
               lambda m: [Found(key="job", value=f"身份: {m.group(1)}", kind="identity")]),
-        _rule(r"我在([\u4e00-\u9fffA-Za-z0-9]{2,12}?)(?:工作|上班|上学|读书|实习)",
+        _rule(r"(?:我|^|[，,])(?:现在|目前)?在([\u4e00-\u9fffA-Za-z0-9]{2,12}?)(?:工作|上班|上学|读书|实习)",
               lambda m: [Found(key="workplace", value=f"在{m.group(1)}", kind="identity")]),
         _rule(r"我(?:有|养了?)((?:一|两|二|三|四|五|\d)?(?:个|只|条|位)?)(孩子|儿子|女儿|猫|狗|宠物|男朋友|女朋友|老公|老婆|妻子|丈夫)",
               lambda m: [Found(key=f"family:{m.group(2)}", kind="identity",
@@ -148,17 +148,17 @@ def zh_rules() -> list[Rule]:
                          Retract(prefix="avoid:", mentions=(m.group(1),))]),
         _rule(r"我(?:吃素|是素食者|是素食主义者)",
               lambda m: [Found(key="diet", value="吃素", kind="constraint")]),
-        _rule(r"我(?:不吃|不喝|戒了|忌口)" + _ZH_OBJ + _ZH_STOP,
+        _rule(r"(?:我|^|[，,])(?:晚上|平时|一般|现在|从来)?(?:不吃|不喝|戒了|忌口|不想吃|不能吃|吃不了)(?:太)?" + _ZH_OBJ + _ZH_STOP,
               lambda m: [] if "辣" in m.group(1) else
               [Found(key=f"diet:{normalise(m.group(1))}", value=f"不吃{m.group(1)}", kind="constraint")]),
-        _rule(r"(?:^|[，,。]|我|请)(?:不要|别|不用|不想要)(?:放|加|给我|推荐|带)" + _ZH_OBJ + _ZH_STOP,
+        _rule(r"(?:^|[，,。]|我|请)(?:不要|别|不用|不想要)(?:给我|给|帮我)?(?:放|加|推荐|带|点|安排)" + _ZH_OBJ + _ZH_STOP,
               lambda m: [Found(key=f"avoid:{normalise(m.group(1))}", value=f"不要{m.group(1)}",
                                kind="constraint")]),
     ]
 
 
 _ZH_FIRST_PERSON = re.compile(
-    r"我(?:们)?(?:每天|经常|一直|平时|周末|现在)?(?:有|在|养|住|做|学|开|玩|去|练|考)[^，。！？,.!?；]{2,24}"
+    r"我(?:们)?(?:每天|经常|一直|平时|周末|现在|最近|正在|也|还|一般|周末一般)?(?:有|在|养|住|做|学|开|玩|去|练|考)[^，。！？,.!?；]{2,24}"
 )
 
 
