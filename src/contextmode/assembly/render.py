@@ -92,14 +92,22 @@ def turn_line(
     dated: bool = False,
     content: str | None = None,
 ) -> str:
-    """A turn as one line: ``[三小时前] 用户: …`` (relative) or ``[2023-05-08 13:56] User: …`` (dated)."""
+    """A turn as one line: ``[三小时前] 用户: …`` (relative) or ``[2023-05-08] User: …`` (dated).
+
+    Dated lines (recalled turns) show the day only: it is what "when did…"
+    questions need, and the minutes cost four tokens a line. A turn whose
+    metadata names its ``speaker`` (group chats, replayed dialogues) is
+    labelled with that name instead of the role.
+    """
     body = turn.content if content is None else content
     prefix = ""
     if dated:
-        prefix = f"[{format_date(turn.created_at)}] "
+        prefix = f"[{format_date(turn.created_at)[:10]}] "
     elif now is not None:
         prefix = f"[{format_ago(turn.created_at, now, locale)}] "
-    return f"{prefix}{role_label(turn.role, locale)}: {data_text(body)}"
+    speaker = turn.metadata.get("speaker")
+    label = data_text(speaker) if isinstance(speaker, str) and speaker else role_label(turn.role, locale)
+    return f"{prefix}{label}: {data_text(body)}"
 
 
 def constraint_line(constraint: Constraint) -> str:
