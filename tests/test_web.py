@@ -46,14 +46,22 @@ async def test_every_asset_the_page_loads_is_served(tmp_path: Path) -> None:
     for path in JS_FILES:
         for name in re.findall(r'from "\./([\w-]+\.js)"', path.read_text(encoding="utf-8")):
             referenced.add(f"/static/js/{name}")
-    assert {"/static/inspector.css", "/static/js/app.js", "/static/js/api.js", "/static/js/inspector.js"} <= referenced
+    assert {
+        "/static/inspector.css",
+        "/static/js/app.js",
+        "/static/js/api.js",
+        "/static/js/inspector.js",
+    } <= referenced
     async with client(make_app(tmp_path)) as http:
         for url in sorted(referenced):
             response = await http.get(url)
             assert response.status_code == 200, url
             expected = "text/css" if url.endswith(".css") else "javascript"
             assert expected in response.headers["content-type"], url
-            assert response.headers["content-security-policy"] == WEB_HEADERS["content-security-policy"]
+            assert (
+                response.headers["content-security-policy"]
+                == WEB_HEADERS["content-security-policy"]
+            )
         missing = await http.get("/static/nope.js")
     assert missing.status_code == 404
 
@@ -84,7 +92,12 @@ async def test_page_calls_only_public_api_routes(tmp_path: Path) -> None:
     for path in JS_FILES:
         for literal in re.findall(r'[`"](/v1/[^`"?]*)', path.read_text(encoding="utf-8")):
             used.add(re.sub(r"\$\{[^}]+\}", "{session_id}", literal))
-    assert used == {"/v1/sessions", "/v1/sessions/{session_id}", "/v1/sessions/{session_id}/context", "/v1/sessions/{session_id}/messages"}
+    assert used == {
+        "/v1/sessions",
+        "/v1/sessions/{session_id}",
+        "/v1/sessions/{session_id}/context",
+        "/v1/sessions/{session_id}/messages",
+    }
     assert used <= documented
 
 
@@ -92,9 +105,18 @@ def test_scripts_never_parse_text_as_html() -> None:
     # Model answers and user text are shown with text nodes only (and the CSP forbids inline scripts).
     for path in [*JS_FILES, STATIC_DIR / "index.html"]:
         text = path.read_text(encoding="utf-8")
-        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        for sink in (
+            "innerHTML",
+            "outerHTML",
+            "insertAdjacentHTML",
+            "document.write",
+            "eval(",
+            "new Function",
+        ):
             assert sink not in text, f"{path.name} uses {sink}"
-        assert "http://" not in text and "https://" not in text, f"{path.name} loads something remote"
+        assert "http://" not in text and "https://" not in text, (
+            f"{path.name} loads something remote"
+        )
 
 
 def test_both_languages_have_the_same_labels() -> None:

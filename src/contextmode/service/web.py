@@ -9,11 +9,15 @@ page shows exactly what an API user can see. See docs/web.md.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.responses import Response
+from starlette.staticfiles import PathLike
+from starlette.types import Scope
 
 __all__ = ["STATIC_DIR", "WEB_HEADERS", "mount_web"]
 
@@ -38,8 +42,10 @@ WEB_HEADERS = {
 class _StaticFiles(StaticFiles):
     """`StaticFiles` that adds `WEB_HEADERS` to every file it serves."""
 
-    def file_response(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        response = super().file_response(*args, **kwargs)
+    def file_response(
+        self, full_path: PathLike, stat_result: os.stat_result, scope: Scope, status_code: int = 200
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
         response.headers.update(WEB_HEADERS)
         return response
 

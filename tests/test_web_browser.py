@@ -1,0 +1,361 @@
+"""The inspector page in headless Chromium (Debian's ``chromium``, driven by Playwright).
+
+A real service runs on a free loopback port (uvicorn in a thread) around
+`build_engine` with its defaults: the offline responder and the offline
+processors. The tests type into the page the way a person would and read what
+it shows. They skip when Chromium or Playwright is missing, and fail instead
+when ``CI=true``. ``CONTEXTMODE_UPDATE_SCREENSHOT=1`` rewrites the screenshots
+in ``docs/img/`` (docs/web.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+
+from contextmode.api import build_engine
+from contextmode.service import ServiceSettings, create_app
+from contextmode.settings import EngineSettings
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+IN_CI = os.environ.get("CI", "").lower() == "true"
+DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+WAIT_MS = 30_000
+"""Upper bound for one wait on the page (a turn, or its background jobs); not a speed assertion."""
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{reason}: CI must run the browser tests")
+    pytest.skip(reason)
+
+
+class LiveServer:
+    """The service on 127.0.0.1 with an OS-chosen port, served by uvicorn in a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        started = threading.Event()
+        while not self.server.started and self.thread.is_alive():
+            started.wait(0.05)
+        if not self.server.started:
+            raise RuntimeError("uvicorn did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+
+
+def _engine(tmp: Path) -> Any:
+    # The defaults (offline responder, offline processors) with a small window, so a short
+    # conversation already shows summaries and dropped turns.
+    settings = dataclasses.replace(
+        EngineSettings.from_env({}), context_window=1400, summary_threshold=4
+    )
+    return build_engine(store=f"sqlite:///{tmp / 'web.db'}", settings=settings)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        _unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed (pip install playwright)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    tmp = tmp_path_factory.mktemp("web")
+    app = create_app(_engine(tmp), ServiceSettings(image_dir=tmp / "images"))
+    with LiveServer(app) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def auth_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    tmp = tmp_path_factory.mktemp("web-auth")
+    app = create_app(
+        _engine(tmp), ServiceSettings(image_dir=tmp / "images", api_keys={"key-acme": "acme"})
+    )
+    with LiveServer(app) as live:
+        yield live
+
+
+def open_page(
+    browser: Any, url: str, *, locale: str = "zh-CN", width: int = 1280, height: int = 860
+) -> Any:
+    context = browser.new_context(viewport={"width": width, "height": height}, locale=locale)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.errors = errors
+    page.goto(url)
+    page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    return page
+
+
+def send(page: Any, text: str) -> dict[str, Any]:
+    """Type ``text``, press Enter, wait for the streamed answer and for the page to show its jobs done."""
+    answers_before = page.locator(".message.assistant").count()
+    page.fill("#message-input", text)
+    page.press("#message-input", "Enter")
+    answer = page.locator(".message.assistant").nth(answers_before)
+    answer.wait_for(timeout=WAIT_MS)
+    page.wait_for_selector(
+        f".message.assistant >> nth={answers_before} >> xpath=self::*[@data-state='done']",
+        timeout=WAIT_MS,
+    )
+    seq = int(answer.get_attribute("data-seq"))
+    page.wait_for_selector(
+        f"body[data-last-seq='{seq}'][data-jobs=idle][data-sending=no]", timeout=WAIT_MS
+    )
+    return {
+        "seq": seq,
+        "deltas": int(answer.get_attribute("data-deltas")),
+        "text": answer.locator(".message-text").inner_text(),
+        "layers": layer_tokens(page),
+        "total": int(page.get_attribute("#context-caption", "data-total")),
+    }
+
+
+def layer_tokens(page: Any) -> dict[str, tuple[int, int]]:
+    """``{layer: (used, allocated)}`` as the inspector draws it."""
+    rows = page.eval_on_selector_all(
+        "#layers .layer",
+        "rows => rows.map(r => [r.dataset.layer, +r.dataset.used, +r.dataset.allocated])",
+    )
+    return {name: (used, allocated) for name, used, allocated in rows}
+
+
+def bar_widths(page: Any) -> dict[str, float]:
+    """Rendered width in pixels of each layer's token bar."""
+    rows = page.eval_on_selector_all(
+        "#layers .layer",
+        "rows => rows.map(r => [r.dataset.layer, r.querySelector('.layer-fill').getBoundingClientRect().width])",
+    )
+    return dict(rows)
+
+
+def session_json(server: LiveServer, session_id: str, key: str | None = None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = httpx.get(
+        f"{server.url}/v1/sessions/{session_id}", headers=headers, params={"limit": 100}
+    )
+    response.raise_for_status()
+    data: dict[str, Any] = response.json()["data"]
+    return data
+
+
+def tiny_png() -> bytes:
+    """A valid 2×2 red PNG, built here (no image files in the repository)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    rows = b"".join(b"\x00" + b"\xff\x00\x00" * 2 for _ in range(2))
+    header = struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+# -- the conversation of the issue ---------------------------------------------------------
+
+
+def test_chinese_chat_streams_and_the_inspector_follows(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-zh")
+    assert page.inner_text("#inspector-title") == "模型看到了什么"
+    assert page.locator("#constraints li").count() == 0
+
+    first = send(page, "我不吃辣，预算五十以内")
+    # The answer arrived as several SSE delta events, and what streamed is what was stored.
+    assert first["deltas"] > 1
+    stored = session_json(server, "web-zh")
+    assert first["text"] == stored["turns"][-1]["content"]
+    assert set(first["layers"]) == {"system", "current"}
+    # Constraint extraction runs after the answer; the page polled until it landed.
+    spice = page.locator("#constraints li[data-key=spice]")
+    assert spice.get_attribute("data-source-seq") == "1"
+    assert "不吃辣" in spice.inner_text()
+    assert "来自第 1 轮" in spice.inner_text()
+
+    second = send(page, "推荐一家餐厅")
+    # The pinned constraints and the first exchange now reach the model: new layers, more tokens.
+    assert {"system", "constraints", "recent", "current"} <= set(second["layers"])
+    assert second["total"] > first["total"]
+    for used, allocated in second["layers"].values():
+        assert 0 < used <= allocated
+    widths = bar_widths(page)
+    assert widths["recent"] > widths["system"] > 0
+
+    third = send(page, "那家店在哪？")
+    assert third["layers"]["recent"][0] > second["layers"]["recent"][0]
+    assert bar_widths(page)["recent"] >= widths["recent"]
+    # The follow-up: the original beside what the model was sent.
+    assert page.inner_text("#original-message") == "那家店在哪？"
+    if page.get_attribute("#rewrite-card", "data-rewritten") == "yes":
+        assert page.inner_text("#standalone-message") not in ("", "那家店在哪？")
+
+    # The timeline has one cell per stored turn; the constraint's source is marked, this turn outlined.
+    assert page.locator("#timeline .cell").count() == third["seq"] == 6
+    assert "pinned" in (page.get_attribute("#timeline .cell[data-seq='1']", "class") or "")
+    assert "current" in (page.get_attribute("#timeline .cell[data-seq='5']", "class") or "")
+    assert page.locator("#jobs li[data-job=constraints]").count() == 1
+
+    # A preview of the next message lists what each layer holds, so in-context turns are outlined.
+    page.fill("#message-input", "还有别的吗")
+    page.click("#preview-button")
+    page.wait_for_selector("#context-source.preview", timeout=WAIT_MS)
+    assert page.locator("#timeline .cell.in-context").count() >= 2
+    assert page.locator("details.layer-details").count() >= 2
+    assert page.errors == []
+
+
+def test_images_go_as_data_urls(browser: Any, server: LiveServer, tmp_path: Path) -> None:
+    picture = tmp_path / "red.png"
+    picture.write_bytes(tiny_png())
+    page = open_page(browser, f"{server.url}/#session=web-image")
+    page.set_input_files("#image-input", str(picture))
+    page.wait_for_selector("#attachments img", timeout=WAIT_MS)
+    turn = send(page, "这张图是什么颜色？")
+    assert (
+        page.locator(".message.user img")
+        .first.get_attribute("src")
+        .startswith("data:image/png;base64,")
+    )
+    assert page.locator("#attachments img").count() == 0
+    user_turn = session_json(server, "web-image")["turns"][turn["seq"] - 2]
+    assert user_turn["metadata"]["image_count"] == 1
+    assert page.errors == []
+
+
+def test_english_labels_and_the_language_toggle(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-en", locale="en-US")
+    assert page.inner_text("#inspector-title") == "What the model sees"
+    send(page, "I am vegetarian. Suggest a dinner.")
+    assert page.inner_text("#layers .layer[data-layer=system] .layer-name") == "System"
+    page.click("#lang-toggle")
+    assert page.inner_text("#inspector-title") == "模型看到了什么"
+    assert page.inner_text("#layers .layer[data-layer=system] .layer-name") == "系统指令"
+    page.reload()
+    page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    assert page.inner_text("#inspector-title") == "模型看到了什么"  # the choice is remembered
+    # Reopening the session shows its history from the API.
+    assert "I am vegetarian" in page.inner_text("#messages")
+    assert page.errors == []
+
+
+def test_with_auth_the_page_asks_for_the_key(browser: Any, auth_server: LiveServer) -> None:
+    page = open_page(browser, f"{auth_server.url}/#session=web-auth")
+    page.wait_for_selector("#key-dialog[open]", timeout=WAIT_MS)
+    page.fill("#key-input", "key-acme")
+    page.press("#key-input", "Enter")
+    page.wait_for_selector("#key-dialog:not([open])", state="attached", timeout=WAIT_MS)
+    assert page.evaluate("localStorage.getItem('contextmode.apiKey')") == "key-acme"
+    send(page, "我对花生过敏")
+    # Stored under the key's tenant: readable with that key, and only with it.
+    assert session_json(auth_server, "web-auth", key="key-acme")["last_seq"] == 2
+    assert httpx.get(f"{auth_server.url}/v1/sessions/web-auth").status_code == 401
+    page.click("#key-button")
+    page.fill("#key-input", "wrong-key")
+    page.press("#key-input", "Enter")
+    page.wait_for_selector("#key-dialog[open]", timeout=WAIT_MS)  # refused: asked again
+    assert page.errors == []
+
+
+def test_panes_side_by_side_on_a_laptop_and_stacked_on_a_phone(
+    browser: Any, server: LiveServer
+) -> None:
+    wide = open_page(browser, f"{server.url}/#session=web-layout")
+    chat, inspector = (
+        wide.locator(".chat").bounding_box(),
+        wide.locator(".inspector").bounding_box(),
+    )
+    assert inspector["x"] >= chat["x"] + chat["width"] and abs(inspector["y"] - chat["y"]) < 1
+    narrow = open_page(browser, f"{server.url}/#session=web-layout", width=390, height=844)
+    chat, inspector = (
+        narrow.locator(".chat").bounding_box(),
+        narrow.locator(".inspector").bounding_box(),
+    )
+    assert inspector["y"] >= chat["y"] + chat["height"]
+    assert chat["width"] <= 390 and inspector["width"] <= 390
+    # Nothing sticks out sideways on a phone.
+    assert narrow.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+# -- the screenshots in docs/img ------------------------------------------------------------
+
+
+def test_screenshots(browser: Any, server: LiveServer, tmp_path: Path) -> None:
+    """A longer conversation, so the summary, dropped turns and the rewrite all show."""
+    update = os.environ.get("CONTEXTMODE_UPDATE_SCREENSHOT") == "1"
+    out = DOCS_IMG if update else tmp_path
+    page = open_page(browser, f"{server.url}/#session=web-demo")
+    for text in [
+        "我不吃辣，预算五十以内",
+        "推荐一家餐厅",
+        "那家店在哪？",
+        "还有别的推荐吗",
+        "第二家店在哪",
+        "那它几点关门？",
+        "周末也开吗？",
+    ]:
+        send(page, text)
+    session = session_json(server, "web-demo")
+    assert session["stats"]["summary_covers_seq"] > 0
+    covered = page.locator("#timeline .cell.covered").count()
+    assert covered == session["stats"]["summary_covers_seq"]
+    page.screenshot(path=str(out / "inspector.png"))
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=str(out / "inspector-mobile.png"), full_page=True)
+    for name in ("inspector.png", "inspector-mobile.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG")
+    assert page.errors == []
