@@ -1,0 +1,248 @@
+"""Offline follow-up rewriter: resolve a reference to the salient entity of recent turns.
+
+No model is involved, so the rewriter is deliberately conservative: a wrong insertion
+costs more than it gains, and the message is returned unchanged unless one of two
+patterns applies with a confident antecedent.
+
+1. **Pronoun resolution.** The first third-person pronoun (他/她/它, 这里/那里 for
+   places; he/she/him/his/her, optionally it/they) is replaced by the most salient
+   entity of the context that the message does not already mention.
+2. **Subject ellipsis (Chinese).** A very short message made only of a predicate
+   ("在哪里", "好贵", "去过了") gets the salient entity as its subject.
+
+Salience of a candidate (a named entity or a run of nouns from jieba's POS tags; a
+capitalised span in English) = how many context turns mention it, with a bonus for
+named entities and for the most recent turns. A candidate counts as confident when
+it is a named entity or recurs in at least two turns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ..types import Turn
+from .base import Rewrite
+from .intents import is_chinese
+
+__all__ = ["Antecedent", "OfflineRewriter", "salient_entities"]
+
+CONTEXT_TURNS = 4
+"""How many of the newest turns are searched for a Chinese antecedent."""
+
+EN_CONTEXT_TURNS = 24
+"""How many of the newest turns are searched for an English antecedent."""
+
+_NAMED = {"nr", "nrt", "nrfg", "ns", "nt", "nz", "eng"}
+_NOUN = {"n", "nr", "nrt", "nrfg", "ns", "nt", "nz", "eng", "vn", "ng"}
+_GENERIC_NOUNS = frozenset(
+    ["时候", "东西", "事情", "问题", "感觉", "时间", "地方", "样子", "意思", "人家", "朋友", "大家", "自己", "现在", "今天", "明天", "昨天", "小时", "分钟", "有点", "一下", "哈哈", "呵呵", "嘿嘿", "啊啊", "好像", "真的", "谢谢", "可以", "知道", "觉得", "喜欢"]
+)
+_ZH_PERSON = ("他", "她")
+_ZH_PLACE = ("那里", "这里", "那儿", "这儿")
+_ZH_PLURAL_OR_COMPOUND = re.compile(r"他们|她们|它们|其他|其它|他人|吉他|她们")
+_ZH_PREDICATE_TAGS = {"v", "vd", "a", "ad", "d", "r", "y", "ul", "uj", "p", "m", "q", "vi", "c"}
+
+_EN_TOKEN = re.compile(r"[A-Za-z][A-Za-z'\-]*|\d+|\S")
+_EN_SPAN = re.compile(r"\b[A-Z][a-zA-Z'\-]*(?:\s+(?:of|the|de|von|van|and|&)?\s*[A-Z][a-zA-Z'\-]*)*")
+_EN_FUNCTION = frozenset(
+    ["i", "a", "an", "the", "what", "who", "when", "where", "why", "how", "which", "did", "does", "do", "is", "are", "was", "were", "he", "she", "it", "they", "this", "that", "these", "those", "his", "her", "its", "their", "him", "them", "and", "but", "or", "if", "in", "on", "at", "to", "for", "of", "with", "by", "from", "yes", "no", "ok", "okay", "also", "as", "after", "before", "during", "while", "then", "so"]
+)
+_EN_PERSON = re.compile(r"\b(he|she|him|his|her)\b", re.I)
+_EN_THING = re.compile(r"\b(it|its|they|them|their)\b", re.I)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Antecedent:
+    """A candidate referent found in the context."""
+
+    text: str
+    """The entity as written in the context."""
+    score: float
+    """Salience (higher = more salient)."""
+    named: bool
+    """A named entity (jieba nr/ns/nt/nz/eng, or a capitalised English span)."""
+    turns: int
+    """How many context turns mention it."""
+    tag: str = ""
+    """jieba POS flag of its head (``nr`` person, ``ns`` place…), empty for English."""
+
+    @property
+    def confident(self) -> bool:
+        """Named, or mentioned in two turns or more."""
+        return self.named or self.turns >= 2
+
+
+@lru_cache(maxsize=4096)
+def _pos(text: str) -> tuple[tuple[str, str], ...]:
+    import jieba
+    import jieba.posseg
+
+    jieba.setLogLevel(60)
+    return tuple((w, f) for w, f in jieba.posseg.lcut(text) if w.strip())
+
+
+def _zh_candidates(text: str) -> list[tuple[str, str]]:
+    """Noun phrases of ``text``: runs of adjacent nouns, each with its head's POS flag."""
+    found: list[tuple[str, str]] = []
+    run: list[tuple[str, str]] = []
+    for word, flag in [*_pos(text), ("", "x")]:
+        if flag in _NOUN and not (flag == "eng" and len(word) < 2):
+            run.append((word, flag))
+            continue
+        if run:
+            phrase = "".join(w for w, _ in run)
+            named = next((f for _, f in run if f in _NAMED), run[-1][1])
+            if len(phrase) >= 2 and phrase not in _GENERIC_NOUNS:
+                found.append((phrase, named))
+            run = []
+    return found
+
+
+def _en_candidates(text: str) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for match in _EN_SPAN.finditer(text):
+        span = match.group(0).strip()
+        words = span.split()
+        while words and words[0].lower() in _EN_FUNCTION:
+            words = words[1:]
+        while words and words[-1].lower() in {"of", "the", "and", "&", "de", "von", "van"}:
+            words = words[:-1]
+        if words and not (len(words) == 1 and words[0].lower() in _EN_FUNCTION):
+            found.append((" ".join(words), "eng"))
+    return found
+
+
+def _merge_english(seen: dict[str, dict[str, Any]]) -> None:
+    """Count "Zappa" as a mention of "Frank Zappa": a span whose words all occur in a
+    longer span is folded into it, so a full name and its short forms add up."""
+    for short in sorted(seen, key=len):
+        words = set(short.split())
+        longer = [o for o in seen if o != short and words < set(o.split())]
+        if longer:
+            target = max(longer, key=lambda o: len(seen[o]["turns"]))
+            seen[target]["turns"] |= seen[short]["turns"]
+            seen[target]["mentions"] += seen[short]["mentions"]
+            seen[target]["age"] = min(seen[target]["age"], seen[short]["age"])
+            del seen[short]
+
+
+def salient_entities(message: str, context: Sequence[str]) -> list[Antecedent]:
+    """Candidates of ``context`` (oldest first) not mentioned in ``message``, best first.
+
+    Chinese looks at the newest `CONTEXT_TURNS` turns; English at up to
+    `EN_CONTEXT_TURNS`, because the topic of a conversation ("Frank Zappa") is often
+    named once early and then referred to by pronoun and surname.
+    """
+    chinese = is_chinese(message)
+    window = CONTEXT_TURNS if chinese else EN_CONTEXT_TURNS
+    context = [c for c in context if c and c.strip()][-window:]
+    seen: dict[str, dict[str, Any]] = {}
+    for age, text in enumerate(reversed(context)):
+        for phrase, tag in (_zh_candidates(text) if chinese else _en_candidates(text)):
+            entry = seen.setdefault(phrase, {"turns": set(), "tag": tag, "age": age,
+                                             "mentions": 0})
+            entry["turns"].add(age)
+            entry["mentions"] += 1
+    if not chinese:
+        _merge_english(seen)
+    lowered = message.lower()
+    ranked: list[Antecedent] = []
+    for phrase, entry in seen.items():
+        if phrase.lower() in lowered or any(
+            o != phrase and len(o) > len(phrase) and phrase in o and o.lower() in lowered
+            for o in seen
+        ):
+            continue
+        if not chinese and any(w.lower() in lowered.split() for w in phrase.split()
+                               if w.lower() not in _EN_FUNCTION):
+            continue  # "Kidd" already in the message: it names the entity itself
+        named = entry["tag"] in _NAMED
+        turns = len(entry["turns"])
+        recency = 0.3 * entry["age"] if chinese else 0.05 * entry["age"]
+        score = 2.0 * turns + (1.5 if named else 0.0) - recency + 0.05 * len(phrase)
+        ranked.append(Antecedent(text=phrase, score=score, named=named, turns=turns,
+                                 tag=entry["tag"]))
+    ranked.sort(key=lambda a: a.score, reverse=True)
+    return ranked
+
+
+class OfflineRewriter:
+    """`Rewriter` that resolves pronouns and fills a missing subject, without a model.
+
+    ``resolve_it`` also replaces it/they/them/their in English; off by default, as
+    "it" often refers to an event rather than an entity.
+    """
+
+    def __init__(self, *, resolve_it: bool = False, ellipsis: bool = True) -> None:
+        self._resolve_it = resolve_it
+        self._ellipsis = ellipsis
+
+    async def rewrite(
+        self, message: str, history: Sequence[Turn], *, summary: str | None = None
+    ) -> Rewrite:
+        """Rewrite ``message`` into one standalone question using the memory context."""
+        context = [t.content for t in history]
+        if summary and not context:
+            context = [summary]
+        return self.rewrite_texts(message, context)
+
+    def rewrite_texts(self, message: str, context: Sequence[str]) -> Rewrite:
+        """Synchronous core of `rewrite` over plain turn texts (oldest first)."""
+        text = message.strip()
+        if not text or not any(c.strip() for c in context):
+            return Rewrite(text=message, changed=False, source="offline")
+        candidates = salient_entities(text, context)
+        rewritten = (self._rewrite_zh(text, candidates) if is_chinese(text)
+                     else self._rewrite_en(text, candidates))
+        if rewritten is None or rewritten == text:
+            return Rewrite(text=message, changed=False, source="offline")
+        return Rewrite(text=rewritten, changed=True, source="offline")
+
+    def _rewrite_zh(self, text: str, candidates: list[Antecedent]) -> str | None:
+        confident = [c for c in candidates if c.confident]
+        if not confident:
+            return None
+        if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
+            for pronoun in _ZH_PERSON:
+                if pronoun in text:
+                    people = [c for c in confident if c.tag in {"nr", "nrt", "nrfg"}]
+                    if people:
+                        return text.replace(pronoun, people[0].text, 1)
+                    return None
+            if "它" in text:
+                things = [c for c in confident if c.tag not in {"nr", "nrt", "nrfg"}]
+                return text.replace("它", things[0].text, 1) if things else None
+        for pronoun in _ZH_PLACE:
+            if pronoun in text:
+                places = [c for c in confident if c.tag == "ns"]
+                # "路过那里" → "路过博物馆那里": the place goes before the pronoun, which
+                # the references keep.
+                return (text.replace(pronoun, places[0].text + pronoun, 1)
+                        if places else None)
+        if self._ellipsis and len(text) <= 6:
+            tags = [f for _, f in _pos(text)]
+            if tags and all(f in _ZH_PREDICATE_TAGS for f in tags) and tags[0] != "r":
+                return confident[0].text + text
+        return None
+
+    def _rewrite_en(self, text: str, candidates: list[Antecedent]) -> str | None:
+        confident = [c for c in candidates if c.confident]
+        if not confident:
+            return None
+        entity = confident[0].text
+        match = _EN_PERSON.search(text)
+        if match is None and self._resolve_it:
+            match = _EN_THING.search(text)
+        if match is None:
+            return None
+        word = match.group(1).lower()
+        following = text[match.end():].lstrip()
+        possessive = word in {"his", "its", "their"} or (
+            word == "her" and bool(following) and following[0].isalpha()
+            and following.split()[0].lower() not in _EN_FUNCTION)
+        replacement = f"{entity}'s" if possessive else entity
+        return text[:match.start()] + replacement + text[match.end():]
