@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -463,3 +464,21 @@ async def test_openapi_schema_lists_routes_and_envelopes(client: httpx.AsyncClie
     assert {"MessageRequest", "ErrorEnvelope", "ContextOut", "TurnOut"} <= set(components)
     assert set(components["MessageRequest"]["properties"]) == {"message", "images", "stream", "mode"}
     assert "bearer" in json.dumps(schema["components"].get("securitySchemes", {})).lower()
+
+
+async def test_offline_by_default_without_an_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("CONTEXTMODE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("CONTEXTMODE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CONTEXTMODE_IMAGE_DIR", str(tmp_path / "images"))
+    app = create_app()
+    state = app.state.contextmode
+    assert state.owns_engine and state.settings.host == "127.0.0.1" and not state.settings.auth_enabled
+    async with app.router.lifespan_context(app), client_for(app) as c:
+        r = await c.post("/v1/sessions/s1/messages", json={"message": "我不吃辣，预算五十以内"})
+        data = r.json()["data"]
+        assert r.json()["code"] == 0 and data["answer"]  # the offline responder answered
+        assert (await c.get("/healthz")).json()["data"]["store"] == "SQLiteStore"
+        assert (await c.get("/v1/sessions/s1")).json()["data"]["last_seq"] == 2
+    assert (tmp_path / "home").exists()

@@ -21,13 +21,15 @@ from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine import Engine, TurnEvent
-from ..errors import InputError, ModelError
+from ..engine import Engine
+from ..errors import InputError
 from ..types import validate_id
 from .codes import MessageTooLong, code_for_exception
 from .images import ImageFiles, decode_images
+from .metrics import ServiceMetrics
 from .sse import DONE, SSEResponse, sse_event
 from .state import AppState, Tenant, app_state
+from .turns import StartedStream, run_turn, start_stream
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
 
@@ -105,25 +107,19 @@ def _chunk(completion_id: str, created: int, model: str, delta: dict[str, Any], 
 
 
 async def _chunks(
-    first: TurnEvent,
-    stream: AsyncIterator[TurnEvent],
-    engine: Engine,
-    model: str,
-    include_usage: bool,
-    state: AppState,
-    outcome: dict[str, str],
+    started: StartedStream, engine: Engine, model: str, include_usage: bool, metrics: ServiceMetrics
 ) -> AsyncIterator[bytes]:
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
+    first = started.first
     assert first.prepared is not None
     try:
-        async for event in stream:
+        async for event in started.events:
             if event.kind == "delta":
                 yield _chunk(completion_id, created, model, {"content": event.text}, None)
             elif event.kind == "done" and event.result is not None:
                 result = event.result
-                outcome["outcome"] = "partial" if result.partial else "ok"
-                state.metrics.observe_turn(result, outcome=outcome["outcome"])
+                started.outcome.finished(result, metrics)
                 yield _chunk(completion_id, created, model, {}, "stop")
                 if include_usage:
                     prompt = first.prepared.context.total_tokens
@@ -143,7 +139,7 @@ async def _chunks(
                         }
                     )
     except Exception as exc:
-        outcome["outcome"] = "error"
+        started.outcome.outcome = "error"
         row = code_for_exception(exc)
         yield sse_event(openai_error_body(row.code, row.name, str(exc) if row.code != 50000 else "internal error"))
     yield DONE
@@ -180,18 +176,10 @@ async def chat_completions(
         engine.system_prompt = _text_and_images(system.content)[0] or None
     images = ImageFiles.write(decode_images(image_urls, state.settings), state.settings.image_dir)
     model = body.model or engine.model.name
-    mode = engine.settings.mode
     headers = {"x-session-id": session_id}
-
+    turn: dict[str, Any] = {"mode": engine.settings.mode, "images": images, "metrics": state.metrics}
     if not body.stream:
-        try:
-            result = await engine.turn(tenant, session_id, message, metadata=images.metadata())
-        except ModelError:
-            state.metrics.count_turn(mode, "error")
-            raise
-        finally:
-            images.cleanup()
-        state.metrics.observe_turn(result, outcome="partial" if result.partial else "ok")
+        result = await run_turn(engine, tenant, session_id, message, **turn)
         prompt = result.prepared.context.total_tokens
         completion = engine.counter.count(result.answer)
         return JSONResponse(
@@ -211,33 +199,10 @@ async def chat_completions(
             },
             headers=headers,
         )
-
-    stream: AsyncIterator[TurnEvent] | None = None
-    try:
-        stream = engine.stream(tenant, session_id, message, metadata=images.metadata())
-        first = await anext(stream)
-    except BaseException:
-        try:
-            if stream is not None:
-                await stream.aclose()  # type: ignore[attr-defined]
-        finally:
-            images.cleanup()
-        raise
+    started = await start_stream(engine, tenant, session_id, message, **turn)
     include_usage = bool((body.stream_options or {}).get("include_usage"))
-    outcome = {"outcome": "client_gone"}
-    state.metrics.active_streams.inc()
-
-    async def close() -> None:
-        try:
-            await stream.aclose()  # type: ignore[attr-defined]
-        finally:
-            images.cleanup()
-            state.metrics.active_streams.dec()
-            if outcome["outcome"] in ("client_gone", "error"):
-                state.metrics.count_turn(mode, outcome["outcome"])
-
-    events = _chunks(first, stream, engine, model, include_usage, state, outcome)
-    return SSEResponse(events, on_close=close, headers=headers)
+    events = _chunks(started, engine, model, include_usage, state.metrics)
+    return SSEResponse(events, on_close=started.close, headers=headers)
 
 
 @router.get("/v1/models", summary="The model behind the proxy (OpenAI shape)")

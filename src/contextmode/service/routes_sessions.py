@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from ..engine import TurnEvent
 from ..errors import ModelError, SessionNotFound
 from ..types import validate_id
 from .codes import SUCCESS, MessageTooLong, code_for_exception
 from .images import ImageFiles, decode_images
+from .metrics import ServiceMetrics
 from .schemas import (
     ConstraintOut,
     ContextOut,
@@ -34,6 +33,7 @@ from .schemas import (
 )
 from .sse import DONE, SSEResponse, sse_event
 from .state import AppState, Tenant, app_state
+from .turns import StartedStream, run_turn, start_stream
 
 __all__ = ["envelope", "router"]
 
@@ -73,28 +73,17 @@ def _session(session_id: str) -> str:
     return validate_id(session_id)
 
 
-@dataclass
-class _TurnOutcome:
-    """How a streamed turn ended, for the metrics counted at close."""
-
-    mode: str
-    outcome: Literal["ok", "partial", "error", "client_gone"] = "client_gone"
-
-
-async def _turn_events(
-    first: TurnEvent, stream: AsyncIterator[TurnEvent], session_id: str, state: AppState, outcome: _TurnOutcome
-) -> AsyncIterator[bytes]:
-    assert first.prepared is not None
-    context = ContextOut.of(first.prepared, full=False).model_dump(mode="json")
+async def _turn_events(started: StartedStream, session_id: str, metrics: ServiceMetrics) -> AsyncIterator[bytes]:
+    assert started.first.prepared is not None
+    context = ContextOut.of(started.first.prepared, full=False).model_dump(mode="json")
     yield sse_event({"type": "context", "session_id": session_id, **context})
     try:
-        async for event in stream:
+        async for event in started.events:
             if event.kind == "delta":
                 yield sse_event({"type": "delta", "text": event.text})
             elif event.kind == "done" and event.result is not None:
                 result = event.result
-                outcome.outcome = "partial" if result.partial else "ok"
-                state.metrics.observe_turn(result, outcome=outcome.outcome)
+                started.outcome.finished(result, metrics)
                 yield sse_event(
                     {
                         "type": "done",
@@ -109,7 +98,7 @@ async def _turn_events(
                 )
     except Exception as exc:
         # Headers are gone: a failure mid-stream becomes an error event, then [DONE].
-        outcome.outcome = "error"
+        started.outcome.outcome = "error"
         row = code_for_exception(exc)
         if not isinstance(exc, ModelError):
             log.exception("turn failed mid-stream (session %s)", session_id)
@@ -130,47 +119,14 @@ async def post_message(session_id: SessionId, body: MessageRequest, tenant: Tena
         raise MessageTooLong(
             f"the message has {len(body.message)} characters; at most {state.settings.max_message_chars}"
         )
-    decoded = decode_images(body.images, state.settings)
-    images = ImageFiles.write(decoded, state.settings.image_dir)
+    images = ImageFiles.write(decode_images(body.images, state.settings), state.settings.image_dir)
     mode = body.mode or state.engine.settings.mode
-    metadata = images.metadata()
+    turn: dict[str, Any] = {"mode": mode, "images": images, "metrics": state.metrics}
     if not body.stream:
-        try:
-            result = await state.engine.turn(tenant, session_id, body.message, mode=mode, metadata=metadata)
-        except ModelError:
-            state.metrics.count_turn(mode, "error")
-            raise
-        finally:
-            images.cleanup()
-        state.metrics.observe_turn(result, outcome="partial" if result.partial else "ok")
+        result = await run_turn(state.engine, tenant, session_id, body.message, **turn)
         return envelope(TurnOut.of(session_id, result))
-
-    stream: AsyncIterator[TurnEvent] | None = None
-    try:
-        stream = state.engine.stream(tenant, session_id, body.message, mode=mode, metadata=metadata)
-        # Run up to the prepared context before answering 200: errors found while
-        # preparing (no previous answer, bad id, store down) still get an envelope.
-        first = await anext(stream)
-    except BaseException:
-        try:
-            if stream is not None:
-                await stream.aclose()  # type: ignore[attr-defined]
-        finally:
-            images.cleanup()
-        raise
-    outcome = _TurnOutcome(mode=mode)
-    state.metrics.active_streams.inc()
-
-    async def close() -> None:
-        try:
-            await stream.aclose()  # type: ignore[attr-defined]
-        finally:
-            images.cleanup()
-            state.metrics.active_streams.dec()
-            if outcome.outcome in ("client_gone", "error"):
-                state.metrics.count_turn(mode, outcome.outcome)
-
-    return SSEResponse(_turn_events(first, stream, session_id, state, outcome), on_close=close)
+    started = await start_stream(state.engine, tenant, session_id, body.message, **turn)
+    return SSEResponse(_turn_events(started, session_id, state.metrics), on_close=started.close)
 
 
 @router.get(
