@@ -45,7 +45,7 @@ from contextmode.memory import Budget, get_strategy
 from contextmode.store.memory import MemoryStore
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.tokens import TokenCounter, counter_for_model
-from contextmode.types import NewTurn, SessionState, Summary
+from contextmode.types import NewTurn, Role, SessionState, Summary
 
 SIZES = (100, 100_000)
 TENANT, SESSION = "bench", "s1"
@@ -76,6 +76,7 @@ def make_turns(n: int, rng: random.Random) -> list[NewTurn]:
     turns = []
     for i in range(n):
         zh = rng.random() < 0.5
+        role: Role
         if i % 2 == 0:
             text = rng.choice(ZH_USER if zh else EN_USER) + f" (#{i})"
             role = "user"
