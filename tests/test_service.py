@@ -482,3 +482,33 @@ async def test_offline_by_default_without_an_engine(tmp_path: Path, monkeypatch:
         assert (await c.get("/healthz")).json()["data"]["store"] == "SQLiteStore"
         assert (await c.get("/v1/sessions/s1")).json()["data"]["last_seq"] == 2
     assert (tmp_path / "home").exists()
+
+
+async def test_request_log_has_no_secrets_or_message_text(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(make_engine(), make_settings(tmp_path, api_keys={"sk-very-secret-key": "t1"}))
+    with caplog.at_level("INFO", logger="contextmode"):
+        async with client_for(app) as c:
+            headers = {"Authorization": "Bearer sk-very-secret-key"}
+            await c.post("/v1/sessions/s1/messages", json={"message": "我的密码是 hunter2"}, headers=headers)
+            await c.get("/v1/sessions/s1/context", params={"message": "hunter2 again"}, headers=headers)
+            await c.get("/v1/sessions", headers={"Authorization": "Bearer sk-wrong-secret-key"})
+    lines = [r for r in caplog.records if r.name == "contextmode.http"]
+    assert len(lines) == 3
+    assert "POST /v1/sessions/s1/messages 200" in lines[0].getMessage() and "tenant=t1" in lines[0].getMessage()
+    assert "401" in lines[2].getMessage()
+    text = "\n".join(r.getMessage() + repr(r.__dict__) for r in caplog.records)
+    assert "secret" not in text and "hunter2" not in text
+
+
+def test_service_modules_have_complete_all() -> None:
+    # ruff's RUF022 keeps each __all__ sorted
+    import importlib
+    import pkgutil
+
+    import contextmode.service as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"contextmode.service.{info.name}")
+        names = module.__all__
+        assert len(names) == len(set(names)), info.name
+        assert all(hasattr(module, name) for name in names), info.name
