@@ -10,13 +10,14 @@ in ``docs/img/`` (docs/web.md).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import socket
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,10 @@ import pytest
 pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
+from contextmode.errors import ModelUnavailable
 from contextmode.service import ServiceSettings, create_app
 from contextmode.settings import EngineSettings
+from contextmode.types import ChatMessage
 
 pytestmark = pytest.mark.browser
 
@@ -83,13 +86,43 @@ class LiveServer:
         self.sock.close()
 
 
-def _engine(tmp: Path) -> Any:
+class GatedModel:
+    """Streams like a remote model: a first delta, then waits for the test's go-ahead (`gate`).
+
+    A message containing 出错 gets half an answer and then a provider failure.
+    """
+
+    name = "gpt-4o-mini"
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
+    ) -> AsyncIterator[str]:
+        if "出错" in messages[-1].content:
+            yield "说到一半"
+            raise ModelUnavailable("upstream closed the stream")
+        yield "第一段，"
+        for _ in range(3000):  # at most 30 s, so a failed test cannot hang the server
+            if self.gate.is_set():
+                break
+            await asyncio.sleep(0.01)
+        yield "第二段。"
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
+    ) -> str:
+        return "".join([chunk async for chunk in self.stream(messages, max_tokens=max_tokens)])
+
+
+def _engine(tmp: Path, model: Any = None) -> Any:
     # The defaults (offline responder, offline processors) with a small window, so a short
     # conversation already shows summaries and dropped turns.
     settings = dataclasses.replace(
         EngineSettings.from_env({}), context_window=1400, summary_threshold=4
     )
-    return build_engine(store=f"sqlite:///{tmp / 'web.db'}", settings=settings)
+    return build_engine(store=f"sqlite:///{tmp / 'web.db'}", settings=settings, model=model)
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +155,20 @@ def auth_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
     with LiveServer(app) as live:
         yield live
+
+
+@pytest.fixture(scope="module")
+def model_server(
+    browser: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LiveServer, GatedModel]]:
+    tmp = tmp_path_factory.mktemp("web-model")
+    model = GatedModel()
+    app = create_app(_engine(tmp, model), ServiceSettings(image_dir=tmp / "images"))
+    try:
+        with LiveServer(app) as live:
+            yield live, model
+    finally:
+        model.gate.set()
 
 
 def open_page(
@@ -329,6 +376,37 @@ def test_panes_side_by_side_on_a_laptop_and_stacked_on_a_phone(
     assert chat["width"] <= 390 and inspector["width"] <= 390
     # Nothing sticks out sideways on a phone.
     assert narrow.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+def test_a_streaming_model_shows_text_as_it_comes_and_failures_show(
+    browser: Any, model_server: tuple[LiveServer, GatedModel]
+) -> None:
+    server, model = model_server
+    page = open_page(browser, f"{server.url}/#session=web-model")
+    page.fill("#message-input", "介绍一下你自己")
+    page.press("#message-input", "Enter")
+    # The first delta is on screen while the model is still answering (it waits for the gate).
+    streaming = page.locator(".message.assistant[data-state=streaming] .message-text")
+    streaming.filter(has_text="第一段").wait_for(timeout=WAIT_MS)
+    assert page.is_disabled("#send-button")
+    assert page.inner_text("#layers .layer[data-layer=current] .layer-tokens")  # context came first
+    model.gate.set()
+    done = page.locator(".message.assistant[data-state=done] .message-text")
+    done.wait_for(timeout=WAIT_MS)
+    assert done.inner_text() == "第一段，第二段。"
+
+    page.fill("#message-input", "这次会出错吗")
+    page.press("#message-input", "Enter")
+    failed = page.locator(".message.assistant[data-state=error]")
+    failed.wait_for(timeout=WAIT_MS)
+    assert "说到一半" in failed.inner_text()
+    assert "upstream closed the stream" in failed.inner_text()
+    page.wait_for_selector("body[data-sending=no][data-last-seq='4']", timeout=WAIT_MS)
+    # The half answer was stored as partial (seed 000); reopening the session says so.
+    page.reload()
+    page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    assert "（回答未完成）" in page.inner_text("#turn-4")
+    assert page.errors == []
 
 
 # -- the screenshots in docs/img ------------------------------------------------------------
