@@ -161,3 +161,23 @@ async def test_openai_client_through_the_proxy_with_the_stub_server_upstream(tmp
             assert info.value.status_code == 502
             assert isinstance(info.value.body, dict) and info.value.body["code"] == "model_unavailable"
             await client.close()
+
+
+async def test_client_dropping_the_proxy_stream_keeps_the_partial_answer(tmp_path: Path) -> None:
+    model = SlowModel(["one ", "two ", "three ", "four"], delay_s=0.3)
+    app = create_app(make_engine(model), make_settings(tmp_path))
+    with serving(app) as base:
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            body = {"model": "m", "messages": [{"role": "user", "content": "count"}], "stream": True, "user": "p1"}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if '"content":"one "' in line:
+                        break
+
+            async def two_turns() -> list[dict[str, Any]] | None:
+                data = (await client.get("/v1/sessions/p1")).json()["data"]
+                return data["turns"] if data and len(data["turns"]) == 2 else None
+
+            turns = await wait_for(two_turns)
+    assert turns is not None
+    assert turns[1]["partial"] is True and turns[1]["content"].startswith("one ")
