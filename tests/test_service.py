@@ -512,3 +512,25 @@ def test_service_modules_have_complete_all() -> None:
         names = module.__all__
         assert len(names) == len(set(names)), info.name
         assert all(hasattr(module, name) for name in names), info.name
+
+
+async def test_responses_match_their_declared_models(client: httpx.AsyncClient, engine: Engine) -> None:
+    from contextmode.service.schemas import (
+        ContextOut,
+        DeletedOut,
+        Envelope,
+        ErrorEnvelope,
+        HealthOut,
+        SessionListOut,
+        SessionOut,
+        TurnOut,
+    )
+
+    Envelope[TurnOut].model_validate((await client.post("/v1/sessions/s1/messages", json={"message": "我不吃辣"})).json())
+    await engine.drain()
+    Envelope[SessionOut].model_validate((await client.get("/v1/sessions/s1")).json())
+    Envelope[ContextOut].model_validate((await client.get("/v1/sessions/s1/context", params={"message": "那个呢"})).json())
+    Envelope[SessionListOut].model_validate((await client.get("/v1/sessions")).json())
+    Envelope[HealthOut].model_validate((await client.get("/healthz")).json())
+    Envelope[DeletedOut].model_validate((await client.delete("/v1/sessions/s1")).json())
+    ErrorEnvelope.model_validate((await client.get("/v1/sessions/s1")).json())
