@@ -116,7 +116,11 @@ def test_hybrid_key_moments_are_above_threshold_and_at_most_five() -> None:
     emotions = {2: 0.95, 3: 0.7, 4: 0.71, 5: 0.2, 6: 0.8, 7: 0.9, 8: 0.85, 9: 0.75, 35: 0.99}
     state = make_state(40, emotions=emotions)
     plan = Hybrid(half_life_hours=1e9).plan(state, "q", now=NOW)
-    assert seqs(plan.recent) == list(range(1, 41))  # no summary: every turn uncovered
+    # No summary yet: every turn is uncovered, but the emotional ones older than the
+    # 20-turn window are key moments (seed 001) and are not repeated among the recent.
+    lagging = sorted(seqs(plan.key_moments))
+    assert lagging == [2, 6, 7, 8, 9]
+    assert seqs(plan.recent) == [s for s in range(1, 41) if s not in lagging]
     plan = Hybrid(half_life_hours=1e9).plan(make_state(40, covers=20, emotions=emotions), "q",
                                             now=NOW)
     assert seqs(plan.recent) == list(range(21, 41))

@@ -176,11 +176,16 @@ class Hybrid:
         return eligible[: self.max_key_moments]
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
-        recent = _uncovered(state, self.recent_turns)
-        first_recent = recent[0].seq if recent else state.last_seq + 1
-        pool = list(state.key_moments) + [t for t in state.turns if t.seq < first_recent]
+        uncovered = _uncovered(state, self.recent_turns)
+        # The window is the last N turns (seed 001); an emotional turn older than that is a
+        # key moment even while the summary lags behind, and is not repeated among the recent.
+        window = _tail(state.turns, self.recent_turns)
+        first_window = window[0].seq if window else state.last_seq + 1
+        pool = list(state.key_moments) + [t for t in state.turns if t.seq < first_window]
         unique = {t.seq: t for t in pool}
-        moments = self.rank_key_moments(list(unique.values()), before_seq=first_recent, now=now)
+        moments = self.rank_key_moments(list(unique.values()), before_seq=first_window, now=now)
+        shown = {t.seq for t in moments}
+        recent = [t for t in uncovered if t.seq not in shown]
         return MemoryPlan(
             recent=recent, summary=state.summary, key_moments=moments, shares=self.shares
         )
