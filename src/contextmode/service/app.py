@@ -60,7 +60,8 @@ async def _no_receive() -> Message:
 
 
 class _EdgeMiddleware:
-    """Pure ASGI (no buffering of streams): body-size limit, request log and metrics, last-resort 50000.
+    """Pure ASGI (no buffering of streams): body-size limit, request log and metrics,
+    a ``Server-Timing: app;dur=<ms>`` header (time until the headers), last-resort 50000.
 
     The log line holds method, path, status, duration and tenant: never headers,
     query strings or bodies, so no key or message text reaches the logs.
@@ -99,6 +100,10 @@ class _EdgeMiddleware:
             nonlocal status, response_started
             if message["type"] == "http.response.start":
                 status, response_started = message["status"], True
+                # Time spent before the headers (the whole handling of a non-stream request).
+                elapsed = (time.perf_counter() - started) * 1000
+                headers = [*message.get("headers", ()), (b"server-timing", f"app;dur={elapsed:.3f}".encode())]
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

@@ -77,9 +77,11 @@ async def _turn_events(started: StartedStream, session_id: str, metrics: Service
     assert started.first.prepared is not None
     context = ContextOut.of(started.first.prepared, full=False).model_dump(mode="json")
     yield sse_event({"type": "context", "session_id": session_id, **context})
+    answered = False
     try:
         async for event in started.events:
             if event.kind == "delta":
+                answered = True
                 yield sse_event({"type": "delta", "text": event.text})
             elif event.kind == "done" and event.result is not None:
                 result = event.result
@@ -103,7 +105,8 @@ async def _turn_events(started: StartedStream, session_id: str, metrics: Service
         if not isinstance(exc, ModelError):
             log.exception("turn failed mid-stream (session %s)", session_id)
         msg = str(exc) if row.code != 50000 else "internal error"
-        yield sse_event({"type": "error", "code": row.code, "msg": msg, "partial": True})
+        # partial: the text streamed so far is stored as a partial answer
+        yield sse_event({"type": "error", "code": row.code, "msg": msg, "partial": answered})
     yield DONE
 
 
