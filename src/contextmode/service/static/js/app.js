@@ -18,7 +18,8 @@ const state = {
   currentSeq: null, // the user turn of the last streamed answer
   images: [], // data URLs waiting to be sent
   sending: false,
-  pollToken: 0,
+  pollToken: 0, // bumped by each session load: an older poll stops
+  openToken: 0, // bumped by each session open and each send: an older open does not redraw
 };
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -77,13 +78,14 @@ async function refreshSessionList() {
 async function refreshSession({ poll = false } = {}) {
   const token = ++state.pollToken;
   for (let attempt = 0; attempt < (poll ? POLL_LIMIT : 1); attempt += 1) {
+    let session = null;
     try {
-      state.session = await getSession(state.sessionId);
+      session = await getSession(state.sessionId);
     } catch (error) {
-      if (error instanceof ApiError && error.status === 404) state.session = null;
-      else throw error;
+      if (!(error instanceof ApiError && error.status === 404)) throw error; // 404: no turn yet
     }
-    if (token !== state.pollToken) return; // another session was opened meanwhile
+    if (token !== state.pollToken) return; // a newer load (another session, a new turn) won
+    state.session = session;
     renderInspector();
     if (!state.session?.stats.pending_jobs.length) return;
     await sleep(POLL_MS);
@@ -92,6 +94,7 @@ async function refreshSession({ poll = false } = {}) {
 }
 
 async function openSession(id) {
+  const opened = ++state.openToken;
   state.sessionId = id;
   state.ctx = null;
   state.source = null;
@@ -100,12 +103,15 @@ async function openSession(id) {
   history.replaceState(null, "", `#session=${encodeURIComponent(id)}`);
   $("#session-select").value = id;
   try {
-    await refreshSession({ poll: true });
+    await refreshSession();
   } catch (error) {
     handleError(error);
   }
+  // A message sent (or another session opened) meanwhile owns the view now.
+  if (opened !== state.openToken || state.sending) return;
   renderHistory(state.session?.turns ?? []);
   renderInspector();
+  if (state.session?.stats.pending_jobs.length) refreshSession({ poll: true }).catch(handleError);
 }
 
 // -- sending -----------------------------------------------------------------------------
@@ -139,6 +145,8 @@ async function send() {
   if (!text || state.sending) return;
   const images = state.images.slice();
   const mode = $("#mode-select").value || undefined;
+  state.openToken += 1;
+  state.pollToken += 1; // a poll still running for the previous turn must not redraw mid-stream
   setSending(true);
   const user = addUserMessage(text, images);
   input.value = "";
