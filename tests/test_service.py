@@ -154,6 +154,7 @@ def assert_error(response: httpx.Response, code: int) -> dict[str, Any]:
 async def test_message_returns_envelope_with_answer_and_accounting(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/sessions/s1/messages", json={"message": "我不吃辣"})
     assert r.status_code == 200
+    assert float(r.headers["server-timing"].removeprefix("app;dur=")) > 0
     body = r.json()
     assert body["code"] == 0 and body["msg"] == "success"
     data = body["data"]
