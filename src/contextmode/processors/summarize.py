@@ -14,6 +14,7 @@ number, entity or constraint the block dropped, on a ``要点:`` / ``Facts:`` li
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -165,8 +166,12 @@ class OfflineSummarizer:
         self.max_restored = max_restored
 
     async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
-        """Fold ``turns`` (not yet covered) into ``previous`` and return the new summary."""
-        return self.summarize_text(previous.text if previous else None, turns)
+        """Fold ``turns`` (not yet covered) into ``previous`` and return the new summary.
+
+        Runs in a worker thread: jieba's tagging is CPU-bound and would otherwise
+        hold the event loop (and every streaming reply on it) for up to ~100 ms.
+        """
+        return await asyncio.to_thread(self.summarize_text, previous.text if previous else None, turns)
 
     def summarize_text(self, previous: str | None, turns: Sequence[Turn]) -> SummaryResult:
         """Same as `summarize`, synchronous, from the previous summary's text."""
