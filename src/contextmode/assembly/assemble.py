@@ -206,6 +206,15 @@ def assemble(
     caps = {n: v for n, v in budget.allocations.items() if n in FLEXIBLE_LAYERS} or None
     weights = budget.shares or plan.shares
     alloc = allocate(available, demands, caps=caps, weights=weights)
+    # Each layer's nominal share (every layer hungry), for the accounting: a layer shows
+    # its share even when it needed less and gave the rest away.
+    nominal = allocate(
+        available,
+        {n: (d if n == "constraints" else available) for n, d in demands.items()},
+        caps=caps,
+        weights=weights,
+    )
+    shares = {n: max(alloc[n], nominal.get(n, 0)) for n in alloc}
 
     chosen: dict[LayerName, list[_Candidate]] = {}
     dropped: dict[LayerName, list[int]] = {}
@@ -230,7 +239,7 @@ def assemble(
     return _render(
         state=state, message=message, sent=sent, current_text=current_text, current_cost=current_cost,
         fixed_sections=fixed_sections, fixed_costs=fixed_costs, chosen=chosen, dropped=dropped,
-        truncated=truncated, alloc=alloc, budget=budget, order=order, locale=locale,
+        truncated=truncated, alloc=shares, budget=budget, order=order, locale=locale,
         as_messages=as_messages, counter=counter, count=count, strategy=strategy.name,
         now=now, input_budget=input_budget, section_overheads=section_overheads,
     )

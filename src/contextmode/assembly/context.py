@@ -51,7 +51,8 @@ class LayerAccount:
 
     name: LayerName
     allocated: int
-    """Tokens the layer could use after budget flowed between layers."""
+    """The layer's share of the input budget: its nominal share (fixed allocation or
+    weighted share), or more when budget other layers did not use flowed to it."""
     used: int
     """Tokens the layer actually costs in the rendered output (heading and delimiters included)."""
     items: int = 0

@@ -27,7 +27,7 @@ _COLORS = {
 }
 
 
-def token_bar(used: int, allocated: int, width: int = 24, color: str = "green") -> Text:
+def token_bar(used: int, allocated: int, width: int = 16, color: str = "green") -> Text:
     """``████░░░░`` with ``used`` of ``allocated`` tokens filled."""
     allocated = max(allocated, used, 1)
     filled = round(width * used / allocated)
