@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -67,6 +67,13 @@ class RecallSettings:
     """Weight of a borrowed term relative to the message's own terms."""
     short_message_terms: int = 3
     """A message with fewer content terms than this borrows terms from the newest turns."""
+    feedback_turns: int = 3
+    """Pseudo-relevance feedback: the best this many hits lend their terms to a second
+    BM25 pass (0 = off). Finds the other turns on the same topic a question spans."""
+    feedback_terms: int = 10
+    """How many feedback terms (highest idf summed over the feedback turns) are added."""
+    feedback_weight: float = 0.3
+    """Weight of a feedback term relative to the message's own terms."""
     rrf_k: float = 60.0
     """Reciprocal-rank-fusion constant when dense retrieval is on (60, as in Cormack et al.)."""
     batch: int = 2000
@@ -195,6 +202,9 @@ class Recaller:
         k = settings.candidates
         if isinstance(index, BM25Index):
             found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)
+            if settings.feedback_turns and found:
+                expanded = _feedback(index, weights, found[: settings.feedback_turns], settings)
+                found = index.search_terms(expanded, k=k, exclude_from_seq=exclude_from_seq)
         else:
             found = index.search(message, k=k, exclude_from_seq=exclude_from_seq)
         if dense is not None:
@@ -240,6 +250,28 @@ class Recaller:
         """``state`` with its ``recalled`` turns filled in for ``message``."""
         turns = await self.recall(store, state, message, recent_turns=recent_turns)
         return replace(state, recalled=tuple(turns))
+
+
+def _feedback(
+    index: BM25Index,
+    weights: Mapping[str, float],
+    top: Sequence[tuple[int, float]],
+    settings: RecallSettings,
+) -> dict[str, float]:
+    """``weights`` plus the most specific terms of the best hits (RM3-style, unweighted by score)."""
+    pooled: dict[str, float] = {}
+    for seq, _ in top:
+        for term in index.doc_terms(seq):
+            pooled[term] = pooled.get(term, 0.0) + index.idf(term)
+    expanded = dict(weights)
+    added = 0
+    for term in sorted(pooled, key=lambda t: (-pooled[t], t)):
+        if added >= settings.feedback_terms:
+            break
+        if term not in expanded:
+            expanded[term] = settings.feedback_weight
+            added += 1
+    return expanded
 
 
 def _with_neighbours(hits: list[RecallHit], weight: float) -> list[RecallHit]:

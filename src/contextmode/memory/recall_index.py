@@ -90,6 +90,8 @@ class BM25Index:
         self.params = params or BM25Params()
         self._analyze = analyzer
         self._seqs: dict[str, array[int]] = {}
+        # seq -> its distinct terms, for pseudo-relevance feedback (no counts needed there)
+        self._terms_of: dict[int, tuple[str, ...]] = {}
         self._tfs: dict[str, array[float]] = {}
         # _doc_len[seq] = number of terms of that turn (0 for unindexed seqs; slot 0 unused)
         self._doc_len: array[float] = array("f", [0.0])
@@ -118,6 +120,7 @@ class BM25Index:
         self._doc_len.append(float(length))
         self._docs += 1
         self._total_len += length
+        self._terms_of[turn.seq] = tuple(counts)
         for term, tf in counts.items():
             seqs = self._seqs.get(term)
             if seqs is None:
@@ -126,6 +129,10 @@ class BM25Index:
             else:
                 seqs.append(turn.seq)
                 self._tfs[term].append(float(tf))
+
+    def doc_terms(self, seq: int) -> tuple[str, ...]:
+        """The distinct terms of turn ``seq`` (empty when not indexed)."""
+        return self._terms_of.get(seq, ())
 
     def df(self, term: str) -> int:
         """How many indexed turns contain ``term``."""
