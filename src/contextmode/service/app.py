@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..engine import Engine
 from ..errors import ContextModeError, StoreError
 from .auth import ApiKeys
-from .codes import ErrorCode, code_for_exception, code_for_status, http_status
+from .codes import ErrorCode, code_for_exception, code_for_status, http_status, public_message
 from .metrics import MeteredJobs, ServiceMetrics
 from .routes_openai import openai_error_body
 from .routes_openai import router as openai_router
@@ -142,8 +142,7 @@ def _install_handlers(app: FastAPI) -> None:
         row = code_for_exception(exc)
         if row.code >= 50000:
             log.warning("%s on %s: %s", type(exc).__name__, request.url.path, exc)
-        msg = str(exc) if row.code != 50000 else "internal error"
-        return _error_response(request.url.path, row, msg)
+        return _error_response(request.url.path, row, public_message(exc, row))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -162,6 +161,8 @@ def _install_handlers(app: FastAPI) -> None:
         cause = exc.__cause__
         if isinstance(cause, StarletteHTTPException) and cause.status_code == 413:
             row, detail = code_for_status(413), str(cause.detail)
+        elif exc.status_code == 400 and cause is not None:
+            detail = "invalid JSON body (not UTF-8, nested too deeply, or malformed)"
         else:
             detail = str(exc.detail) if exc.detail else row.meaning
         return _error_response(request.url.path, row, detail)

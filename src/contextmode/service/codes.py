@@ -66,6 +66,7 @@ __all__ = [
     "code_for_exception",
     "code_for_status",
     "http_status",
+    "public_message",
 ]
 
 SUCCESS = 0
@@ -164,3 +165,16 @@ def code_for_status(status: int) -> ErrorCode:
 def http_status(code: int) -> int:
     """The HTTP status of an envelope code (``0`` → 200)."""
     return 200 if code == SUCCESS else code // 100
+
+
+STORE_UNAVAILABLE_MSG = "the store is unavailable; try again"
+
+
+def public_message(exc: BaseException, row: ErrorCode) -> str:
+    """What the client is told about ``exc``: its message, except for internal errors and
+    store failures, whose driver text (host, port, SQL) stays in the server log."""
+    if row.code == INTERNAL:
+        return "internal error"
+    if isinstance(exc, StoreError):
+        return STORE_UNAVAILABLE_MSG
+    return str(exc)

@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..engine import Engine
 from ..errors import InputError
 from ..types import validate_id
-from .codes import MessageTooLong, code_for_exception
+from .codes import code_for_exception, public_message
 from .images import ImageFiles, decode_images
 from .metrics import ServiceMetrics
 from .sse import DONE, SSEResponse, sse_event
 from .state import AppState, Tenant, app_state
-from .turns import StartedStream, run_turn, start_stream
+from .turns import StartedStream, check_message, run_turn, start_stream
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
 
@@ -141,7 +141,7 @@ async def _chunks(
     except Exception as exc:
         started.outcome.outcome = "error"
         row = code_for_exception(exc)
-        yield sse_event(openai_error_body(row.code, row.name, str(exc) if row.code != 50000 else "internal error"))
+        yield sse_event(openai_error_body(row.code, row.name, public_message(exc, row)))
     yield DONE
 
 
@@ -166,8 +166,7 @@ async def chat_completions(
     message, image_urls = _text_and_images(last_user.content)
     if not message.strip():
         raise InputError("the last user message has no text")
-    if len(message) > state.settings.max_message_chars:
-        raise MessageTooLong(f"the message has {len(message)} characters; at most {state.settings.max_message_chars}")
+    check_message(message, state.settings)
     system = next((m for m in body.messages if m.role in ("system", "developer")), None)
     engine = state.engine
     if system is not None:

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from ..errors import ModelError, SessionNotFound
 from ..types import validate_id
-from .codes import SUCCESS, MessageTooLong, code_for_exception
+from .codes import SUCCESS, code_for_exception, public_message
 from .images import ImageFiles, decode_images
 from .metrics import ServiceMetrics
 from .schemas import (
@@ -33,7 +33,7 @@ from .schemas import (
 )
 from .sse import DONE, SSEResponse, sse_event
 from .state import AppState, Tenant, app_state
-from .turns import StartedStream, run_turn, start_stream
+from .turns import StartedStream, check_message, run_turn, start_stream
 
 __all__ = ["envelope", "router"]
 
@@ -104,7 +104,7 @@ async def _turn_events(started: StartedStream, session_id: str, metrics: Service
         row = code_for_exception(exc)
         if not isinstance(exc, ModelError):
             log.exception("turn failed mid-stream (session %s)", session_id)
-        msg = str(exc) if row.code != 50000 else "internal error"
+        msg = public_message(exc, row)
         # partial: the text streamed so far is stored as a partial answer
         yield sse_event({"type": "error", "code": row.code, "msg": msg, "partial": answered})
     yield DONE
@@ -118,10 +118,7 @@ async def _turn_events(started: StartedStream, session_id: str, metrics: Service
 )
 async def post_message(session_id: SessionId, body: MessageRequest, tenant: Tenant, state: State) -> Any:
     _session(session_id)
-    if len(body.message) > state.settings.max_message_chars:
-        raise MessageTooLong(
-            f"the message has {len(body.message)} characters; at most {state.settings.max_message_chars}"
-        )
+    check_message(body.message, state.settings)
     images = ImageFiles.write(decode_images(body.images, state.settings), state.settings.image_dir)
     mode = body.mode or state.engine.settings.mode
     turn: dict[str, Any] = {"mode": mode, "images": images, "metrics": state.metrics}
@@ -146,8 +143,7 @@ async def get_context(
     mode: Annotated[Literal["contextual", "decoupled"] | None, Query()] = None,
 ) -> Any:
     _session(session_id)
-    if len(message) > state.settings.max_message_chars:
-        raise MessageTooLong(f"the message has {len(message)} characters; at most {state.settings.max_message_chars}")
+    check_message(message, state.settings)
     prepared = await state.engine.prepare(tenant, session_id, message, mode=mode)
     return envelope(ContextOut.of(prepared, full=True))
 

@@ -9,16 +9,34 @@ closed so the engine stores the partial answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..engine import Engine, TurnEvent, TurnResult
-from ..errors import ModelError
+from ..errors import InputError, ModelError
+from .codes import MessageTooLong
 from .images import ImageFiles
 from .metrics import ServiceMetrics
+from .settings import ServiceSettings
 
-__all__ = ["StartedStream", "TurnOutcome", "run_turn", "start_stream"]
+__all__ = ["StartedStream", "TurnOutcome", "check_message", "run_turn", "start_stream"]
+
+# C0 controls but tab, newline and carriage return, and DEL: never text a user typed, and
+# PostgreSQL refuses NUL in text, so they are refused here rather than failing in the store.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def check_message(message: str, settings: ServiceSettings) -> None:
+    """Raise `MessageTooLong` (40002) or `InputError` (40001) for a message the service refuses."""
+    if len(message) > settings.max_message_chars:
+        raise MessageTooLong(f"the message has {len(message)} characters; at most {settings.max_message_chars}")
+    if found := _CONTROL.search(message):
+        raise InputError(
+            f"the message contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
+            "only tab, newline and carriage return are allowed"
+        )
 
 Outcome = Literal["ok", "partial", "error", "client_gone"]
 
