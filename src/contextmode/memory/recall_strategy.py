@@ -50,7 +50,8 @@ class HybridRecall(Hybrid):
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
         recent = tuple(state.turns[-self.recent_turns :]) if self.recent_turns > 0 else ()
         first_recent = recent[0].seq if recent else state.last_seq + 1
-        pool = {t.seq: t for t in (*state.key_moments, *state.turns) if t.seq < first_recent}
+        # Loaded key moments carry their emotion score; they win over the same turn in the tail.
+        pool = {t.seq: t for t in (*state.turns, *state.key_moments) if t.seq < first_recent}
         moments = self.rank_key_moments(list(pool.values()), before_seq=first_recent, now=now)
         shown = {t.seq for t in moments}
         recall = tuple(t for t in state.recalled if t.seq < first_recent and t.seq not in shown)

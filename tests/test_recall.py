@@ -1,0 +1,271 @@
+"""Recall: the incremental BM25 index, the recaller, neighbours, fusion, the hybrid_recall strategy."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from contextmode.memory import get_strategy
+from contextmode.memory.recall import HybridRecall, Recaller, RecallSettings, recall_query
+from contextmode.memory.recall_dense import DenseIndex, rrf_fuse
+from contextmode.memory.recall_index import BM25Index, BM25Params, turn_text
+from contextmode.memory.recall_text import analyze, stem
+from contextmode.store.memory import MemoryStore
+from contextmode.types import NewTurn, SessionState, Turn
+
+T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
+
+_EN_WORDS = ["coffee", "weather", "garden", "running", "music", "movie", "dinner", "travel", "office", "project", "meeting", "weekend", "book", "pizza", "train", "city", "river", "beach", "mountain", "guitar", "painting", "camera", "phone"]
+_ZH_FILLER = [
+    "今天天气不错，我们去公园散步吧。",
+    "晚饭吃了面条，味道还可以。",
+    "最近工作有点忙，项目快到截止日期了。",
+    "周末打算看一部电影放松一下。",
+    "这本书我读了一半，挺有意思的。",
+    "地铁今天特别挤，差点迟到。",
+    "明天要开会，需要准备一下材料。",
+    "我最近在学吉他，手指有点疼。",
+]
+
+
+def _turn(seq: int, content: str, role: str = "user", **metadata: str) -> Turn:
+    return Turn(
+        seq=seq, role=role, content=content, tokens=len(content),  # type: ignore[arg-type]
+        created_at=T0 + timedelta(minutes=seq), metadata=metadata,
+    )
+
+
+def _english_turns(n: int, seed: int = 7) -> list[Turn]:
+    rng = random.Random(seed)
+    return [
+        _turn(i, " ".join(rng.choice(_EN_WORDS) for _ in range(rng.randint(3, 12))),
+              role="user" if i % 2 else "assistant")
+        for i in range(1, n + 1)
+    ]
+
+
+def _reference_bm25(docs: dict[int, list[str]], query: list[str], k1: float, b: float) -> dict[int, float]:
+    """Textbook BM25 over all documents at once, for comparison."""
+    n = len(docs)
+    avgdl = sum(len(d) for d in docs.values()) / n
+    df = Counter(t for d in docs.values() for t in set(d))
+    scores: dict[int, float] = {}
+    for seq, doc in docs.items():
+        tf = Counter(doc)
+        score = 0.0
+        for term, qtf in Counter(query).items():
+            if tf[term]:
+                idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+                score += qtf * idf * tf[term] * (k1 + 1) / (tf[term] + k1 * (1 - b + b * len(doc) / avgdl))
+        if score:
+            scores[seq] = score
+    return scores
+
+
+# -- text analysis ---------------------------------------------------------------------
+
+
+def test_stemming_joins_inflections() -> None:
+    assert stem("painting") == stem("painted") == stem("paints") == stem("paint")
+    assert stem("baking") == stem("baked") == stem("bake")
+    assert stem("studies") == stem("studied") == stem("study")
+    assert stem("running") == stem("run")
+
+
+def test_analyze_drops_stopwords_and_keeps_numbers() -> None:
+    assert analyze("What did you do on 8 May, 2023?") == ["8", "may", "2023"]
+
+
+def test_analyze_chinese_words_and_bigrams() -> None:
+    terms = analyze("我妹妹叫小红")
+    assert "妹妹" in terms and "小红" in terms
+    assert "我" not in terms  # a stop word
+    assert set(analyze("我妹妹叫什么来着?")) & set(terms) >= {"妹妹"}
+
+
+# -- the index -------------------------------------------------------------------------
+
+
+def test_incremental_index_scores_like_a_from_scratch_bm25() -> None:
+    turns = _english_turns(300)
+    params = BM25Params()
+    grown = BM25Index(params)
+    queries = ["coffee guitar", "beach beach river", "office project meeting weekend"]
+    for turn in turns:
+        grown.add(turn)
+        if turn.seq in (50, 150):  # searching in between must not disturb later state
+            grown.search(queries[0], k=5)
+    docs = {t.seq: analyze(turn_text(t)) for t in turns}
+    for query in queries:
+        expected = _reference_bm25(docs, analyze(query), params.k1, params.b)
+        got = dict(grown.search(query, k=len(turns)))
+        assert got.keys() == expected.keys()
+        for seq, score in expected.items():
+            assert got[seq] == pytest.approx(score, rel=1e-5)
+    fresh = BM25Index(params)
+    for turn in turns:
+        fresh.add(turn)
+    assert fresh.search(queries[2], k=20) == grown.search(queries[2], k=20)
+
+
+def test_add_is_idempotent_and_skips_system_turns() -> None:
+    index = BM25Index()
+    index.add(_turn(1, "guitar lessons"))
+    index.add(_turn(1, "guitar lessons"))
+    index.add(_turn(2, "system note about guitar", role="system"))
+    assert len(index) == 1 and index.last_seq == 2
+    assert [seq for seq, _ in index.search("guitar", k=5)] == [1]
+
+
+def test_exclude_from_seq_leaves_out_the_recent_window() -> None:
+    index = BM25Index()
+    for seq in range(1, 11):
+        index.add(_turn(seq, "pizza night"))
+    seqs = [seq for seq, _ in index.search("pizza", k=20, exclude_from_seq=7)]
+    assert sorted(seqs) == [1, 2, 3, 4, 5, 6]
+    assert index.search("unknownword", k=5) == []
+
+
+def test_speaker_name_is_indexed() -> None:
+    index = BM25Index()
+    index.add(_turn(1, "I adopted a cat", speaker="Caroline"))
+    index.add(_turn(2, "I adopted a dog", speaker="Melanie"))
+    assert index.search("What did Caroline adopt?", k=1)[0][0] == 1
+
+
+# -- the recaller ----------------------------------------------------------------------
+
+
+async def _session(store: MemoryStore, contents: list[str], sid: str = "s1") -> SessionState:
+    await store.append("t", sid, [
+        NewTurn(role="user" if i % 2 == 0 else "assistant", content=c, tokens=len(c),
+                created_at=T0 + timedelta(minutes=i))
+        for i, c in enumerate(contents)
+    ])
+    return await store.load("t", sid, recent=8)
+
+
+async def test_chinese_planted_fact_is_recalled_a_hundred_turns_later() -> None:
+    store = MemoryStore()
+    contents = ["你好！", "你好，有什么可以帮你？", "我妹妹叫小红，下个月过生日。", "好的，记住了。"]
+    contents += [_ZH_FILLER[i % len(_ZH_FILLER)] for i in range(100)]
+    state = await _session(store, contents)
+    recalled = await Recaller().recall(store, state, "我妹妹叫什么来着?")
+    assert recalled and recalled[0].seq == 3
+    assert "小红" in recalled[0].content
+
+
+async def test_english_planted_fact_is_recalled() -> None:
+    store = MemoryStore()
+    contents = ["hi", "hello!", "My sister's name is Lily and she lives in Lisbon.", "Nice!"]
+    contents += [" ".join(random.Random(i).choice(_EN_WORDS) for _ in range(8)) for i in range(100)]
+    state = await _session(store, contents)
+    recalled = await Recaller().recall(store, state, "What is my sister called again?")
+    assert recalled[0].seq == 3
+
+
+async def test_neighbour_expansion_brings_the_previous_turn() -> None:
+    store = MemoryStore()
+    contents = ["Which colour should the sofa be?", "Go for emerald green velvet."]
+    contents += [_ZH_FILLER[i % len(_ZH_FILLER)] for i in range(20)]
+    state = await _session(store, contents)
+    recaller = Recaller(RecallSettings(neighbours=True))
+    index = await recaller.index(store, "t", "s1", last_seq=state.last_seq)
+    hits = recaller.rank(index, "emerald velvet")
+    assert [(h.seq, h.neighbour_of) for h in hits[:2]] == [(2, None), (1, 2)]
+    assert hits[1].score == pytest.approx(hits[0].score * 0.5)
+    plain = Recaller(RecallSettings(neighbours=False)).rank(index, "emerald velvet")
+    assert [h.seq for h in plain] == [2]
+
+
+async def test_recall_leaves_out_recent_turns_and_catches_up_incrementally() -> None:
+    store = MemoryStore()
+    state = await _session(store, [f"note {i} about kayaking" for i in range(30)])
+    recaller = Recaller(RecallSettings(neighbours=False))
+    recalled = await recaller.recall(store, state, "kayaking", recent_turns=8)
+    assert recalled and max(t.seq for t in recalled) <= 22
+    # New turns reach the index through observe (O(turn)) and through store catch-up.
+    (new,) = await store.append("t", "s1", [NewTurn(role="user", content="paragliding lesson", tokens=3)])
+    recaller.observe("t", "s1", [new])
+    index = await recaller.index(store, "t", "s1", last_seq=new.seq)
+    assert index.last_seq == new.seq
+    fresh = await Recaller().index(store, "t", "s1", last_seq=new.seq)
+    assert index.search("paragliding kayaking", k=10) == fresh.search("paragliding kayaking", k=10)
+
+
+def test_short_message_borrows_terms_from_recent_turns() -> None:
+    recent = [_turn(1, "The blue button opens settings")]
+    weights = recall_query("where is it?", recent, RecallSettings())
+    assert weights["button"] == pytest.approx(0.3)
+    long = recall_query("where is the settings button placed exactly", recent, RecallSettings())
+    assert "blue" not in long
+
+
+# -- dense retrieval and fusion --------------------------------------------------------
+
+
+class _HashEmbedder:
+    """A deterministic bag-of-words embedder: each term hashes to one dimension."""
+
+    dim = 64
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for term in analyze(text):
+                out[row, sum(map(ord, term)) % self.dim] += 1.0
+            norm = np.linalg.norm(out[row])
+            if norm:
+                out[row] /= norm
+        return out
+
+
+def test_dense_index_grows_and_searches() -> None:
+    dense = DenseIndex(_HashEmbedder())
+    turns = _english_turns(150)
+    dense.add_many(turns[:100])
+    for turn in turns[100:]:
+        dense.add(turn)
+    assert len(dense) == 150 and dense.last_seq == 150
+    best = dense.search(turns[41].content, k=3)
+    assert best[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert all(seq < 60 for seq, _ in dense.search("coffee", k=10, exclude_from_seq=60))
+
+
+def test_rrf_fuse_rewards_agreement() -> None:
+    fused = dict(rrf_fuse([[1, 2, 3], [3, 1, 4]], k=60))
+    assert fused[1] > fused[3] > fused[2] > fused[4]
+
+
+async def test_recaller_with_embedder_fuses_both_rankings() -> None:
+    store = MemoryStore()
+    state = await _session(store, [f"day {i}: {_EN_WORDS[i % len(_EN_WORDS)]} and tea" for i in range(40)])
+    recaller = Recaller(RecallSettings(neighbours=False), embedder=_HashEmbedder())
+    recalled = await recaller.recall(store, state, "guitar")
+    assert recalled and "guitar" in recalled[0].content
+
+
+# -- the strategy ----------------------------------------------------------------------
+
+
+def test_hybrid_recall_is_registered_and_plans_a_recall_layer() -> None:
+    strategy = get_strategy("hybrid_recall")
+    assert isinstance(strategy, HybridRecall) and strategy.recall_limit > 0
+    turns = [_turn(i, f"turn {i}") for i in range(1, 21)]
+    moment = Turn(seq=3, role="user", content="I was devastated", tokens=3,
+                  created_at=T0, emotion=0.95)
+    state = SessionState(
+        tenant="t", session_id="s", last_seq=20, turns=tuple(turns), key_moments=(moment,),
+        recalled=(turns[18], turns[4], moment, turns[9]),
+    )
+    plan = strategy.plan(state, "anything", now=T0 + timedelta(hours=1))
+    assert [t.seq for t in plan.recent] == list(range(15, 21))
+    assert [t.seq for t in plan.key_moments] == [3]
+    # Recalled turns already shown (recent window, key moments) are not repeated.
+    assert [t.seq for t in plan.recall] == [5, 10]
+    assert plan.shares["recall"] > plan.shares["recent"]
