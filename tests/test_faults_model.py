@@ -1,0 +1,307 @@
+"""Model faults on the reply path and in every background job, with the real openai client
+against the stub server: the reply fails with a clear envelope code and keeps the user
+turn; jobs retry with backoff and give up visibly; nothing already stored is touched.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+
+from contextmode.api import build_engine
+from contextmode.engine import Engine
+from contextmode.jobs import JobRunner, JobSettings
+from contextmode.models.openai import OpenAIChatModel
+from contextmode.processors.llm import LLMConstraintExtractor, LLMEmotionScorer, LLMSummarizer
+from contextmode.service import ServiceSettings, create_app
+from contextmode.settings import EngineSettings
+from contextmode.store import MemoryStore
+from contextmode.store.base import Store
+from contextmode.testing.counters import CharTokenCounter
+from contextmode.testing.models import FunctionModel
+from contextmode.testing.stub_server import StubRequest, StubServer
+from contextmode.types import NewTurn
+
+TENANT = "local"
+SID = "faulty"
+STUB_KEY = "sk-stubkey-0123456789abcdef"
+
+
+def job_reply(request: StubRequest) -> str:
+    """What the stub answers each background prompt with (by its system prompt)."""
+    system = str(request.messages[0].get("content", "")) if request.messages else ""
+    if "incremental summary" in system or "增量摘要" in system:
+        return "SUMMARY: the user likes tea and hikes on Sundays."
+    if "extract" in system or "提取" in system:
+        return json.dumps({"upsert": [{"key": "drink", "value": "tea", "kind": "preference", "quote": "tea"}]})
+    if "intensity" in system or "强度" in system:
+        return '{"intensity": 0.5}'
+    return f"Stub answer to: {request.last_user}"
+
+
+@pytest.fixture
+def stub() -> Iterator[StubServer]:
+    server = StubServer(job_reply, chunk_chars=4)
+    server.start()
+    yield server
+    server.stop()
+
+
+def stub_model(stub: StubServer, *, timeout: float = 1.0) -> OpenAIChatModel:
+    return OpenAIChatModel(model="stub-model", base_url=stub.url, api_key=STUB_KEY, timeout=timeout, max_retries=0)
+
+
+async def snapshot(store: Store, session_id: str = SID) -> dict[str, Any]:
+    """Everything stored for the session, comparable before and after a fault."""
+    info = await store.info(TENANT, session_id)
+    if info is None:
+        return {"turns": [], "summary": None, "constraints": []}
+    turns = await store.turns(TENANT, session_id, from_seq=1, to_seq=info.last_seq)
+    state = await store.load(TENANT, session_id, recent=0, max_uncovered=0)
+    return {
+        "turns": [(t.seq, t.role, t.content, bool(t.metadata.get("partial"))) for t in turns],
+        "summary": (state.summary.text, state.summary.covers_seq) if state.summary else None,
+        "constraints": sorted((c.key, c.value) for c in state.constraints),
+        "summary_version": info.summary_version,
+        "constraints_version": info.constraints_version,
+    }
+
+
+def sse(body: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+
+
+# -- the reply path ------------------------------------------------------------------------
+
+Inject = Callable[[StubServer], None]
+
+# fault → how to inject it, the envelope code, and whether some answer text arrives first
+REPLY_FAULTS: dict[str, tuple[Inject, int, bool]] = {
+    "http_429": (lambda s: s.fail_next(429), 50202, False),
+    "http_500": (lambda s: s.fail_next(500), 50202, False),
+    "http_502": (lambda s: s.fail_next(502), 50202, False),
+    "http_503": (lambda s: s.fail_next(503), 50202, False),
+    # a 400 is retried once without stream_options (servers that refuse usage capture)
+    "http_400": (lambda s: s.fail_next(400, count=2), 50201, False),
+    "timeout": (lambda s: s.hang_next(seconds=5), 50401, False),
+    "connection_reset": (lambda s: s.reset_next(), 50202, False),
+    "truncated_stream": (lambda s: s.truncate_next(after_chunks=2), 50201, True),
+    "malformed_json": (lambda s: s.malformed_next(), 50201, True),
+    "no_finish_reason": (lambda s: s.unfinished_next(), 50201, True),
+}
+
+
+@pytest.fixture
+async def reply_client(stub: StubServer) -> AsyncIterator[tuple[httpx.AsyncClient, Engine]]:
+    engine = build_engine(store=MemoryStore(), model=stub_model(stub), counter=CharTokenCounter())
+    app = create_app(engine, ServiceSettings())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
+        yield client, engine
+    await engine.close()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["envelope", "sse"])
+@pytest.mark.parametrize("fault", list(REPLY_FAULTS))
+async def test_reply_fault_keeps_the_user_turn_and_touches_nothing_else(
+    reply_client: tuple[httpx.AsyncClient, Engine], stub: StubServer, fault: str, stream: bool
+) -> None:
+    client, engine = reply_client
+    for text in ("I like tea", "and hiking on Sundays"):
+        ok = await client.post(f"/v1/sessions/{SID}/messages", json={"message": text})
+        assert ok.status_code == 200, ok.text
+    await engine.drain()
+    before = await snapshot(engine.store)
+    assert len(before["turns"]) == 4
+
+    inject, code, some_text = REPLY_FAULTS[fault]
+    inject(stub)
+    message = f"fault {fault} now"
+    response = await client.post(f"/v1/sessions/{SID}/messages", json={"message": message, "stream": stream})
+    if stream:
+        assert response.status_code == 200
+        events = sse(response.text)
+        error = events[-1]
+        assert error["type"] == "error" and error["code"] == code, events
+        assert error["partial"] is some_text
+        assert error["msg"] and STUB_KEY not in response.text
+    else:
+        assert response.status_code == code // 100, response.text
+        body = response.json()
+        assert body["code"] == code and body["data"] is None and body["msg"], body
+        assert STUB_KEY not in response.text
+    await engine.drain()
+
+    after = await snapshot(engine.store)
+    assert after["turns"][:4] == before["turns"], "turns stored before the fault changed"
+    user = after["turns"][4]
+    assert user[1:3] == ("user", message)
+    if some_text:
+        # the text that arrived is kept, marked partial (seed 000)
+        assert len(after["turns"]) == 6
+        seq, role, content, partial = after["turns"][5]
+        assert role == "assistant" and partial and content and f"Stub answer to: {message}".startswith(content)
+    else:
+        assert len(after["turns"]) == 5, "no empty answer is stored"
+
+    # the next turn works: nothing to restart
+    again = await client.post(f"/v1/sessions/{SID}/messages", json={"message": "still there?"})
+    assert again.status_code == 200 and again.json()["data"]["answer"] == "Stub answer to: still there?"
+
+
+async def test_openai_proxy_path_answers_model_faults_in_openai_shape(
+    reply_client: tuple[httpx.AsyncClient, Engine], stub: StubServer
+) -> None:
+    client, engine = reply_client
+    for status in (429, 503):
+        stub.fail_next(status)
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hello"}]},
+            headers={"x-session-id": SID},
+        )
+        assert response.status_code == 502
+        error = response.json()["error"]
+        assert error["contextmode_code"] == 50202 and error["type"] == "server_error"
+    await engine.drain()
+    assert [t[1] for t in (await snapshot(engine.store))["turns"]] == ["user", "user"]
+
+
+# -- background jobs -----------------------------------------------------------------------
+
+
+class Sleeps:
+    """Records the backoffs instead of waiting for them."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def jobs_engine(stub: StubServer, sleeps: Sleeps, *, attempts: int = 3) -> Engine:
+    """The answer from a local fake; summary, constraints and emotion from the stub (LLM processors)."""
+    store = MemoryStore()
+    model = stub_model(stub)
+    settings = EngineSettings(summary_threshold=2, job_attempts=attempts)
+    runner = JobRunner(store, replace(JobSettings(), attempts=attempts, base_delay_s=0.5, jitter=0.0), sleep=sleeps)
+    return build_engine(
+        store=store,
+        model=FunctionModel(lambda messages: "fine"),
+        counter=CharTokenCounter(),
+        settings=settings,
+        summarizer=LLMSummarizer(model),
+        extractor=LLMConstraintExtractor(model),
+        emotion=LLMEmotionScorer(model),
+        jobs=runner,
+    )
+
+
+async def seed_history(engine: Engine, turns: int = 10) -> None:
+    await engine.store.append(
+        TENANT,
+        SID,
+        [NewTurn(role="user" if i % 2 == 0 else "assistant", content=f"old turn {i}", tokens=3) for i in range(turns)],
+    )
+
+
+JOB_FAULTS: dict[str, Inject] = {
+    "http_429": lambda s: s.fail_next(429, count=9),
+    "http_500": lambda s: s.fail_next(500, count=9),
+    "http_503": lambda s: s.fail_next(503, count=9),
+    "timeout": lambda s: s.hang_next(count=9, seconds=5),
+    "connection_reset": lambda s: s.reset_next(count=9),
+    "truncated_body": lambda s: s.truncate_next(count=9),
+    "malformed_json": lambda s: s.malformed_next(count=9),
+}
+
+
+@pytest.mark.parametrize("fault", list(JOB_FAULTS))
+async def test_background_jobs_retry_with_backoff_then_give_up_visibly(stub: StubServer, fault: str) -> None:
+    sleeps = Sleeps()
+    engine = jobs_engine(stub, sleeps)
+    if fault == "timeout":
+        engine.summarizer = LLMSummarizer(stub_model(stub, timeout=0.3))
+        engine.extractor = LLMConstraintExtractor(stub_model(stub, timeout=0.3))
+        engine.emotion = LLMEmotionScorer(stub_model(stub, timeout=0.3))
+    await seed_history(engine)
+    # a clean turn first: a summary, a constraint and emotion scores are stored
+    first = await engine.turn(TENANT, SID, "I like tea")
+    assert set(first.jobs) == {"emotion", "constraints", "summary"}
+    await engine.drain()
+    before = await snapshot(engine.store)
+    assert before["summary"] is not None and before["constraints"] == [("drink", "tea")]
+    stats = (await engine.store.info(TENANT, SID)).jobs  # type: ignore[union-attr]
+    assert {name: (s.ok, s.failed) for name, s in stats.items()} == {
+        "emotion": (1, 0), "constraints": (1, 0), "summary": (1, 0)
+    }
+    stub.reset()
+
+    # every attempt of every job of the next turn hits the fault (3 jobs x 3 attempts)
+    JOB_FAULTS[fault](stub)
+    result = await engine.turn(TENANT, SID, "and coffee too, lots of it")
+    assert result.answer == "fine" and not result.partial  # the reply never waits for the jobs
+    assert set(result.jobs) == {"emotion", "constraints", "summary"}
+    await engine.drain()
+
+    assert len(stub.chat_requests) == 9, "three attempts for each of the three jobs"
+    info = await engine.store.info(TENANT, SID)
+    assert info is not None
+    for name in ("emotion", "constraints", "summary"):
+        job = info.jobs[name]
+        assert (job.ok, job.failed) == (1, 1), (name, job)
+        assert job.last_error and job.last_error.startswith("after 3 attempts:"), job.last_error
+        assert STUB_KEY not in job.last_error
+    # exponential backoff between attempts: 0.5 s then 1 s, for each job
+    assert sleeps.delays == [0.5, 1.0] * 3
+
+    after = await snapshot(engine.store)
+    assert after["summary"] == before["summary"] and after["constraints"] == before["constraints"]
+    assert after["summary_version"] == before["summary_version"]
+    assert after["constraints_version"] == before["constraints_version"]
+    assert after["turns"][: len(before["turns"])] == before["turns"]
+    assert [t[2] for t in after["turns"][len(before["turns"]):]] == ["and coffee too, lots of it", "fine"]
+    await engine.close()
+
+
+async def test_a_job_that_fails_once_succeeds_on_retry(stub: StubServer) -> None:
+    sleeps = Sleeps()
+    engine = jobs_engine(stub, sleeps)
+    stub.fail_next(503)  # the emotion job's first attempt
+    stub.malformed_next()  # its second
+    await engine.turn(TENANT, SID, "I like tea")
+    await engine.drain()
+    info = await engine.store.info(TENANT, SID)
+    assert info is not None
+    assert (info.jobs["emotion"].ok, info.jobs["emotion"].failed) == (1, 0)
+    assert info.jobs["constraints"].ok == 1
+    assert sleeps.delays == [0.5, 1.0]
+    assert (await snapshot(engine.store))["constraints"] == [("drink", "tea")]
+    await engine.close()
+
+
+async def test_job_failures_show_in_the_session_stats_over_http(stub: StubServer) -> None:
+    sleeps = Sleeps()
+    engine = jobs_engine(stub, sleeps, attempts=2)
+    app = create_app(engine, ServiceSettings())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        stub.fail_next(429, count=4)  # emotion and constraints, two attempts each
+        response = await client.post(f"/v1/sessions/{SID}/messages", json={"message": "I like tea"})
+        assert response.status_code == 200
+        await engine.drain()
+        session = (await client.get(f"/v1/sessions/{SID}")).json()["data"]
+    jobs = session["stats"]["jobs"]
+    assert jobs["emotion"]["failed"] == 1 and jobs["constraints"]["failed"] == 1
+    assert "after 2 attempts" in jobs["emotion"]["last_error"] and "429" in jobs["emotion"]["last_error"]
+    assert [t["content"] for t in session["turns"]] == ["I like tea", "fine"]
+    assert session["constraints"] == []
+    await engine.close()
