@@ -147,7 +147,7 @@ async def test_reply_fault_keeps_the_user_turn_and_touches_nothing_else(
     if some_text:
         # the text that arrived is kept, marked partial (seed 000)
         assert len(after["turns"]) == 6
-        seq, role, content, partial = after["turns"][5]
+        _seq, role, content, partial = after["turns"][5]
         assert role == "assistant" and partial and content and f"Stub answer to: {message}".startswith(content)
     else:
         assert len(after["turns"]) == 5, "no empty answer is stored"
