@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import re
@@ -50,6 +51,7 @@ __all__ = [
     "message_for",
     "read_summary_log",
     "turn_index",
+    "warm_up",
 ]
 
 SUMMARY_LOG_ENV = "CONTEXTMODE_WORKER_SUMMARY_LOG"
@@ -136,12 +138,28 @@ def create_worker_app() -> Any:
     # background jobs and close the store when uvicorn shuts down.
     @asynccontextmanager
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        await warm_up(engine)
         async with inner(app_) as state:
             yield state
         await engine.close()
 
     app.router.lifespan_context = lifespan
     return app
+
+
+async def warm_up(engine: Any) -> None:
+    """Run each offline processor once before serving, so the first requests and jobs
+    do not pay for loading lexicons and models (≈ 2 s on a busy 2-core box)."""
+    from ..types import utc_now
+
+    turn = Turn(seq=1, role="user", content="我不吃辣，预算两千以内。I'm vegetarian.", tokens=12, created_at=utc_now())
+    try:
+        engine.counter.count(turn.content)
+        await engine.emotion.score(turn.content)
+        await engine.detector.detect("那个呢？", [turn])
+        await engine.extractor.extract(turn, ())
+    except Exception as exc:  # a cold start is slower, not broken
+        logging.getLogger("contextmode.worker").warning("warm-up failed: %s", exc)
 
 
 # -- processes --------------------------------------------------------------------
@@ -160,6 +178,7 @@ class WorkerProcess:
     port: int
     process: subprocess.Popen[bytes]
     log_path: Path
+    _terminated: bool = False
 
     @property
     def url(self) -> str:
@@ -177,10 +196,19 @@ class WorkerProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM, then wait (the app drains its jobs); SIGKILL after ``timeout_s``."""
-        if self.alive():
+    def terminate(self) -> None:
+        """SIGTERM once: uvicorn stops accepting, finishes requests, the app drains its jobs.
+
+        uvicorn ≥ 0.29 re-raises the signal after its graceful shutdown, so a clean
+        exit has return code ``-15`` (or 0)."""
+        if self.alive() and not self._terminated:
+            self._terminated = True
             self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """`terminate`, then wait; SIGKILL after ``timeout_s``."""
+        if self.alive():
+            self.terminate()
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -278,8 +306,7 @@ class Cluster:
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop every live worker gracefully (jobs drained), then the stub server."""
         for worker in self.processes:
-            if worker.alive():
-                worker.process.send_signal(signal.SIGTERM)
+            worker.terminate()
         for worker in self.processes:
             worker.stop(timeout_s)
         if self.stub is not None and self.stub.poll() is None:
