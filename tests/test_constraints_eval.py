@@ -8,7 +8,12 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from contextmode.evaluation.constraints import evaluate_constraints, facts_match, register
+from contextmode.evaluation.constraints import (
+    evaluate_constraints,
+    facts_cover,
+    facts_match,
+    register,
+)
 
 
 def _msc(tmp_path: Path) -> Path:
@@ -36,13 +41,27 @@ def test_matching_rule_needs_overlap_on_both_sides() -> None:
                            "I went to a cafe.")
 
 
+def test_coverage_rule_needs_half_of_either_side() -> None:
+    # Half of the gold fact is stated: coverage matches, strict does not (value too long).
+    assert facts_cover("I went to a great cafe near the station", "I went to a cafe.")
+    assert not facts_match("I went to a great cafe near the station", "I went to a cafe.")
+    # The whole value is part of a longer gold fact.
+    assert facts_cover("I grew roses", "My mom and I grow roses and tulips in the garden.")
+    assert not facts_cover("I like hiking", "I have two dogs.")
+    # Irregular forms and fillers are normalised; stop words alone never match.
+    assert facts_cover("yeah lol my kids", "I have two children and a kid.")
+    assert not facts_cover("I am so", "I am.")
+
+
 def test_evaluate_constraints_counts_precision_and_recall(tmp_path: Path) -> None:
     result = evaluate_constraints(_msc(tmp_path))
     assert result["dialogues"] == 1
     assert result["utterances"] == 4
     assert result["gold_facts"] == 5
+    assert result["rule"] == "coverage"
     assert result["precision"] == 1.0
-    assert 0.5 <= result["recall"] < 1.0  # "I like to bake" is not stated that way
+    assert result["recall"] == 1.0
+    assert result["strict_recall"] <= result["recall"]
     assert result["baseline_whole_utterance_precision"] < result["precision"]
 
 

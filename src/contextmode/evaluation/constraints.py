@@ -4,18 +4,24 @@ Input: ``personasummary_s*_*.txt``, one JSON dialogue a line, ``dialog:[{id, tex
 persona_text?}]``; an utterance's ``persona_text`` is the gold fact(s) it reveals about its
 speaker. Every utterance (both speakers) goes through `OfflineConstraintExtractor`.
 
-The matching rule (also in docs/quality-language.md):
+The matching rules (also in docs/quality-language.md):
 
-* gold facts: the utterance's ``persona_text`` split into sentences;
-* an extracted value and a gold fact *match* when they share content words (stop words
-  dropped, light stemming, see `contextmode.processors.constraints.content_words`) making at
-  least ``min_overlap`` (default 0.5) of the extracted value's content words AND at least
-  ``min_overlap`` of the gold fact's content words; matching is only within one utterance;
-* precision = extracted values that match a gold fact of their utterance / all extracted
-  values (values from utterances without ``persona_text`` are all false positives);
-* recall = gold facts matched by some value extracted from their utterance / all gold facts;
+* gold facts: the utterance's ``persona_text`` split into sentences; words compared are
+  `contextmode.processors.fact_scorer.fact_words` (lower case, stop words and fillers
+  dropped, irregular forms mapped, number words as digits, crude suffix stripping);
+* *coverage* (headline ``precision``/``recall``/``f1``): a value and a gold fact match when
+  their shared content words make at least ``min_overlap`` (0.5) of the gold fact's content
+  words OR at least ``min_overlap`` of the value's — one states at least half of the other;
+* *strict* (``strict_*``): the shared words must make ``min_overlap`` of both sides;
+* matching is only within one utterance; precision = extracted values that match a gold fact
+  of their utterance / all extracted values (values from utterances without
+  ``persona_text`` are all false positives); recall = gold facts matched by some value
+  extracted from their utterance / all gold facts;
 * ``utterance_recall`` (looser, reported beside) = utterances with ``persona_text`` where
-  at least one extracted value matches / utterances with ``persona_text``.
+  at least one extracted value matches (coverage) / utterances with ``persona_text``;
+* ``lenient_*`` (kept from earlier reports): a value counts when ``min_overlap`` of its words
+  occur anywhere in the utterance's ``persona_text``, a gold fact when ``min_overlap`` of its
+  words occur in the union of the utterance's values.
 
 Baselines scored with the same rule: ``whole_utterance`` (the whole utterance as one value)
 and ``first_person`` (every clause starting with I/my).
@@ -30,13 +36,16 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
-from ..processors.constraints import OfflineConstraintExtractor, content_words
+from ..processors.constraints import OfflineConstraintExtractor
+from ..processors.fact_scorer import fact_words as content_words
 
-__all__ = ["evaluate_constraints", "register"]
+__all__ = ["MatchRule", "evaluate_constraints", "facts_cover", "facts_match", "read_dialogues", "register"]
+
+MatchRule = Literal["coverage", "strict", "lenient"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,15 +88,25 @@ def facts_match(value: str, gold: str, min_overlap: float = 0.5) -> bool:
     return shared / len(value_words) >= min_overlap and shared / len(gold_words) >= min_overlap
 
 
+def facts_cover(value: str, gold: str, min_overlap: float = 0.5) -> bool:
+    """The coverage rule: shared content words cover ``min_overlap`` of either side."""
+    value_words = set(content_words(value))
+    gold_words = set(content_words(gold))
+    if not value_words or not gold_words:
+        return False
+    shared = len(value_words & gold_words)
+    return shared / len(gold_words) >= min_overlap or shared / len(value_words) >= min_overlap
+
+
 def _covered(words: set[str], pool: set[str], min_overlap: float) -> bool:
     return bool(words) and len(words & pool) / len(words) >= min_overlap
 
 
 def _score_utterance(
-    values: Sequence[str], persona_text: str, min_overlap: float, lenient: bool = False
+    values: Sequence[str], persona_text: str, min_overlap: float, rule: MatchRule = "coverage"
 ) -> _Counts:
     gold = _gold_facts(persona_text) if persona_text else []
-    if lenient:
+    if rule == "lenient":
         persona_words = set(content_words(persona_text))
         value_words = {w for v in values for w in content_words(v)}
         matched_values = sum(
@@ -97,12 +116,9 @@ def _score_utterance(
             1 for g in gold if _covered(set(content_words(g)), value_words, min_overlap)
         )
     else:
-        matched_values = sum(
-            1 for v in values if any(facts_match(v, g, min_overlap) for g in gold)
-        )
-        matched_gold = sum(
-            1 for g in gold if any(facts_match(v, g, min_overlap) for v in values)
-        )
+        match = facts_cover if rule == "coverage" else facts_match
+        matched_values = sum(1 for v in values if any(match(v, g, min_overlap) for g in gold))
+        matched_gold = sum(1 for g in gold if any(match(v, g, min_overlap) for v in values))
     return _Counts(
         extracted=len(values),
         matched_extracted=matched_values,
@@ -124,7 +140,7 @@ def _first_person(text: str) -> list[str]:
     ]
 
 
-def _read_dialogues(path: Path) -> Iterable[list[dict[str, Any]]]:
+def read_dialogues(path: Path) -> Iterable[list[dict[str, Any]]]:
     with path.open(encoding="utf-8") as fh:
         for line in fh:
             if line.strip():
@@ -138,22 +154,24 @@ def evaluate_constraints(
     generic_facts: bool = True,
     limit: int | None = None,
     show_progress: bool = False,
+    extractor: OfflineConstraintExtractor | None = None,
 ) -> dict[str, Any]:
     """Precision / recall of `OfflineConstraintExtractor` on an MSC persona file.
 
-    Returns ``precision``, ``recall``, ``f1``, ``utterance_recall``, item counts, the share
-    of values per kind, and the same figures for the two baselines (``baseline_*``).
+    Returns ``precision``, ``recall``, ``f1``, ``utterance_recall`` (coverage rule),
+    ``strict_*`` and ``lenient_*`` under the other rules, item counts, the share of values
+    per kind, and the same figures for the two baselines (``baseline_*``). ``extractor``
+    replaces the default one (e.g. with another `FactScorer`).
     """
-    dialogues = list(_read_dialogues(Path(path)))[:limit]
-    extractor = OfflineConstraintExtractor(generic_facts=generic_facts)
+    dialogues = list(read_dialogues(Path(path)))[:limit]
+    extractor = extractor or OfflineConstraintExtractor(generic_facts=generic_facts)
     systems: dict[str, Callable[[str], list[str]]] = {
         "whole_utterance": _whole_utterance,
         "first_person": _first_person,
     }
-    totals = _Counts()
-    lenient_totals = _Counts()
-    baseline_totals = {name: _Counts() for name in systems}
-    lenient_baselines = {name: _Counts() for name in systems}
+    rules: tuple[MatchRule, ...] = ("coverage", "strict", "lenient")
+    totals = {rule: _Counts() for rule in rules}
+    baselines = {(name, rule): _Counts() for name in systems for rule in rules}
     kinds: dict[str, int] = {}
     utterances = 0
     progress = _progress() if show_progress else None
@@ -170,40 +188,38 @@ def evaluate_constraints(
                 for c in update.upsert:
                     kinds[c.kind] = kinds.get(c.kind, 0) + 1
                 values = [c.value for c in update.upsert]
-                totals = totals.add(_score_utterance(values, persona, min_overlap))
-                lenient_totals = lenient_totals.add(
-                    _score_utterance(values, persona, min_overlap, lenient=True)
-                )
+                for rule in rules:
+                    totals[rule] = totals[rule].add(_score_utterance(values, persona, min_overlap, rule))
                 for name, system in systems.items():
-                    baseline_totals[name] = baseline_totals[name].add(
-                        _score_utterance(system(text), persona, min_overlap)
-                    )
-                    lenient_baselines[name] = lenient_baselines[name].add(
-                        _score_utterance(system(text), persona, min_overlap, lenient=True)
-                    )
+                    produced = system(text)
+                    for rule in rules:
+                        baselines[name, rule] = baselines[name, rule].add(
+                            _score_utterance(produced, persona, min_overlap, rule)
+                        )
             if progress and task is not None:
                 progress.advance(task)
     finally:
         if progress:
             progress.stop()
     result: dict[str, Any] = {
-        **totals.figures(),
+        **totals["coverage"].figures(),
+        "rule": "coverage",
         "dialogues": len(dialogues),
         "utterances": utterances,
-        "gold_facts": totals.gold,
-        "extracted": totals.extracted,
+        "gold_facts": totals["coverage"].gold,
+        "extracted": totals["coverage"].extracted,
         "min_overlap": min_overlap,
         "kinds": kinds,
     }
-    for key, value in lenient_totals.figures().items():
-        if key != "utterance_recall":
-            result[f"lenient_{key}"] = value
-    for name, counts in baseline_totals.items():
-        for key, value in counts.figures().items():
-            result[f"baseline_{name}_{key}"] = value
-        for key, value in lenient_baselines[name].figures().items():
+    for rule in ("strict", "lenient"):
+        for key, value in totals[rule].figures().items():
             if key != "utterance_recall":
-                result[f"baseline_{name}_lenient_{key}"] = value
+                result[f"{rule}_{key}"] = value
+    for (name, rule), counts in baselines.items():
+        prefix = f"baseline_{name}_" if rule == "coverage" else f"baseline_{name}_{rule}_"
+        for key, value in counts.figures().items():
+            if key != "utterance_recall":
+                result[prefix + key] = value
     return result
 
 

@@ -13,16 +13,21 @@ facts (``name``, ``age``, ``location``, ``job``, ``budget``, ``spice``, ``diet``
 ``avoid:<thing>`` for facts that can hold several values. Everything else a user says about
 themself in the first person ("I play guitar in a band") becomes a low-priority ``fact:…``
 entry when ``generic_facts`` is on, since multi-session chat (MSC) shows most personal facts
-take no fixed form.
+take no fixed form. In English those untyped facts are the clauses the shipped
+`FactScorer` (a small logistic regression, see `fact_scorer`) rates as self-disclosure,
+rewritten in plain first-person form ("I'm" → "I am"); without the model file the older
+first-person patterns are used.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from ..types import Constraint, Turn
 from .base import ConstraintUpdate
+from .fact_scorer import FactScorer, default_scorer
 from .lexicons import detect_language
 from .lexicons.constraint_patterns import (
     EN_STOPWORDS,
@@ -31,6 +36,7 @@ from .lexicons.constraint_patterns import (
     en_generic,
     en_rules,
     is_fact_head,
+    normalise,
     zh_generic,
     zh_rules,
 )
@@ -38,6 +44,7 @@ from .lexicons.constraint_patterns import (
 __all__ = [
     "OfflineConstraintExtractor",
     "apply_update",
+    "canonical_fact",
     "content_words",
     "extract_constraints",
 ]
@@ -98,21 +105,64 @@ def _is_question(sentence: str, language: str) -> bool:
     return bool(_EN_QUESTION_START.match(sentence))
 
 
+_CONTRACTIONS = (
+    (re.compile(r"\b(?:I'm|I’m|Im)\b"), "I am"),
+    (re.compile(r"\bI(?:'|’)ve\b"), "I have"),
+    (re.compile(r"\bI(?:'|’)ll\b"), "I will"),
+    (re.compile(r"\bI(?:'|’)d\b"), "I would"),
+    (re.compile(r"\bi\b"), "I"),
+    (re.compile(r"\b(?:dont|don't|don’t)\b", re.IGNORECASE), "do not"),
+    (re.compile(r"\b(?:cant|can't|can’t)\b", re.IGNORECASE), "cannot"),
+    (re.compile(r"\s+(?:lol|haha+|lmao|:\)|:D)\s*$", re.IGNORECASE), ""),
+)
+
+
+def canonical_fact(clause: str) -> str:
+    """A clause in plain first-person form: contractions spelled out, capitalised, one full stop."""
+    text = clause.strip()
+    for pattern, replacement in _CONTRACTIONS:
+        text = pattern.sub(replacement, text)
+    text = re.sub(r"\s+", " ", text).strip(" .!?,;:")
+    return (text[:1].upper() + text[1:] + ".") if text else text
+
+
+def _scored_facts(
+    text: str, scorer: FactScorer, limit: int | None, typed: list[Constraint], source_seq: int
+) -> list[Constraint]:
+    typed_words = {w for c in typed for w in content_words(c.value)}
+    out = []
+    for clause, _ in scorer.select(text, limit):
+        words = content_words(clause.text)
+        # A clause a typed rule already read ("I live in Boston") is not pinned twice.
+        if not words or sum(w in typed_words for w in words) / len(words) >= 0.6:
+            continue
+        value = canonical_fact(clause.text)
+        out.append(Constraint(key=f"fact:{normalise(value, limit=4)}", value=value, kind="fact",
+                              source_seq=source_seq, quote=clause.text[:200]))
+    return out
+
+
 def extract_constraints(
     text: str,
     *,
     source_seq: int = 0,
     generic_facts: bool = True,
     max_generic: int | None = None,
+    scorer: FactScorer | Literal[False] | None = None,
 ) -> tuple[list[Constraint], list[Retract]]:
     """Constraints stated in ``text`` and retractions, in the order they appear.
 
-    ``max_generic`` bounds the untyped first-person facts taken from one text; clauses
-    led by a typical self-description ("I work…", "I have two…", "My wife…") go first.
+    ``max_generic`` bounds the untyped first-person facts taken from one text. English
+    untyped facts come from ``scorer`` (default: the shipped `FactScorer`); with
+    ``scorer=False`` (or no model file) the first-person patterns are used instead, clauses
+    led by a typical self-description ("I work…", "My wife…") first.
     """
     language = detect_language(text)
     rules = zh_rules() if language == "zh" else en_rules()
     generic = zh_generic if language == "zh" else en_generic
+    model: FactScorer | None = None
+    if language == "en" and generic_facts and scorer is not False:
+        model = scorer or default_scorer()
     found: list[Constraint] = []
     retracted: list[Retract] = []
     generic_found: list[tuple[int, int, Constraint]] = []
@@ -122,7 +172,7 @@ def extract_constraints(
         hits: list[Found | Retract] = []
         for rule in rules:
             hits.extend(rule(sentence))
-        if generic_facts:
+        if generic_facts and model is None:
             typed_words = {w for h in hits if isinstance(h, Found) for w in content_words(h.value)}
             for fact in generic(sentence):
                 words = content_words(fact.value) if isinstance(fact, Found) else []
@@ -145,6 +195,8 @@ def extract_constraints(
     if max_generic is not None:
         generic_found = sorted(generic_found)[:max_generic]
     found.extend(c for _, _, c in sorted(generic_found, key=lambda item: item[1]))
+    if model is not None:
+        found.extend(_scored_facts(text, model, max_generic, found, source_seq))
     return found, retracted
 
 
@@ -160,16 +212,22 @@ def _retracted_keys(retracts: Iterable[Retract], current: Sequence[Constraint]) 
 
 
 class OfflineConstraintExtractor:
-    """`ConstraintExtractor` from Chinese and English patterns; no model, deterministic.
+    """`ConstraintExtractor` from Chinese and English patterns; no network, deterministic.
 
     ``generic_facts`` adds other first-person statements ("I play guitar") as ``fact``
     entries, at most ``max_generic_facts`` a turn; turn it off to pin only the typed
-    constraints and identity facts.
+    constraints and identity facts. English ones are chosen by ``fact_scorer`` (default:
+    the shipped model file, pure-Python inference); ``fact_scorer=False`` keeps the older
+    first-person patterns.
     """
 
-    def __init__(self, *, generic_facts: bool = True, max_generic_facts: int | None = 3) -> None:
+    def __init__(
+        self, *, generic_facts: bool = True, max_generic_facts: int | None = 3,
+        fact_scorer: FactScorer | Literal[False] | None = None,
+    ) -> None:
         self.generic_facts = generic_facts
         self.max_generic_facts = max_generic_facts
+        self.fact_scorer = fact_scorer
 
     async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         """Constraints stated in a user ``turn``; assistant and system turns give none."""
@@ -183,7 +241,7 @@ class OfflineConstraintExtractor:
         """Same as `extract` on plain text, synchronous (evaluation, CLI)."""
         found, retracts = extract_constraints(
             text, source_seq=source_seq, generic_facts=self.generic_facts,
-            max_generic=self.max_generic_facts,
+            max_generic=self.max_generic_facts, scorer=self.fact_scorer,
         )
         remove = _retracted_keys(retracts, current)
         upserts: dict[str, Constraint] = {}
