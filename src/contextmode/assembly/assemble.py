@@ -115,6 +115,9 @@ class _Candidate:
     cost: int
     seq: int | None
     turn: Turn | None = None
+    day: str | None = None
+    """Recall: the day heading this turn is shown under (one heading per day, not per line)."""
+    day_cost: int = 0
 
 
 def assemble(
@@ -186,7 +189,14 @@ def assemble(
     )
     for name, turns, dated in dated_layers:
         for t in turns:
-            line = turn_line(t, locale, now=None if dated else now, dated=dated)
+            if dated:
+                # Recalled turns are grouped under one "[2023-05-08]" heading per day:
+                # the date is paid once a day instead of on every line (docs/quality-recall.md).
+                line = turn_line(t, locale)
+                day = f"[{t.created_at:%Y-%m-%d}]"
+                candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t, day, count(day) + 1))
+                continue
+            line = turn_line(t, locale, now=now)
             candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t))
     label_costs = {role: count(f"{role_label(role, locale)}: ") for role in ("user", "assistant", "system")}
     for t in reversed(plan.recent):  # newest first
@@ -227,7 +237,8 @@ def assemble(
         picked, cut = _fill(name, cands, limit - section_overheads[name], count, as_messages, overhead)
         if not picked:
             picked, cut = [], False
-        used = (section_overheads[name] + sum(c.cost for c in picked)) if picked else 0
+        day_costs = {c.day: c.day_cost for c in picked if c.day is not None}
+        used = (section_overheads[name] + sum(c.cost for c in picked) + sum(day_costs.values())) if picked else 0
         if name != "recent":
             leftover += max(0, alloc.get(name, 0) - used)
         chosen[name] = picked
@@ -256,10 +267,14 @@ def _fill(
     """Pick candidates (already in priority order) within ``limit`` tokens."""
     picked: list[_Candidate] = []
     spent = 0
+    days: set[str] = set()
     for cand in cands:
-        if spent + cand.cost <= limit:
+        cost = cand.cost + (cand.day_cost if cand.day is not None and cand.day not in days else 0)
+        if spent + cost <= limit:
             picked.append(cand)
-            spent += cand.cost
+            spent += cost
+            if cand.day is not None:
+                days.add(cand.day)
         elif name == "recent":
             if not picked and cand.turn is not None:
                 # The newest turn alone is too big: keep its newest part (seed 001).
@@ -330,7 +345,8 @@ def _render(
                 continue
             picked = chosen[name]
             if name in ("key_moments", "recall", "recent", "constraints"):
-                picked = sorted(picked, key=lambda c: (c.seq or 0))  # shown oldest first
+                # Shown oldest first (recall: day by day, so each day heading appears once).
+                picked = sorted(picked, key=lambda c: (c.day or "", c.seq or 0))
             allocated = alloc.get(name, 0)
             if not picked:
                 if allocated or dropped[name]:
@@ -349,6 +365,11 @@ def _render(
                     lines = [turn_line(c.turn, locale, content=c.line) if c.turn else c.line for c in picked]
                 else:
                     lines = [c.line for c in picked]
+                    if any(c.day for c in picked):
+                        lines = [
+                            f"{c.day}\n{line}" if c.day and (i == 0 or picked[i - 1].day != c.day) else line
+                            for i, (c, line) in enumerate(zip(picked, lines, strict=True))
+                        ]
                 text = section_text(name, title, lines)
                 section_texts.append(text)
                 used = count(text) + count(SECTION_SEPARATOR)
