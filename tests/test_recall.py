@@ -49,22 +49,37 @@ def _english_turns(n: int, seed: int = 7) -> list[Turn]:
     ]
 
 
-def _reference_bm25(docs: dict[int, list[str]], query: list[str], k1: float, b: float) -> dict[int, float]:
-    """Textbook BM25 over all documents at once, for comparison."""
+def _reference_bm25(
+    docs: dict[int, dict[str, float]], query: list[str], k1: float, b: float
+) -> dict[int, float]:
+    """Textbook BM25 over all documents at once (term -> frequency per doc), for comparison."""
     n = len(docs)
-    avgdl = sum(len(d) for d in docs.values()) / n
-    df = Counter(t for d in docs.values() for t in set(d))
+    lengths = {seq: sum(doc.values()) for seq, doc in docs.items()}
+    avgdl = sum(lengths.values()) / n
+    df = Counter(t for d in docs.values() for t in d)
     scores: dict[int, float] = {}
-    for seq, doc in docs.items():
-        tf = Counter(doc)
+    for seq, tf in docs.items():
         score = 0.0
         for term, qtf in Counter(query).items():
-            if tf[term]:
+            if tf.get(term):
                 idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
-                score += qtf * idf * tf[term] * (k1 + 1) / (tf[term] + k1 * (1 - b + b * len(doc) / avgdl))
+                norm = k1 * (1 - b + b * lengths[seq] / avgdl)
+                score += qtf * idf * tf[term] * (k1 + 1) / (tf[term] + norm)
         if score:
             scores[seq] = score
     return scores
+
+
+def _expanded_docs(turns: list[Turn], previous_weight: float) -> dict[int, dict[str, float]]:
+    """Each turn's terms plus the previous turn's at ``previous_weight`` (document expansion)."""
+    docs: dict[int, dict[str, float]] = {}
+    for i, turn in enumerate(turns):
+        tf: dict[str, float] = dict(Counter(analyze(turn_text(turn))))
+        if i and previous_weight:
+            for term in analyze(turns[i - 1].content):
+                tf[term] = tf.get(term, 0.0) + previous_weight
+        docs[turn.seq] = tf
+    return docs
 
 
 # -- text analysis ---------------------------------------------------------------------
@@ -100,7 +115,7 @@ def test_incremental_index_scores_like_a_from_scratch_bm25() -> None:
         grown.add(turn)
         if turn.seq in (50, 150):  # searching in between must not disturb later state
             grown.search(queries[0], k=5)
-    docs = {t.seq: analyze(turn_text(t)) for t in turns}
+    docs = _expanded_docs(turns, params.previous_weight)
     for query in queries:
         expected = _reference_bm25(docs, analyze(query), params.k1, params.b)
         got = dict(grown.search(query, k=len(turns)))
@@ -111,6 +126,19 @@ def test_incremental_index_scores_like_a_from_scratch_bm25() -> None:
     for turn in turns:
         fresh.add(turn)
     assert fresh.search(queries[2], k=20) == grown.search(queries[2], k=20)
+
+
+def test_document_expansion_finds_an_answer_by_its_question() -> None:
+    turns = [_turn(1, "What did you make in pottery class?"), _turn(2, "Bowls and a cup!"),
+             _turn(3, "Nice, what colour?")]
+    expanded, plain = BM25Index(), BM25Index(BM25Params(previous_weight=0))
+    for turn in turns:
+        expanded.add(turn)
+        plain.add(turn)
+    assert 2 in [seq for seq, _ in expanded.search("pottery", k=5)]
+    assert [seq for seq, _ in plain.search("pottery", k=5)] == [1]
+    # The turn's own words still weigh more than its predecessor's.
+    assert expanded.search("pottery", k=1)[0][0] == 1
 
 
 def test_add_is_idempotent_and_skips_system_turns() -> None:
@@ -174,7 +202,9 @@ async def test_neighbour_expansion_brings_the_previous_turn() -> None:
     contents = ["Which colour should the sofa be?", "Go for emerald green velvet."]
     contents += [_ZH_FILLER[i % len(_ZH_FILLER)] for i in range(20)]
     state = await _session(store, contents)
-    recaller = Recaller(RecallSettings(neighbours=True))
+    # Without document expansion, so only neighbour expansion brings turn 1.
+    recaller = Recaller(RecallSettings(neighbours=True),
+                        index_factory=lambda: BM25Index(BM25Params(previous_weight=0)))
     index = await recaller.index(store, "t", "s1", last_seq=state.last_seq)
     hits = recaller.rank(index, "emerald velvet")
     assert [(h.seq, h.neighbour_of) for h in hits[:2]] == [(2, None), (1, 2)]

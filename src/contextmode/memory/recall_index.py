@@ -76,6 +76,11 @@ class BM25Params:
     """Term-frequency saturation."""
     b: float = 0.75
     """Strength of document-length normalisation (0 = none, 1 = full)."""
+    previous_weight: float = 0.5
+    """Index each turn together with the words of the turn before it, each
+    occurrence counting this much (document expansion; 0 = off): an answer
+    ("Bowls and a cup!") is found by the question it answers ("What did you
+    make in pottery class?"), while the turn's own words still weigh more."""
 
 
 class BM25Index:
@@ -96,8 +101,9 @@ class BM25Index:
         # _doc_len[seq] = number of terms of that turn (0 for unindexed seqs; slot 0 unused)
         self._doc_len: array[float] = array("f", [0.0])
         self._docs = 0
-        self._total_len = 0
+        self._total_len = 0.0
         self._norm_cache: tuple[int, int, np.ndarray] | None = None
+        self._previous_terms: list[str] = []
 
     @property
     def last_seq(self) -> int:
@@ -115,7 +121,18 @@ class BM25Index:
         if turn.role == "system":
             self._doc_len.append(0.0)
             return
-        counts = Counter(self._analyze(turn_text(turn)))
+        content_terms = self._analyze(turn.content)
+        speaker = turn.metadata.get("speaker")
+        counts: dict[str, float] = dict(Counter(content_terms))
+        if isinstance(speaker, str):  # the same terms as analysing turn_text(turn)
+            for term in self._analyze(speaker):
+                counts[term] = counts.get(term, 0.0) + 1.0
+        weight = self.params.previous_weight
+        if weight > 0:
+            for term in self._previous_terms:
+                counts[term] = counts.get(term, 0.0) + weight
+            # Only the turn's own words pass on: expansion reaches one turn back, no further.
+            self._previous_terms = content_terms
         length = sum(counts.values())
         self._doc_len.append(float(length))
         self._docs += 1
