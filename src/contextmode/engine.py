@@ -127,6 +127,9 @@ class Engine:
         self.settings = settings or EngineSettings()
         self.recaller = recaller
         self.system_prompt = system_prompt
+        self._uncommitted: dict[tuple[str, str], tuple[int, int, Any, Any]] = {}
+        """Summaries computed but not committed, by session: (expected version, first seq,
+        session creation time, summary)."""
         self.jobs: JobRunner = jobs or JobRunner(
             store, replace(JobSettings.from_env(), attempts=self.settings.job_attempts)
         )
@@ -402,19 +405,29 @@ class Engine:
         due = end - start + 1
         if due <= 0 or (due < self.settings.summary_threshold and not force):
             return False
-        turns = await self.store.turns(tenant, session_id, from_seq=start, to_seq=end)
-        if not turns:
-            return False
-        result = await self.summarizer.summarize(previous, turns)
-        summary = Summary(
-            text=result.text,
-            covers_seq=turns[-1].seq,
-            tokens=self.counter.count(result.text),
-            created_at=utc_now(),
-        )
-        return await self.store.commit_summary(
-            tenant, session_id, summary, expected_version=previous.version if previous else 0
-        )
+        expected = previous.version if previous else 0
+        # An attempt cut off (job timeout) after the summariser answered keeps its result
+        # here; the retry commits it instead of paying for the same range twice.
+        kept = self._uncommitted.pop((tenant, session_id), None)
+        if kept is not None and kept[:3] == (expected, start, info.created_at):
+            summary = kept[3]
+        else:
+            turns = await self.store.turns(tenant, session_id, from_seq=start, to_seq=end)
+            if not turns:
+                return False
+            result = await self.summarizer.summarize(previous, turns)
+            summary = Summary(
+                text=result.text,
+                covers_seq=turns[-1].seq,
+                tokens=self.counter.count(result.text),
+                created_at=utc_now(),
+            )
+        if len(self._uncommitted) >= 1024:
+            self._uncommitted.clear()
+        self._uncommitted[(tenant, session_id)] = (expected, start, info.created_at, summary)
+        committed = await self.store.commit_summary(tenant, session_id, summary, expected_version=expected)
+        self._uncommitted.pop((tenant, session_id), None)
+        return committed
 
     def _log_turn(
         self, prepared: PreparedTurn, user_turn: Turn, ttft: float | None, model_ms: float, partial: bool, jobs: list[str]
