@@ -86,6 +86,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of a live process, MiB (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-quantile (0–1) by nearest rank; 0 for no values."""
     if not values:
@@ -121,6 +132,7 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 wall = time.perf_counter() - started
                 after = ([cpu_seconds(p) for p in pids], cpu_seconds(stub_pid), time.process_time())
+                rss = max(rss_mib(p) for p in pids)
         finally:
             await asyncio.to_thread(cluster.stop)
         errors = [e for c in conversations for e in c.http_errors]
@@ -136,6 +148,7 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": round(percentile(latencies, 0.99), 1),
         "mean_ms": round(statistics.fmean(latencies), 1) if latencies else 0.0,
         "errors": len(errors),
+        "worker_rss_mib_max": round(rss, 1),
         "workers_with_traceback": len(bad_logs),
         "cpu_ms_per_turn": {
             "workers": round(1000 * (sum(after[0]) - sum(before[0])) / per_turn, 1),
