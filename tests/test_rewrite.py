@@ -1,0 +1,74 @@
+"""Offline rewriter: pronouns resolved in tiny dialogues, standalone questions untouched."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from contextmode.processors.base import Rewriter
+from contextmode.processors.rewrite import OfflineRewriter, salient_entities
+from contextmode.types import Turn
+
+ZH = ["你知道王菲吗", "王菲是歌坛天后，她的歌很好听。"]
+EN = ["Tell me about Frank Zappa", "Frank Zappa was an American musician. Zappa formed a band."]
+
+
+def _turns(texts: list[str]) -> list[Turn]:
+    now = datetime.now(UTC)
+    return [Turn(seq=i + 1, role="user" if i % 2 == 0 else "assistant", content=t, tokens=0,
+                 created_at=now) for i, t in enumerate(texts)]
+
+
+def test_implements_the_protocol() -> None:
+    assert isinstance(OfflineRewriter(), Rewriter)
+
+
+async def test_chinese_pronoun_resolved() -> None:
+    result = await OfflineRewriter().rewrite("她老公是谁", _turns(ZH))
+    assert result.changed
+    assert result.text == "王菲老公是谁"
+    assert result.source == "offline"
+
+
+async def test_english_pronoun_resolved() -> None:
+    result = await OfflineRewriter().rewrite("When was he born?", _turns(EN))
+    assert result.text == "When was Frank Zappa born?"
+    possessive = await OfflineRewriter().rewrite("What about his wife?", _turns(EN))
+    assert possessive.text == "What about Frank Zappa's wife?"
+
+
+def test_thing_pronoun_and_place() -> None:
+    rewriter = OfflineRewriter()
+    assert rewriter.rewrite_texts("它多少钱", ["我想买iPhone", "iPhone很不错"]).text.startswith(
+        "iPhone")
+    placed = rewriter.rewrite_texts("那里好玩吗", ["我下周去杭州", "杭州的西湖很美"])
+    assert placed.text == "杭州那里好玩吗"
+
+
+@pytest.mark.parametrize(
+    ("message", "history"),
+    [("北京今天天气怎么样", ZH), ("What is the capital of France?", EN),
+     ("When was Frank Zappa born?", EN), ("她老公是谁", [])],
+)
+def test_standalone_left_unchanged(message: str, history: list[str]) -> None:
+    result = OfflineRewriter().rewrite_texts(message, history)
+    assert not result.changed
+    assert result.text == message
+
+
+def test_unconfident_antecedent_is_not_inserted() -> None:
+    # "天气" is a plain noun mentioned once: not confident enough to replace 它.
+    assert not OfflineRewriter().rewrite_texts("它怎么样", ["今天天气"]).changed
+
+
+async def test_summary_used_when_no_turns() -> None:
+    result = await OfflineRewriter().rewrite("When was he born?", [],
+                                            summary="The user asked about Frank Zappa.")
+    assert result.text == "When was Frank Zappa born?"
+
+
+def test_salient_entities_fold_short_names() -> None:
+    ranked = salient_entities("did he win?", EN)
+    assert ranked[0].text == "Frank Zappa"
+    assert ranked[0].turns == 2 and ranked[0].confident
