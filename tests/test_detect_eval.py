@@ -62,7 +62,7 @@ def test_rejects_other_files(tmp_path: Path) -> None:
 
 def test_evaluate_restoration(restoration_file: Path) -> None:
     result = evaluate_followup(restoration_file, progress=False)
-    assert HEADLINE <= set(result)
+    assert set(result) >= HEADLINE
     assert result["n"] == 4 and result["positives"] == 2
     assert result["accuracy"] == 1.0  # the four messages are clear-cut
     assert result["baselines"]["always_yes"]["recall"] == 1.0
@@ -93,4 +93,4 @@ def test_cli_json_last_line(restoration_file: Path) -> None:
     result = CliRunner().invoke(app, ["followup", "--data", str(restoration_file), "--json"])
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output.strip().splitlines()[-1])
-    assert HEADLINE <= set(figures)
+    assert set(figures) >= HEADLINE
