@@ -185,7 +185,7 @@ def _cl100k() -> TokenCounter:
 
 
 def _new_cell() -> dict[str, Any]:
-    return {"found": 0.0, "summary": 0.0, "n": 0, "tokens": 0, "by_cat": {}}
+    return {"found": 0.0, "summary": 0.0, "n": 0, "tokens": 0, "by_cat": {}, "by_conv": {}}
 
 
 async def _evaluate(
@@ -226,8 +226,12 @@ async def _evaluate(
                     )
                     state = replace(state, recalled=tuple(recalled))
                 for budget in budgets:
-                    _score(cells[(strategy.name, budget)], state, qa, evidence, sentences,
-                           strategy, budget, counter=counter, now=now)
+                    cell = cells[(strategy.name, budget)]
+                    found = _score(cell, state, qa, evidence, sentences,
+                                   strategy, budget, counter=counter, now=now)
+                    conv_cell = cell["by_conv"].setdefault(conv.sample_id, [0.0, 0])
+                    conv_cell[0] += found
+                    conv_cell[1] += 1
             if progress and (qi % 50 == 0 or qi == len(asked)):
                 print(f"[locomo] {conv.sample_id} ({ci}/{len(conversations)}): "
                       f"{qi}/{len(asked)} questions", file=sys.stderr, flush=True)
@@ -242,7 +246,8 @@ def _score(
     cell: dict[str, Any], state: SessionState, qa: LocomoQuestion, evidence: list[int],
     sentences: list[list[str]], strategy: Strategy, budget: int, *,
     counter: TokenCounter, now: datetime,
-) -> None:
+) -> float:
+    """Add one question's outcome to ``cell``; return its evidence recall."""
     try:
         ctx = assemble(state, qa.question, counter=counter, strategy=strategy,
                        budget=Budget(context_window=budget, reply_reserve=0), now=now)
@@ -267,6 +272,7 @@ def _score(
     cat = cell["by_cat"].setdefault(qa.category, [0.0, 0])
     cat[0] += found
     cat[1] += 1
+    return found
 
 
 def _report(
@@ -288,6 +294,9 @@ def _report(
                     CATEGORIES[c]: round(v[0] / max(1, v[1]), 4)
                     for c, v in sorted(cell["by_cat"].items())
                 },
+                "by_conversation": {
+                    sid: round(v[0] / max(1, v[1]), 4) for sid, v in cell["by_conv"].items()
+                },
             }
             table.setdefault(strategy.name, {})[str(budget)] = row
             recall.setdefault(strategy.name, {})[str(budget)] = row["recall"]
@@ -307,7 +316,8 @@ def evaluate_locomo(
     """Evidence recall per strategy and budget on a LoCoMo file (see the module docstring).
 
     Returns ``{"counter", "recall": {strategy: {budget: overall}}, "table":
-    {strategy: {budget: {recall, summary_only, tokens, questions, by_category}}}}``.
+    {strategy: {budget: {recall, summary_only, tokens, questions, by_category,
+    by_conversation}}}}``.
     ``embeddings`` fuses dense retrieval (the ``embeddings`` extra) into recall.
     """
     if recaller is None:
