@@ -15,9 +15,11 @@ random worker; a run stops after ``--turns`` turns per user or ``--duration``
 seconds, whichever comes first (bounded in requests and in time).
 
 Figures per worker count: acknowledged turns per second (wall clock of the whole
-run), client-side latency p50 / p99 of one turn, errors, and CPU seconds per turn
-spent by the workers, the stub and this load generator (from ``/proc``), which
-all share the machine's cores with the database.
+run), client-side latency p50 / p99 of one turn, errors, the time the workers then
+needed to finish the background jobs (``jobs_drain_s``), and CPU milliseconds per turn
+spent by the workers (turn + its background jobs, up to the end of the drain), the stub
+and this load generator (from ``/proc``), which all share the machine's cores with the
+database.
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ async def fresh_store(backend: str) -> AsyncIterator[str]:
                 await client.aclose()
 
 
+async def wait_for_jobs(client: httpx.AsyncClient, urls: list[str], sessions: list[str], *, timeout_s: float) -> float:
+    """Wait until no worker has a background job pending for any session; return the wait, seconds."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s:
+        replies = await asyncio.gather(
+            *(client.get(f"{url}/v1/sessions/{sid}") for url in urls for sid in sessions)
+        )
+        if all(not r.json()["data"]["stats"]["pending_jobs"] for r in replies if r.status_code == 200):
+            break
+        await asyncio.sleep(0.25)
+    return time.perf_counter() - started
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a live process (Linux ``/proc``; 0 elsewhere)."""
     try:
@@ -131,7 +146,10 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
                     )
                 )
                 wall = time.perf_counter() - started
-                after = ([cpu_seconds(p) for p in pids], cpu_seconds(stub_pid), time.process_time())
+                client_cpu = time.process_time()
+                sessions = [c.session_id for c in conversations]
+                drain_s = await wait_for_jobs(client, cluster.urls, sessions, timeout_s=args.duration)
+                after = ([cpu_seconds(p) for p in pids], cpu_seconds(stub_pid), client_cpu)
                 rss = max(rss_mib(p) for p in pids)
         finally:
             await asyncio.to_thread(cluster.stop)
@@ -149,6 +167,7 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
         "mean_ms": round(statistics.fmean(latencies), 1) if latencies else 0.0,
         "errors": len(errors),
         "worker_rss_mib_max": round(rss, 1),
+        "jobs_drain_s": round(drain_s, 2),
         "workers_with_traceback": len(bad_logs),
         "cpu_ms_per_turn": {
             "workers": round(1000 * (sum(after[0]) - sum(before[0])) / per_turn, 1),
