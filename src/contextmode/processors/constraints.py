@@ -106,10 +106,10 @@ def _is_question(sentence: str, language: str) -> bool:
 
 
 _CONTRACTIONS = (
-    (re.compile(r"\b(?:I'm|I’m|Im)\b"), "I am"),
-    (re.compile(r"\bI(?:'|’)ve\b"), "I have"),
-    (re.compile(r"\bI(?:'|’)ll\b"), "I will"),
-    (re.compile(r"\bI(?:'|’)d\b"), "I would"),
+    (re.compile(r"\b(?:I'm|I’m|Im)\b", re.IGNORECASE), "I am"),
+    (re.compile(r"\bI(?:'|’)ve\b", re.IGNORECASE), "I have"),
+    (re.compile(r"\bI(?:'|’)ll\b", re.IGNORECASE), "I will"),
+    (re.compile(r"\bI(?:'|’)d\b", re.IGNORECASE), "I would"),
     (re.compile(r"\bi\b"), "I"),
     (re.compile(r"\b(?:dont|don't|don’t)\b", re.IGNORECASE), "do not"),
     (re.compile(r"\b(?:cant|can't|can’t)\b", re.IGNORECASE), "cannot"),

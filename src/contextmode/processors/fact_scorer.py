@@ -28,11 +28,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .lexicons.constraint_patterns import EN_STOPWORDS
 
 __all__ = [
     "Clause",
     "FactScorer",
+    "candidates",
     "clause_features",
     "default_scorer",
     "fact_words",
@@ -164,13 +166,26 @@ def clause_features(clause: Clause) -> dict[str, float]:
     return features
 
 
+_VAGUE_END = re.compile(r"\b(?:it|them|that|this|those|these|him|her|one|there|so|too)\s*$",
+                        re.IGNORECASE)
+
+
+def candidates(text: str, min_words: int = 1) -> list[Clause]:
+    """Clauses of ``text`` that can be facts: ``min_words`` distinct content words, not
+    ending on a bare pronoun ("I love it" says nothing on its own)."""
+    return [
+        clause for clause in split_clauses(text)
+        if len(set(fact_words(clause.text))) >= min_words and not _VAGUE_END.search(clause.text)
+    ]
+
+
 class FactScorer:
     """Logistic regression over `clause_features`: ``weights`` by feature name, ``bias``;
     ``threshold`` is the probability a clause needs, ``max_facts`` the clauses kept a turn."""
 
     def __init__(
         self, *, weights: dict[str, float], bias: float, threshold: float = 0.5,
-        max_facts: int = 2, min_words: int = 2,
+        max_facts: int = 2, min_words: int = 1,
     ) -> None:
         self.weights = weights
         self.bias = bias
@@ -180,16 +195,21 @@ class FactScorer:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FactScorer:
+        """A scorer from the JSON written by ``scripts/train_fact_classifier.py``."""
         if data.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} model")
-        return cls(
-            weights={k: float(v) for k, v in data["weights"].items()}, bias=float(data["bias"]),
-            threshold=float(data["threshold"]), max_facts=int(data["max_facts"]),
-            min_words=int(data.get("min_words", 2)),
-        )
+            raise ConfigError(f"not a {FORMAT} model: format {data.get('format')!r}")
+        try:
+            return cls(
+                weights={k: float(v) for k, v in data["weights"].items()},
+                bias=float(data["bias"]), threshold=float(data["threshold"]),
+                max_facts=int(data["max_facts"]), min_words=int(data.get("min_words", 1)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"malformed {FORMAT} model: {exc}") from exc
 
     @classmethod
     def load(cls, path: str | Path) -> FactScorer:
+        """A scorer from a model file on disk."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
     def probability(self, clause: Clause) -> float:
@@ -203,9 +223,7 @@ class FactScorer:
         """The best clauses of ``text`` at or above the threshold, in turn order."""
         limit = self.max_facts if max_facts is None else min(max_facts, self.max_facts)
         scored = [
-            (clause, self.probability(clause))
-            for clause in split_clauses(text)
-            if len(set(fact_words(clause.text))) >= self.min_words
+            (clause, self.probability(clause)) for clause in candidates(text, self.min_words)
         ]
         best = sorted(scored, key=lambda item: -item[1])[:limit]
         return sorted((item for item in best if item[1] >= self.threshold),
