@@ -116,13 +116,32 @@ class GatedModel:
         return "".join([chunk async for chunk in self.stream(messages, max_tokens=max_tokens)])
 
 
-def _engine(tmp: Path, model: Any = None) -> Any:
+class GatedExtractor:
+    """The offline constraint extractor, held back until the test opens `gate` (a job that takes a while)."""
+
+    def __init__(self) -> None:
+        from contextmode.processors.constraints import OfflineConstraintExtractor
+
+        self.inner = OfflineConstraintExtractor()
+        self.gate = threading.Event()
+
+    async def extract(self, turn: Any, current: Any) -> Any:
+        for _ in range(3000):  # at most 30 s
+            if self.gate.is_set():
+                break
+            await asyncio.sleep(0.01)
+        return await self.inner.extract(turn, current)
+
+
+def _engine(tmp: Path, model: Any = None, **overrides: Any) -> Any:
     # The defaults (offline responder, offline processors) with a small window, so a short
     # conversation already shows summaries and dropped turns.
     settings = dataclasses.replace(
         EngineSettings.from_env({}), context_window=1400, summary_threshold=4
     )
-    return build_engine(store=f"sqlite:///{tmp / 'web.db'}", settings=settings, model=model)
+    return build_engine(
+        store=f"sqlite:///{tmp / 'web.db'}", settings=settings, model=model, **overrides
+    )
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +190,20 @@ def model_server(
         model.gate.set()
 
 
+@pytest.fixture(scope="module")
+def jobs_server(
+    browser: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LiveServer, GatedExtractor]]:
+    tmp = tmp_path_factory.mktemp("web-jobs")
+    extractor = GatedExtractor()
+    app = create_app(_engine(tmp, extractor=extractor), ServiceSettings(image_dir=tmp / "images"))
+    try:
+        with LiveServer(app) as live:
+            yield live, extractor
+    finally:
+        extractor.gate.set()
+
+
 def open_page(
     browser: Any, url: str, *, locale: str = "zh-CN", width: int = 1280, height: int = 860
 ) -> Any:
@@ -215,6 +248,11 @@ def layer_tokens(page: Any) -> dict[str, tuple[int, int]]:
         "rows => rows.map(r => [r.dataset.layer, +r.dataset.used, +r.dataset.allocated])",
     )
     return {name: (used, allocated) for name, used, allocated in rows}
+
+
+def received(layers: dict[str, tuple[int, int]]) -> set[str]:
+    """The layers that held something (used > 0)."""
+    return {name for name, (used, _) in layers.items() if used > 0}
 
 
 def bar_widths(page: Any) -> dict[str, float]:
@@ -267,7 +305,13 @@ def test_chinese_chat_streams_and_the_inspector_follows(browser: Any, server: Li
     assert first["deltas"] > 1
     stored = session_json(server, "web-zh")
     assert first["text"] == stored["turns"][-1]["content"]
-    assert set(first["layers"]) == {"system", "current"}
+    # The first turn's model got the system prompt and the message; any other layer is drawn
+    # empty, with the budget it was allotted.
+    assert received(first["layers"]) == {"system", "current"}
+    for name in set(first["layers"]) - received(first["layers"]):
+        assert "empty-layer" in (
+            page.get_attribute(f"#layers .layer[data-layer={name}]", "class") or ""
+        )
     # Constraint extraction runs after the answer; the page polled until it landed.
     spice = page.locator("#constraints li[data-key=spice]")
     assert spice.get_attribute("data-source-seq") == "1"
@@ -276,10 +320,10 @@ def test_chinese_chat_streams_and_the_inspector_follows(browser: Any, server: Li
 
     second = send(page, "推荐一家餐厅")
     # The pinned constraints and the first exchange now reach the model: new layers, more tokens.
-    assert {"system", "constraints", "recent", "current"} <= set(second["layers"])
+    assert {"system", "constraints", "recent", "current"} <= received(second["layers"])
     assert second["total"] > first["total"]
     for used, allocated in second["layers"].values():
-        assert 0 < used <= allocated
+        assert 0 <= used <= allocated
     widths = bar_widths(page)
     assert widths["recent"] > widths["system"] > 0
 
@@ -409,6 +453,28 @@ def test_a_streaming_model_shows_text_as_it_comes_and_failures_show(
     assert page.errors == []
 
 
+def test_the_page_polls_while_jobs_are_pending(
+    browser: Any, jobs_server: tuple[LiveServer, GatedExtractor]
+) -> None:
+    server, extractor = jobs_server
+    page = open_page(browser, f"{server.url}/#session=web-jobs")
+    page.fill("#message-input", "我不吃辣")
+    page.press("#message-input", "Enter")
+    page.locator(".message.assistant[data-state=done]").wait_for(timeout=WAIT_MS)
+    page.locator("#jobs li[data-job=constraints].pending .badge").wait_for(timeout=WAIT_MS)
+    assert page.locator("#constraints li").count() == 0
+    # The job is still running: the page keeps asking (three more loads of the session)...
+    for _ in range(3):
+        with page.expect_request(lambda r: "/v1/sessions/web-jobs?" in r.url, timeout=WAIT_MS):
+            pass
+    # ...and shows the constraint once the job is done, with nobody touching the page.
+    extractor.gate.set()
+    page.locator("#constraints li[data-key=spice]").wait_for(timeout=WAIT_MS)
+    page.wait_for_selector("body[data-jobs=idle]", timeout=WAIT_MS)
+    assert page.locator("#jobs li.pending").count() == 0
+    assert page.errors == []
+
+
 # -- the screenshots in docs/img ------------------------------------------------------------
 
 
@@ -433,6 +499,7 @@ def test_screenshots(browser: Any, server: LiveServer, tmp_path: Path) -> None:
     assert covered == session["stats"]["summary_covers_seq"]
     page.screenshot(path=str(out / "inspector.png"))
     page.set_viewport_size({"width": 390, "height": 844})
+    page.evaluate("document.querySelector('#messages').scrollTop = 1e9")  # the newest turn in view
     page.screenshot(path=str(out / "inspector-mobile.png"), full_page=True)
     for name in ("inspector.png", "inspector-mobile.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG")

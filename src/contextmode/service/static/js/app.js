@@ -1,5 +1,9 @@
 // Wiring of the inspector page: session picker, composer, streaming turns, polling of
 // background jobs, API key and language. Everything goes through the public API (api.js).
+//
+// Opening a session, sending a message and previewing run one after another (`serial`), so a
+// slow load can never redraw the chat over a turn sent meanwhile. Polling for background jobs
+// runs beside them and only ever redraws the inspector.
 
 import { ApiError, apiKey, getSession, listSessions, previewContext, readAsDataURL, setApiKey, streamMessage } from "./api.js";
 import { addError, addUserMessage, highlightTurn, renderHistory, startAnswer } from "./chat.js";
@@ -18,11 +22,25 @@ const state = {
   currentSeq: null, // the user turn of the last streamed answer
   images: [], // data URLs waiting to be sent
   sending: false,
-  pollToken: 0, // bumped by each session load: an older poll stops
-  openToken: 0, // bumped by each session open and each send: an older open does not redraw
+  pollToken: 0, // bumped by every load of the session: an older poll stops
 };
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+let queue = Promise.resolve();
+let queued = 0;
+
+/** Run `task` after every task queued before it; the page is "busy" while any is queued. */
+function serial(task) {
+  queued += 1;
+  document.body.dataset.busy = "yes";
+  const run = queue.then(task).catch(handleError).finally(() => {
+    queued -= 1;
+    if (queued === 0) document.body.dataset.busy = "no";
+  });
+  queue = run;
+  return run;
+}
 
 function newSessionId() {
   const stamp = new Date().toISOString().replace(/[-:T]/g, "").slice(0, 14);
@@ -40,13 +58,17 @@ function emptySession(id) {
 
 function askForKey() {
   const dialog = $("#key-dialog");
+  if (dialog.open) return;
   $("#key-input").value = apiKey();
-  if (!dialog.open) dialog.showModal();
+  dialog.showModal();
 }
 
 function handleError(error) {
-  if (error instanceof ApiError && error.unauthorized) askForKey();
-  addError(error instanceof ApiError ? `${error.message} (${error.code})` : String(error.message ?? error));
+  if (error instanceof ApiError && error.unauthorized) {
+    askForKey(); // the dialog says what is needed; no error bubble
+    return;
+  }
+  addError(error instanceof ApiError ? `${error.message} (${error.code})` : String(error?.message ?? error));
 }
 
 // -- rendering ---------------------------------------------------------------------------
@@ -65,8 +87,8 @@ async function refreshSessionList() {
   try {
     sessions = (await listSessions()).sessions;
   } catch (error) {
-    if (error instanceof ApiError && error.unauthorized) askForKey();
-    else throw error;
+    if (!(error instanceof ApiError && error.unauthorized)) throw error;
+    askForKey();
   }
   const ids = sessions.map((s) => s.session_id);
   if (state.sessionId && !ids.includes(state.sessionId)) ids.unshift(state.sessionId);
@@ -74,28 +96,41 @@ async function refreshSessionList() {
   select.value = state.sessionId ?? "";
 }
 
-/** Load the session from the API; while jobs are pending, poll until they finish. */
-async function refreshSession({ poll = false } = {}) {
-  const token = ++state.pollToken;
-  for (let attempt = 0; attempt < (poll ? POLL_LIMIT : 1); attempt += 1) {
-    let session = null;
-    try {
-      session = await getSession(state.sessionId);
-    } catch (error) {
-      if (!(error instanceof ApiError && error.status === 404)) throw error; // 404: no turn yet
-    }
-    if (token !== state.pollToken) return; // a newer load (another session, a new turn) won
-    state.session = session;
-    renderInspector();
-    if (!state.session?.stats.pending_jobs.length) return;
+/**
+ * Load the session (a 404 is a session with no turn yet); true when this load was still the
+ * newest when it answered. A poll passes its own `token` so that it does not outdate itself.
+ */
+async function loadSession(token = ++state.pollToken) {
+  let session = null;
+  try {
+    session = await getSession(state.sessionId);
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 404)) throw error;
+  }
+  if (token !== state.pollToken) return false;
+  state.session = session;
+  renderInspector();
+  return true;
+}
+
+/** Poll the session while background jobs are pending (constraints, summary, emotion). */
+async function pollJobs() {
+  const token = state.pollToken;
+  for (let attempt = 0; attempt < POLL_LIMIT && state.session?.stats.pending_jobs.length; attempt += 1) {
     await sleep(POLL_MS);
-    if (token !== state.pollToken) return;
+    if (token !== state.pollToken) return; // a newer load (another session, a new turn) took over
+    try {
+      if (!(await loadSession(token))) return;
+    } catch (error) {
+      handleError(error);
+      return;
+    }
   }
 }
 
 async function openSession(id) {
-  const opened = ++state.openToken;
   state.sessionId = id;
+  state.session = null;
   state.ctx = null;
   state.source = null;
   state.currentSeq = null;
@@ -103,15 +138,12 @@ async function openSession(id) {
   history.replaceState(null, "", `#session=${encodeURIComponent(id)}`);
   $("#session-select").value = id;
   try {
-    await refreshSession();
-  } catch (error) {
-    handleError(error);
+    await loadSession();
+  } finally {
+    renderHistory(state.session?.turns ?? []);
+    renderInspector();
   }
-  // A message sent (or another session opened) meanwhile owns the view now.
-  if (opened !== state.openToken || state.sending) return;
-  renderHistory(state.session?.turns ?? []);
-  renderInspector();
-  if (state.session?.stats.pending_jobs.length) refreshSession({ poll: true }).catch(handleError);
+  pollJobs();
 }
 
 // -- sending -----------------------------------------------------------------------------
@@ -139,19 +171,23 @@ function renderAttachments() {
   );
 }
 
-async function send() {
+/** Take the composer's text and images now; stream the turn when its place in the queue comes. */
+function send() {
   const input = $("#message-input");
   const text = input.value.trim();
   if (!text || state.sending) return;
   const images = state.images.slice();
   const mode = $("#mode-select").value || undefined;
-  state.openToken += 1;
-  state.pollToken += 1; // a poll still running for the previous turn must not redraw mid-stream
-  setSending(true);
-  const user = addUserMessage(text, images);
   input.value = "";
   state.images = [];
   renderAttachments();
+  setSending(true);
+  serial(() => streamTurn(text, images, mode));
+}
+
+async function streamTurn(text, images, mode) {
+  state.pollToken += 1; // a poll still running for the previous turn must not redraw mid-stream
+  const user = addUserMessage(text, images);
   let answer = null;
   try {
     const expectedSeq = (state.session?.last_seq ?? 0) + 1;
@@ -179,24 +215,16 @@ async function send() {
   } finally {
     setSending(false);
   }
-  try {
-    await refreshSessionList();
-    // Constraint extraction, the summary and emotion scoring run after the answer: poll.
-    await refreshSession({ poll: true });
-  } catch (error) {
-    handleError(error);
-  }
+  await refreshSessionList();
+  // Constraint extraction, the summary and emotion scoring run after the answer: poll.
+  if (await loadSession()) pollJobs();
 }
 
 async function preview() {
   const draft = $("#message-input").value.trim() || "…";
-  try {
-    state.ctx = await previewContext(state.sessionId, draft, $("#mode-select").value || undefined);
-    state.source = { kind: "preview" };
-    renderInspector();
-  } catch (error) {
-    handleError(error);
-  }
+  state.ctx = await previewContext(state.sessionId, draft, $("#mode-select").value || undefined);
+  state.source = { kind: "preview" };
+  renderInspector();
 }
 
 // -- wiring ------------------------------------------------------------------------------
@@ -226,31 +254,37 @@ function wire() {
       send();
     }
   });
-  $("#preview-button").addEventListener("click", preview);
+  $("#preview-button").addEventListener("click", () => serial(preview));
   $("#image-input").addEventListener("change", async (event) => {
     for (const file of event.target.files) state.images.push(await readAsDataURL(file));
     event.target.value = "";
     renderAttachments();
   });
-  $("#session-select").addEventListener("change", (event) => event.target.value && openSession(event.target.value));
-  $("#new-session").addEventListener("click", async () => {
-    state.sessionId = newSessionId();
-    await refreshSessionList();
-    await openSession(state.sessionId);
-    $("#message-input").focus();
+  $("#session-select").addEventListener("change", (event) => {
+    const id = event.target.value;
+    if (id) serial(() => openSession(id));
   });
+  $("#new-session").addEventListener("click", () =>
+    serial(async () => {
+      state.sessionId = newSessionId();
+      await refreshSessionList();
+      await openSession(state.sessionId);
+      $("#message-input").focus();
+    }),
+  );
   $("#lang-toggle").addEventListener("click", () => {
     setLang(currentLang() === "zh" ? "en" : "zh");
     applyLanguage();
   });
   $("#key-button").addEventListener("click", askForKey);
-  $("#key-dialog").addEventListener("close", async () => {
+  $("#key-dialog").addEventListener("close", () => {
     const choice = $("#key-dialog").returnValue;
-    if (choice === "save") setApiKey($("#key-input").value.trim());
-    else if (choice === "forget") setApiKey("");
-    else return;
-    await refreshSessionList();
-    await openSession(state.sessionId);
+    if (choice !== "save" && choice !== "forget") return;
+    setApiKey(choice === "save" ? $("#key-input").value.trim() : "");
+    serial(async () => {
+      await refreshSessionList();
+      await openSession(state.sessionId);
+    });
   });
   document.addEventListener("click", (event) => {
     const link = event.target.closest?.(".constraint-source");
@@ -260,18 +294,17 @@ function wire() {
   });
 }
 
-async function main() {
+function main() {
   wire();
   applyLanguage();
   state.sessionId = initialSession();
   setSending(false);
-  try {
+  serial(async () => {
     await refreshSessionList();
-  } catch (error) {
-    handleError(error);
-  }
-  await openSession(state.sessionId);
-  document.body.dataset.ready = "yes";
+    await openSession(state.sessionId);
+  }).finally(() => {
+    document.body.dataset.ready = "yes";
+  });
 }
 
 main();

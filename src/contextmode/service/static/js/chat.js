@@ -29,13 +29,15 @@ export function renderHistory(turns) {
     list(),
     turns.map((turn) => {
       const count = turn.metadata?.image_count;
-      return bubble(
+      const node = bubble(
         turn.role,
         turn.seq,
         count ? el("div", { class: "image-note" }, `🖼 ${t("imagesAttached", count)}`) : null,
         el("div", { class: "message-text" }, turn.content),
         turn.partial ? el("div", { class: "muted" }, t("partial")) : null,
       );
+      node.dataset.state = turn.partial ? "partial" : "done";
+      return node;
     }),
   );
   scrollToEnd();

@@ -30,7 +30,8 @@ function windowBar(ctx) {
 }
 
 function layerRow(layer, ctx, widest) {
-  const notes = [t("items", layer.items)];
+  // A layer can hold budget and nothing yet (no summary so far): drawn empty, its share still shown.
+  const notes = layer.used === 0 ? [t("emptyLayer")] : [t("items", layer.items)];
   if (layer.truncated) notes.push(t("truncated"));
   if (layer.dropped_seqs.length) notes.push(t("droppedInLayer", seqList(layer.dropped_seqs)));
   if (layer.name === "current" && ctx.rewrite?.changed) notes.push(t("standalone"));
@@ -48,7 +49,7 @@ function layerRow(layer, ctx, widest) {
   const row = el(
     "div",
     {
-      class: `layer${layer.dropped_seqs.length ? " has-dropped" : ""}`,
+      class: `layer${layer.dropped_seqs.length ? " has-dropped" : ""}${layer.used === 0 ? " empty-layer" : ""}`,
       dataset: { layer: layer.name, used: layer.used, allocated: layer.allocated },
     },
     head,
@@ -107,6 +108,18 @@ export function renderContext(ctx, source) {
       ),
       el("p", { class: "muted" }, t("detection", ctx.detection), ctx.rewrite ? ` · ${t("rewriteSource", ctx.rewrite.source)}` : ""),
     ),
+    ctx.messages?.length
+      ? el(
+          "details",
+          { class: "card sent-messages", id: "sent-messages" },
+          el("summary", {}, t("messagesSent", ctx.messages.length, ctx.format)),
+          el(
+            "ol",
+            { class: "items" },
+            ctx.messages.map((m) => el("li", {}, el("span", { class: "item-meta" }, m.role), el("span", { class: "item-text" }, m.content))),
+          ),
+        )
+      : null,
     el(
       "p",
       { class: "dropped", id: "dropped-turns", dataset: { seqs: ctx.dropped_seqs.join(",") } },
