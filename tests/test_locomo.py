@@ -109,3 +109,11 @@ def test_cli_prints_json_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     last = json.loads(out.output.strip().splitlines()[-1])
     assert set(last["recall"]) == {"sliding_summary", "hybrid_recall"}
     assert last["recall"]["hybrid_recall"]["800"] > last["recall"]["sliding_summary"]["800"]
+
+
+def test_plot_recall_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = {"counter": "test", "recall": {"window": {"1000": 0.1, "2000": 0.2},
+                                            "hybrid_recall": {"1000": 0.6, "2000": 0.8}}}
+    out = locomo.plot_recall(result, tmp_path / "img" / "recall.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -43,14 +43,14 @@ from typing import Annotated, Any
 import typer
 
 from ..assembly import assemble
-from ..errors import InputError, MessageTooLarge
+from ..errors import InputError, MessageTooLarge, MissingExtra
 from ..memory import Budget, Strategy, get_strategy
 from ..memory.recall import Recaller, RecallSettings
 from ..store.memory import MemoryStore
 from ..tokens.base import TokenCounter
 from ..types import Constraint, NewTurn, Role, SessionState, Summary
 
-__all__ = ["CATEGORIES", "evaluate_locomo", "load_locomo", "register"]
+__all__ = ["CATEGORIES", "evaluate_locomo", "load_locomo", "plot_recall", "register"]
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 _TENANT = "locomo"
@@ -345,6 +345,33 @@ def _print_table(result: dict[str, Any]) -> None:
             print(" | ".join(cells))
 
 
+def plot_recall(result: dict[str, Any], path: str | Path) -> Path:
+    """Write a PNG of overall evidence recall against the budget, one line per strategy."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise MissingExtra("plot", "matplotlib") from exc
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for name, by_budget in result["recall"].items():
+        budgets = sorted(by_budget, key=int)
+        ax.plot([int(b) for b in budgets], [by_budget[b] for b in budgets], marker="o", label=name)
+    ax.set_xlabel(f"total context budget (tokens, {result.get('counter', 'cl100k_base')})")
+    ax.set_ylabel("evidence turns kept verbatim")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title("LoCoMo evidence recall vs budget (categories 1-4)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``locomo`` evaluation subcommand to ``app``."""
 
@@ -358,6 +385,9 @@ def register(app: typer.Typer) -> None:
         embeddings: Annotated[
             bool, typer.Option("--embeddings", help="Fuse dense retrieval into recall (extra: embeddings)")
         ] = False,
+        plot: Annotated[
+            Path | None, typer.Option("--plot", help="Also write a PNG of recall vs budget (extra: plot)")
+        ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Last line: the results as JSON")] = False,
     ) -> None:
         """Share of each question's evidence turns kept in the assembled context (cl100k)."""
@@ -365,5 +395,7 @@ def register(app: typer.Typer) -> None:
         names = [s.strip() for s in strategy.split(",") if s.strip()]
         result = evaluate_locomo(data, budgets, names, progress=True, embeddings=embeddings)
         _print_table(result)
+        if plot is not None:
+            print(f"plot written to {plot_recall(result, plot)}")
         if as_json:
             print(json.dumps(result, ensure_ascii=False))
