@@ -204,6 +204,27 @@ def jobs_server(
         extractor.gate.set()
 
 
+@pytest.fixture(scope="module")
+def openai_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The service with a real OpenAI client, answered by the project's stub server over HTTP."""
+    pytest.importorskip("openai")
+    from contextmode.models.factory import model_from_env
+    from contextmode.testing.stub_server import StubServer
+
+    tmp = tmp_path_factory.mktemp("web-openai")
+    with StubServer(chunk_chars=3, chunk_delay=0.005) as base_url:
+        model = model_from_env(
+            {
+                "CONTEXTMODE_LLM_BASE_URL": base_url,
+                "CONTEXTMODE_LLM_MODEL": "stub-model",
+                "CONTEXTMODE_LLM_API_KEY": "stub-key",
+            }
+        )
+        app = create_app(_engine(tmp, model), ServiceSettings(image_dir=tmp / "images"))
+        with LiveServer(app) as live:
+            yield live
+
+
 def open_page(
     browser: Any, url: str, *, locale: str = "zh-CN", width: int = 1280, height: int = 860
 ) -> Any:
@@ -450,6 +471,17 @@ def test_a_streaming_model_shows_text_as_it_comes_and_failures_show(
     page.reload()
     page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
     assert "（回答未完成）" in page.inner_text("#turn-4")
+    assert page.errors == []
+
+
+def test_with_an_openai_compatible_model(browser: Any, openai_server: LiveServer) -> None:
+    page = open_page(browser, f"{openai_server.url}/#session=web-openai")
+    turn = send(page, "杭州有什么好吃的？")
+    assert turn["text"] == "Stub answer to: 杭州有什么好吃的？"
+    assert turn["deltas"] > 1
+    follow_up = send(page, "那家店几点开门？")
+    assert follow_up["text"].startswith("Stub answer to: ")
+    assert {"system", "recent", "current"} <= received(follow_up["layers"])
     assert page.errors == []
 
 
