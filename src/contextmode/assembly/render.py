@@ -8,6 +8,7 @@ neutralised so it cannot end the section early.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -79,9 +80,13 @@ def role_label(role: Role, locale: str) -> str:
     return _ROLE_LABELS[_lang(locale)][role]
 
 
+_CLOSING = re.compile(r"([<\uff1c\ufe64])(\s*)/")
+"""``<`` (or its full-width and small forms), optional blanks, ``/``: anything a model might read as a closing tag."""
+
+
 def data_text(text: str) -> str:
-    # A user cannot close our data section early by typing "</summary>".
-    return text.replace("</", "<\u200b/")
+    # A user cannot close our data section early by typing "</summary>" (or "< /summary>", "＜/summary＞").
+    return _CLOSING.sub("\\1\u200b\\2/", text)
 
 
 def turn_line(
