@@ -363,7 +363,7 @@ def plot_recall(result: dict[str, Any], path: str | Path) -> Path:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.set_title("LoCoMo evidence recall vs budget (categories 1-4)")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="center right", fontsize=8)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
