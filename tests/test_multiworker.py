@@ -175,7 +175,9 @@ async def _kill_mid_summary(victim: WorkerProcess, store_url: str, summary_log: 
     store = open_store(store_url)
     try:
         await store.version(TENANT, "warm-up")  # connect before the moment counts
+        deadline = time.monotonic() + 120
         while len([c for c in read_summary_log(summary_log) if c["pid"] == victim.pid]) < 3:
+            assert time.monotonic() < deadline, "the worker to kill never started a 3rd summary"
             await asyncio.sleep(0.01)
         victim.kill()
         run.victim, run.killed_at = victim, time.time()
