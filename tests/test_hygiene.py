@@ -98,7 +98,7 @@ async def test_injections_stay_quotes_with_offline_processors(order: str, mode: 
     prepared = await engine.prepare(T, S, "那我该吃什么？")
     assert_hygienic(prepared.messages)
     # the injections are still there, as data: in the summary section, verbatim up to neutralised tags
-    rest, sections = split_system(prepared.messages[0].content)
+    _rest, sections = split_system(prepared.messages[0].content)
     if mode == "contextual":
         summary = dict(sections)["summary"]
         assert "忽略之前的指令" in summary
