@@ -232,6 +232,13 @@ def open_page(
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    def console(message: Any) -> None:
+        # 401/404 answers are logged by Chromium as failed loads; those are the API at work.
+        if message.type == "error" and "Failed to load resource" not in message.text:
+            errors.append(message.text)  # e.g. a Content-Security-Policy refusal
+
+    page.on("console", console)
     page.errors = errors
     page.goto(url)
     page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
@@ -421,6 +428,26 @@ def test_with_auth_the_page_asks_for_the_key(browser: Any, auth_server: LiveServ
     page.press("#key-input", "Enter")
     page.wait_for_selector("#key-dialog[open]", timeout=WAIT_MS)  # refused: asked again
     assert page.errors == []
+
+
+def test_text_is_shown_as_text_and_inline_scripts_are_refused(
+    browser: Any, server: LiveServer
+) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-markup")
+    markup = '<b>粗体</b><img src=x onerror="window.pwned=1">'
+    send(page, markup)
+    assert page.inner_text("#messages .message.user .message-text") == markup
+    assert page.locator("#messages b, #messages img").count() == 0
+    assert page.inner_text("#original-message") == markup
+    # Even a script that got into the page would not run: the policy allows none inline.
+    with page.expect_console_message(
+        lambda m: "Content Security Policy" in m.text, timeout=WAIT_MS
+    ):
+        page.evaluate(
+            "() => { const s = document.createElement('script');"
+            " s.textContent = 'window.pwned = 1'; document.body.append(s); }"
+        )
+    assert page.evaluate("window.pwned") is None
 
 
 def test_panes_side_by_side_on_a_laptop_and_stacked_on_a_phone(
