@@ -52,6 +52,7 @@ USERS, TURNS, WORKERS = 30, 20, 3
 THRESHOLD = 4
 """Summarise once 4 turns outside the recent window are uncovered: many summaries per session."""
 TENANT = "local"
+RECENT = get_strategy("sliding_summary").recent_turns
 LOCK_TTL_S = 10.0
 """Short enough for the test, longer than a job attempt takes on 3 busy workers on 2 cores:
 an attempt cut by its timeout (8 s) after the summariser answered would be redone."""
@@ -213,6 +214,14 @@ async def _check_turns(store: Any, conversation: Conversation, *, killed: bool) 
         acknowledged |= {sent.user_seq, sent.seq}
     user_seqs = [sent.user_seq for sent in conversation.turns]
     assert user_seqs == sorted(user_seqs), f"{sid}: turns out of order"
+    # No stale state: whichever worker served turn i had loaded every earlier turn, even
+    # those other workers stored a moment before (until a summary covers them, all
+    # earlier turns are in the recent layer; later, at least the window).
+    for sent in conversation.turns:
+        earlier = sent.user_seq - 1
+        assert sent.recent_items >= min(earlier, RECENT), f"{sid}#{sent.index}: context missed earlier turns"
+        if earlier <= RECENT + THRESHOLD - 2:
+            assert sent.recent_items == earlier, f"{sid}#{sent.index}: {sent.recent_items} recent, {earlier} stored"
     if not killed:
         assert len(log) == 2 * TURNS
         assert acknowledged == set(range(1, 2 * TURNS + 1))
@@ -258,7 +267,7 @@ def _summary_chain(calls: list[dict[str, Any]], covers: int, victim_pid: int | N
 async def _check(run: Run, store_url: str, *, killed: bool) -> None:
     from contextmode.store import open_store
 
-    recent = get_strategy("sliding_summary").recent_turns
+    recent = RECENT
     victim_pid = run.victim.pid if run.victim is not None else None
     store = open_store(store_url)
     calls_by_session: dict[str, list[dict[str, Any]]] = defaultdict(list)

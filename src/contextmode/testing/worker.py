@@ -11,9 +11,10 @@ normal service (`create_app`) around ``build_engine()`` from the environment
 
 The app drains its background jobs at shutdown (SIGTERM), so a test can stop the
 workers and then read a settled store. `Cluster` starts the stub model server and
-the workers as child processes, each with its log file; `converse` is one
-simulated user who sends a multi-turn conversation to random workers and retries
-on another worker when a connection fails.
+the workers as child processes, each with its log file; `converse`
+(`contextmode.testing.conversations`, re-exported here) is one simulated user who
+sends a multi-turn conversation to random workers and retries on another worker
+when a connection fails.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ import asyncio
 import json
 import logging
 import os
-import random
 import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,7 @@ from typing import Any
 
 from ..processors.base import SummaryResult
 from ..types import Summary, Turn
+from .conversations import Conversation, SentTurn, converse, message_for, turn_index
 
 __all__ = [
     "SUMMARY_DELAY_ENV",
@@ -56,34 +57,6 @@ __all__ = [
 
 SUMMARY_LOG_ENV = "CONTEXTMODE_WORKER_SUMMARY_LOG"
 SUMMARY_DELAY_ENV = "CONTEXTMODE_WORKER_SUMMARY_DELAY_MS"
-
-_TAG_RE = re.compile(r"\[conv:([A-Za-z0-9._:-]{1,128})#(\d+)\]")
-
-_QUESTIONS = (
-    "我下周去杭州出差三天，预算两千以内，有什么住宿建议？",
-    "最好离西湖近一点，我不吃辣。",
-    "那附近有什么好吃的本帮菜？",
-    "Can you compare the two hotels you mentioned in terms of price?",
-    "第二家的早餐怎么样？",
-    "帮我把行程按天列一下。",
-    "第一天下午可以怎么安排？",
-    "What about rainy days?",
-    "再推荐一家咖啡馆。",
-    "I also need a quiet place to work for two hours.",
-)
-
-
-def message_for(session_id: str, index: int) -> str:
-    """The ``index``-th (0-based) user message of a conversation, tagged so every stored
-    turn can be traced back to the conversation and turn that sent it."""
-    return f"[conv:{session_id}#{index}] {_QUESTIONS[index % len(_QUESTIONS)]}"
-
-
-def turn_index(content: str) -> tuple[str, int] | None:
-    """``(session_id, index)`` from a message made by `message_for`, or ``None``."""
-    found = _TAG_RE.search(content)
-    return (found.group(1), int(found.group(2))) if found else None
-
 
 # -- the worker app ---------------------------------------------------------------
 
@@ -325,88 +298,3 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# -- simulated users --------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class SentTurn:
-    """One acknowledged turn: what was sent and what the service answered."""
-
-    index: int
-    user_seq: int
-    seq: int | None
-    latency_s: float
-    """Client wall time of the acknowledged attempt, seconds."""
-    worker: str
-    retried: bool
-    """True when an earlier attempt of this turn failed (its user turn may be stored too)."""
-
-
-@dataclass
-class Conversation:
-    session_id: str
-    turns: list[SentTurn] = field(default_factory=list)
-    transport_errors: int = 0
-    http_errors: list[str] = field(default_factory=list)
-
-
-async def converse(
-    client: Any,
-    urls: Callable[[], Sequence[str]] | Sequence[str],
-    session_id: str,
-    turns: int,
-    *,
-    rng: random.Random,
-    attempts: int = 8,
-    think_s: float = 0.0,
-    deadline: float | None = None,
-) -> Conversation:
-    """Send ``turns`` messages one after the other, each to a random worker.
-
-    A transport error (refused, reset, timeout) is retried on another worker after a
-    short pause, up to ``attempts`` times per turn; an HTTP error response is recorded
-    and the conversation stops. ``deadline`` (``time.monotonic()``) stops it early.
-    """
-    conversation = Conversation(session_id=session_id)
-    for index in range(turns):
-        if deadline is not None and time.monotonic() >= deadline:
-            break
-        message = message_for(session_id, index)
-        avoid: str | None = None
-        for attempt in range(attempts):
-            candidates = list(urls() if callable(urls) else urls)
-            choices = [u for u in candidates if u != avoid] or candidates
-            url = rng.choice(choices)
-            started = time.perf_counter()
-            try:
-                response = await client.post(f"{url}/v1/sessions/{session_id}/messages", json={"message": message})
-            except Exception as exc:  # httpx.TransportError and friends: the worker is gone
-                if not _is_transport_error(exc):
-                    raise
-                conversation.transport_errors += 1
-                avoid = url
-                await asyncio.sleep(0.05 * (attempt + 1))
-                continue
-            if response.status_code != 200:
-                conversation.http_errors.append(f"{response.status_code} {response.text[:200]}")
-                return conversation
-            data = response.json()["data"]
-            conversation.turns.append(
-                SentTurn(index=index, user_seq=data["user_seq"], seq=data["seq"],
-                         latency_s=time.perf_counter() - started, worker=url, retried=attempt > 0)
-            )
-            break
-        else:
-            conversation.http_errors.append(f"turn {index}: no worker answered after {attempts} attempts")
-            return conversation
-        if think_s:
-            await asyncio.sleep(think_s)
-    return conversation
-
-
-def _is_transport_error(exc: Exception) -> bool:
-    import httpx
-
-    return isinstance(exc, httpx.TransportError)
