@@ -117,7 +117,8 @@ class GatedModel:
 
 
 class GatedExtractor:
-    """The offline constraint extractor, held back until the test opens `gate` (a job that takes a while)."""
+    """The offline constraint extractor, held back until the test opens `gate` (a job that takes
+    a while); a turn containing 故障 makes it fail."""
 
     def __init__(self) -> None:
         from contextmode.processors.constraints import OfflineConstraintExtractor
@@ -130,14 +131,19 @@ class GatedExtractor:
             if self.gate.is_set():
                 break
             await asyncio.sleep(0.01)
+        if "故障" in turn.content:
+            raise RuntimeError("extractor unavailable")
         return await self.inner.extract(turn, current)
 
 
-def _engine(tmp: Path, model: Any = None, **overrides: Any) -> Any:
+def _engine(tmp: Path, model: Any = None, *, job_attempts: int = 3, **overrides: Any) -> Any:
     # The defaults (offline responder, offline processors) with a small window, so a short
     # conversation already shows summaries and dropped turns.
     settings = dataclasses.replace(
-        EngineSettings.from_env({}), context_window=1400, summary_threshold=4
+        EngineSettings.from_env({}),
+        context_window=1400,
+        summary_threshold=4,
+        job_attempts=job_attempts,
     )
     return build_engine(
         store=f"sqlite:///{tmp / 'web.db'}", settings=settings, model=model, **overrides
@@ -196,7 +202,8 @@ def jobs_server(
 ) -> Iterator[tuple[LiveServer, GatedExtractor]]:
     tmp = tmp_path_factory.mktemp("web-jobs")
     extractor = GatedExtractor()
-    app = create_app(_engine(tmp, extractor=extractor), ServiceSettings(image_dir=tmp / "images"))
+    engine = _engine(tmp, extractor=extractor, job_attempts=1)
+    app = create_app(engine, ServiceSettings(image_dir=tmp / "images"))
     try:
         with LiveServer(app) as live:
             yield live, extractor
@@ -531,6 +538,10 @@ def test_the_page_polls_while_jobs_are_pending(
     page.locator("#constraints li[data-key=spice]").wait_for(timeout=WAIT_MS)
     page.wait_for_selector("body[data-jobs=idle]", timeout=WAIT_MS)
     assert page.locator("#jobs li.pending").count() == 0
+    # A job that fails is shown as failed, with its error.
+    send(page, "系统故障了吗？")
+    failed = page.locator("#jobs li[data-job=constraints].failed")
+    assert "extractor unavailable" in failed.inner_text()
     assert page.errors == []
 
 
