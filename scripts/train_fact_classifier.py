@@ -47,18 +47,15 @@ def _gold(persona: str) -> list[str]:
 
 def _utterances(paths: list[Path], min_words: int) -> tuple[list[tuple[list[Clause], list[str]]], list[int]]:
     """Candidate clauses and gold facts per utterance, and each clause's dialogue number."""
-    out, groups = [], []
-    for path in paths:
-        for dialog in read_dialogues(path):
-            for utterance in dialog:
-                clauses = candidates(utterance.get("text", ""), min_words)
-                out.append((clauses, _gold(utterance.get("persona_text") or "")))
-                groups.extend([_DIALOGUE_COUNTER[0]] * len(clauses))
-            _DIALOGUE_COUNTER[0] += 1
+    out: list[tuple[list[Clause], list[str]]] = []
+    groups: list[int] = []
+    dialogues = (dialog for path in paths for dialog in read_dialogues(path))
+    for number, dialog in enumerate(dialogues):
+        for utterance in dialog:
+            clauses = candidates(utterance.get("text", ""), min_words)
+            out.append((clauses, _gold(utterance.get("persona_text") or "")))
+            groups.extend([number] * len(clauses))
     return out, groups
-
-
-_DIALOGUE_COUNTER = [0]
 
 
 def _pr(data: list[tuple[list[Clause], list[str]]], probs: list[list[float]], k: int,
