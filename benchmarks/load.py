@@ -84,12 +84,21 @@ async def wait_for_jobs(client: httpx.AsyncClient, urls: list[str], sessions: li
     started = time.perf_counter()
     while time.perf_counter() - started < timeout_s:
         replies = await asyncio.gather(
-            *(client.get(f"{url}/v1/sessions/{sid}") for url in urls for sid in sessions)
+            *(client.get(f"{url}/v1/sessions/{sid}") for url in urls for sid in sessions), return_exceptions=True
         )
-        if all(not r.json()["data"]["stats"]["pending_jobs"] for r in replies if r.status_code == 200):
+        # A pooled connection the worker closed (keep-alive timeout) fails once: ask again.
+        if all(
+            isinstance(r, httpx.Response) and (r.status_code != 200 or not r.json()["data"]["stats"]["pending_jobs"])
+            for r in replies
+        ):
             break
         await asyncio.sleep(0.25)
     return time.perf_counter() - started
+
+
+def route(urls: list[str], user: int, routing: str) -> list[str]:
+    """The workers a user may talk to: all of them (``random``), or one per session (``session``)."""
+    return urls if routing == "random" else [urls[user % len(urls)]]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -141,7 +150,8 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
                 deadline = time.monotonic() + args.duration
                 conversations: list[Conversation] = await asyncio.gather(
                     *(
-                        converse(client, cluster.urls, f"load-{i:04d}", args.turns, rng=rng, deadline=deadline)
+                        converse(client, route(cluster.urls, i, args.routing), f"load-{i:04d}", args.turns,
+                                 rng=rng, deadline=deadline)
                         for i in range(args.users)
                     )
                 )
@@ -189,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="time cap of one run, seconds")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="stub model's delay before the first token")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--routing", choices=("random", "session"), default="random",
+                        help="every request to a random worker, or each session always to the same one")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
     if not counts or min(counts) < 1 or args.users < 1 or args.turns < 1 or args.duration <= 0:
@@ -212,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         "turns_per_user": args.turns,
         "duration_cap_s": args.duration,
         "stub_latency_ms": args.latency_ms,
+        "routing": args.routing,
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "results": results,

@@ -267,7 +267,7 @@ class Cluster:
         log_path = self.log_dir / f"worker-{index}.log"
         args = [sys.executable, "-m", "uvicorn", "--factory", "contextmode.testing.worker:create_worker_app",
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log",
-                "--http", "httptools", "--loop", "uvloop"]
+                "--http", "httptools", "--loop", "uvloop", "--timeout-keep-alive", "75"]
         with log_path.open("wb") as log:
             process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         return WorkerProcess(port=port, process=process, log_path=log_path)
