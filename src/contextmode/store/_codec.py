@@ -6,6 +6,7 @@ round-trip exactly and compare as numbers in every backend.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 from ..types import Constraint, NewTurn, Summary, validate_id
 
 __all__ = [
+    "being_cancelled",
     "check_ids",
     "constraints_from_json",
     "constraints_to_json",
@@ -105,3 +107,9 @@ def metadata_json(metadata: Mapping[str, Any]) -> str:
 def now_micros() -> int:
     """Now, in microseconds since the epoch (UTC)."""
     return time.time_ns() // 1000
+
+
+def being_cancelled() -> bool:
+    """True when the current task has a pending cancel (the driver error is its side effect)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

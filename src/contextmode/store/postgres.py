@@ -19,7 +19,14 @@ from typing import Any
 
 from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
-from ._codec import check_ids, constraints_from_json, constraints_to_json, last_answer, window_start
+from ._codec import (
+    being_cancelled,
+    check_ids,
+    constraints_from_json,
+    constraints_to_json,
+    last_answer,
+    window_start,
+)
 from ._codec import metadata_json as _meta
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
 from .base import JobStats, LockHandle, SessionInfo, SessionVersion
@@ -106,6 +113,10 @@ class PostgresStore:
         except (ConflictError, LockNotAcquired, MissingExtra):
             raise
         except Exception as exc:
+            if being_cancelled():
+                # A cancel interrupted the call and the driver's cleanup failed on the dead
+                # connection: stay cancelled rather than turn the cancel into a StoreError.
+                raise asyncio.CancelledError() from exc
             if type(exc).__module__.startswith("asyncpg") or isinstance(exc, OSError):
                 raise StoreError(f"PostgreSQL store failed: {exc}") from exc
             raise

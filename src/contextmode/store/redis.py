@@ -10,6 +10,7 @@ that deletes only its own token. All keys start with ``namespace``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 from . import _redis_scripts as lua
 from ._codec import (
+    being_cancelled,
     check_ids,
     constraints_from_json,
     constraints_to_json,
@@ -82,6 +84,10 @@ class RedisStore:
         except (ConflictError, LockNotAcquired):
             raise
         except Exception as exc:
+            if being_cancelled():
+                # A cancel interrupted the call and the driver's cleanup failed on the dead
+                # connection: stay cancelled rather than turn the cancel into a StoreError.
+                raise asyncio.CancelledError() from exc
             if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
                 raise StoreError(f"Redis store failed: {exc}") from exc
             raise
