@@ -23,6 +23,7 @@ pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
 from contextmode.engine import Engine
+from contextmode.errors import StoreError
 from contextmode.service import ServiceSettings, create_app
 from contextmode.store.base import Store
 from contextmode.testing.contract import service_url, skip_or_fail
@@ -153,7 +154,13 @@ async def service(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, En
 
 
 async def send(client: httpx.AsyncClient, text: str, *, stream: bool = False) -> httpx.Response:
-    return await client.post(f"/v1/sessions/{SID}/messages", json={"message": text, "stream": stream})
+    async with asyncio.timeout(20):  # a hang is a failure with a traceback, not a stuck suite
+        return await client.post(f"/v1/sessions/{SID}/messages", json={"message": text, "stream": stream})
+
+
+async def drained(engine: Engine) -> None:
+    async with asyncio.timeout(20):
+        await engine.drain()
 
 
 def assert_store_unavailable(response: httpx.Response) -> None:
@@ -194,13 +201,13 @@ async def test_restart_between_requests_heals_without_restarting_the_service(
 ) -> None:
     client, engine, _ = service
     assert (await send(client, "one")).status_code == 200
-    await engine.drain()
+    await drained(engine)
     before = await whole_turns(engine.store)
     for _ in range(3):  # three restarts in a row
         assert backend.proxy.drop_all() >= 1
         ok = await until_healthy(client)
         assert ok.json()["data"]["answer"].startswith("answer to after recovery")
-        await engine.drain()
+        await drained(engine)
     after = await whole_turns(engine.store)
     assert after[: len(before)] == before
     assert len(after) == len(before) + 6
@@ -211,7 +218,7 @@ async def test_store_down_every_endpoint_answers_50301_then_recovers(
 ) -> None:
     client, engine, _ = service
     assert (await send(client, "one")).status_code == 200
-    await engine.drain()
+    await drained(engine)
     before = await whole_turns(engine.store)
 
     backend.proxy.refuse()
@@ -232,7 +239,7 @@ async def test_store_down_every_endpoint_answers_50301_then_recovers(
     backend.proxy.restore()
     await until_healthy(client)
     assert (await client.get("/healthz")).status_code == 200
-    await engine.drain()
+    await drained(engine)
     after = await whole_turns(engine.store)
     assert after[: len(before)] == before
     assert all(content != "lost" and content != "lost stream" for _, _, content in after)
@@ -244,7 +251,7 @@ async def test_store_lost_while_the_model_answers_keeps_the_user_turn_only(
 ) -> None:
     client, engine, answers = service
     assert (await send(client, "one")).status_code == 200
-    await engine.drain()
+    await drained(engine)
     before = await whole_turns(engine.store)
 
     def crash() -> None:
@@ -262,7 +269,7 @@ async def test_store_lost_while_the_model_answers_keeps_the_user_turn_only(
 
     backend.proxy.restore()
     await until_healthy(client)
-    await engine.drain()
+    await drained(engine)
     after = await whole_turns(engine.store)
     assert after[: len(before)] == before
     # the user turn was stored before the model was called; its answer could not be
@@ -278,12 +285,12 @@ async def test_connection_cut_at_any_point_of_a_slow_request_leaves_whole_turns(
     the user turn's append, during the answer's append. Whatever it hits, the turns stay whole."""
     client, engine, _ = service
     assert (await send(client, "one")).status_code == 200
-    await engine.drain()
+    await drained(engine)
     backend.proxy.delay(0.01)  # every round trip is slow, so the cut lands inside some query
     started = time.perf_counter()
     assert (await send(client, "measure")).status_code == 200
     duration = time.perf_counter() - started
-    await engine.drain()
+    await drained(engine)
     before = await whole_turns(engine.store)
 
     request = asyncio.create_task(send(client, "sliced"))
@@ -297,7 +304,7 @@ async def test_connection_cut_at_any_point_of_a_slow_request_leaves_whole_turns(
 
     backend.proxy.restore()
     await until_healthy(client)
-    await engine.drain()
+    await drained(engine)
     after = await whole_turns(engine.store)  # contiguous, every answer whole and after its question
     assert after[: len(before)] == before
     extra = [content for _, _, content in after[len(before):]]
@@ -313,7 +320,7 @@ async def test_a_slow_store_is_slow_not_broken(
     for i in range(3):
         response = await send(client, f"slow {i}")
         assert response.status_code == 200, response.text
-    await engine.drain()
+    await drained(engine)
     backend.proxy.restore()
     assert [c for _, _, c in await whole_turns(engine.store)] == [
         "slow 0", "answer to slow 0", "slow 1", "answer to slow 1", "slow 2", "answer to slow 2"
@@ -363,3 +370,41 @@ def _echo(conn: Any) -> None:
     with conn, contextlib.suppress(OSError):  # the proxy resets it on purpose
         while data := conn.recv(4096):
             conn.sendall(data)
+
+
+async def test_a_cancel_during_a_dying_query_stays_a_cancel(backend: Backend) -> None:
+    """A job cancelled (shutdown) while its connection dies must end cancelled (or done):
+    turned into a StoreError, the cancel would be lost and the job runner would retry on."""
+    from contextmode.types import NewTurn
+
+    await backend.store.append(TENANT, SID, [NewTurn(role="user", content="hi", tokens=1)])
+    outcomes: list[str] = []
+    for cancel_first in (True, False):
+        for wait in (0.0, 0.01, 0.03, 0.06):
+            backend.proxy.delay(0.02)
+            task = asyncio.create_task(backend.store.set_emotions(TENANT, SID, {1: 0.5}))
+            await asyncio.sleep(wait)  # before, during or after the write
+            if cancel_first:
+                task.cancel()
+                backend.proxy.drop_all()
+            else:
+                backend.proxy.drop_all()
+                task.cancel()
+            try:
+                await task
+                outcomes.append("done")
+            except asyncio.CancelledError:
+                outcomes.append("cancelled")
+            backend.proxy.restore()
+            await until_store_answers(backend.store)
+    assert "cancelled" in outcomes
+
+
+async def until_store_answers(store: Store, tries: int = 5) -> None:
+    for _ in range(tries):
+        try:
+            await store.info(TENANT, SID)
+            return
+        except StoreError:
+            continue
+    raise AssertionError("the store did not come back")
