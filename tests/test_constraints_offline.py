@@ -125,3 +125,12 @@ def test_seed_003_examples() -> None:
     assert pinned["like:周杰伦"].value == "喜欢周杰伦"
     assert pinned["avoid:日料"].kind == "constraint"
     assert pinned["diet:主食"].value == "不吃主食"
+
+
+def test_per_person_budget_is_pinned_with_the_other_constraints() -> None:
+    from contextmode.processors.constraints import OfflineConstraintExtractor
+
+    update = OfflineConstraintExtractor().extract_text("四个人，我不吃辣，预算人均五十以内。", [], source_seq=3)
+    values = {c.key: c.value for c in update.upsert}
+    assert values["spice"] == "不吃辣"
+    assert values["budget"] == "预算人均五十元以内"
