@@ -198,7 +198,8 @@ class OfflineRewriter:
     """
 
     def __init__(self, *, resolve_it: bool = True, ellipsis: bool = True,
-                 ellipsis_min_turns: int = 2) -> None:
+                 ellipsis_min_turns: int = 2, pronoun_min_turns: int = 1) -> None:
+        self._pronoun_min_turns = pronoun_min_turns
         self._resolve_it = resolve_it
         self._ellipsis = ellipsis
         self._ellipsis_min_turns = ellipsis_min_turns
@@ -225,7 +226,8 @@ class OfflineRewriter:
         return Rewrite(text=rewritten, changed=True, source="offline")
 
     def _rewrite_zh(self, text: str, candidates: list[Antecedent]) -> str | None:
-        confident = [c for c in candidates if c.confident]
+        confident = [c for c in candidates
+                     if c.confident and c.turns >= self._pronoun_min_turns]
         if not confident:
             return None
         if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
