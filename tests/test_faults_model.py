@@ -305,3 +305,41 @@ async def test_job_failures_show_in_the_session_stats_over_http(stub: StubServer
     assert [t["content"] for t in session["turns"]] == ["I like tea", "fine"]
     assert session["constraints"] == []
     await engine.close()
+
+
+@pytest.mark.parametrize("fault", ["http_429", "http_503", "connection_reset", "malformed_json", "timeout"])
+async def test_detector_and_rewriter_faults_do_not_fail_the_reply(stub: StubServer, fault: str) -> None:
+    """The LLM detector and rewriter sit on the response path: a failing model makes them
+    fall back to the offline ones, and the turn is answered and stored as usual."""
+    from contextmode.processors.detect import OfflineContextDetector
+    from contextmode.processors.llm import LLMContextDetector, LLMRewriter
+    from contextmode.processors.rewrite import OfflineRewriter
+
+    model = stub_model(stub, timeout=0.3)
+    engine = build_engine(
+        store=MemoryStore(),
+        model=FunctionModel(lambda messages: "fine"),
+        counter=CharTokenCounter(),
+        detector=LLMContextDetector(model, fallback=OfflineContextDetector()),
+        rewriter=LLMRewriter(model, fallback=OfflineRewriter()),
+    )
+    await engine.turn(TENANT, SID, "我想买一台笔记本电脑，预算五千")
+    await engine.drain()
+    before = await snapshot(engine.store)
+    stub.reset()
+    inject = {
+        "http_429": lambda: stub.fail_next(429, count=2),
+        "http_503": lambda: stub.fail_next(503, count=2),
+        "connection_reset": lambda: stub.reset_next(count=2),
+        "malformed_json": lambda: stub.malformed_next(count=2),
+        "timeout": lambda: stub.hang_next(count=2, seconds=3),
+    }[fault]
+    inject()
+    result = await engine.turn(TENANT, SID, "那它的续航怎么样？")
+    assert result.answer == "fine" and not result.partial
+    assert result.prepared.detection.reason  # decided by the fallback when the model failed
+    await engine.drain()
+    after = await snapshot(engine.store)
+    assert after["turns"][: len(before["turns"])] == before["turns"]
+    assert [t[2] for t in after["turns"][len(before["turns"]):]] == ["那它的续航怎么样？", "fine"]
+    await engine.close()

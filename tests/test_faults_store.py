@@ -23,6 +23,7 @@ pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
 from contextmode.engine import Engine
+from contextmode.jobs import JobRunner, JobSettings
 from contextmode.errors import StoreError
 from contextmode.service import ServiceSettings, create_app
 from contextmode.store.base import Store
@@ -145,7 +146,16 @@ class Answers:
 @pytest.fixture
 async def service(backend: Backend) -> AsyncIterator[tuple[httpx.AsyncClient, Engine, Answers]]:
     answers = Answers()
-    engine = build_engine(store=backend.store, model=FunctionModel(answers), counter=CharTokenCounter())
+    # A job cut off while holding its session lock cannot release it (the store is down): the
+    # lock then blocks the session's jobs until it expires. A short TTL keeps the tests quick;
+    # in production it is CONTEXTMODE_JOB_LOCK_TTL_S (300 s) — see docs/security.md.
+    runner = JobRunner(
+        backend.store,
+        JobSettings(attempts=3, base_delay_s=0.05, timeout_s=1.0, lock_ttl_s=1.5, lock_attempts=30),
+    )
+    engine = build_engine(
+        store=backend.store, model=FunctionModel(answers), counter=CharTokenCounter(), jobs=runner
+    )
     app = create_app(engine, ServiceSettings())
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
@@ -275,6 +285,7 @@ async def test_store_lost_while_the_model_answers_keeps_the_user_turn_only(
     # the user turn was stored before the model was called; its answer could not be
     assert after[len(before)] == (len(before) + 1, "user", "cut")
     assert after[len(before) + 1][1:] == ("user", "after recovery 0")
+    await assert_jobs_recovered(engine)
 
 
 @pytest.mark.parametrize("cut_at", [0.0, 0.3, 0.6, 0.8, 0.95])
@@ -310,6 +321,15 @@ async def test_connection_cut_at_any_point_of_a_slow_request_leaves_whole_turns(
     extra = [content for _, _, content in after[len(before):]]
     assert extra[-2:] == ["after recovery 0", "answer to after recovery 0"] or extra[-1].startswith("after recovery")
     assert extra.count("sliced") <= 1 and extra.count("answer to sliced") <= extra.count("sliced")
+    await assert_jobs_recovered(engine)
+
+
+async def assert_jobs_recovered(engine: Engine) -> None:
+    """After the outage the background jobs run again: the latest of each kind succeeded."""
+    info = await engine.store.info(TENANT, SID)
+    assert info is not None
+    for name in ("emotion", "constraints"):
+        assert info.jobs[name].last_error is None, (name, info.jobs[name])
 
 
 async def test_a_slow_store_is_slow_not_broken(
