@@ -195,3 +195,20 @@ async def test_failing_summariser_never_touches_turns_or_replies() -> None:
     info = await engine.store.info("t1", "s1")
     assert info is not None and info.jobs["summary"].failed >= 1
     assert info.jobs["summary"].last_error is None or "summariser down" in info.jobs["summary"].last_error
+
+
+async def test_turns_the_budget_drops_are_summarised_even_below_the_threshold() -> None:
+    summarizer = JoiningSummarizer()
+    # A window so small that 8 recent turns never fit, a threshold that is never reached.
+    engine = make_engine(FunctionModel(echo), summarizer=summarizer, summary_threshold=100, context_window=260)
+    dropped_seen: set[int] = set()
+    for i in range(6):
+        result = await engine.turn("t1", "s1", f"这是第{i}个比较长的问题，请仔细回答一下好吗")
+        dropped_seen |= set(result.prepared.context.accounts["recent"].dropped_seqs)
+        await engine.drain()
+    assert dropped_seen, "the budget should have dropped turns"
+    state = await engine.store.load("t1", "s1")
+    assert state.summary is not None
+    # every turn the window dropped is now covered by the summary
+    assert state.summary.covers_seq >= max(dropped_seen)
+    assert summarizer.calls[0][0] == 1

@@ -360,10 +360,19 @@ class Engine:
         # prepared state the job itself re-checks the coverage, so over-scheduling is harmless.
         last_seq = user_turn.seq + 1
         uncovered_outside_window = last_seq - strategy.recent_turns - covered
-        if uncovered_outside_window >= self.settings.summary_threshold:
+        # Turns the budget already dropped from the window reach the model in no form
+        # until a summary covers them: summarise them now, whatever the threshold.
+        dropped = [
+            seq
+            for seq in (prepared.context.accounts["recent"].dropped_seqs if prepared and "recent" in prepared.context.accounts else ())
+            if seq > covered
+        ]
+        upto = max(dropped, default=0)
+        if uncovered_outside_window >= self.settings.summary_threshold or upto:
             jobs.append("summary")
             self.jobs.schedule(
-                tenant, session_id, "summary", lambda: self.summarize_now(tenant, session_id),
+                tenant, session_id, "summary",
+                lambda: self.summarize_now(tenant, session_id, upto=upto or None),
                 coalesce=True,
             )
         return jobs
@@ -387,11 +396,15 @@ class Engine:
                 return
         raise RuntimeError("constraints kept changing underneath; will retry")
 
-    async def summarize_now(self, tenant: str, session_id: str, *, force: bool = False) -> bool:
+    async def summarize_now(
+        self, tenant: str, session_id: str, *, force: bool = False, upto: int | None = None
+    ) -> bool:
         """Fold the turns outside the recent window into the summary.
 
-        Returns False when fewer than ``summary_threshold`` turns are due (any number
-        with ``force``), or when a newer summary won the race: the result is then
+        ``upto`` extends the range to that turn even inside the window (turns the
+        budget dropped), and then any number of due turns is enough. Returns False
+        when fewer than ``summary_threshold`` turns are due (any number with
+        ``force``), or when a newer summary won the race: the result is then
         discarded, never overwriting it.
         """
         from .types import Summary
@@ -402,6 +415,8 @@ class Engine:
         previous = state.summary
         start = state.summary_covers_seq + 1
         end = info.last_seq - strategy.recent_turns
+        if upto is not None and upto > end:
+            end, force = min(upto, info.last_seq), True
         due = end - start + 1
         if due <= 0 or (due < self.settings.summary_threshold and not force):
             return False
