@@ -1,6 +1,7 @@
 """Memory: token budgets and the strategies that choose candidates for each layer."""
 
 from .budget import FLEXIBLE_LAYERS, LAYER_NAMES, Budget, LayerName, allocate
+from .recall import HybridRecall, Recaller, RecallSettings  # importing registers hybrid_recall
 from .strategies import (
     STRATEGIES,
     Hybrid,
@@ -19,8 +20,11 @@ __all__ = [
     "STRATEGIES",
     "Budget",
     "Hybrid",
+    "HybridRecall",
     "LayerName",
     "MemoryPlan",
+    "RecallSettings",
+    "Recaller",
     "SlidingSummary",
     "SlidingWindow",
     "Strategy",
