@@ -72,3 +72,11 @@ def test_salient_entities_fold_short_names() -> None:
     ranked = salient_entities("did he win?", EN)
     assert ranked[0].text == "Frank Zappa"
     assert ranked[0].turns == 2 and ranked[0].confident
+
+
+def test_short_answer_takes_the_question_object() -> None:
+    rewriter = OfflineRewriter()
+    assert rewriter.rewrite_texts("不在", ["你好", "在不在武汉"]).text == "不在武汉"
+    assert rewriter.rewrite_texts("不会", ["你不会腻吗"]).text == "不会腻"
+    # a particle at the end is no anchor: left alone
+    assert not rewriter.rewrite_texts("是的", ["你是学生吗"]).changed

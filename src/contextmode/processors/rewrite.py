@@ -1,7 +1,7 @@
 """Offline follow-up rewriter: resolve a reference to the salient entity of recent turns.
 
 No model is involved, so the rewriter is deliberately conservative: a wrong insertion
-costs more than it gains, and the message is returned unchanged unless one of two
+costs more than it gains, and the message is returned unchanged unless one of three
 patterns applies with a confident antecedent.
 
 1. **Pronoun resolution.** The first third-person pronoun (他/她/它, 这里/那里 for
@@ -10,6 +10,8 @@ patterns applies with a confident antecedent.
 2. **Subject ellipsis (Chinese).** A very short message made only of a predicate
    ("在哪里", "好贵", "去过了") gets as its subject the salient entity, if that
    entity recurs in at least two turns.
+3. **Answer echo (Chinese).** A short answer to a yes/no question ("在不在武汉" →
+   "不在") takes the rest of the question ("不在武汉").
 
 Salience of a candidate (a named entity or a run of nouns from jieba's POS tags; a
 capitalised span in English) = how many context turns mention it, with a bonus for
@@ -46,6 +48,9 @@ _PERSON_TAGS = {"nr", "nrt", "nrfg"}
 _ZH_PERSON = ("他", "她")
 _ZH_PLACE = ("那里", "这里", "那儿", "这儿")
 _ZH_PLURAL_OR_COMPOUND = re.compile(r"他们|她们|它们|其他|其它|他人|吉他|她们")
+_ZH_QUESTION_END = re.compile(r"(吗|么|嘛|呢|吧|[?？])+$")
+_ZH_A_NOT_A = re.compile(r"(.)[不没]\1")
+_ZH_PARTICLES = "的了啊呀吧嗯哦呢嘛么吗哈~～!！。.，,"
 _ZH_PREDICATE_TAGS = {"v", "vd", "a", "ad", "d", "r", "y", "ul", "uj", "p", "m", "q", "vi", "c"}
 
 _EN_TOKEN = re.compile(r"[A-Za-z][A-Za-z'\-]*|\d+|\S")
@@ -188,6 +193,25 @@ def salient_entities(message: str, context: Sequence[str]) -> list[Antecedent]:
     return ranked
 
 
+def _echo_answer(text: str, context: Sequence[str]) -> str | None:
+    """Complete a short answer to a yes/no question with the question's object.
+
+    "在不在武汉" → "不在" becomes "不在武汉"; "你不会腻吗" → "不会" becomes "不会腻": the
+    answer's last character is found in the question and what follows it there (minus
+    the question particle) is appended.
+    """
+    previous = next((c.strip() for c in reversed(context) if c.strip()), "")
+    if not (1 < len(text) <= 4) or text[-1] in _ZH_PARTICLES:
+        return None
+    if not (_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous)):
+        return None
+    at = previous.rfind(text[-1])
+    if at < 0:
+        return None
+    rest = _ZH_QUESTION_END.sub("", previous[at + 1:]).rstrip(_ZH_PARTICLES)
+    return text + rest if 1 <= len(rest) <= 6 else None
+
+
 class OfflineRewriter:
     """`Rewriter` that resolves pronouns and fills a missing subject, without a model.
 
@@ -219,13 +243,14 @@ class OfflineRewriter:
         if not text or not any(c.strip() for c in context):
             return Rewrite(text=message, changed=False, source="offline")
         candidates = salient_entities(text, context)
-        rewritten = (self._rewrite_zh(text, candidates) if is_chinese(text)
+        rewritten = (self._rewrite_zh(text, candidates, context) if is_chinese(text)
                      else self._rewrite_en(text, candidates))
         if rewritten is None or rewritten == text:
             return Rewrite(text=message, changed=False, source="offline")
         return Rewrite(text=rewritten, changed=True, source="offline")
 
-    def _rewrite_zh(self, text: str, candidates: list[Antecedent]) -> str | None:
+    def _rewrite_zh(self, text: str, candidates: list[Antecedent],
+                    context: Sequence[str]) -> str | None:
         confident = [c for c in candidates
                      if c.confident and c.turns >= self._pronoun_min_turns]
         if not confident:
@@ -247,6 +272,9 @@ class OfflineRewriter:
                 # the references keep.
                 return (text.replace(pronoun, places[0].text + pronoun, 1)
                         if places else None)
+        echoed = _echo_answer(text, context)
+        if echoed is not None:
+            return echoed
         recurring = [c for c in candidates if c.turns >= self._ellipsis_min_turns]
         if self._ellipsis and recurring and len(text) <= 6:
             tags = [f for _, f in _pos(text)]
