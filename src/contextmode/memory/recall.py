@@ -221,13 +221,14 @@ class Recaller:
         state: SessionState,
         message: str,
         *,
-        recent_turns: int = 8,
+        recent_turns: int = 6,
         limit: int | None = None,
     ) -> list[Turn]:
         """Older turns relevant to ``message``, best first, read from ``store``.
 
         Turns among the newest ``recent_turns`` are left out (the recent
-        window shows them). ``limit`` caps how many turns come back
+        window shows them; pass the strategy's ``recent_turns``, default
+        `HybridRecall`'s 6). ``limit`` caps how many turns come back
         (default: all ranked hits and their neighbours).
         """
         if state.last_seq == 0:
@@ -245,7 +246,7 @@ class Recaller:
         return [by_seq[h.seq] for h in hits if h.seq in by_seq]
 
     async def with_recall(
-        self, store: TurnSource, state: SessionState, message: str, *, recent_turns: int = 8
+        self, store: TurnSource, state: SessionState, message: str, *, recent_turns: int = 6
     ) -> SessionState:
         """``state`` with its ``recalled`` turns filled in for ``message``."""
         turns = await self.recall(store, state, message, recent_turns=recent_turns)
