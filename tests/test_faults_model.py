@@ -240,7 +240,9 @@ async def test_background_jobs_retry_with_backoff_then_give_up_visibly(stub: Stu
     await engine.drain()
     before = await snapshot(engine.store)
     assert before["summary"] is not None and before["constraints"] == [("drink", "tea")]
-    stats = (await engine.store.info(TENANT, SID)).jobs
+    first_info = await engine.store.info(TENANT, SID)
+    assert first_info is not None
+    stats = first_info.jobs
     assert {name: (s.ok, s.failed) for name, s in stats.items()} == {
         "emotion": (1, 0), "constraints": (1, 0), "summary": (1, 0)
     }

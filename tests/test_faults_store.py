@@ -23,8 +23,8 @@ pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
 from contextmode.engine import Engine
-from contextmode.jobs import JobRunner, JobSettings
 from contextmode.errors import StoreError
+from contextmode.jobs import JobRunner, JobSettings
 from contextmode.service import ServiceSettings, create_app
 from contextmode.store.base import Store
 from contextmode.testing.contract import service_url, skip_or_fail

@@ -26,7 +26,7 @@ from contextmode.testing.models import FunctionModel
 
 SID = "kept"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
-LIMITS = {"max_message_chars": 1000, "max_body_bytes": 64 * 1024, "max_images": 2, "max_image_bytes": 2048}
+LIMITS: dict[str, Any] = {"max_message_chars": 1000, "max_body_bytes": 64 * 1024, "max_images": 2, "max_image_bytes": 2048}
 
 
 def url(data: bytes, mime: str = "image/png") -> str:
