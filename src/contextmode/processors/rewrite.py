@@ -253,8 +253,6 @@ class OfflineRewriter:
                     context: Sequence[str]) -> str | None:
         confident = [c for c in candidates
                      if c.confident and c.turns >= self._pronoun_min_turns]
-        if not confident:
-            return None
         if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
             for pronoun in _ZH_PERSON:
                 if pronoun in text:
