@@ -32,6 +32,9 @@ from .recall_index import BM25Index, RecallIndex
 from .recall_strategy import HybridRecall
 from .recall_text import analyze
 
+_THREAD_BATCH = 256
+"""Catch-ups of at least this many turns run in a worker thread."""
+
 __all__ = [
     "HybridRecall",
     "RecallHit",
@@ -151,28 +154,32 @@ class Recaller:
         self, store: TurnSource, tenant: str, session_id: str, *, last_seq: int
     ) -> RecallIndex:
         """The session's BM25 index, caught up to ``last_seq`` from the store."""
-        return (await self._caught_up(store, tenant, session_id, last_seq)).index
-
-    async def _caught_up(
-        self, store: TurnSource, tenant: str, session_id: str, last_seq: int
-    ) -> _Entry:
         entry = self._entry(tenant, session_id)
         async with entry.lock:
-            indexes: list[BM25Index | DenseIndex] = [entry.index]
-            if entry.dense is not None:
-                indexes.append(entry.dense)
-            done = min(i.last_seq for i in indexes)
-            while done < last_seq:
-                stop = min(last_seq, done + self.settings.batch)
-                turns = await store.turns(tenant, session_id, from_seq=done + 1, to_seq=stop)
-                if not turns:
-                    break
-                for turn in turns:
-                    entry.index.add(turn)
-                if entry.dense is not None:
-                    entry.dense.add_many(turns)
-                done = turns[-1].seq
-        return entry
+            await self._catch_up(entry, store, tenant, session_id, last_seq)
+        return entry.index
+
+    async def _catch_up(
+        self, entry: _Entry, store: TurnSource, tenant: str, session_id: str, last_seq: int
+    ) -> None:
+        """Index the turns up to ``last_seq`` not indexed yet (caller holds ``entry.lock``)."""
+        indexes: list[BM25Index | DenseIndex] = [entry.index]
+        if entry.dense is not None:
+            indexes.append(entry.dense)
+        done = min(i.last_seq for i in indexes)
+        while done < last_seq:
+            stop = min(last_seq, done + self.settings.batch)
+            turns = await store.turns(tenant, session_id, from_seq=done + 1, to_seq=stop)
+            if not turns:
+                break
+            if entry.dense is not None or len(turns) >= _THREAD_BATCH:
+                # A first build (or embeddings) takes long enough to stall replies:
+                # do it in a worker thread. Safe: we hold the entry's lock, and
+                # observe() stays away from an index whose lock is held.
+                await asyncio.to_thread(_add_all, entry, turns)
+            else:
+                _add_all(entry, turns)
+            done = turns[-1].seq
 
     def observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
         """Index turns just appended (the engine calls this after persisting a turn).
@@ -182,10 +189,12 @@ class Recaller:
         path. Turns out of order (a gap since the last indexed one) are left
         for the next `recall` to read from the store.
         """
-        index = self._entry(tenant, session_id).index
+        entry = self._entry(tenant, session_id)
+        if entry.lock.locked():  # a catch-up may be writing from a thread; it reads these later
+            return
         for turn in turns:
-            if turn.seq == index.last_seq + 1:
-                index.add(turn)
+            if turn.seq == entry.index.last_seq + 1:
+                entry.index.add(turn)
 
     def rank(
         self,
@@ -233,11 +242,14 @@ class Recaller:
         """
         if state.last_seq == 0:
             return []
-        entry = await self._caught_up(store, state.tenant, state.session_id, state.last_seq)
+        entry = self._entry(state.tenant, state.session_id)
         exclude_from = max(1, state.last_seq - recent_turns + 1)
-        hits = self.rank(
-            entry.index, message, recent=state.turns, exclude_from_seq=exclude_from, dense=entry.dense
-        )
+        async with entry.lock:  # no catch-up thread may grow the arrays while we search them
+            await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq)
+            hits = self.rank(
+                entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
+                dense=entry.dense,
+            )
         if limit is not None:
             hits = hits[:limit]
         if not hits:
@@ -251,6 +263,13 @@ class Recaller:
         """``state`` with its ``recalled`` turns filled in for ``message``."""
         turns = await self.recall(store, state, message, recent_turns=recent_turns)
         return replace(state, recalled=tuple(turns))
+
+
+def _add_all(entry: _Entry, turns: Sequence[Turn]) -> None:
+    for turn in turns:
+        entry.index.add(turn)
+    if entry.dense is not None:
+        entry.dense.add_many(turns)
 
 
 def _feedback(
