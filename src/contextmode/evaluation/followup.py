@@ -39,6 +39,7 @@ __all__ = [
     "baseline_predictions",
     "evaluate_followup",
     "load_detection_items",
+    "print_followup_table",
     "register",
 ]
 

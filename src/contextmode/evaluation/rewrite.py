@@ -36,6 +36,7 @@ __all__ = [
     "detect_rewrite_format",
     "evaluate_rewrite",
     "load_rewrite_items",
+    "print_rewrite_table",
     "register",
 ]
 

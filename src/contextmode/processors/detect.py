@@ -42,10 +42,13 @@ from .base import Detection
 from .intents import classify_follow_up_intent, is_chinese
 
 __all__ = [
+    "CONTEXT_TURNS",
     "DEFAULT_MODEL_FILE",
     "DetectorModel",
     "OfflineContextDetector",
     "context_features",
+    "feature_slots",
+    "hash_feature",
     "load_detector_model",
     "strong_cue",
 ]
