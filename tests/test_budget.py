@@ -118,8 +118,14 @@ def test_allocate_caps_are_scaled_down_when_they_exceed_what_is_available() -> N
 
 
 def test_allocate_constraints_come_first() -> None:
+    alloc = allocate(100, {"constraints": 20, "recent": 500}, weights={"recent": 1.0})
+    assert alloc == {"constraints": 20, "recent": 80}
+    # A long list takes at most a quarter (or its weighted share) while others want more…
     alloc = allocate(100, {"constraints": 80, "recent": 500}, weights={"recent": 1.0})
-    assert alloc == {"constraints": 80, "recent": 20}
+    assert alloc == {"constraints": 25, "recent": 75}
+    # …and whatever nobody else wants.
+    alloc = allocate(100, {"constraints": 80, "recent": 10}, weights={"recent": 1.0})
+    assert alloc == {"constraints": 80, "recent": 10}
     # Within their cap when one is set.
     alloc = allocate(1000, {"constraints": 500, "recent": 5000}, caps=SEED003_CAPS)
     assert alloc["constraints"] == 200

@@ -112,6 +112,10 @@ def build_engine(
         store = open_store(store)
     kind: ProcessorKind = processors or os.environ.get("CONTEXTMODE_PROCESSORS", "offline")  # type: ignore[assignment]
     parts = _processors(kind, model)
+    # Recall costs O(new turn) per turn to index; it is used by strategies with a recall layer.
+    from .memory.recall import Recaller
+
+    parts["recaller"] = Recaller()
     parts.update(overrides)
     return Engine(store=store, model=model, counter=counter, settings=settings, **parts)
 

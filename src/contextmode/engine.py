@@ -188,7 +188,9 @@ class Engine:
                 current = rewrite.text
         recall_limit = int(getattr(chosen, "recall_limit", 0) or 0)
         if self.recaller is not None and recall_limit:
-            recalled = await self.recaller.recall(self.store, state, current, limit=recall_limit)
+            recalled = await self.recaller.recall(
+                self.store, state, current, limit=recall_limit, recent_turns=chosen.recent_turns
+            )
             state = replace(state, recalled=tuple(recalled))
         assembled_state = state
         if mode == "decoupled":

@@ -16,6 +16,7 @@ from typing import Literal
 from ..errors import ConfigError
 
 __all__ = [
+    "CONSTRAINTS_MAX_SHARE",
     "FLEXIBLE_LAYERS",
     "LAYER_NAMES",
     "Budget",
@@ -32,6 +33,9 @@ LAYER_NAMES: tuple[LayerName, ...] = (
 FLEXIBLE_LAYERS: tuple[LayerName, ...] = ("constraints", "recent", "summary", "key_moments", "recall")
 """Layers that share the budget, in the order that receives leftover tokens first
 (pinned constraints are small and always wanted, then the newest turns)."""
+CONSTRAINTS_MAX_SHARE = 0.25
+"""Without a fixed allocation, pinned constraints take at most this share of the flexible budget
+(or their weighted share if larger); the newest are kept when they do not all fit."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +137,13 @@ def allocate(
     if "constraints" in layers:
         # Pinned constraints come first (seed 003 puts them near the top because they
         # must not be lost): their whole demand, within their cap when one is set.
-        limit = caps.get("constraints", available) if caps else available
+        # A long list must not crowd out the conversation: without a fixed allocation the
+        # pinned layer takes at most its weighted share or a quarter, whichever is larger.
+        if caps:
+            limit = caps.get("constraints", available)
+        else:
+            total_w = sum(raw.values()) or 1.0
+            limit = int(available * max(raw["constraints"] / total_w, CONSTRAINTS_MAX_SHARE))
         pinned = min(demands["constraints"], limit, available)
         rest_layers = [n for n in layers if n != "constraints"]
         rest_caps: dict[LayerName, int] | None = (
@@ -142,6 +152,10 @@ def allocate(
         rest = allocate(
             available - pinned, {n: demands[n] for n in rest_layers}, caps=rest_caps, weights=weights
         )
+        if not caps:
+            # Budget nobody else wanted still flows to constraints beyond their share.
+            spare = available - pinned - sum(rest.values())
+            pinned += max(0, min(spare, demands["constraints"] - pinned))
         return {"constraints": pinned, **rest}
     if caps:
         scale = min(1.0, available / max(1.0, sum(raw.values())))
