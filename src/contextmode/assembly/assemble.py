@@ -191,7 +191,7 @@ def assemble(
         for t in turns:
             if dated:
                 # Recalled turns are grouped under one "[2023-05-08]" heading per day:
-                # the date is paid once a day instead of on every line (docs/quality-recall.md).
+                # the date is paid once a day instead of on every line (docs/quality.md).
                 line = turn_line(t, locale)
                 day = f"[{t.created_at:%Y-%m-%d}]"
                 candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t, day, count(day) + 1))

@@ -4,7 +4,7 @@ Input: ``personasummary_s*_*.txt``, one JSON dialogue a line, ``dialog:[{id, tex
 persona_text?}]``; an utterance's ``persona_text`` is the gold fact(s) it reveals about its
 speaker. Every utterance (both speakers) goes through `OfflineConstraintExtractor`.
 
-The matching rules (also in docs/quality-language.md):
+The matching rules (also in docs/quality.md):
 
 * gold facts: the utterance's ``persona_text`` split into sentences; words compared are
   `contextmode.processors.fact_scorer.fact_words` (lower case, stop words and fillers

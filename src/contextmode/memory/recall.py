@@ -56,7 +56,7 @@ class TurnSource(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class RecallSettings:
-    """How recall ranks and expands (defaults chosen on principle, see docs/quality-recall.md)."""
+    """How recall ranks and expands (defaults chosen on principle, see docs/quality.md)."""
 
     candidates: int = 48
     """Index hits considered per message (before neighbours); the layer's budget decides how many fit."""

@@ -70,7 +70,7 @@ def turn_text(turn: Turn) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class BM25Params:
-    """Okapi BM25 constants (the usual defaults; see docs/quality-recall.md)."""
+    """Okapi BM25 constants (the usual defaults; see docs/quality.md)."""
 
     k1: float = 1.2
     """Term-frequency saturation."""
