@@ -60,6 +60,8 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
 
 
 async def _command(console: Console, engine: Engine, tenant: str, session: str, command: str, arg: str) -> str:
+    if command in ("/summary", "/constraints", "/history", "/context"):
+        await engine.drain()  # show what the background jobs of the last turn produced
     if command == "/help":
         console.print(HELP)
     elif command == "/context":
