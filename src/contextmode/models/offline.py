@@ -33,7 +33,7 @@ class OfflineResponder:
         self,
         *,
         counter: TokenCounter | None = None,
-        preview_chars: int = 200,
+        preview_chars: int = 80,
         chunk_chars: int = 24,
         name: str = "offline",
     ) -> None:
@@ -59,7 +59,7 @@ class OfflineResponder:
             "answer is generated here. Set CONTEXTMODE_LLM_BASE_URL and CONTEXTMODE_LLM_MODEL to get "
             "real answers.",
             "",
-            ("独立问题：" if zh else "Standalone question: ") + _preview(question, self.preview_chars),
+            ("独立问题：" if zh else "Standalone question: ") + _preview(question, 500),
             "",
         ]
         total = count_messages(self.counter, messages) if self.counter else None
@@ -72,9 +72,10 @@ class OfflineResponder:
         lines.append(head)
         for index, message in enumerate(messages, 1):
             tokens = f" {self.counter.count(message.content)} tokens" if self.counter else ""
-            lines.append(
-                f"{index}. [{message.role}{tokens}] {_preview(message.content, self.preview_chars)}"
-            )
+            # Earlier answers are not quoted: they are stored as turns, and quoting them
+            # would make every offline answer grow with the ones before it.
+            preview = "" if message.role == "assistant" else " " + _preview(message.content, self.preview_chars)
+            lines.append(f"{index}. [{message.role}{tokens}]{preview}")
         return "\n".join(lines)
 
     async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None) -> str:
