@@ -43,7 +43,7 @@ TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant of the session.
 
 @app.command()
 def demo(
-    store: StoreOpt = "memory://",
+    store: StoreOpt = None,
     window: Annotated[int, typer.Option(help="Context window in tokens (small, so summaries show).")] = 700,
     messages: Annotated[bool, typer.Option(help="Also print the messages sent.")] = False,
 ) -> None:
