@@ -112,9 +112,10 @@ async def _redis() -> AsyncIterator[str]:
         await client.aclose()
 
 
-@pytest.fixture(params=["postgres", "redis"], ids=["postgres", "redis"])
+@pytest.fixture(
+    params=[pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("redis", marks=pytest.mark.redis)]
+)
 async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    request.applymarker(getattr(pytest.mark, request.param))
     source = _postgres() if request.param == "postgres" else _redis()
     async for url in source:
         yield url
