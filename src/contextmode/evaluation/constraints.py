@@ -42,6 +42,7 @@ import typer
 
 from ..processors.constraints import OfflineConstraintExtractor
 from ..processors.fact_scorer import fact_words as content_words
+from .report import JsonFlag, print_figures, print_json_line, progress_bar
 
 __all__ = ["MatchRule", "evaluate_constraints", "facts_cover", "facts_match", "read_dialogues", "register"]
 
@@ -174,7 +175,7 @@ def evaluate_constraints(
     baselines = {(name, rule): _Counts() for name in systems for rule in rules}
     kinds: dict[str, int] = {}
     utterances = 0
-    progress = _progress() if show_progress else None
+    progress = progress_bar() if show_progress else None
     task = progress.add_task("extracting", total=len(dialogues)) if progress else None
     if progress:
         progress.start()
@@ -223,24 +224,6 @@ def evaluate_constraints(
     return result
 
 
-def _progress() -> Any:
-    from rich.progress import Progress
-
-    return Progress(transient=True)
-
-
-def _print_report(title: str, result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        table.add_row(key, str(value))
-    Console().print(table)
-
-
 def register(app: typer.Typer) -> None:
     """Add the ``constraints`` evaluation subcommand to ``app``."""
 
@@ -250,15 +233,13 @@ def register(app: typer.Typer) -> None:
         min_overlap: Annotated[float, typer.Option(help="Matching rule: content-word overlap")] = 0.5,
         generic_facts: Annotated[bool, typer.Option(help="Also extract untyped first-person facts")] = True,
         limit: Annotated[int | None, typer.Option(help="Only the first N dialogues")] = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Last line: the headline figures as JSON")
-        ] = False,
+        as_json: JsonFlag = False,
     ) -> None:
         """Constraint / user-fact extraction precision and recall on MSC."""
         result = evaluate_constraints(
             data, min_overlap=min_overlap, generic_facts=generic_facts, limit=limit,
             show_progress=True,
         )
-        _print_report("constraint extraction (MSC)", result)
+        print_figures("constraint extraction (MSC)", result)
         if as_json:
-            print(json.dumps(result, ensure_ascii=False))
+            print_json_line(result)

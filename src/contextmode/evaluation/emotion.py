@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from ..processors.emotion import analyze_emotion
+from .report import JsonFlag, print_figures, print_json_line, progress_bar
 
 __all__ = ["evaluate_emotion", "register"]
 
@@ -108,12 +109,6 @@ def _read_esconv(path: Path, first_turns: int) -> list[tuple[list[str], float]]:
     return items
 
 
-def _progress() -> Any:
-    from rich.progress import Progress
-
-    return Progress(transient=True)
-
-
 def _detect_format(path: Path) -> str:
     if path.suffix.lower() == ".csv":
         return "cped"
@@ -145,7 +140,7 @@ def _score_all(texts: Sequence[str], show_progress: bool, label: str) -> list[fl
     scores: list[float] = []
     if not show_progress:
         return [analyze_emotion(t).intensity for t in texts]
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task(label, total=len(texts))
         for text in texts:
             scores.append(analyze_emotion(text).intensity)
@@ -207,18 +202,6 @@ def _evaluate_esconv(
     }
 
 
-def _print_report(title: str, result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        table.add_row(key, str(value))
-    Console().print(table)
-
-
 def register(app: typer.Typer) -> None:
     """Add the ``emotion`` evaluation subcommand to ``app``."""
 
@@ -227,12 +210,10 @@ def register(app: typer.Typer) -> None:
         data: Annotated[Path, typer.Option("--data", help="CPED .csv or ESConv .jsonl file")],
         first_turns: Annotated[int, typer.Option(help="ESConv: seeker turns scored")] = 3,
         limit: Annotated[int | None, typer.Option(help="Score only the first N items")] = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Last line: the headline figures as JSON")
-        ] = False,
+        as_json: JsonFlag = False,
     ) -> None:
         """Emotion intensity vs CPED labels or ESConv seeker intensity."""
         result = evaluate_emotion(data, first_turns=first_turns, limit=limit, show_progress=True)
-        _print_report(f"emotion ({result['dataset']})", result)
+        print_figures(f"emotion ({result['dataset']})", result)
         if as_json:
-            print(json.dumps(result, ensure_ascii=False))
+            print_json_line(result)

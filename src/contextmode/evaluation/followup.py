@@ -33,6 +33,7 @@ import typer
 from ..processors.detect import DetectorModel, OfflineContextDetector
 from ..processors.intents import INTENT_KEYWORDS, is_chinese
 from .metrics import binary_scores
+from .report import JsonFlag, print_json_line, progress_bar
 
 __all__ = [
     "DetectionItem",
@@ -146,7 +147,7 @@ def evaluate_followup(
     items = load_detection_items(path)[:limit]
     detector = OfflineContextDetector(model)
     predicted: list[bool] = []
-    bar = _progress() if progress else None
+    bar = progress_bar() if progress else None
     task = bar.add_task("detecting", total=len(items)) if bar else None
     if bar:
         bar.start()
@@ -172,12 +173,6 @@ def evaluate_followup(
     return result
 
 
-def _progress() -> Any:
-    from rich.progress import Progress
-
-    return Progress(transient=True)
-
-
 def print_followup_table(result: dict[str, Any], title: str = "context-dependence detection") -> None:
     """A rich table: the detector, then each baseline, one row each."""
     from rich.console import Console
@@ -201,12 +196,10 @@ def register(app: typer.Typer) -> None:
     def followup_command(
         data: Annotated[Path, typer.Option("--data", help="Restoration-200K TSV or CANARD JSON")],
         limit: Annotated[int | None, typer.Option(help="Only the first N items")] = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Last line: the headline figures as JSON")
-        ] = False,
+        as_json: JsonFlag = False,
     ) -> None:
         """Accuracy, P/R/F1 and macro-F1 of the context-dependence detector vs baselines."""
         result = evaluate_followup(data, limit=limit)
         print_followup_table(result)
         if as_json:
-            print(json.dumps(result, ensure_ascii=False))
+            print_json_line(result)

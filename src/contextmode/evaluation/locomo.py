@@ -49,6 +49,7 @@ from ..memory.recall import Recaller, RecallSettings
 from ..store.memory import MemoryStore
 from ..tokens.base import TokenCounter
 from ..types import Constraint, NewTurn, Role, SessionState, Summary
+from .report import print_json_line
 
 __all__ = ["CATEGORIES", "evaluate_locomo", "load_locomo", "plot_recall", "register"]
 
@@ -398,4 +399,4 @@ def register(app: typer.Typer) -> None:
         if plot is not None:
             print(f"plot written to {plot_recall(result, plot)}")
         if as_json:
-            print(json.dumps(result, ensure_ascii=False))
+            print_json_line(result)

@@ -30,6 +30,7 @@ import typer
 
 from ..processors.rewrite import OfflineRewriter
 from .metrics import bleu, exact_match, restoration_scores
+from .report import JsonFlag, print_json_line, progress_bar
 
 __all__ = [
     "RewriteItem",
@@ -121,7 +122,7 @@ def evaluate_rewrite(
     fmt, items = load_rewrite_items(path, kind=kind, limit=limit)
     rewriter = rewriter or OfflineRewriter()
     outputs: list[str] = []
-    bar = _progress() if progress else None
+    bar = progress_bar() if progress else None
     task = bar.add_task(f"rewriting ({fmt})", total=len(items)) if bar else None
     if bar:
         bar.start()
@@ -142,12 +143,6 @@ def evaluate_rewrite(
     result.update(_scores(messages, outputs, references))
     result.update(_scores(messages, messages, references, prefix="baseline_"))
     return result
-
-
-def _progress() -> Any:
-    from rich.progress import Progress
-
-    return Progress(transient=True)
 
 
 def print_rewrite_table(result: dict[str, Any]) -> None:
@@ -177,9 +172,7 @@ def register(app: typer.Typer) -> None:
         limit: Annotated[
             int | None, typer.Option(help="Score a fixed-seed random sample of N items")
         ] = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Last line: the headline figures as JSON")
-        ] = False,
+        as_json: JsonFlag = False,
     ) -> None:
         """Exact match, restoration P/R/F and BLEU of the offline rewriter vs do-nothing."""
         if kind not in {"auto", "restoration", "su2019", "canard"}:
@@ -187,4 +180,4 @@ def register(app: typer.Typer) -> None:
         result = evaluate_rewrite(data, kind=kind, limit=limit)
         print_rewrite_table(result)
         if as_json:
-            print(json.dumps(result, ensure_ascii=False))
+            print_json_line(result)

@@ -34,6 +34,7 @@ from ..processors.audit import collect_facts, fact_kept, restore_facts
 from ..processors.lexicons import detect_language
 from ..processors.summarize import DEFAULT_BLOCK_CHARS, OfflineSummarizer
 from ..types import Turn
+from .report import JsonFlag, print_figures, print_json_line, progress_bar
 
 __all__ = ["evaluate_summary", "register"]
 
@@ -115,7 +116,7 @@ def evaluate_summary(
     totals = {"facts": 0, "before": 0, "after": 0, "lead": 0, "restored": 0, "steps": 0}
     final = {"facts": 0, "audited": 0, "plain": 0, "qa": 0, "qa_audited": 0, "qa_plain": 0}
     summary_chars: list[int] = []
-    progress = _progress() if show_progress else None
+    progress = progress_bar() if show_progress else None
     steps_total = sum(len(_sessions(s["conversation"])) for s in samples)
     task = progress.add_task("summarising sessions", total=steps_total) if progress else None
     if progress:
@@ -179,24 +180,6 @@ def evaluate_summary(
     }
 
 
-def _progress() -> Any:
-    from rich.progress import Progress
-
-    return Progress(transient=True)
-
-
-def _print_report(title: str, result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in result.items():
-        table.add_row(key, str(value))
-    Console().print(table)
-
-
 def register(app: typer.Typer) -> None:
     """Add the ``summary`` evaluation subcommand to ``app``."""
 
@@ -208,15 +191,13 @@ def register(app: typer.Typer) -> None:
         max_restored: Annotated[int, typer.Option(help="Facts the audit may add per step")] = 12,
         chunk: Annotated[int, typer.Option(help="CPED .csv: utterances per session")] = 8,
         limit: Annotated[int | None, typer.Option(help="Only the first N conversations")] = None,
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Last line: the headline figures as JSON")
-        ] = False,
+        as_json: JsonFlag = False,
     ) -> None:
         """Facts kept by the incremental summary before and after the audit."""
         result = evaluate_summary(
             data, block_chars=block_chars, max_chars=max_chars, max_restored=max_restored,
             chunk=chunk, limit=limit, show_progress=True,
         )
-        _print_report("incremental summary + audit (LoCoMo)", result)
+        print_figures("incremental summary + audit (LoCoMo)", result)
         if as_json:
-            print(json.dumps(result, ensure_ascii=False))
+            print_json_line(result)

@@ -1,0 +1,45 @@
+"""The shared evaluation output helpers: table, JSON last line, --json flag."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from contextmode.evaluation.report import JsonFlag, print_figures, print_json_line, progress_bar
+
+
+def test_print_json_line_keeps_chinese_readable(capsys: pytest.CaptureFixture[str]) -> None:
+    print_json_line({"名字": "小明", "f1": 0.5})
+    out = capsys.readouterr().out
+    assert out == '{"名字": "小明", "f1": 0.5}\n'
+    assert json.loads(out) == {"名字": "小明", "f1": 0.5}
+
+
+def test_print_figures_lists_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    print_figures("demo", {"precision": 0.75, "n": 4})
+    out = capsys.readouterr().out
+    assert "demo" in out and "precision" in out and "0.75" in out and "n" in out
+
+
+def test_progress_bar_is_transient() -> None:
+    bar = progress_bar()
+    assert bar.live.transient is True
+
+
+def test_json_flag_is_reusable_across_commands() -> None:
+    app = typer.Typer()
+
+    @app.command("a")
+    def a(as_json: JsonFlag = False) -> None:
+        print(f"a={as_json}")
+
+    @app.command("b")
+    def b(as_json: JsonFlag = False) -> None:
+        print(f"b={as_json}")
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["a", "--json"]).output.strip() == "a=True"
+    assert runner.invoke(app, ["b"]).output.strip() == "b=False"
