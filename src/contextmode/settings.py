@@ -15,7 +15,7 @@ from typing import Literal
 
 from .errors import ConfigError
 
-__all__ = ["EngineSettings", "Mode", "contextmode_home"]
+__all__ = ["EngineSettings", "Mode", "contextmode_home", "env_int"]
 
 Mode = Literal["contextual", "decoupled"]
 
@@ -26,9 +26,14 @@ def contextmode_home(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("CONTEXTMODE_HOME") or Path.home() / ".contextmode")
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
+def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    """Whole number from ``env[name]``; ``default`` when unset or blank.
+
+    Raises `ConfigError` naming the variable when the value is not a whole number
+    or is below ``minimum``. Shared by every ``*Settings.from_env``.
+    """
+    raw = env.get(name, "").strip()
+    if not raw:
         return default
     try:
         value = int(raw)
@@ -76,12 +81,12 @@ class EngineSettings:
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
             strategy=env.get("CONTEXTMODE_STRATEGY", "sliding_summary"),
-            context_window=_int(env, "CONTEXTMODE_CONTEXT_WINDOW", 8192, minimum=64),
-            reply_reserve=_int(env, "CONTEXTMODE_REPLY_RESERVE", 0) if reserve else None,
+            context_window=env_int(env, "CONTEXTMODE_CONTEXT_WINDOW", 8192, minimum=64),
+            reply_reserve=env_int(env, "CONTEXTMODE_REPLY_RESERVE", 0) if reserve else None,
             mode=env.get("CONTEXTMODE_MODE", "contextual"),  # type: ignore[arg-type]
             order=env.get("CONTEXTMODE_ORDER", "default"),
             locale=env.get("CONTEXTMODE_LOCALE", "auto"),
-            summary_threshold=_int(env, "CONTEXTMODE_SUMMARY_THRESHOLD", 10, minimum=1),
-            job_attempts=_int(env, "CONTEXTMODE_JOB_ATTEMPTS", 3, minimum=1),
+            summary_threshold=env_int(env, "CONTEXTMODE_SUMMARY_THRESHOLD", 10, minimum=1),
+            job_attempts=env_int(env, "CONTEXTMODE_JOB_ATTEMPTS", 3, minimum=1),
             rewrite=env.get("CONTEXTMODE_REWRITE", "1").lower() not in ("0", "false", "no"),
         )

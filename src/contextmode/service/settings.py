@@ -28,25 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..settings import env_int
 from ..types import validate_id
 
 __all__ = ["IMAGE_TYPES", "ServiceSettings", "parse_api_keys"]
 
 IMAGE_TYPES = ("png", "jpeg", "gif", "webp")
 """Image types the boundary knows how to recognise by their magic bytes."""
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
-    return value
 
 
 def parse_api_keys(spec: str) -> dict[str, str]:
@@ -138,16 +126,16 @@ class ServiceSettings:
         defaults = cls()
         return cls(
             host=env.get("CONTEXTMODE_HOST", "").strip() or defaults.host,
-            port=_int(env, "CONTEXTMODE_PORT", defaults.port, 0),
+            port=env_int(env, "CONTEXTMODE_PORT", defaults.port, 0),
             api_keys=keys,
-            max_images=_int(env, "CONTEXTMODE_MAX_IMAGES", defaults.max_images, 0),
-            max_image_bytes=_int(env, "CONTEXTMODE_MAX_IMAGE_BYTES", defaults.max_image_bytes, 1),
+            max_images=env_int(env, "CONTEXTMODE_MAX_IMAGES", defaults.max_images, 0),
+            max_image_bytes=env_int(env, "CONTEXTMODE_MAX_IMAGE_BYTES", defaults.max_image_bytes, 1),
             allowed_image_types=tuple(
                 t.strip().lower().replace("jpg", "jpeg") for t in types.split(",") if t.strip()
             )
             if types
             else IMAGE_TYPES,
-            max_message_chars=_int(env, "CONTEXTMODE_MAX_MESSAGE_CHARS", defaults.max_message_chars, 1),
-            max_body_bytes=_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
+            max_message_chars=env_int(env, "CONTEXTMODE_MAX_MESSAGE_CHARS", defaults.max_message_chars, 1),
+            max_body_bytes=env_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
             image_dir=Path(image_dir).expanduser() if image_dir else defaults.image_dir,
         )
