@@ -27,7 +27,7 @@ from typing import Literal
 
 from ..types import Constraint, Turn
 from .base import ConstraintUpdate
-from .fact_scorer import FactScorer, default_scorer
+from .fact_scorer import FactScorer, default_scorer, stem_word
 from .lexicons import detect_language
 from .lexicons.constraint_patterns import (
     EN_STOPWORDS,
@@ -63,7 +63,7 @@ def content_words(text: str) -> list[str]:
     words = []
     for raw in re.findall(r"[a-z0-9]+(?:['’][a-z]+)?|[\u4e00-\u9fff]", text.lower()):
         token = _NUMBER_WORDS.get(raw, raw.replace("'", "").replace("’", ""))
-        stem = _stem(token)
+        stem = stem_word(token)
         if token in EN_STOPWORDS or stem in _STOP_STEMS:
             continue
         words.append(stem)
@@ -74,21 +74,7 @@ _NUMBER_TEXT = "zero one two three four five six seven eight nine ten eleven twe
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(_NUMBER_TEXT.split())}
 
 
-def _stem(word: str) -> str:
-    """Crude English stemming, the same on both sides of a comparison (lives, live → liv)."""
-    if word.endswith("ies") and len(word) > 4:
-        word = word[:-3] + "y"
-    elif word.endswith(("sses", "shes", "ches", "xes")):
-        word = word[:-2]
-    else:
-        for suffix in ("ing", "ed", "s"):
-            if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not word.endswith("ss"):
-                word = word[: -len(suffix)]
-                break
-    return word[:-1] if word.endswith("e") and len(word) > 3 else word
-
-
-_STOP_STEMS = frozenset(_stem(w) for w in EN_STOPWORDS)
+_STOP_STEMS = frozenset(stem_word(w) for w in EN_STOPWORDS)
 
 
 def _sentences(text: str, language: str) -> list[str]:

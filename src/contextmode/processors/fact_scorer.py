@@ -39,6 +39,7 @@ __all__ = [
     "default_scorer",
     "fact_words",
     "split_clauses",
+    "stem_word",
 ]
 
 FORMAT = "contextmode-fact-scorer/1"
@@ -60,8 +61,8 @@ hello well sure thanks thank awesome cool nice great"""
 _FILLERS = frozenset(_FILLERS_TEXT.split())
 
 
-def _stem(word: str) -> str:
-    """Crude suffix stripping (lives, live → liv); identical to `constraints.content_words`."""
+def stem_word(word: str) -> str:
+    """Crude English suffix stripping (lives, live → liv); also behind `constraints.content_words`."""
     if word.endswith("ies") and len(word) > 4:
         word = word[:-3] + "y"
     elif word.endswith(("sses", "shes", "ches", "xes")):
@@ -76,7 +77,7 @@ def _stem(word: str) -> str:
 
 _NUMBER_TEXT = "zero one two three four five six seven eight nine ten eleven twelve"
 _NUMBERS = {w: str(i) for i, w in enumerate(_NUMBER_TEXT.split())}
-_STOP_STEMS = frozenset(_stem(w) for w in EN_STOPWORDS | _FILLERS)
+_STOP_STEMS = frozenset(stem_word(w) for w in EN_STOPWORDS | _FILLERS)
 _TOKEN = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?|[\u4e00-\u9fff]")
 
 
@@ -88,7 +89,7 @@ def fact_words(text: str) -> list[str]:
         token = _NUMBERS.get(raw, _IRREGULAR.get(token, token))
         if token in EN_STOPWORDS or token in _FILLERS:
             continue
-        stem = _stem(token)
+        stem = stem_word(token)
         if stem not in _STOP_STEMS:
             out.append(stem)
     return out
@@ -147,7 +148,7 @@ def clause_features(clause: Clause) -> dict[str, float]:
     """Sparse features of one clause (names → values); the training script uses the same."""
     lowered = clause.text.lower().replace("’", "'")
     tokens = [_IRREGULAR.get(t, t) for t in re.findall(r"[a-z0-9']+", lowered)]
-    features: dict[str, float] = {f"w={_stem(t.replace(chr(39), ''))}": 1.0 for t in tokens}
+    features: dict[str, float] = {f"w={stem_word(t.replace(chr(39), ''))}": 1.0 for t in tokens}
     if tokens:
         features["s0=" + tokens[0]] = 1.0
     if len(tokens) > 1:
