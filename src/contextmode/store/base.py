@@ -20,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 
 __all__ = [
+    "ClosesOnExit",
     "DerivedRecords",
     "JobLocks",
     "JobStats",
@@ -231,3 +232,15 @@ class Store(TurnLog, DerivedRecords, SessionAdmin, JobLocks, Protocol):
         """Release connections and files."""
         ...
 
+
+class ClosesOnExit:
+    """Mixin: ``async with backend:`` returns the backend and awaits its `close` on exit."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

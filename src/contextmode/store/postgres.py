@@ -29,7 +29,7 @@ from ._codec import (
 )
 from ._codec import metadata_json as _meta
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
-from .base import JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import ClosesOnExit, JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["PostgresStore"]
 
@@ -69,7 +69,7 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-class PostgresStore:
+class PostgresStore(ClosesOnExit):
     """A `Store` in PostgreSQL; ``schema`` names the schema holding its tables."""
 
     def __init__(
@@ -125,12 +125,6 @@ class PostgresStore:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
-
-    async def __aenter__(self) -> PostgresStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- turn log ---------------------------------------------------------------
 

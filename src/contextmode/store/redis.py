@@ -31,7 +31,7 @@ from ._codec import (
     now_micros,
     to_micros,
 )
-from .base import JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import ClosesOnExit, JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["RedisStore"]
 
@@ -50,7 +50,7 @@ def _decode(seq: int, doc: str, score: str | None) -> Turn:
                 emotion=float(score) if score else None)
 
 
-class RedisStore:
+class RedisStore(ClosesOnExit):
     """A `Store` in Redis; ``namespace`` prefixes every key (default ``cm:``)."""
 
     def __init__(self, url: str, *, namespace: str = "cm:") -> None:
@@ -109,12 +109,6 @@ class RedisStore:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
-
-    async def __aenter__(self) -> RedisStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- turn log ---------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from ._codec import (
     window_start,
 )
 from ._sqlite_schema import migrate
-from .base import LockHandle, SessionInfo, SessionVersion
+from .base import ClosesOnExit, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["SQLiteStore"]
 
@@ -76,7 +76,7 @@ def _summary(row: Sequence[Any]) -> Summary | None:
     )
 
 
-class SQLiteStore:
+class SQLiteStore(ClosesOnExit):
     """A `Store` in one SQLite file; safe for many processes on one host.
 
     ``synchronous`` is SQLite's ``PRAGMA synchronous``: ``NORMAL`` (default)
@@ -144,12 +144,6 @@ class SQLiteStore:
             await self._run(_close)
         self._closed = True
         self._executor.shutdown(wait=True)
-
-    async def __aenter__(self) -> SQLiteStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- turn log ---------------------------------------------------------------
 
