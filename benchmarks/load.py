@@ -17,9 +17,9 @@ seconds, whichever comes first (bounded in requests and in time).
 Figures per worker count: acknowledged turns per second (wall clock of the whole
 run), client-side latency p50 / p99 of one turn, errors, the time the workers then
 needed to finish the background jobs (``jobs_drain_s``), and CPU milliseconds per turn
-spent by the workers (turn + its background jobs, up to the end of the drain), the stub
-and this load generator (from ``/proc``), which all share the machine's cores with the
-database.
+spent by the workers (turn + its background jobs, up to the end of the drain), the stub,
+this load generator and, when it runs on this machine, the database server (PostgreSQL
+backends or redis-server, from ``/proc``): they all share the machine's cores.
 """
 
 from __future__ import annotations
@@ -122,6 +122,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def server_pids(backend: str) -> list[int]:
+    """Pids of a local database server's processes (PostgreSQL backends, redis-server), if visible."""
+    name = "postgres" if backend == "postgres" else "redis-server"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == name:
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
 def rss_mib(pid: int) -> float:
     """Resident memory of a live process, MiB (Linux ``/proc``; 0 elsewhere)."""
     try:
@@ -158,6 +172,7 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
             limits = httpx.Limits(max_connections=args.users * workers, max_keepalive_connections=args.users * workers)
             async with httpx.AsyncClient(timeout=120, limits=limits) as client:
                 before = ([cpu_seconds(p) for p in pids], cpu_seconds(stub_pid), time.process_time())
+                server_before = {p: cpu_seconds(p) for p in server_pids(args.backend)}
                 started = time.perf_counter()
                 deadline = time.monotonic() + args.duration
                 conversations: list[Conversation] = await asyncio.gather(
@@ -172,6 +187,8 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
                 sessions = [c.session_id for c in conversations]
                 drain_s, workers_cpu = await wait_for_jobs(client, cluster.urls, sessions, pids, timeout_s=args.duration)
                 after = (workers_cpu, cpu_seconds(stub_pid), client_cpu)
+                # Backends opened during the run (pools grow) count from zero.
+                server_cpu = sum(cpu_seconds(p) - server_before.get(p, 0.0) for p in server_pids(args.backend))
                 rss = max(rss_mib(p) for p in pids)
         finally:
             await asyncio.to_thread(cluster.stop)
@@ -195,6 +212,7 @@ async def run_once(workers: int, args: argparse.Namespace) -> dict[str, Any]:
             "workers": round(1000 * (after[0] - sum(before[0])) / per_turn, 1),
             "stub": round(1000 * (after[1] - before[1]) / per_turn, 1),
             "load_generator": round(1000 * (after[2] - before[2]) / per_turn, 1),
+            "store_server": round(1000 * server_cpu / per_turn, 1),
         },
     }
     if errors:
