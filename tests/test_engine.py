@@ -8,56 +8,18 @@ import pytest
 
 from contextmode.engine import Engine
 from contextmode.errors import ModelError, NoPreviousAnswer
-from contextmode.processors.base import (
-    ConstraintUpdate,
-    Detection,
-    Rewrite,
-    SummaryResult,
-)
-from contextmode.processors.intents import classify_follow_up_intent
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing import CharTokenCounter
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
-from contextmode.types import ChatMessage, Constraint, NewTurn, Summary, Turn
-
-
-class KeywordDetector:
-    async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
-        intent = classify_follow_up_intent(message)
-        return Detection(needs_context=intent is not None, intent=intent)
-
-
-class PrefixRewriter:
-    async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
-        topic = next((t.content for t in reversed(history) if t.role == "user"), "")
-        return Rewrite(text=f"{message}（指：{topic}）", changed=True, source="test")
-
-
-class JoiningSummarizer:
-    def __init__(self, failures: int = 0) -> None:
-        self.calls: list[tuple[int, int]] = []
-        self.failures = failures
-
-    async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
-        self.calls.append((turns[0].seq, turns[-1].seq))
-        if self.failures:
-            self.failures -= 1
-            raise RuntimeError("summariser down")
-        head = previous.text + " " if previous else ""
-        return SummaryResult(text=head + " / ".join(t.content for t in turns))
-
-
-class SpiceExtractor:
-    async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
-        if "不吃辣" in turn.content:
-            return ConstraintUpdate(upsert=(Constraint(key="spice", value="不吃辣", source_seq=turn.seq),))
-        return ConstraintUpdate()
-
-
-class LengthEmotion:
-    async def score(self, text: str) -> float:
-        return 0.9 if "!" in text or "！" in text else 0.1
+from contextmode.testing.processors import (
+    ExclamationEmotion,
+    JoiningSummarizer,
+    KeywordDetector,
+    PrefixRewriter,
+    SpiceExtractor,
+)
+from contextmode.types import ChatMessage, NewTurn
 
 
 def make_engine(model: object, *, summarizer: JoiningSummarizer | None = None, **settings: object) -> Engine:
@@ -69,7 +31,7 @@ def make_engine(model: object, *, summarizer: JoiningSummarizer | None = None, *
         rewriter=PrefixRewriter(),
         summarizer=summarizer or JoiningSummarizer(),
         extractor=SpiceExtractor(),
-        emotion=LengthEmotion(),
+        emotion=ExclamationEmotion(),
         settings=EngineSettings(job_attempts=3, **settings),  # type: ignore[arg-type]
     )
 

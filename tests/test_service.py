@@ -21,52 +21,23 @@ pytest.importorskip("fastapi")
 from contextmode import errors
 from contextmode.engine import Engine
 from contextmode.errors import ModelError, ModelTimeout, ModelUnavailable, StoreError
-from contextmode.processors.base import ConstraintUpdate, Detection, Rewrite, SummaryResult
-from contextmode.processors.intents import classify_follow_up_intent
+from contextmode.processors.base import ConstraintUpdate
 from contextmode.service import ServiceSettings, create_app
 from contextmode.service.codes import CODE_TABLE, code_for_exception, http_status
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing import CharTokenCounter
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
-from contextmode.types import ChatMessage, Constraint, Summary, Turn
+from contextmode.testing.processors import (
+    FlatEmotion,
+    JoiningSummarizer,
+    KeywordDetector,
+    PrefixRewriter,
+    SpiceExtractor,
+)
+from contextmode.types import ChatMessage, Constraint, Turn
 
 # -- helpers shared with the other service tests ------------------------------------------
-
-
-class KeywordDetector:
-    async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
-        intent = classify_follow_up_intent(message)
-        return Detection(needs_context=intent is not None, intent=intent, reason="keyword")
-
-
-class PrefixRewriter:
-    async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
-        topic = next((t.content for t in reversed(history) if t.role == "user"), "")
-        return Rewrite(text=f"{message}（指：{topic}）", changed=True, source="test")
-
-
-class JoiningSummarizer:
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
-
-    async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
-        head = previous.text + " " if previous else ""
-        return SummaryResult(text=head + " / ".join(t.content for t in turns))
-
-
-class SpiceExtractor:
-    async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
-        if "不吃辣" in turn.content:
-            return ConstraintUpdate(upsert=(Constraint(key="spice", value="不吃辣", source_seq=turn.seq),))
-        return ConstraintUpdate()
-
-
-class FlatEmotion:
-    async def score(self, text: str) -> float:
-        return 0.1
 
 
 class SlowModel:
@@ -95,7 +66,7 @@ def make_engine(model: Any = None, *, store: Any = None, summarizer: Any = None,
         store=store or MemoryStore(),
         model=model or FunctionModel(echo),
         counter=CharTokenCounter(),
-        detector=KeywordDetector(),
+        detector=KeywordDetector(reason="keyword"),
         rewriter=PrefixRewriter(),
         summarizer=summarizer or JoiningSummarizer(),
         extractor=SpiceExtractor(),
