@@ -8,7 +8,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from contextmode.evaluation.report import JsonFlag, print_figures, print_json_line, progress_bar
+from contextmode.evaluation.report import (
+    JsonFlag,
+    print_figures,
+    print_json_line,
+    progress_bar,
+    progress_steps,
+)
 
 
 def test_print_json_line_keeps_chinese_readable(capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,6 +33,18 @@ def test_print_figures_lists_every_figure(capsys: pytest.CaptureFixture[str]) ->
 def test_progress_bar_is_transient() -> None:
     bar = progress_bar()
     assert bar.live.transient is True
+
+
+@pytest.mark.parametrize("show", [False, True])
+def test_progress_steps_runs_the_body_and_closes_on_error(show: bool) -> None:
+    done = []
+    with progress_steps("work", 3, show) as step:
+        for i in range(3):
+            done.append(i)
+            step()
+    assert done == [0, 1, 2]
+    with pytest.raises(KeyError), progress_steps("work", 1, show) as step:
+        raise KeyError("boom")
 
 
 def test_json_flag_is_reusable_across_commands() -> None:

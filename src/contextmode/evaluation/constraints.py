@@ -42,7 +42,7 @@ import typer
 
 from ..processors.constraints import OfflineConstraintExtractor
 from ..processors.fact_scorer import fact_words as content_words
-from .report import JsonFlag, print_figures, print_json_line, progress_bar
+from .report import JsonFlag, print_figures, print_json_line, progress_steps
 
 __all__ = ["MatchRule", "evaluate_constraints", "facts_cover", "facts_match", "read_dialogues", "register"]
 
@@ -175,11 +175,7 @@ def evaluate_constraints(
     baselines = {(name, rule): _Counts() for name in systems for rule in rules}
     kinds: dict[str, int] = {}
     utterances = 0
-    progress = progress_bar() if show_progress else None
-    task = progress.add_task("extracting", total=len(dialogues)) if progress else None
-    if progress:
-        progress.start()
-    try:
+    with progress_steps("extracting", len(dialogues), show_progress) as step:
         for dialog in dialogues:
             for utterance in dialog:
                 utterances += 1
@@ -197,11 +193,7 @@ def evaluate_constraints(
                         baselines[name, rule] = baselines[name, rule].add(
                             _score_utterance(produced, persona, min_overlap, rule)
                         )
-            if progress and task is not None:
-                progress.advance(task)
-    finally:
-        if progress:
-            progress.stop()
+            step()
     result: dict[str, Any] = {
         **totals["coverage"].figures(),
         "rule": "coverage",

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from ..processors.emotion import analyze_emotion
-from .report import JsonFlag, print_figures, print_json_line, progress_bar
+from .report import JsonFlag, print_figures, print_json_line, progress_steps
 
 __all__ = ["evaluate_emotion", "register"]
 
@@ -138,13 +138,10 @@ def evaluate_emotion(
 
 def _score_all(texts: Sequence[str], show_progress: bool, label: str) -> list[float]:
     scores: list[float] = []
-    if not show_progress:
-        return [analyze_emotion(t).intensity for t in texts]
-    with progress_bar() as progress:
-        task = progress.add_task(label, total=len(texts))
+    with progress_steps(label, len(texts), show_progress) as step:
         for text in texts:
             scores.append(analyze_emotion(text).intensity)
-            progress.advance(task)
+            step()
     return scores
 
 

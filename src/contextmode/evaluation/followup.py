@@ -33,7 +33,7 @@ import typer
 from ..processors.detect import DetectorModel, OfflineContextDetector
 from ..processors.intents import INTENT_KEYWORDS, is_chinese
 from .metrics import binary_scores
-from .report import JsonFlag, print_json_line, progress_bar
+from .report import JsonFlag, print_json_line, progress_steps
 
 __all__ = [
     "DetectionItem",
@@ -147,18 +147,10 @@ def evaluate_followup(
     items = load_detection_items(path)[:limit]
     detector = OfflineContextDetector(model)
     predicted: list[bool] = []
-    bar = progress_bar() if progress else None
-    task = bar.add_task("detecting", total=len(items)) if bar else None
-    if bar:
-        bar.start()
-    try:
+    with progress_steps("detecting", len(items), progress) as step:
         for item in items:
             predicted.append(detector.detect_texts(item.message, item.context).needs_context)
-            if bar and task is not None:
-                bar.advance(task)
-    finally:
-        if bar:
-            bar.stop()
+            step()
     gold = [i.needs_context for i in items]
     scores = binary_scores(gold, predicted)
     result: dict[str, Any] = {k: scores[k] for k in

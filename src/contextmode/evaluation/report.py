@@ -7,11 +7,13 @@ figures as one JSON object on the last line for scripts (the benchmark conventio
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
 
-__all__ = ["JsonFlag", "print_figures", "print_json_line", "progress_bar"]
+__all__ = ["JsonFlag", "print_figures", "print_json_line", "progress_bar", "progress_steps"]
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Last line: the headline figures as JSON")]
 """The ``--json`` option every evaluation subcommand takes (typer copies the option per command)."""
@@ -22,6 +24,17 @@ def progress_bar() -> Any:
     from rich.progress import Progress
 
     return Progress(transient=True)
+
+
+@contextmanager
+def progress_steps(label: str, total: int, show: bool) -> Iterator[Callable[[], None]]:
+    """Yield a ``step()`` callback that advances a ``total``-step bar (a no-op when not ``show``)."""
+    if not show:
+        yield lambda: None
+        return
+    with progress_bar() as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.advance(task)
 
 
 def print_figures(title: str, result: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ import typer
 
 from ..processors.rewrite import OfflineRewriter
 from .metrics import bleu, exact_match, restoration_scores
-from .report import JsonFlag, print_json_line, progress_bar
+from .report import JsonFlag, print_json_line, progress_steps
 
 __all__ = [
     "RewriteItem",
@@ -122,18 +122,10 @@ def evaluate_rewrite(
     fmt, items = load_rewrite_items(path, kind=kind, limit=limit)
     rewriter = rewriter or OfflineRewriter()
     outputs: list[str] = []
-    bar = progress_bar() if progress else None
-    task = bar.add_task(f"rewriting ({fmt})", total=len(items)) if bar else None
-    if bar:
-        bar.start()
-    try:
+    with progress_steps(f"rewriting ({fmt})", len(items), progress) as step:
         for item in items:
             outputs.append(rewriter.rewrite_texts(item.message, item.context).text)
-            if bar and task is not None:
-                bar.advance(task)
-    finally:
-        if bar:
-            bar.stop()
+            step()
     messages = [i.message for i in items]
     references = [i.reference for i in items]
     result: dict[str, Any] = {"format": fmt, "n": len(items)}

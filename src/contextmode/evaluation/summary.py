@@ -34,7 +34,7 @@ from ..processors.audit import collect_facts, fact_kept, restore_facts
 from ..processors.lexicons import detect_language
 from ..processors.summarize import DEFAULT_BLOCK_CHARS, OfflineSummarizer
 from ..types import Turn
-from .report import JsonFlag, print_figures, print_json_line, progress_bar
+from .report import JsonFlag, print_figures, print_json_line, progress_steps
 
 __all__ = ["evaluate_summary", "register"]
 
@@ -116,12 +116,8 @@ def evaluate_summary(
     totals = {"facts": 0, "before": 0, "after": 0, "lead": 0, "restored": 0, "steps": 0}
     final = {"facts": 0, "audited": 0, "plain": 0, "qa": 0, "qa_audited": 0, "qa_plain": 0}
     summary_chars: list[int] = []
-    progress = progress_bar() if show_progress else None
     steps_total = sum(len(_sessions(s["conversation"])) for s in samples)
-    task = progress.add_task("summarising sessions", total=steps_total) if progress else None
-    if progress:
-        progress.start()
-    try:
+    with progress_steps("summarising sessions", steps_total, show_progress) as step:
         for sample in samples:
             conv = sample["conversation"]
             text_audited: str | None = None
@@ -143,8 +139,7 @@ def evaluate_summary(
                 totals["steps"] += 1
                 text_audited = audited.summarize_text(text_audited, turns).text
                 text_plain = plain.summarize_text(text_plain, turns).text
-                if progress and task is not None:
-                    progress.advance(task)
+                step()
             language = detect_language(" ".join(t.content for t in seen_turns))
             all_facts = collect_facts(seen_turns, language)
             final["facts"] += len(all_facts)
@@ -158,9 +153,6 @@ def evaluate_summary(
                 final["qa"] += 1
                 final["qa_audited"] += answer in (text_audited or "").lower()
                 final["qa_plain"] += answer in (text_plain or "").lower()
-    finally:
-        if progress:
-            progress.stop()
     return {
         "kept_before": _share(totals["before"], totals["facts"]),
         "kept_after": _share(totals["after"], totals["facts"]),
