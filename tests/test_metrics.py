@@ -7,12 +7,17 @@ import math
 import pytest
 
 from contextmode.evaluation.metrics import (
+    balanced_accuracy,
     binary_scores,
     bleu,
     bleu_tokens,
     exact_match,
     ngrams,
+    pearson,
+    ranks,
     restoration_scores,
+    roc_auc,
+    spearman,
     tokenize,
 )
 
@@ -96,3 +101,30 @@ def test_bleu_brevity_penalty() -> None:
 
 def test_bleu_empty_hypothesis() -> None:
     assert bleu([""], ["a b"])["bleu"] == 0.0
+
+
+def test_ranks_average_ties() -> None:
+    assert ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+
+
+def test_pearson_and_spearman() -> None:
+    assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(pearson([1.0], [2.0]))
+    assert math.isnan(pearson([1, 1, 1], [1, 2, 3]))
+    # monotone but not linear: rank correlation is still perfect
+    assert spearman([1, 2, 3, 4], [1, 4, 9, 100]) == pytest.approx(1.0)
+
+
+def test_roc_auc_mann_whitney() -> None:
+    assert roc_auc([0.9, 0.8, 0.1, 0.2], [True, True, False, False]) == pytest.approx(1.0)
+    assert roc_auc([0.1, 0.2, 0.9, 0.8], [True, True, False, False]) == pytest.approx(0.0)
+    # one tie between a positive and a negative counts half: (1 + 0.5) / 2
+    assert roc_auc([0.9, 0.5, 0.5], [True, True, False]) == pytest.approx(0.75)
+    assert math.isnan(roc_auc([0.1, 0.2], [True, True]))
+
+
+def test_balanced_accuracy() -> None:
+    # positives: 1 of 2 above the cut; negatives: 2 of 2 below
+    assert balanced_accuracy([0.9, 0.1, 0.2, 0.0], [True, True, False, False], 0.5) == pytest.approx(0.75)
+    assert math.isnan(balanced_accuracy([0.9], [True], 0.5))

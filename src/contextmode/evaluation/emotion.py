@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from ..processors.emotion import analyze_emotion
+from .metrics import balanced_accuracy, pearson, roc_auc, spearman
 from .report import JsonFlag, print_figures, print_json_line, progress_steps
 
 __all__ = ["evaluate_emotion", "register"]
@@ -30,56 +30,6 @@ KEY_MOMENT_THRESHOLD = 0.7
 """Seed 001: a turn is a key moment above this intensity."""
 EMOTIONAL_THRESHOLD = 0.3
 """Fixed (not tuned) cut for "emotional vs neutral" accuracy: level 2 of 5 and above."""
-
-
-def _ranks(values: Sequence[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
-    n = len(xs)
-    if n < 2:
-        return float("nan")
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx and syy else float("nan")
-
-
-def _spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
-    return _pearson(_ranks(xs), _ranks(ys))
-
-
-def _auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
-    """ROC AUC by the Mann–Whitney statistic (ties count half)."""
-    ranks = _ranks(scores)
-    n_pos = sum(positive)
-    n_neg = len(positive) - n_pos
-    if not n_pos or not n_neg:
-        return float("nan")
-    rank_sum = sum(r for r, p in zip(ranks, positive, strict=True) if p)
-    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-
-
-def _balanced_accuracy(scores: Sequence[float], positive: Sequence[bool], cut: float) -> float:
-    tp = sum(1 for s, p in zip(scores, positive, strict=True) if p and s >= cut)
-    tn = sum(1 for s, p in zip(scores, positive, strict=True) if not p and s < cut)
-    n_pos = sum(positive)
-    n_neg = len(positive) - n_pos
-    if not n_pos or not n_neg:
-        return float("nan")
-    return (tp / n_pos + tn / n_neg) / 2
 
 
 def _exclaims(text: str) -> float:
@@ -155,9 +105,9 @@ def _evaluate_cped(path: Path, limit: int | None, show_progress: bool) -> dict[s
         "dataset": "cped",
         "items": len(rows),
         "emotional_share": round(sum(emotional) / len(rows), 4) if rows else 0.0,
-        "auc": round(_auc(scores, emotional), 4),
-        "balanced_accuracy": round(_balanced_accuracy(scores, emotional, EMOTIONAL_THRESHOLD), 4),
-        "pearson": round(_pearson(scores, [float(e) for e in emotional]), 4),
+        "auc": round(roc_auc(scores, emotional), 4),
+        "balanced_accuracy": round(balanced_accuracy(scores, emotional, EMOTIONAL_THRESHOLD), 4),
+        "pearson": round(pearson(scores, [float(e) for e in emotional]), 4),
         "key_moment_share": round(
             sum(s > KEY_MOMENT_THRESHOLD for s in scores) / len(scores), 4
         ) if scores else 0.0,
@@ -165,7 +115,7 @@ def _evaluate_cped(path: Path, limit: int | None, show_progress: bool) -> dict[s
         "mean_score_emotional": _mean([s for s, e in zip(scores, emotional, strict=True) if e]),
     }
     for name, fn in baseline.items():
-        result[f"auc_{name}"] = round(_auc([fn(t) for t in texts], emotional), 4)
+        result[f"auc_{name}"] = round(roc_auc([fn(t) for t in texts], emotional), 4)
     return result
 
 
@@ -191,10 +141,10 @@ def _evaluate_esconv(
         "dataset": "esconv",
         "items": len(items),
         "first_turns": first_turns,
-        "spearman": round(_spearman(mean_scores, levels), 4),
-        "spearman_max": round(_spearman(max_scores, levels), 4),
-        "spearman_length": round(_spearman([_length(t) for t in joined], levels), 4),
-        "spearman_exclaim": round(_spearman([_exclaims(t) for t in joined], levels), 4),
+        "spearman": round(spearman(mean_scores, levels), 4),
+        "spearman_max": round(spearman(max_scores, levels), 4),
+        "spearman_length": round(spearman([_length(t) for t in joined], levels), 4),
+        "spearman_exclaim": round(spearman([_exclaims(t) for t in joined], levels), 4),
         "mean_score": _mean(mean_scores),
     }
 

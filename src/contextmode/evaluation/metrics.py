@@ -1,4 +1,4 @@
-"""Shared evaluation metrics: classification scores, exact match, restoration F, BLEU.
+"""Shared evaluation metrics: classification and rank scores, exact match, restoration F, BLEU.
 
 All functions are pure Python and deterministic. Text metrics work on token lists;
 `tokenize` gives the tokens used throughout the project's evaluations: jieba words for
@@ -15,13 +15,18 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = [
+    "balanced_accuracy",
     "binary_scores",
     "bleu",
     "bleu_tokens",
     "exact_match",
     "ngrams",
     "normalize_text",
+    "pearson",
+    "ranks",
     "restoration_scores",
+    "roc_auc",
+    "spearman",
     "tokenize",
 ]
 
@@ -58,6 +63,60 @@ def binary_scores(gold: Sequence[bool | int], predicted: Sequence[bool | int]) -
         "macro_f1": round((positive_f1 + negative_f1) / 2, 4),
         "tp": tp, "fp": fp, "fn": fn, "tn": tn, "n": len(gold),
     }
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks of ``values``; tied values share their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Pearson correlation in -1–1; ``nan`` for fewer than two points or a constant side."""
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else float("nan")
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman rank correlation (Pearson of the tie-averaged ranks), -1–1 or ``nan``."""
+    return pearson(ranks(xs), ranks(ys))
+
+
+def roc_auc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """ROC AUC in 0–1 by the Mann–Whitney statistic (ties count half); ``nan`` without both classes."""
+    ranked = ranks(scores)
+    n_pos = sum(positive)
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")
+    rank_sum = sum(r for r, p in zip(ranked, positive, strict=True) if p)
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def balanced_accuracy(scores: Sequence[float], positive: Sequence[bool], cut: float) -> float:
+    """Mean of the recalls of both classes when ``score >= cut`` predicts positive; 0–1 or ``nan``."""
+    tp = sum(1 for s, p in zip(scores, positive, strict=True) if p and s >= cut)
+    tn = sum(1 for s, p in zip(scores, positive, strict=True) if not p and s < cut)
+    n_pos = sum(positive)
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")
+    return (tp / n_pos + tn / n_neg) / 2
 
 
 def normalize_text(text: str) -> str:
