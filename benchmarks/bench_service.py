@@ -134,15 +134,9 @@ def _engine(kind: str, home: Path) -> Engine:
         probe = Turn(seq=1, role="user", content="空调制冷差", tokens=5, created_at=utc_now())
         asyncio.run(detector.detect("那个按钮在哪", [probe]))
     except OSError:  # its data file has not landed yet: seed 000's keyword intents
-        from contextmode.processors.base import Detection
-        from contextmode.processors.intents import classify_follow_up_intent
+        from contextmode.testing.processors import KeywordDetector
 
-        class _Keywords:
-            async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
-                intent = classify_follow_up_intent(message)
-                return Detection(needs_context=intent is not None, intent=intent)
-
-        detector = _Keywords()
+        detector = KeywordDetector()
     summarizer: Any = OfflineSummarizer()
     model: Any = _ZeroLatencyModel()
     settings = EngineSettings()
