@@ -14,7 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..types import SessionState, validate_id
+from ..types import SessionState
+from ._codec import check_ids
 from .base import SessionVersion, Store
 
 __all__ = ["CacheStats", "SessionCache"]
@@ -79,8 +80,7 @@ class SessionCache:
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
         """The session's state, from memory if the store says nothing changed since."""
-        validate_id(tenant, "tenant")
-        validate_id(session_id)
+        check_ids(tenant, session_id)
         key: _Key = (tenant, session_id, recent, max_uncovered, key_moments, key_moment_threshold)
         now = self._clock()
         self.evict_idle(now)

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from ..errors import ConflictError, LockNotAcquired
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
-from ._codec import window_start
+from ._codec import check_ids, window_start
 from .base import JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["MemoryStore"]
@@ -43,7 +43,7 @@ class MemoryStore:
         self._fence = 0
 
     def _key(self, tenant: str, session_id: str) -> tuple[str, str]:
-        return (validate_id(tenant, "tenant"), validate_id(session_id))
+        return check_ids(tenant, session_id)
 
     async def append(
         self,
