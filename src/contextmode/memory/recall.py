@@ -24,6 +24,7 @@ import asyncio
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Protocol
 
 from ..types import SessionState, Turn
@@ -115,6 +116,9 @@ class _Entry:
     index: BM25Index
     dense: DenseIndex | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    created_at: datetime | None = None
+    """When the indexed session was created: a session deleted and re-created under the
+    same id (by any worker) has another, and its index is rebuilt."""
 
 
 class Recaller:
@@ -243,6 +247,10 @@ class Recaller:
         if state.last_seq == 0:
             return []
         entry = self._entry(state.tenant, state.session_id)
+        if entry.created_at is not None and state.created_at != entry.created_at:
+            self.forget(state.tenant, state.session_id)
+            entry = self._entry(state.tenant, state.session_id)
+        entry.created_at = state.created_at
         exclude_from = max(1, state.last_seq - recent_turns + 1)
         async with entry.lock:  # no catch-up thread may grow the arrays while we search them
             await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq)
