@@ -74,6 +74,9 @@ def serve(
         port=port or settings.port,
         workers=workers,
         log_level="info",
+        # Longer than a reverse proxy's upstream keep-alive (nginx: 60 s), so the proxy never
+        # sends a request on a connection uvicorn is closing (a 502 on POSTs).
+        timeout_keep_alive=75,
     )
 
 
