@@ -99,3 +99,11 @@ async def test_closed_sqlite_store_says_so(tmp_path: Path) -> None:
     await store.close()
     with pytest.raises(StoreError, match="closed"):
         await store.load("t", "s")
+
+
+def test_postgres_pool_size_comes_from_the_url() -> None:
+    store = open_store("postgresql://u@127.0.0.1:5432/db?schema=s1&pool_min=2&pool_max=20")
+    assert isinstance(store, PostgresStore)
+    assert (store._min_size, store._max_size) == (2, 20)
+    with pytest.raises(ConfigError):
+        open_store("postgresql://u@127.0.0.1:5432/db?pool_max=many")

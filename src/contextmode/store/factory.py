@@ -4,7 +4,7 @@
 |---|---|
 | ``memory://`` | `MemoryStore` (one process, nothing persisted) |
 | ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` | `SQLiteStore` (SQLAlchemy's convention: 3 slashes + path) |
-| ``postgresql://user@host:5432/db?schema=contextmode`` | `PostgresStore` (extra ``postgres``) |
+| ``postgresql://user@host:5432/db?schema=contextmode&pool_min=1&pool_max=10`` | `PostgresStore` (extra ``postgres``) |
 | ``redis://host:6379/0?namespace=cm:`` | `RedisStore` (extra ``redis``) |
 
 With no URL: ``CONTEXTMODE_STORE_URL``, else the SQLite file
@@ -82,7 +82,14 @@ def open_store(url: str | None = None, *, env: Mapping[str, str] | None = None) 
             from .postgres import PostgresStore
 
             dsn, schema = _split_option(url, "schema")
-            return PostgresStore(dsn, schema=schema or settings.pg_schema)
+            dsn, pool_min = _split_option(dsn, "pool_min")
+            dsn, pool_max = _split_option(dsn, "pool_max")
+            return PostgresStore(
+                dsn,
+                schema=schema or settings.pg_schema,
+                min_size=int(pool_min) if pool_min else 1,
+                max_size=int(pool_max) if pool_max else 10,
+            )
         if scheme in {"redis", "rediss", "unix"}:
             from .redis import RedisStore
 
