@@ -174,3 +174,23 @@ async def test_turns_the_budget_drops_are_summarised_even_below_the_threshold() 
     # every turn the window dropped is now covered by the summary
     assert state.summary.covers_seq >= max(dropped_seen)
     assert summarizer.calls[0][0] == 1
+
+
+async def test_offline_answers_are_marked_and_never_feed_the_rewriter() -> None:
+    from contextmode.models.offline import OfflineResponder
+
+    seen: list[list[str]] = []
+
+    class RecordingRewriter(PrefixRewriter):
+        async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
+            seen.append([t.role for t in history])
+            return await super().rewrite(message, history, summary=summary)
+
+    engine = make_engine(OfflineResponder(counter=CharTokenCounter()))
+    engine.rewriter = RecordingRewriter()
+    await engine.turn("t1", "s1", "推荐一家餐厅")
+    await engine.turn("t1", "s1", "那个在哪")
+    state = await engine.store.load("t1", "s1")
+    answers = [t for t in state.turns if t.role == "assistant"]
+    assert answers and all(t.metadata["offline"] and t.metadata["model"] == "offline" for t in answers)
+    assert seen == [["user"]]  # the offline description was left out of the rewrite's history

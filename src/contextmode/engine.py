@@ -23,6 +23,7 @@ from .jobs import JobRunner, JobSettings
 from .memory.budget import Budget
 from .memory.strategies import Strategy, get_strategy
 from .models.base import ChatModel
+from .models.offline import OfflineResponder
 from .processors.base import (
     ConstraintExtractor,
     ContextDetector,
@@ -172,7 +173,9 @@ class Engine:
         mode = mode or self.settings.mode
         chosen = get_strategy(strategy or self.settings.strategy)
         state = await self.load(tenant, session_id, chosen)
-        history = list(state.turns)
+        # The offline responder's text describes a request instead of answering it: it must
+        # not become the entity a pronoun is resolved to.
+        history = [t for t in state.turns if not t.metadata.get("offline")]
         detection = await self.detector.detect(message, history) if history else Detection(needs_context=False)
         current = message
         rewrite: Rewrite | None = None
@@ -313,9 +316,11 @@ class Engine:
     ) -> Turn | None:
         if not answer and partial:
             return None  # nothing arrived: the user turn stays, no empty answer is stored
-        meta: dict[str, Any] = {"reply_to": user_turn.seq}
+        meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": self.model.name}
         if partial:
             meta["partial"] = True
+        if isinstance(self.model, OfflineResponder):
+            meta["offline"] = True  # a description of the request, not an answer
         stored = await self.store.append(
             tenant,
             session_id,
