@@ -8,6 +8,7 @@ import pytest
 
 from contextmode.engine import Engine
 from contextmode.errors import ModelError, NoPreviousAnswer
+from contextmode.processors.base import Rewrite
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing import CharTokenCounter
@@ -19,7 +20,7 @@ from contextmode.testing.processors import (
     PrefixRewriter,
     SpiceExtractor,
 )
-from contextmode.types import ChatMessage, NewTurn
+from contextmode.types import ChatMessage, NewTurn, Turn
 
 
 def make_engine(model: object, *, summarizer: JoiningSummarizer | None = None, **settings: object) -> Engine:
