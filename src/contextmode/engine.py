@@ -482,6 +482,12 @@ class Engine:
         """Wait for every scheduled background job (tests, shutdown)."""
         await self.jobs.drain()
 
-    async def close(self) -> None:
-        await self.drain()
+    async def close(self, *, drain_timeout_s: float = 30.0) -> None:
+        """Finish background jobs (at most ``drain_timeout_s`` seconds, then cancel the rest:
+        a summary that did not run is scheduled again by the session's next turn) and close the store."""
+        try:
+            await asyncio.wait_for(self.jobs.drain(), drain_timeout_s)
+        except TimeoutError:
+            log.warning("background jobs still running after %.0f s at shutdown: cancelled", drain_timeout_s)
+            await self.jobs.aclose()
         await self.store.close()

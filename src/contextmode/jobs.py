@@ -46,9 +46,9 @@ class JobSettings:
     """Cap of one backoff, seconds."""
     jitter: float = 0.1
     """Each backoff is scaled by a random factor in ``[1 - jitter, 1 + jitter]`` (spreads workers)."""
-    timeout_s: float | None = 120.0
+    timeout_s: float | None = 60.0
     """Time limit of one attempt, seconds; ``None`` = none (``CONTEXTMODE_JOB_TIMEOUT_S``)."""
-    lock_ttl_s: float = 300.0
+    lock_ttl_s: float = 90.0
     """Expiry of the session lock an attempt holds, seconds; longer than ``timeout_s``."""
     lock_attempts: int = 20
     """Tries to get a session lock held by another worker (with backoff) before skipping the job."""
@@ -69,8 +69,8 @@ class JobSettings:
             return cls(
                 attempts=int(env.get("CONTEXTMODE_JOB_ATTEMPTS") or 3),
                 base_delay_s=float(env.get("CONTEXTMODE_JOB_BASE_DELAY_S") or 0.5),
-                timeout_s=float(timeout) if timeout else 120.0,
-                lock_ttl_s=float(env.get("CONTEXTMODE_JOB_LOCK_TTL_S") or 300.0),
+                timeout_s=float(timeout) if timeout else 60.0,
+                lock_ttl_s=float(env.get("CONTEXTMODE_JOB_LOCK_TTL_S") or 90.0),
             )
         except ValueError as exc:
             raise ConfigError(f"invalid job setting: {exc}") from exc
