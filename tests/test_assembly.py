@@ -486,3 +486,17 @@ def test_exact_with_a_real_tokenizer(
         return
     assert ctx.exact
     assert ctx.total_tokens == exact_total(ctx, counter) <= ctx.input_budget
+
+
+def test_an_estimating_counter_keeps_a_margin_below_the_budget() -> None:
+    from contextmode.assembly.assemble import ESTIMATE_MARGIN
+    from contextmode.tokens import EstimateCounter
+
+    state = make_state(conversation(200, repeat=3))
+    budget = Budget(context_window=2000)
+    exact = assemble(state, "嗯", counter=COUNTER, budget=budget, now=NOW)
+    estimated = assemble(state, "嗯", counter=EstimateCounter(), budget=budget, now=NOW)
+    assert exact.input_budget == budget.input_tokens and exact.exact
+    assert not estimated.exact
+    assert estimated.input_budget == int(budget.input_tokens * (1 - ESTIMATE_MARGIN))
+    assert estimated.total_tokens <= estimated.input_budget
