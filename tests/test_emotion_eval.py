@@ -74,3 +74,9 @@ def test_cli_json_is_the_last_line(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     last = json.loads(result.output.strip().splitlines()[-1])
     assert last["auc"] == 1.0
+
+
+def test_lexicon_only_scoring_is_reported(tmp_path: Path) -> None:
+    result = evaluate_emotion(_cped(tmp_path), use_model=False)
+    assert result["scorer"] == "lexicon"
+    assert evaluate_emotion(_cped(tmp_path))["scorer"] == "lexicon+model"

@@ -15,14 +15,20 @@ How a score is made:
 3. Words combine as a noisy-or (each adds part of what is left), then punctuation and
    typography add arousal: ``!``/``！``, repeated ``!!``/``??``, ``……``, capitals, stretched
    letters (``sooo``), crying emoticons.
+4. Chinese only: a logistic regression trained on CPED (`emotion_model`, shipped as
+   ``data/emotion_zh.json``) reads the utterance's character n-grams and the lexicon's
+   verdict, because most emotional Chinese lines carry no emotion word ("撞你个头").
+   Its probability p becomes an intensity p² and the larger of that and the lexicon's
+   counts (`emotion_model.combine`), so > 0.7 needs strong words or a model ≥ 84 % sure.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
+from .emotion_model import combine, load_emotion_model
 from .lexicons import Language, detect_language, emotion_words, modifiers
 
 __all__ = [
@@ -30,6 +36,7 @@ __all__ = [
     "EmotionHit",
     "OfflineEmotionScorer",
     "analyze_emotion",
+    "analyze_lexicon",
     "emotion_level",
 ]
 
@@ -66,6 +73,8 @@ class EmotionAnalysis:
     """0 (neutral) – 1 (overwhelming)."""
     hits: tuple[EmotionHit, ...] = ()
     language: Language = "en"
+    model_probability: float | None = None
+    """Chinese only: the model's probability 0–1 that the text is emotional (step 4)."""
 
     @property
     def level(self) -> int:
@@ -243,8 +252,8 @@ def _arousal(text: str, language: Language) -> float:
     return min(score, 0.8)
 
 
-def analyze_emotion(text: str) -> EmotionAnalysis:
-    """Score ``text`` and say which words carried the feeling."""
+def analyze_lexicon(text: str) -> EmotionAnalysis:
+    """Score ``text`` from the lexicon and punctuation only (steps 1–3, no model)."""
     language = detect_language(text)
     hits = _zh_hits(text) if language == "zh" else _en_hits(text)
     remaining = 1.0
@@ -258,13 +267,38 @@ def analyze_emotion(text: str) -> EmotionAnalysis:
     )
 
 
+def analyze_emotion(text: str, *, use_model: bool = True) -> EmotionAnalysis:
+    """Score ``text`` and say which words carried the feeling.
+
+    Chinese text also goes through the shipped model (step 4) unless ``use_model`` is
+    false; English is scored by the lexicon alone.
+    """
+    lexical = analyze_lexicon(text)
+    model = load_emotion_model() if use_model and lexical.language == "zh" else None
+    if model is None or not text.strip():
+        return lexical
+    probability = model.probability(text, lexical)
+    intensity = combine(lexical.intensity, probability)
+    return replace(
+        lexical,
+        intensity=round(min(max(intensity, 0.0), 1.0), 4),
+        model_probability=round(probability, 4),
+    )
+
+
 class OfflineEmotionScorer:
-    """`EmotionScorer` from the bundled zh/en lexicons; no model, deterministic."""
+    """`EmotionScorer` from the bundled zh/en lexicons and the shipped Chinese model.
+
+    Deterministic and offline; ``use_model=False`` keeps to the lexicon (steps 1–3).
+    """
+
+    def __init__(self, *, use_model: bool = True) -> None:
+        self.use_model = use_model
 
     async def score(self, text: str) -> float:
         """Emotion intensity of ``text``, 0 (neutral) to 1 (overwhelming)."""
-        return analyze_emotion(text).intensity
+        return analyze_emotion(text, use_model=self.use_model).intensity
 
     def score_sync(self, text: str) -> float:
         """Same as `score`, for callers outside an event loop (evaluation, CLI)."""
-        return analyze_emotion(text).intensity
+        return analyze_emotion(text, use_model=self.use_model).intensity
