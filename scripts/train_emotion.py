@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", type=int, default=1 << 16)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-save", action="store_true", help="only cross-validate")
+    parser.add_argument("--group-by", default="Dialogue_ID",
+                        help="CPED column the folds are grouped by (TV_ID: unseen shows)")
     parser.add_argument("--dump", type=Path, help="write out-of-fold scores here (.npz)")
     args = parser.parse_args(argv)
 
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [r for r in _read(args.cped) if r["Utterance"].strip()]
     texts = [r["Utterance"] for r in rows]
     labels = np.array([r["Emotion"] for r in rows])
-    groups = np.array([r["Dialogue_ID"] for r in rows])
+    groups = np.array([r[args.group_by] for r in rows])
     y = (labels != "neutral").astype(int)
     lex = [analyze_lexicon(t) for t in texts]
     lex_scores = np.array([a.intensity for a in lex])
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         np.savez(args.dump, prob=prob, lex=lex_scores, labels=labels, y=y,
                  fold=np.array(fold_of))
     report: dict[str, Any] = {
-        "utterances": len(texts), "dialogues": len(set(groups.tolist())),
+        "utterances": len(texts), "grouped_by": args.group_by,
+        "groups": len(set(groups.tolist())),
         "emotional_share": round(float(y.mean()), 4), "folds": args.folds,
         "seed": args.seed, "buckets": args.buckets, "c_chosen_per_fold": chosen,
         "held_out": {name: _stats(values) for name, values in figures.items()},
