@@ -8,8 +8,7 @@ patterns applies with a confident antecedent.
    places; he/she/him/his/her, then it/they) is replaced by the most salient
    entity of the context that the message does not already mention.
 2. **Subject ellipsis (Chinese).** A very short message made only of a predicate
-   ("在哪里", "好贵", "去过了") gets as its subject the salient entity, if that
-   entity recurs in at least two turns.
+   ("在哪里", "好贵", "去过了") gets as its subject the most salient entity.
 3. **Answer echo (Chinese).** A short answer to a yes/no question ("在不在武汉" →
    "不在") takes the rest of the question ("不在武汉").
 
@@ -217,12 +216,16 @@ class OfflineRewriter:
 
     ``resolve_it`` lets it/its/they/them/their (English) take the antecedent too when
     no he/she is present (on: +1.3 BLEU on CANARD dev). A Chinese ellipsis is only
-    filled with an entity mentioned in at least ``ellipsis_min_turns`` turns (a
-    wrong subject costs more than a missing one).
+    filled with an entity mentioned in at least ``ellipsis_min_turns`` turns. The
+    default, 1 (with no filling right after a question, where a short message is an
+    answer), restores more words than 2 on Restoration-200K (restoration F1 0.056 vs
+    0.023) and Su 2019 (0.241 vs 0.199) and raises BLEU on both (59.60 vs 58.73,
+    58.27 vs 57.11), at lower precision (0.34 vs 0.47 on Restoration-200K); set 2
+    where a wrong subject costs more than a missing one.
     """
 
     def __init__(self, *, resolve_it: bool = True, ellipsis: bool = True,
-                 ellipsis_min_turns: int = 2, pronoun_min_turns: int = 1) -> None:
+                 ellipsis_min_turns: int = 1, pronoun_min_turns: int = 1) -> None:
         self._pronoun_min_turns = pronoun_min_turns
         self._resolve_it = resolve_it
         self._ellipsis = ellipsis
@@ -274,7 +277,10 @@ class OfflineRewriter:
         if echoed is not None:
             return echoed
         recurring = [c for c in candidates if c.turns >= self._ellipsis_min_turns]
-        if self._ellipsis and recurring and len(text) <= 6:
+        previous = next((c.strip() for c in reversed(context) if c.strip()), "")
+        # "是的" after "你是学生吗" answers the question; a subject would make it "学生是的".
+        answers = bool(_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous))
+        if self._ellipsis and recurring and len(text) <= 6 and not answers:
             tags = [f for _, f in _pos(text)]
             if tags and all(f in _ZH_PREDICATE_TAGS for f in tags) and tags[0] != "r":
                 return recurring[0].text + text
