@@ -23,14 +23,10 @@ and `Detection.intent` carries the matched intent.
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
-import math
 import re
-import zlib
-from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -38,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..types import Turn
+from ._hashed_model import feature_slots, hash_feature, logistic, pack_weights, unpack_weights
 from .base import Detection
 from .intents import classify_follow_up_intent, is_chinese
 
@@ -221,16 +218,6 @@ def context_features(message: str, context: Sequence[str]) -> list[str]:
     return [f"{lang}:{f}" for f in raw]
 
 
-def hash_feature(name: str, buckets: int) -> int:
-    """Slot of feature ``name`` among ``buckets`` (CRC-32 of its UTF-8 bytes)."""
-    return zlib.crc32(name.encode("utf-8")) % buckets
-
-
-def feature_slots(features: Iterable[str], buckets: int) -> list[int]:
-    """Distinct slots of ``features``, sorted (binary presence, as in training)."""
-    return sorted({hash_feature(f, buckets) for f in features})
-
-
 @dataclass(frozen=True, kw_only=True)
 class DetectorModel:
     """Logistic-regression weights over hashed feature slots."""
@@ -249,37 +236,25 @@ class DetectorModel:
     def probability(self, message: str, context: Sequence[str]) -> float:
         """Probability 0–1 that ``message`` needs ``context``."""
         slots = feature_slots(context_features(message, context), self.buckets)
-        z = self.intercept + sum(self.weights.get(s, 0.0) for s in slots)
-        return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+        return logistic(self.intercept + sum(self.weights.get(s, 0.0) for s in slots))
 
     def to_json(self) -> dict[str, Any]:
         """Compact JSON form: sorted slots and weights quantised to int16, zlib + base64."""
-        slots = sorted(self.weights)
-        top = max((abs(self.weights[s]) for s in slots), default=1.0) or 1.0
-        scale = top / 32767
-        quantised = array("h", (round(self.weights[s] / scale) for s in slots))
         return {
             "format": "contextmode-detector/1",
             "buckets": self.buckets,
             "intercept": self.intercept,
             "threshold": self.threshold,
-            "scale": scale,
-            "slots": base64.b64encode(zlib.compress(array("I", slots).tobytes(), 9)).decode(),
-            "weights": base64.b64encode(zlib.compress(quantised.tobytes(), 9)).decode(),
+            **pack_weights(self.weights),
             "info": self.info or {},
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DetectorModel:
         """Inverse of `to_json`."""
-        slots = array("I")
-        slots.frombytes(zlib.decompress(base64.b64decode(data["slots"])))
-        quantised = array("h")
-        quantised.frombytes(zlib.decompress(base64.b64decode(data["weights"])))
-        scale = float(data["scale"])
         return cls(
             buckets=int(data["buckets"]),
-            weights={s: q * scale for s, q in zip(slots, quantised, strict=True)},
+            weights=unpack_weights(data),
             intercept=float(data["intercept"]),
             threshold=float(data.get("threshold", 0.5)),
             info=data.get("info") or {},

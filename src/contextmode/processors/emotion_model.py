@@ -23,17 +23,14 @@ boundary) becomes an intensity ``p²`` (`model_intensity`: 0.25 at the boundary,
 
 from __future__ import annotations
 
-import base64
 import json
-import math
-import zlib
-from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ._hashed_model import feature_slots, logistic, pack_weights, unpack_weights
 
 if TYPE_CHECKING:
     from .emotion import EmotionAnalysis
@@ -69,11 +66,6 @@ def emotion_features(text: str, analysis: EmotionAnalysis) -> list[str]:
     return features
 
 
-def feature_slots(features: Iterable[str], buckets: int) -> list[int]:
-    """Distinct hash slots of ``features``, sorted (binary presence, as in training)."""
-    return sorted({zlib.crc32(f.encode("utf-8")) % buckets for f in features})
-
-
 def model_intensity(probability: float) -> float:
     """Map the model's probability 0–1 of "emotional" to a 0–1 intensity (its square)."""
     return min(max(probability, 0.0), 1.0) ** 2
@@ -100,22 +92,15 @@ class EmotionModel:
     def probability(self, text: str, analysis: EmotionAnalysis) -> float:
         """Probability 0–1 that ``text`` is emotional rather than neutral."""
         slots = feature_slots(emotion_features(text, analysis), self.buckets)
-        z = self.intercept + sum(self.weights.get(s, 0.0) for s in slots)
-        return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+        return logistic(self.intercept + sum(self.weights.get(s, 0.0) for s in slots))
 
     def to_json(self) -> dict[str, Any]:
         """Compact JSON form: sorted slots and weights quantised to int16, zlib + base64."""
-        slots = sorted(self.weights)
-        top = max((abs(self.weights[s]) for s in slots), default=1.0) or 1.0
-        scale = top / 32767
-        quantised = array("h", (round(self.weights[s] / scale) for s in slots))
         return {
             "format": _FORMAT,
             "buckets": self.buckets,
             "intercept": self.intercept,
-            "scale": scale,
-            "slots": base64.b64encode(zlib.compress(array("I", slots).tobytes(), 9)).decode(),
-            "weights": base64.b64encode(zlib.compress(quantised.tobytes(), 9)).decode(),
+            **pack_weights(self.weights),
             "info": self.info or {},
         }
 
@@ -124,14 +109,9 @@ class EmotionModel:
         """Inverse of `to_json`."""
         if data.get("format") != _FORMAT:
             raise ValueError(f"not an emotion model: format {data.get('format')!r}")
-        slots = array("I")
-        slots.frombytes(zlib.decompress(base64.b64decode(data["slots"])))
-        quantised = array("h")
-        quantised.frombytes(zlib.decompress(base64.b64decode(data["weights"])))
-        scale = float(data["scale"])
         return cls(
             buckets=int(data["buckets"]),
-            weights={s: q * scale for s, q in zip(slots, quantised, strict=True)},
+            weights=unpack_weights(data),
             intercept=float(data["intercept"]),
             info=data.get("info") or {},
         )

@@ -20,7 +20,6 @@ matching rule of `contextmode.evaluation.constraints` uses it too.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ._hashed_model import logistic
 from .lexicons.constraint_patterns import EN_STOPWORDS
 
 __all__ = [
@@ -215,10 +215,9 @@ class FactScorer:
 
     def probability(self, clause: Clause) -> float:
         """Probability (0–1) that ``clause`` states a fact about the speaker."""
-        z = self.bias + sum(
+        return logistic(self.bias + sum(
             self.weights.get(name, 0.0) * value for name, value in clause_features(clause).items()
-        )
-        return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+        ))
 
     def select(self, text: str, max_facts: int | None = None) -> list[tuple[Clause, float]]:
         """The best clauses of ``text`` at or above the threshold, in turn order."""
