@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
-from contextmode.errors import ConflictError
-from contextmode.testing.contract import StoreContract, new_turns, service_url, skip_or_fail
+from contextmode.testing.contract import (
+    StoreContract,
+    check_concurrent_writers,
+    new_turns,
+    service_url,
+    skip_or_fail,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -50,36 +54,7 @@ class TestRedisStore(StoreContract):
 async def test_eight_connections_append_200_turns_each(namespace: str) -> None:
     from contextmode.store.redis import RedisStore
 
-    stores = [RedisStore(URL, namespace=namespace) for _ in range(8)]
-
-    async def writer(k: int) -> None:
-        store = stores[k]
-        for i in range(200):
-            turn = new_turns(1, prefix=f"w{k}:{i}")
-            if k % 2:  # odd writers use compare-and-set and retry on conflict
-                while True:
-                    last = (await store.version("t", "shared")).last_seq
-                    try:
-                        await store.append("t", "shared", turn, expected_last_seq=last)
-                        break
-                    except ConflictError:
-                        continue
-            else:
-                await store.append("t", "shared", turn)
-
-    try:
-        await asyncio.gather(*(writer(k) for k in range(8)))
-        turns = await stores[0].turns("t", "shared")
-    finally:
-        for store in stores:
-            await store.close()
-    assert [t.seq for t in turns] == list(range(1, 1601))
-    by_writer: dict[str, list[int]] = {}
-    for turn in turns:
-        writer_id, index = turn.content.split()[0].split(":")
-        by_writer.setdefault(writer_id, []).append(int(index))
-    assert sorted(by_writer) == [f"w{k}" for k in range(8)]
-    assert all(indexes == list(range(200)) for indexes in by_writer.values())
+    await check_concurrent_writers([RedisStore(URL, namespace=namespace) for _ in range(8)])
 
 
 async def test_every_key_is_under_the_namespace(namespace: str) -> None:

@@ -30,7 +30,14 @@ from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
 from ..store.base import SessionVersion, Store
 from ..types import Constraint, NewTurn, Summary
 
-__all__ = ["StoreContract", "new_turns", "service_url", "skip_or_fail", "unique_id"]
+__all__ = [
+    "StoreContract",
+    "check_concurrent_writers",
+    "new_turns",
+    "service_url",
+    "skip_or_fail",
+    "unique_id",
+]
 
 
 def unique_id(prefix: str = "s") -> str:
@@ -380,3 +387,41 @@ class StoreContract:
                 raise RuntimeError("job failed")
         async with store.lock(_T, _S):
             pass
+
+
+async def check_concurrent_writers(stores: list[Store], *, turns_each: int = 200) -> None:
+    """Writers, one per store connection, append ``turns_each`` turns each to one session.
+
+    Odd writers use compare-and-set and retry on conflict, even ones the plain
+    append. Asserts that every turn is there once, without gaps, and that each
+    writer's own turns kept their order. Closes the stores.
+    """
+
+    async def writer(k: int) -> None:
+        store = stores[k]
+        for i in range(turns_each):
+            turn = new_turns(1, prefix=f"w{k}:{i}")
+            if k % 2:
+                while True:
+                    last = (await store.version("t", "shared")).last_seq
+                    try:
+                        await store.append("t", "shared", turn, expected_last_seq=last)
+                        break
+                    except ConflictError:
+                        continue
+            else:
+                await store.append("t", "shared", turn)
+
+    try:
+        await asyncio.gather(*(writer(k) for k in range(len(stores))))
+        turns = await stores[0].turns("t", "shared")
+    finally:
+        for store in stores:
+            await store.close()
+    assert [t.seq for t in turns] == list(range(1, len(stores) * turns_each + 1))
+    by_writer: dict[str, list[int]] = {}
+    for turn in turns:
+        writer_id, index = turn.content.split()[0].split(":")
+        by_writer.setdefault(writer_id, []).append(int(index))
+    assert sorted(by_writer) == sorted(f"w{k}" for k in range(len(stores)))
+    assert all(indexes == list(range(turns_each)) for indexes in by_writer.values())
