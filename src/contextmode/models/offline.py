@@ -11,14 +11,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
+from ..processors.intents import is_chinese
 from ..tokens.base import TokenCounter, count_messages
 from ..types import ChatMessage
 
 __all__ = ["OfflineResponder"]
-
-
-def _is_chinese(text: str) -> bool:
-    return any("\u3400" <= ch <= "\u9fff" for ch in text)
 
 
 def _preview(text: str, limit: int) -> str:
@@ -50,7 +47,7 @@ class OfflineResponder:
     def render(self, messages: Sequence[ChatMessage]) -> str:
         """The full offline answer for ``messages``."""
         question = next((m.content for m in reversed(messages) if m.role == "user"), "")
-        zh = _is_chinese(question)
+        zh = is_chinese(question)
         lines = [
             "（未配置模型）context-mode 没有连接任何语言模型，所以这里不生成回答。"
             "设置 CONTEXTMODE_LLM_BASE_URL 和 CONTEXTMODE_LLM_MODEL 后即可得到真正的回答。"
