@@ -37,7 +37,7 @@ from .processors.intents import build_follow_up_prompt
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .tokens.base import TokenCounter
-from .types import ChatMessage, NewTurn, SessionState, Turn, utc_now, validate_id
+from .types import ChatMessage, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 
 __all__ = ["Engine", "PreparedTurn", "TurnEvent", "TurnResult"]
 
@@ -414,8 +414,6 @@ class Engine:
         ``force``), or when a newer summary won the race: the result is then
         discarded, never overwriting it.
         """
-        from .types import Summary
-
         strategy = get_strategy(self.settings.strategy)
         info = await self.store.version(tenant, session_id)
         state = await self.store.load(tenant, session_id, recent=0, max_uncovered=0)
