@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import tempfile
 
+# CI never skips silently: under a truthy CI every skip is a failure (contextmode.testing.ci).
+pytest_plugins = ["pytester", "contextmode.testing.ci"]
+
 # Like pydantic-ai's ALLOW_MODEL_REQUESTS = False: only loopback model URLs (the stub server).
 os.environ.setdefault("CONTEXTMODE_ALLOW_MODEL_REQUESTS", "0")
 # Never write to the developer's ~/.contextmode from a test.

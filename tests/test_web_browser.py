@@ -30,6 +30,7 @@ from contextmode.api import build_engine
 from contextmode.errors import ModelUnavailable
 from contextmode.service import ServiceSettings, create_app
 from contextmode.settings import EngineSettings
+from contextmode.testing.ci import ci_required
 from contextmode.types import ChatMessage
 
 pytestmark = pytest.mark.browser
@@ -45,7 +46,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-IN_CI = os.environ.get("CI", "").lower() == "true"
+IN_CI = ci_required()
 DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 WAIT_MS = 30_000
 """Upper bound for one wait on the page (a turn, or its background jobs); not a speed assertion."""

@@ -29,6 +29,7 @@ import pytest
 from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
 from ..store.base import SessionVersion, Store
 from ..types import Constraint, NewTurn, Summary
+from .ci import ci_required
 
 __all__ = [
     "StoreContract",
@@ -66,9 +67,9 @@ def service_url(env: str, default: str) -> str:
 
 
 def skip_or_fail(reason: str) -> None:
-    """Skip locally; fail under ``CI=true``, where every service must be present."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason} (CI=true: services are required)")
+    """Skip locally; fail under a truthy ``CI`` (`ci.ci_required`), where every service must be present."""
+    if ci_required():
+        pytest.fail(f"{reason} (CI is set: services are required)")
     pytest.skip(reason)
 
 
