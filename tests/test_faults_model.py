@@ -132,11 +132,14 @@ async def test_reply_fault_keeps_the_user_turn_and_touches_nothing_else(
         error = events[-1]
         assert error["type"] == "error" and error["code"] == code, events
         assert error["partial"] is some_text
+        assert bool(error["partial_answer"]) is some_text  # the stored partial text reaches the client
         assert error["msg"] and STUB_KEY not in response.text
     else:
         assert response.status_code == code // 100, response.text
         body = response.json()
-        assert body["code"] == code and body["data"] is None and body["msg"], body
+        assert body["code"] == code and body["msg"], body
+        # The user turn is stored: the envelope says the turn was interrupted and carries any partial text.
+        assert body["data"]["interrupted"] is True and bool(body["data"]["partial_answer"]) is some_text, body
         assert STUB_KEY not in response.text
     await engine.drain()
 

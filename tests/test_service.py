@@ -140,10 +140,12 @@ async def test_stream_emits_context_deltas_done_and_stores_turns(client: httpx.A
     r = await client.post("/v1/sessions/s1/messages", json={"message": "你好", "stream": True})
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
-    assert [e if isinstance(e, str) else e["type"] for e in events] == ["context", "delta", "delta", "done", "[DONE]"]
+    kinds = [e if isinstance(e, str) else e["type"] for e in events]
+    # Deltas that arrive together are sent as one (coalesced), so count is not fixed.
+    assert kinds[0] == "context" and kinds[-2:] == ["done", "[DONE]"] and set(kinds[1:-2]) == {"delta"}
     assert events[0]["session_id"] == "s1" and events[0]["layers"]
     assert "".join(e["text"] for e in events if isinstance(e, dict) and e["type"] == "delta") == "收到：你好"
-    assert events[3] == events[3] | {"answer": "收到：你好", "partial": False, "seq": 2, "user_seq": 1}
+    assert events[-2] == events[-2] | {"answer": "收到：你好", "partial": False, "seq": 2, "user_seq": 1}
     stored = await engine.store.turns("local", "s1")
     assert [t.content for t in stored] == ["你好", "收到：你好"]
 

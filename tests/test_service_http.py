@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import os
 import socket
 import threading
@@ -61,7 +62,9 @@ PNG_URL = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\
 
 
 async def test_streaming_a_turn_end_to_end_over_http(tmp_path: Path) -> None:
-    app = create_app(make_engine(SlowModel(["春眠", "不觉", "晓"], delay_s=0.01)), make_settings(tmp_path))
+    # No coalescing here: this test checks that each delta is its own event.
+    settings = dataclasses.replace(make_settings(tmp_path), stream_flush_ms=0)
+    app = create_app(make_engine(SlowModel(["春眠", "不觉", "晓"], delay_s=0.01)), settings)
     with serving(app) as base:
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
             arrivals: list[str] = []

@@ -25,9 +25,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..engine import Engine
 from ..errors import ContextModeError, StoreError
 from .auth import ApiKeys
-from .codes import ErrorCode, code_for_exception, code_for_status, http_status, public_message
+from .codes import ErrorCode, code_for_exception, code_for_status, public_message
+from .gate import SessionGate
 from .metrics import MeteredJobs, ServiceMetrics
-from .routes_openai import openai_error_body
+from .responses import error_response
 from .routes_openai import router as openai_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
@@ -39,15 +40,7 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("contextmode.http")
 
-_OPENAI_PATHS = ("/v1/chat/", "/v1/models")
-
-
-def _error_response(path: str, row: ErrorCode, msg: str, data: Any = None) -> JSONResponse:
-    status = http_status(row.code)
-    headers = {"www-authenticate": "Bearer"} if status == 401 else None
-    if path.startswith(_OPENAI_PATHS):
-        return JSONResponse(openai_error_body(row.code, row.name, msg), status_code=status, headers=headers)
-    return JSONResponse({"code": row.code, "msg": msg, "data": data}, status_code=status, headers=headers)
+_error_response = error_response
 
 
 async def _send_error(scope: Scope, send: Send, row: ErrorCode, msg: str) -> None:
@@ -192,6 +185,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
         keys=ApiKeys(settings.api_keys, local_tenant=settings.local_tenant),
         metrics=metrics,
         owns_engine=owns_engine,
+        gate=SessionGate(engine.store, wait_ms=settings.session_wait_ms),
     )
 
     @asynccontextmanager

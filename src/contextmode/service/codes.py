@@ -15,7 +15,9 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40401 | 404  | session not found                                  | `SessionNotFound`              |
 | 40500 | 405  | method not allowed                                 | framework 405                  |
 | 40901 | 409  | conflict: a concurrent write won                   | `ConflictError`                |
-| 40902 | 409  | the session's job lock is held elsewhere           | `LockNotAcquired`              |
+| 40902 | 409  | session busy: another turn still runs after the wait | `SessionBusy`, `LockNotAcquired` |
+| 40903 | 409  | Idempotency-Key reused with another request body   | `IdempotencyKeyReused`         |
+| 40904 | 409  | the first request with this Idempotency-Key still runs | `RequestInProgress`        |
 | 41301 | 413  | request body too large                             | `PayloadTooLarge`              |
 | 42201 | 422  | follow-up without a previous answer (当前没有可用的上文信息) | `NoPreviousAnswer`     |
 | 50000 | 500  | internal error                                     | anything else                  |
@@ -60,8 +62,10 @@ __all__ = [
     "VALIDATION",
     "BadImage",
     "ErrorCode",
+    "IdempotencyKeyReused",
     "MessageTooLong",
     "PayloadTooLarge",
+    "RequestInProgress",
     "Unauthorized",
     "code_for_exception",
     "code_for_status",
@@ -91,6 +95,14 @@ class Unauthorized(UserError):
     """No API key, or one that is not configured."""
 
 
+class IdempotencyKeyReused(ContextModeError):
+    """The ``Idempotency-Key`` was first used with another request (another body or session)."""
+
+
+class RequestInProgress(ContextModeError):
+    """The first request with this ``Idempotency-Key`` has not finished yet; retry later."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ErrorCode:
     """One row of the code table."""
@@ -116,7 +128,9 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (UserError, ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error")),
     (SessionNotFound, ErrorCode(code=40401, name="session_not_found", meaning="session not found")),
     (ConflictError, ErrorCode(code=40901, name="conflict", meaning="a concurrent write won")),
-    (LockNotAcquired, ErrorCode(code=40902, name="session_busy", meaning="job lock held elsewhere")),
+    (LockNotAcquired, ErrorCode(code=40902, name="session_busy", meaning="session busy")),
+    (IdempotencyKeyReused, ErrorCode(code=40903, name="idempotency_key_reused", meaning="Idempotency-Key reused")),
+    (RequestInProgress, ErrorCode(code=40904, name="request_in_progress", meaning="request in progress")),
     (NoPreviousAnswer, ErrorCode(code=42201, name="no_previous_answer", meaning="当前没有可用的上文信息")),
     (ModelTimeout, ErrorCode(code=50401, name="model_timeout", meaning="the model timed out")),
     (ModelUnavailable, ErrorCode(code=50202, name="model_unavailable", meaning="the model is unavailable")),

@@ -18,41 +18,34 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import Engine
 from ..errors import InputError
 from ..types import validate_id
 from .codes import code_for_exception, public_message
+from .idempotency import claim
 from .images import ImageFiles, decode_images
-from .metrics import ServiceMetrics
-from .sse import DONE, SSEResponse, sse_event
+from .responses import openai_error_body
+from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
-from .turns import StartedStream, check_message, run_turn, start_stream
+from .turns import (
+    Interrupted,
+    StartedStream,
+    check_message,
+    coalesce,
+    interrupted_response,
+    run_turn,
+    serve_turn,
+    start_stream,
+)
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
 
 router = APIRouter(tags=["openai-compatible"])
 
 State = Annotated[AppState, Depends(app_state)]
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-}
-
-
-def openai_error_body(code: int, name: str, message: str) -> dict[str, Any]:
-    """OpenAI's error shape, with the envelope code alongside."""
-    status = code // 100
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": name, "contextmode_code": code}}
-
 
 class ProxyMessage(BaseModel):
     """One message of the request; only the last ``user`` one and a ``system`` one are used."""
@@ -107,15 +100,20 @@ def _chunk(completion_id: str, created: int, model: str, delta: dict[str, Any], 
 
 
 async def _chunks(
-    started: StartedStream, engine: Engine, model: str, include_usage: bool, metrics: ServiceMetrics
+    started: StartedStream, engine: Engine, model: str, include_usage: bool, state: AppState
 ) -> AsyncIterator[bytes]:
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
     first = started.first
     assert first.prepared is not None
+    metrics = state.metrics
+    settings = state.settings
+    events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
+    pieces: list[str] = []
     try:
-        async for event in started.events:
+        async for event in events:
             if event.kind == "delta":
+                pieces.append(event.text)
                 yield _chunk(completion_id, created, model, {"content": event.text}, None)
             elif event.kind == "done" and event.result is not None:
                 result = event.result
@@ -141,7 +139,10 @@ async def _chunks(
     except Exception as exc:
         started.outcome.outcome = "error"
         row = code_for_exception(exc)
-        yield sse_event(openai_error_body(row.code, row.name, public_message(exc, row)))
+        partial = {"partial_answer": "".join(pieces), "interrupted": True}
+        yield sse_event(openai_error_body(row.code, row.name, public_message(exc, row), partial))
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
     yield DONE
 
 
@@ -155,6 +156,9 @@ async def chat_completions(
     tenant: Tenant,
     state: State,
     x_session_id: Annotated[str | None, Header(description="The session this message belongs to.")] = None,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
+    ] = None,
 ) -> Any:
     session_id = x_session_id or body.user
     if not session_id:
@@ -173,12 +177,24 @@ async def chat_completions(
         # The system prompt is per engine; a shallow copy shares the store, model and job runner.
         engine = copy.copy(engine)
         engine.system_prompt = _text_and_images(system.content)[0] or None
-    images = ImageFiles.write(decode_images(image_urls, state.settings), state.settings.image_dir)
+    decoded = decode_images(image_urls, state.settings)
     model = body.model or engine.model.name
     headers = {"x-session-id": session_id}
-    turn: dict[str, Any] = {"mode": engine.settings.mode, "images": images, "metrics": state.metrics}
-    if not body.stream:
-        result = await run_turn(engine, tenant, session_id, message, **turn)
+    held, replay = await claim(
+        state.engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()]
+    )
+    if replay is not None:
+        return replay
+
+    def turn() -> dict[str, Any]:
+        images = ImageFiles.write(decoded, state.settings.image_dir)
+        return {"mode": engine.settings.mode, "images": images, "metrics": state.metrics}
+
+    async def whole() -> Response:
+        try:
+            result = await run_turn(engine, tenant, session_id, message, **turn())
+        except Interrupted as stop:
+            return interrupted_response("/v1/chat/completions", stop)
         prompt = result.prepared.context.total_tokens
         completion = engine.counter.count(result.answer)
         return JSONResponse(
@@ -198,10 +214,15 @@ async def chat_completions(
             },
             headers=headers,
         )
-    started = await start_stream(engine, tenant, session_id, message, **turn)
-    include_usage = bool((body.stream_options or {}).get("include_usage"))
-    events = _chunks(started, engine, model, include_usage, state.metrics)
-    return SSEResponse(events, on_close=started.close, headers=headers)
+
+    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
+        started = await start_stream(engine, tenant, session_id, message, **turn())
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return started, _chunks(started, engine, model, include_usage, state)
+
+    return await serve_turn(
+        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed, headers=headers
+    )
 
 
 @router.get("/v1/models", summary="The model behind the proxy (OpenAI shape)")

@@ -6,15 +6,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Header, Path, Query
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from ..errors import ModelError, SessionNotFound
 from ..types import validate_id
 from .codes import SUCCESS, code_for_exception, public_message
+from .idempotency import claim
 from .images import ImageFiles, decode_images
-from .metrics import ServiceMetrics
 from .schemas import (
     ConstraintOut,
     ContextOut,
@@ -31,9 +31,18 @@ from .schemas import (
     TurnOut,
     TurnRecord,
 )
-from .sse import DONE, SSEResponse, sse_event
+from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
-from .turns import StartedStream, check_message, run_turn, start_stream
+from .turns import (
+    Interrupted,
+    StartedStream,
+    check_message,
+    coalesce,
+    interrupted_response,
+    run_turn,
+    serve_turn,
+    start_stream,
+)
 
 __all__ = ["envelope", "router"]
 
@@ -48,6 +57,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorEnvelope, "description": "Validation error, bad image, message too large (40001-40004)"},
     401: {"model": ErrorEnvelope, "description": "Missing or unknown API key (40101)"},
     404: {"model": ErrorEnvelope, "description": "Session not found (40401)"},
+    409: {"model": ErrorEnvelope, "description": "Session busy (40902), Idempotency-Key reused (40903) or still running (40904)"},
     500: {"model": ErrorEnvelope, "description": "Internal error (50000)"},
     503: {"model": ErrorEnvelope, "description": "Store unavailable (50301)"},
 }
@@ -73,15 +83,20 @@ def _session(session_id: str) -> str:
     return validate_id(session_id)
 
 
-async def _turn_events(started: StartedStream, session_id: str, metrics: ServiceMetrics) -> AsyncIterator[bytes]:
+async def _turn_events(
+    started: StartedStream, session_id: str, state: AppState
+) -> AsyncIterator[bytes]:
     assert started.first.prepared is not None
+    metrics = state.metrics
     context = ContextOut.of(started.first.prepared, full=False).model_dump(mode="json")
     yield sse_event({"type": "context", "session_id": session_id, **context})
-    answered = False
+    pieces: list[str] = []
+    settings = state.settings
+    events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
     try:
-        async for event in started.events:
+        async for event in events:
             if event.kind == "delta":
-                answered = True
+                pieces.append(event.text)
                 yield sse_event({"type": "delta", "text": event.text})
             elif event.kind == "done" and event.result is not None:
                 result = event.result
@@ -105,8 +120,13 @@ async def _turn_events(started: StartedStream, session_id: str, metrics: Service
         if not isinstance(exc, ModelError):
             log.exception("turn failed mid-stream (session %s)", session_id)
         msg = public_message(exc, row)
-        # partial: the text streamed so far is stored as a partial answer
-        yield sse_event({"type": "error", "code": row.code, "msg": msg, "partial": answered})
+        # partial: the text streamed so far is stored as a partial answer, and sent again here
+        partial = "".join(pieces)
+        yield sse_event(
+            {"type": "error", "code": row.code, "msg": msg, "partial": bool(partial), "partial_answer": partial}
+        )
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
     yield DONE
 
 
@@ -116,17 +136,45 @@ async def _turn_events(started: StartedStream, session_id: str, metrics: Service
     responses=_TURN_ERRORS,
     summary="Send a message: the answer as one envelope, or streamed as SSE",
 )
-async def post_message(session_id: SessionId, body: MessageRequest, tenant: Tenant, state: State) -> Any:
+async def post_message(
+    session_id: SessionId,
+    body: MessageRequest,
+    tenant: Tenant,
+    state: State,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
+    ] = None,
+) -> Any:
     _session(session_id)
     check_message(body.message, state.settings)
-    images = ImageFiles.write(decode_images(body.images, state.settings), state.settings.image_dir)
+    held, replay = await claim(
+        state.engine.store, tenant, idempotency_key, ["sessions", session_id, body.model_dump_json()]
+    )
+    if replay is not None:
+        return replay
+    decoded = decode_images(body.images, state.settings)
     mode = body.mode or state.engine.settings.mode
-    turn: dict[str, Any] = {"mode": mode, "images": images, "metrics": state.metrics}
-    if not body.stream:
-        result = await run_turn(state.engine, tenant, session_id, body.message, **turn)
+    path = f"/v1/sessions/{session_id}/messages"
+
+    def turn() -> dict[str, Any]:
+        images = ImageFiles.write(decoded, state.settings.image_dir)
+        return {"mode": mode, "images": images, "metrics": state.metrics}
+
+    async def whole() -> Response:
+        try:
+            result = await run_turn(state.engine, tenant, session_id, body.message, **turn())
+        except Interrupted as stop:
+            # The user turn and the partial answer are stored: the client gets the error and the text.
+            return interrupted_response(path, stop)
         return envelope(TurnOut.of(session_id, result))
-    started = await start_stream(state.engine, tenant, session_id, body.message, **turn)
-    return SSEResponse(_turn_events(started, session_id, state.metrics), on_close=started.close)
+
+    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
+        started = await start_stream(state.engine, tenant, session_id, body.message, **turn())
+        return started, _turn_events(started, session_id, state)
+
+    return await serve_turn(
+        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed
+    )
 
 
 @router.get(

@@ -12,6 +12,12 @@
 | ``CONTEXTMODE_MAX_MESSAGE_CHARS`` | ``32000``                      | characters per message                       |
 | ``CONTEXTMODE_MAX_BODY_BYTES``    | ``33554432`` (32 MiB)          | bytes per request body                       |
 | ``CONTEXTMODE_IMAGE_DIR``         | ``<tmp>/contextmode-images``   | where image temp files live while a turn runs |
+| ``CONTEXTMODE_SESSION_WAIT_MS``   | ``10000``                      | wait for a session's previous turn, then 40902 |
+| ``CONTEXTMODE_MAX_JSON_ITEMS``    | ``20000``                      | keys + array items per JSON body             |
+| ``CONTEXTMODE_MAX_JSON_DEPTH``    | ``32``                         | nesting depth per JSON body                  |
+| ``CONTEXTMODE_STREAM_FLUSH_MS``   | ``50``                         | streamed deltas are sent at most this often  |
+| ``CONTEXTMODE_STREAM_FLUSH_BYTES`` | ``2048``                      | ...or once this many bytes wait              |
+| ``CONTEXTMODE_SSE_PING_S``        | ``15``                         | keep-alive comment on an idle stream         |
 
 No key configured means one local tenant (``local``) and no authentication:
 keep the service on loopback then.
@@ -92,6 +98,18 @@ class ServiceSettings:
     """Bytes per request body (checked on ``Content-Length`` and while reading)."""
     image_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "contextmode-images")
     """Dedicated folder for image temp files; they exist only while their turn runs."""
+    session_wait_ms: int = 10_000
+    """How long a turn waits for the previous turn of its session before `40902` (session busy)."""
+    max_json_items: int = 20_000
+    """Keys plus array items per JSON body (counted before validation); more is refused with 40001."""
+    max_json_depth: int = 32
+    """Nesting depth per JSON body."""
+    stream_flush_ms: int = 50
+    """A stream sends the model's deltas at most this often (coalesced in between)."""
+    stream_flush_bytes: int = 2048
+    """...or as soon as this many bytes of text are waiting."""
+    sse_ping_s: int = 15
+    """A ``: ping`` comment line on an idle stream every this many seconds (proxies keep it open)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
@@ -138,4 +156,10 @@ class ServiceSettings:
             max_message_chars=env_int(env, "CONTEXTMODE_MAX_MESSAGE_CHARS", defaults.max_message_chars, 1),
             max_body_bytes=env_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
             image_dir=Path(image_dir).expanduser() if image_dir else defaults.image_dir,
+            session_wait_ms=env_int(env, "CONTEXTMODE_SESSION_WAIT_MS", defaults.session_wait_ms, 0),
+            max_json_items=env_int(env, "CONTEXTMODE_MAX_JSON_ITEMS", defaults.max_json_items, 16),
+            max_json_depth=env_int(env, "CONTEXTMODE_MAX_JSON_DEPTH", defaults.max_json_depth, 4),
+            stream_flush_ms=env_int(env, "CONTEXTMODE_STREAM_FLUSH_MS", defaults.stream_flush_ms, 0),
+            stream_flush_bytes=env_int(env, "CONTEXTMODE_STREAM_FLUSH_BYTES", defaults.stream_flush_bytes, 1),
+            sse_ping_s=env_int(env, "CONTEXTMODE_SSE_PING_S", defaults.sse_ping_s, 1),
         )

@@ -5,7 +5,13 @@ disconnects, so a turn's ``finally`` (which stores the partial answer, seed
 000) and the image cleanup (seed 002) would wait for the garbage collector.
 `SSEResponse` streams in a task of its own while it listens for
 ``http.disconnect``; whichever ends first, it cancels the other, closes the
-iterator and then awaits ``on_close``.
+iterator (which closes the model's request upstream) and then awaits ``on_close``.
+With ``ping_s`` an idle stream gets a ``: ping`` comment line every ``ping_s``
+seconds, so proxies and load balancers do not cut a slow model's stream.
+(``sse-starlette``'s ``EventSourceResponse`` pings too, but on a disconnect it
+cancels its task group and leaves the generator's cleanup to the handler, as its
+README says; the partial answer and the session's turn lock rely on ``on_close``
+running, so the pings were added here instead of a new dependency.)
 """
 
 from __future__ import annotations
@@ -13,15 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-__all__ = ["DONE", "SSEResponse", "sse_event"]
+__all__ = ["DONE", "PING", "SSEResponse", "sse_event"]
 
 DONE = b"data: [DONE]\n\n"
+PING = b": ping\n\n"
 
 
 def sse_event(payload: Any) -> bytes:
@@ -40,20 +48,35 @@ class SSEResponse(Response):
         *,
         on_close: Callable[[], Awaitable[None]] | None = None,
         headers: dict[str, str] | None = None,
+        ping_s: float | None = None,
     ) -> None:
         self.events = events
         self.on_close = on_close
+        self.ping_s = ping_s
+        self._sending = asyncio.Lock()
+        self._last_sent = time.monotonic()
         self.status_code = 200
         self.background = None
         self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no", **(headers or {})})
         self.client_gone = False
         """True when the client disconnected before the last event was sent."""
 
+    async def _send(self, send: Send, message: Message) -> None:
+        async with self._sending:
+            await send(message)
+            self._last_sent = time.monotonic()
+
     async def _stream(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await self._send(send, {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for chunk in self.events:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._send(send, {"type": "http.response.body", "body": chunk, "more_body": True})
+        await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _ping(self, send: Send, every: float) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, self._last_sent + every - time.monotonic()))
+            if time.monotonic() - self._last_sent >= every:
+                await self._send(send, {"type": "http.response.body", "body": PING, "more_body": True})
 
     @staticmethod
     async def _until_disconnect(receive: Receive) -> None:
@@ -65,13 +88,16 @@ class SSEResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         streaming = asyncio.ensure_future(self._stream(send))
         listening = asyncio.ensure_future(self._until_disconnect(receive))
+        helpers = [listening]
+        if self.ping_s:
+            helpers.append(asyncio.ensure_future(self._ping(send, self.ping_s)))
         try:
             await asyncio.wait({streaming, listening}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.client_gone = not streaming.done()
-            for task in (streaming, listening):
+            for task in (streaming, *helpers):
                 task.cancel()
-            await asyncio.gather(streaming, listening, return_exceptions=True)
+            await asyncio.gather(streaming, *helpers, return_exceptions=True)
             try:
                 aclose = getattr(self.events, "aclose", None)
                 if aclose is not None:

@@ -10,6 +10,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from ..engine import Engine
 from .auth import ApiKeys
+from .gate import SessionGate
 from .metrics import ServiceMetrics
 from .settings import ServiceSettings
 
@@ -24,6 +25,8 @@ class AppState:
     metrics: ServiceMetrics
     owns_engine: bool
     """True when `create_app` built the engine (then the app closes it at shutdown)."""
+    gate: SessionGate
+    """One turn at a time per session (docs/service.md)."""
 
 
 async def app_state(request: Request) -> AppState:

@@ -9,19 +9,38 @@ closed so the engine stores the partial answer.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from starlette.responses import Response
 
 from ..engine import Engine, TurnEvent, TurnResult
 from ..errors import InputError, ModelError
 from .codes import MessageTooLong
+from .idempotency import Claim
 from .images import ImageFiles
 from .metrics import ServiceMetrics
+from .responses import exception_response
 from .settings import ServiceSettings
+from .sse import SSEResponse
+from .state import AppState
 
-__all__ = ["StartedStream", "TurnOutcome", "check_message", "run_turn", "start_stream"]
+__all__ = [
+    "Interrupted",
+    "StartedStream",
+    "TurnOutcome",
+    "check_message",
+    "coalesce",
+    "interrupted_response",
+    "run_turn",
+    "serve_turn",
+    "start_stream",
+]
 
 # C0 controls but tab, newline and carriage return, and DEL: never text a user typed, and
 # PostgreSQL refuses NUL in text, so they are refused here rather than failing in the store.
@@ -53,19 +72,106 @@ class TurnOutcome:
         metrics.observe_turn(result, outcome=self.outcome)
 
 
+class Interrupted(Exception):
+    """The model failed after the user turn was stored; ``partial`` is the answer stored so far."""
+
+    def __init__(self, error: ModelError, partial: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.partial = partial
+
+
 async def run_turn(
     engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles, metrics: ServiceMetrics
 ) -> TurnResult:
-    """The whole turn; the images are deleted before this returns or raises."""
+    """The whole turn; the images are deleted before this returns or raises.
+
+    A `ModelError` after the user turn was stored is raised as `Interrupted`,
+    carrying the partial answer the engine stored, so the client sees it.
+    """
+    result: TurnResult | None = None
+    stored = False
+    pieces: list[str] = []
     try:
-        result = await engine.turn(tenant, session_id, message, mode=mode, metadata=images.metadata())
-    except ModelError:
+        async for event in engine.stream(tenant, session_id, message, mode=mode, metadata=images.metadata()):
+            if event.kind == "prepared":
+                stored = True  # the engine stores the user turn as soon as this event is taken
+            elif event.kind == "delta":
+                pieces.append(event.text)
+            elif event.kind == "done":
+                result = event.result
+    except ModelError as exc:
         metrics.count_turn(mode, "error")
+        if stored:
+            raise Interrupted(exc, "".join(pieces)) from exc
         raise
     finally:
         images.cleanup()
+    assert result is not None
     metrics.observe_turn(result, outcome="partial" if result.partial else "ok")
     return result
+
+
+async def coalesce(
+    events: AsyncIterator[TurnEvent], *, flush_ms: int, flush_bytes: int
+) -> AsyncIterator[TurnEvent]:
+    """Merge ``delta`` events: one is sent at most every ``flush_ms`` or once ``flush_bytes`` wait.
+
+    A fast model otherwise costs one event (JSON, a socket write) per token and,
+    when its tokens are already buffered, never lets the event loop serve anyone
+    else. Each wait here goes through the loop, so other requests keep their turn.
+    Other events pass through in order, after the text waiting before them.
+    """
+    loop = asyncio.get_running_loop()
+    pending: list[str] = []
+    size = 0
+    since = 0.0
+    upcoming: asyncio.Future[TurnEvent] | None = None
+
+    def merged() -> TurnEvent:
+        nonlocal size
+        text = "".join(pending)
+        pending.clear()
+        size = 0
+        return TurnEvent(kind="delta", text=text)
+
+    try:
+        while True:
+            if upcoming is None:
+                upcoming = asyncio.ensure_future(anext(events))
+            if pending and not upcoming.done():
+                done, _ = await asyncio.wait({upcoming}, timeout=max(0.0, since + flush_ms / 1000 - loop.time()))
+                if not done:
+                    yield merged()
+                    continue
+            try:
+                event = await upcoming
+            except StopAsyncIteration:
+                break
+            except BaseException:
+                if pending:
+                    yield merged()
+                raise
+            finally:
+                upcoming = None
+            if event.kind == "delta":
+                if not pending:
+                    since = loop.time()
+                pending.append(event.text)
+                size += len(event.text)
+                if size >= flush_bytes or flush_ms == 0:
+                    yield merged()
+                continue
+            if pending:
+                yield merged()
+            yield event
+        if pending:
+            yield merged()
+    finally:
+        if upcoming is not None and not upcoming.done():
+            upcoming.cancel()
+            with contextlib.suppress(BaseException):
+                await upcoming
 
 
 @dataclass
@@ -109,3 +215,60 @@ async def start_stream(
                 metrics.count_turn(mode, outcome.outcome)
 
     return StartedStream(first=first, events=stream, outcome=outcome, close=close)
+
+
+def interrupted_response(path: str, stop: Interrupted) -> Response:
+    """The model's error, carrying the partial answer that was stored (``data.partial_answer``)."""
+    return exception_response(path, stop.error, {"partial_answer": stop.partial, "interrupted": True})
+
+
+async def serve_turn(
+    state: AppState,
+    tenant: str,
+    session_id: str,
+    held: Claim | None,
+    *,
+    whole: Callable[[], Awaitable[Response]] | None,
+    streamed: Callable[[], Awaitable[tuple[StartedStream, AsyncIterator[bytes]]]],
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """Run one turn as the session's only turn, and keep its response for ``held``'s retries.
+
+    ``whole`` (``None`` for a stream) runs the turn and builds the response;
+    ``streamed`` starts a stream and gives its events. The session's turn lock is
+    held until the response is built, or for a stream until it closes; the
+    idempotency key is released if the turn fails before a response exists.
+    """
+    try:
+        if whole is not None:
+            async with state.gate.hold(tenant, session_id):
+                response = await whole()
+                if held is not None:
+                    await held.finish(response)
+                return response
+        serial = AsyncExitStack()
+        await serial.enter_async_context(state.gate.hold(tenant, session_id))
+        try:
+            started, events = await streamed()
+        except BaseException:
+            await serial.aclose()
+            raise
+    except BaseException:
+        if held is not None:
+            await held.release()
+        raise
+
+    async def close() -> None:
+        try:
+            await started.close()
+            if held is not None:
+                await held.finish_stream()
+        finally:
+            await serial.aclose()
+
+    return SSEResponse(
+        held.record(events) if held is not None else events,
+        on_close=close,
+        headers=headers,
+        ping_s=state.settings.sse_ping_s,
+    )

@@ -115,12 +115,32 @@ async def m005_locks(db: Conn) -> None:
     )
 
 
+async def m006_idempotency(db: Conn) -> None:
+    # Idempotency-Key records (docs/service.md): per tenant, the first request's
+    # fingerprint and, once it finished, its response.
+    await db.execute(
+        """
+        CREATE TABLE idempotency (
+            tenant text NOT NULL,
+            key text NOT NULL,
+            fingerprint text NOT NULL,
+            status integer NOT NULL,
+            response text NOT NULL,
+            expires_at timestamptz NOT NULL,
+            PRIMARY KEY (tenant, key)
+        );
+        CREATE INDEX idempotency_expiry ON idempotency (expires_at);
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
     m003_turn_emotions,
     m004_jobs,
     m005_locks,
+    m006_idempotency,
 ]
 
 

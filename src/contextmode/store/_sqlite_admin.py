@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from ..errors import LockNotAcquired
 from ._codec import from_micros
-from .base import JobStats, SessionInfo
+from .base import IdempotencyRecord, JobStats, SessionInfo
 
 __all__ = [
     "WHERE",
@@ -156,3 +156,36 @@ def acquire_lock(db: Db, key: str, ttl_s: float) -> int:
 def release_lock(db: Db, key: str, token: int) -> None:
     """Release only if the lock still carries ``token`` (an expired holder frees nothing)."""
     db.execute("DELETE FROM job_locks WHERE key = ? AND token = ?", (key, token))
+
+
+def claim_idempotency(db: Db, tenant: str, key: str, fingerprint: str, lease_s: float) -> IdempotencyRecord | None:
+    """Insert a running record for ``key`` unless a live one exists; return the live one."""
+
+    def body() -> IdempotencyRecord | None:
+        now = time.time()
+        db.execute("DELETE FROM idempotency WHERE expires_at <= ?", (now,))
+        row = db.execute(
+            "SELECT fingerprint, status, response FROM idempotency WHERE tenant = ? AND key = ?",
+            (tenant, key),
+        ).fetchone()
+        if row is not None:
+            return IdempotencyRecord(fingerprint=row[0], status=row[1], response=row[2])
+        db.execute(
+            "INSERT INTO idempotency (tenant, key, fingerprint, status, response, expires_at)"
+            " VALUES (?, ?, ?, 0, '', ?)",
+            (tenant, key, fingerprint, now + lease_s),
+        )
+        return None
+
+    return write(db, body)
+
+
+def finish_idempotency(db: Db, tenant: str, key: str, status: int, response: str, ttl_s: float) -> None:
+    db.execute(
+        "UPDATE idempotency SET status = ?, response = ?, expires_at = ? WHERE tenant = ? AND key = ?",
+        (status, response, time.time() + ttl_s, tenant, key),
+    )
+
+
+def release_idempotency(db: Db, tenant: str, key: str) -> None:
+    db.execute("DELETE FROM idempotency WHERE tenant = ? AND key = ?", (tenant, key))

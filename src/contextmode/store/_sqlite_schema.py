@@ -115,12 +115,32 @@ def m005_locks(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO fence (id, token) VALUES (1, 0)")
 
 
+def m006_idempotency(db: sqlite3.Connection) -> None:
+    # Idempotency-Key records (docs/service.md): per tenant, the first request's
+    # fingerprint and, once it finished, its response; ``expires_at`` in Unix seconds.
+    db.execute(
+        """
+        CREATE TABLE idempotency (
+            tenant TEXT NOT NULL,
+            key TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            response TEXT NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (tenant, key)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute("CREATE INDEX idempotency_expiry ON idempotency (expires_at)")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
     m003_turn_emotions,
     m004_jobs,
     m005_locks,
+    m006_idempotency,
 ]
 
 

@@ -9,6 +9,12 @@ A store is four small protocols in one object:
 - `JobLocks`: a per-session lock, single-flight across processes, that expires
   when its holder dies, with a fencing token.
 
+Two optional protocols the HTTP service uses when a backend offers them (all
+shipped backends do): `TurnLocks`, a second per-session lock held for the
+whole of one chat turn so concurrent turns of a session never interleave, and
+`IdempotencyRecords`, the per-tenant ``Idempotency-Key`` records that make a
+retried request replay its first result instead of storing the turn twice.
+
 Every call is scoped by ``tenant``; ids are validated with `validate_id`
 before they reach a backend. Turns are never rewritten or deleted except by
 deleting the whole session.
@@ -27,6 +33,8 @@ from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 __all__ = [
     "ClosesOnExit",
     "DerivedRecords",
+    "IdempotencyRecord",
+    "IdempotencyRecords",
     "JobLocks",
     "JobStats",
     "LockHandle",
@@ -34,6 +42,7 @@ __all__ = [
     "SessionInfo",
     "SessionVersion",
     "Store",
+    "TurnLocks",
     "TurnLog",
 ]
 
@@ -221,6 +230,55 @@ class JobLocks(Protocol):
         Releasing checks the fencing token, so a holder whose lock expired and
         was taken over never releases its successor's lock.
         """
+        ...
+
+
+@runtime_checkable
+class TurnLocks(Protocol):
+    def turn_lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        """Hold the session's turn lock (not the job lock), or raise `LockNotAcquired` at once.
+
+        Held for one chat turn, from loading the session to storing the answer, so
+        two turns of one session never run at the same time, in any process.
+        Expires ``ttl_s`` seconds after acquisition if its holder dies.
+        """
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdempotencyRecord:
+    """What a tenant's ``Idempotency-Key`` stands for."""
+
+    fingerprint: str
+    """Digest of the first request (route, session and body); another body is refused."""
+    status: int
+    """HTTP status of the stored response; 0 while the first request is still running."""
+    response: str
+    """The stored response (JSON text, the service decides its shape); empty while running."""
+
+
+@runtime_checkable
+class IdempotencyRecords(Protocol):
+    async def claim_idempotency(
+        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+    ) -> IdempotencyRecord | None:
+        """Record ``key`` as running and return ``None``; or return the live record it has.
+
+        A running record lapses after ``lease_s`` (its worker died), a finished one
+        at the ``ttl_s`` given to `finish_idempotency`; a lapsed record counts as absent.
+        """
+        ...
+
+    async def finish_idempotency(
+        self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
+    ) -> None:
+        """Store the response of ``key``'s request, kept ``ttl_s`` seconds."""
+        ...
+
+    async def release_idempotency(self, tenant: str, key: str) -> None:
+        """Forget ``key`` (its request stored nothing, so a retry may run again)."""
         ...
 
 

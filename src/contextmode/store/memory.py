@@ -13,7 +13,7 @@ from datetime import datetime
 from ..errors import ConflictError, LockNotAcquired
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 from ._codec import check_ids, window_start
-from .base import JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["MemoryStore"]
 
@@ -41,6 +41,7 @@ class MemoryStore:
         self._guard = asyncio.Lock()
         self._locks: dict[str, tuple[int, float]] = {}
         self._fence = 0
+        self._idempotency: dict[tuple[str, str], tuple[IdempotencyRecord, float]] = {}
 
     def _key(self, tenant: str, session_id: str) -> tuple[str, str]:
         return check_ids(tenant, session_id)
@@ -276,6 +277,37 @@ class MemoryStore:
     ) -> AbstractAsyncContextManager[LockHandle]:
         tenant, session_id = self._key(tenant, session_id)
         return self._hold(f"{tenant}/{session_id}", ttl_s)
+
+    def turn_lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = self._key(tenant, session_id)
+        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
+
+    # -- idempotency records ----------------------------------------------------
+
+    async def claim_idempotency(
+        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+    ) -> IdempotencyRecord | None:
+        validate_id(tenant, "tenant")
+        now = time.monotonic()
+        held = self._idempotency.get((tenant, key))
+        if held is not None and held[1] > now:
+            return held[0]
+        record = IdempotencyRecord(fingerprint=fingerprint, status=0, response="")
+        self._idempotency[(tenant, key)] = (record, now + lease_s)
+        return None
+
+    async def finish_idempotency(
+        self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
+    ) -> None:
+        held = self._idempotency.get((tenant, key))
+        if held is not None:
+            record = replace(held[0], status=status, response=response)
+            self._idempotency[(tenant, key)] = (record, time.monotonic() + ttl_s)
+
+    async def release_idempotency(self, tenant: str, key: str) -> None:
+        self._idempotency.pop((tenant, key), None)
 
     async def close(self) -> None:
         return None

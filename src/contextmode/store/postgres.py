@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 from ._codec import (
     being_cancelled,
     check_ids,
@@ -29,7 +29,7 @@ from ._codec import (
 )
 from ._codec import metadata_json as _meta
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
-from .base import ClosesOnExit, JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["PostgresStore"]
 
@@ -429,3 +429,54 @@ class PostgresStore(ClosesOnExit):
     ) -> AbstractAsyncContextManager[LockHandle]:
         tenant, session_id = check_ids(tenant, session_id)
         return self._hold(f"{tenant}/{session_id}", ttl_s)
+
+    def turn_lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = check_ids(tenant, session_id)
+        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
+
+    # -- idempotency records ----------------------------------------------------
+
+    async def claim_idempotency(
+        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+    ) -> IdempotencyRecord | None:
+        validate_id(tenant, "tenant")
+        async with self._db() as db:
+            for _ in range(3):  # a record read as live may lapse before the next statement
+                taken = await db.fetchval(
+                    "INSERT INTO idempotency (tenant, key, fingerprint, status, response, expires_at)"
+                    " VALUES ($1, $2, $3, 0, '', clock_timestamp() + make_interval(secs => $4))"
+                    " ON CONFLICT (tenant, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint,"
+                    " status = 0, response = '', expires_at = EXCLUDED.expires_at"
+                    " WHERE idempotency.expires_at <= clock_timestamp() RETURNING 1",
+                    tenant, key, fingerprint, float(lease_s),
+                )
+                if taken is not None:
+                    return None
+                row = await db.fetchrow(
+                    "SELECT fingerprint, status, response FROM idempotency"
+                    " WHERE tenant = $1 AND key = $2 AND expires_at > clock_timestamp()",
+                    tenant, key,
+                )
+                if row is not None:
+                    return IdempotencyRecord(
+                        fingerprint=row["fingerprint"], status=row["status"], response=row["response"]
+                    )
+        raise StoreError(f"idempotency record {key!r} changed three times while being claimed")
+
+    async def finish_idempotency(
+        self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
+    ) -> None:
+        async with self._db() as db:
+            await db.execute(
+                "UPDATE idempotency SET status = $3, response = $4,"
+                " expires_at = clock_timestamp() + make_interval(secs => $5)"
+                " WHERE tenant = $1 AND key = $2",
+                tenant, key, status, response, float(ttl_s),
+            )
+            await db.execute("DELETE FROM idempotency WHERE expires_at <= clock_timestamp()")
+
+    async def release_idempotency(self, tenant: str, key: str) -> None:
+        async with self._db() as db:
+            await db.execute("DELETE FROM idempotency WHERE tenant = $1 AND key = $2", tenant, key)

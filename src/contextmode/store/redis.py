@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _redis_scripts as lua
 from ._codec import (
     being_cancelled,
@@ -31,7 +31,7 @@ from ._codec import (
     now_micros,
     to_micros,
 )
-from .base import ClosesOnExit, JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["RedisStore"]
 
@@ -349,3 +349,43 @@ class RedisStore(ClosesOnExit):
     ) -> AbstractAsyncContextManager[LockHandle]:
         tenant, session_id = check_ids(tenant, session_id)
         return self._hold(self._keys(tenant, session_id)["lock"], f"{tenant}/{session_id}", ttl_s)
+
+    def turn_lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = check_ids(tenant, session_id)
+        path = f"{tenant}/{session_id}"
+        return self._hold(f"{self.namespace}turnlock:{path}", f"{path}#turn", ttl_s)
+
+    # -- idempotency records (one string key each, expiring by itself) -----------
+
+    def _idempotency_key(self, tenant: str, key: str) -> str:
+        return f"{self.namespace}idem:{validate_id(tenant, 'tenant')}:{key}"
+
+    async def claim_idempotency(
+        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+    ) -> IdempotencyRecord | None:
+        name = self._idempotency_key(tenant, key)
+        running = json.dumps({"fingerprint": fingerprint, "status": 0, "response": ""})
+        async with self._guard() as client:
+            for _ in range(3):  # a record read as live may lapse before the next command
+                if await client.set(name, running, nx=True, px=max(1, int(lease_s * 1000))):
+                    return None
+                raw = await client.get(name)
+                if raw is not None:
+                    return IdempotencyRecord(**json.loads(raw))
+        raise StoreError(f"idempotency record {key!r} changed three times while being claimed")
+
+    async def finish_idempotency(
+        self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
+    ) -> None:
+        name = self._idempotency_key(tenant, key)
+        async with self._guard() as client:
+            raw = await client.get(name)
+            if raw is not None:
+                record = {**json.loads(raw), "status": status, "response": response}
+                await client.set(name, json.dumps(record), xx=True, px=max(1, int(ttl_s * 1000)))
+
+    async def release_idempotency(self, tenant: str, key: str) -> None:
+        async with self._guard() as client:
+            await client.delete(self._idempotency_key(tenant, key))

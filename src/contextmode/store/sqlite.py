@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConflictError, StoreError
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _sqlite_admin as admin
 from ._codec import (
     check_ids,
@@ -37,7 +37,7 @@ from ._codec import (
     window_start,
 )
 from ._sqlite_schema import migrate
-from .base import ClosesOnExit, LockHandle, SessionInfo, SessionVersion
+from .base import ClosesOnExit, IdempotencyRecord, LockHandle, SessionInfo, SessionVersion
 
 __all__ = ["SQLiteStore"]
 
@@ -415,3 +415,25 @@ class SQLiteStore(ClosesOnExit):
     ) -> AbstractAsyncContextManager[LockHandle]:
         tenant, session_id = check_ids(tenant, session_id)
         return self._hold(f"{tenant}/{session_id}", ttl_s)
+
+    def turn_lock(
+        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+    ) -> AbstractAsyncContextManager[LockHandle]:
+        tenant, session_id = check_ids(tenant, session_id)
+        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
+
+    # -- idempotency records ----------------------------------------------------
+
+    async def claim_idempotency(
+        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+    ) -> IdempotencyRecord | None:
+        validate_id(tenant, "tenant")
+        return await self._run(admin.claim_idempotency, tenant, key, fingerprint, lease_s)
+
+    async def finish_idempotency(
+        self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
+    ) -> None:
+        await self._run(admin.finish_idempotency, tenant, key, status, response, ttl_s)
+
+    async def release_idempotency(self, tenant: str, key: str) -> None:
+        await self._run(admin.release_idempotency, tenant, key)

@@ -1,0 +1,128 @@
+"""``Idempotency-Key``: a retried turn replays its first result instead of running twice.
+
+A client that retries after a dropped connection or a 503 sends the same
+``Idempotency-Key`` header with the same body. The first request claims the key
+in the store (`IdempotencyRecords`, per tenant); a retry then gets
+
+- the stored response again (same status and body; a stream is replayed as
+  one stream, its deltas merged) with ``Idempotent-Replayed: true``, or
+- ``409`` / 40904 while the first request still runs, or
+- ``409`` / 40903 when the key was first used with another body or session.
+
+A finished request's record is kept `TTL_S` (24 h). When a request fails
+before it stored anything (validation, session busy, the store down) the key is
+released so the retry runs normally; when the model failed after the user turn
+was stored, the error response (with its partial answer) is what is replayed.
+Keys are stored as SHA-256 digests, never as sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from fastapi.responses import Response
+
+from ..errors import InputError
+from ..store.base import IdempotencyRecords, Store
+from .codes import IdempotencyKeyReused, RequestInProgress
+from .sse import SSEResponse
+
+__all__ = ["LEASE_S", "TTL_S", "Claim", "claim"]
+
+TTL_S = 24 * 3600.0
+"""How long a finished request's response is kept for retries."""
+LEASE_S = 600.0
+"""How long a running request holds its key if its worker dies without finishing."""
+
+_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+REPLAYED = {"idempotent-replayed": "true"}
+
+
+@dataclass
+class Claim:
+    """A key this request holds: finish it with the response, or release it."""
+
+    store: IdempotencyRecords
+    tenant: str
+    key: str
+    done: bool = False
+    chunks: list[bytes] = field(default_factory=list)
+
+    async def finish(self, response: Response) -> None:
+        """Keep ``response`` (a JSON response) as the answer to every retry."""
+        if not self.done:
+            self.done = True
+            text = json.dumps({"kind": "json", "body": bytes(response.body).decode()})
+            await self.store.finish_idempotency(
+                self.tenant, self.key, status=response.status_code, response=text, ttl_s=TTL_S
+            )
+
+    async def finish_stream(self) -> None:
+        """Keep the events sent so far (``record`` collected them) as the replayed stream."""
+        if not self.done:
+            self.done = True
+            text = json.dumps({"kind": "sse", "events": [c.decode() for c in self.chunks]})
+            await self.store.finish_idempotency(self.tenant, self.key, status=200, response=text, ttl_s=TTL_S)
+
+    async def release(self) -> None:
+        if not self.done:
+            self.done = True
+            await self.store.release_idempotency(self.tenant, self.key)
+
+    async def record(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Pass ``events`` through, keeping a copy for `finish_stream`."""
+        async for chunk in events:
+            if not chunk.startswith(b":"):  # keep-alive comments are not part of the answer
+                self.chunks.append(chunk)
+            yield chunk
+
+
+def fingerprint(parts: Sequence[str]) -> str:
+    """Digest of what makes two requests "the same": route, session and canonical body."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+async def claim(
+    store: Store, tenant: str, header: str | None, parts: Sequence[str]
+) -> tuple[Claim | None, Response | None]:
+    """Claim ``header``'s key for this request: ``(claim, None)`` to run it,
+    ``(None, response)`` to replay, ``(None, None)`` without a key (or a store without records).
+
+    Raises `IdempotencyKeyReused` (40903) or `RequestInProgress` (40904).
+    """
+    if header is None or not isinstance(store, IdempotencyRecords):
+        return None, None
+    if not _KEY.fullmatch(header):
+        raise InputError("Idempotency-Key must be 1-255 printable ASCII characters without spaces")
+    key = hashlib.sha256(header.encode()).hexdigest()
+    wanted = fingerprint(parts)
+    record = await store.claim_idempotency(tenant, key, wanted, lease_s=LEASE_S)
+    if record is None:
+        return Claim(store=store, tenant=tenant, key=key), None
+    if record.fingerprint != wanted:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used with another request; use a new key for a new request"
+        )
+    if record.status == 0:
+        raise RequestInProgress("the first request with this Idempotency-Key is still running; retry later")
+    return None, _replay(record.status, record.response)
+
+
+def _replay(status: int, stored: str) -> Response:
+    saved = json.loads(stored)
+    if saved.get("kind") == "sse":
+        return SSEResponse(_events(saved["events"]), headers=REPLAYED)
+    return Response(saved["body"], status_code=status, media_type="application/json", headers=REPLAYED)
+
+
+async def _events(events: list[str]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event.encode()

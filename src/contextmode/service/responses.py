@@ -1,0 +1,52 @@
+"""Error responses in the caller's shape, written once for the app, the routes and replays.
+
+Under ``/v1/chat/completions`` and ``/v1/models`` an error takes OpenAI's shape
+``{"error": {...}}`` (what the openai SDK parses); everywhere else it is the
+``{code, msg, data}`` envelope.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from .codes import ErrorCode, code_for_exception, http_status, public_message
+
+__all__ = ["OPENAI_PATHS", "error_response", "exception_response", "openai_error_body"]
+
+OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+}
+
+
+def openai_error_body(code: int, name: str, message: str, data: Any = None) -> dict[str, Any]:
+    """OpenAI's error shape, with the envelope code (and any ``data``) alongside."""
+    status = code // 100
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    error: dict[str, Any] = {"message": message, "type": kind, "param": None, "code": name, "contextmode_code": code}
+    if data is not None:
+        error["contextmode_data"] = data
+    return {"error": error}
+
+
+def error_response(path: str, row: ErrorCode, msg: str, data: Any = None) -> JSONResponse:
+    """The error ``row`` as the response for ``path`` (envelope, or OpenAI's shape)."""
+    status = http_status(row.code)
+    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    if path.startswith(OPENAI_PATHS):
+        return JSONResponse(openai_error_body(row.code, row.name, msg, data), status_code=status, headers=headers)
+    return JSONResponse({"code": row.code, "msg": msg, "data": data}, status_code=status, headers=headers)
+
+
+def exception_response(path: str, exc: BaseException, data: Any = None) -> JSONResponse:
+    """``exc`` as an error response for ``path`` (public message only)."""
+    row = code_for_exception(exc)
+    return error_response(path, row, public_message(exc, row), data)
