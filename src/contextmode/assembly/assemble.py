@@ -31,7 +31,7 @@ from .render import (
     turn_line,
 )
 
-__all__ = ["ESTIMATE_MARGIN", "ORDER_PRESETS", "AssemblyConfig", "assemble", "cut_to_tokens"]
+__all__ = ["ESTIMATE_MARGIN", "ORDER_PRESETS", "AssemblyConfig", "assemble", "cut_to_tokens", "paired_turns"]
 
 ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
     # Chronological: background first, the newest turns and the message last.
@@ -121,6 +121,32 @@ class _Candidate:
     day: str | None = None
     """Recall: the day heading this turn is shown under (one heading per day, not per line)."""
     day_cost: int = 0
+
+
+def paired_turns(turns: Sequence[Turn]) -> list[Turn]:
+    """``turns`` oldest first, each assistant answer moved right after the user message it
+    answers (``reply_to`` in its metadata), so ``user, user, answer, answer`` becomes
+    ``user, answer, user, answer``.
+
+    Sessions written before turns of one session were serialised may hold such
+    interleaved runs; an answer whose question is not among ``turns`` keeps its place.
+    """
+    ordered = sorted(turns, key=lambda t: t.seq)
+    questions = {t.seq for t in ordered if t.role == "user"}
+    answers: dict[int, list[Turn]] = {}
+    moved: set[int] = set()
+    for t in ordered:
+        reply_to = t.metadata.get("reply_to") if t.role == "assistant" else None
+        if isinstance(reply_to, int) and reply_to in questions and reply_to < t.seq:
+            answers.setdefault(reply_to, []).append(t)
+            moved.add(t.seq)
+    result: list[Turn] = []
+    for t in ordered:
+        if t.seq in moved:
+            continue
+        result.append(t)
+        result.extend(answers.get(t.seq, ()))
+    return result
 
 
 def assemble(
@@ -352,6 +378,10 @@ def _render(
             if name in ("key_moments", "recall", "recent", "constraints"):
                 # Shown oldest first (recall: day by day, so each day heading appears once).
                 picked = sorted(picked, key=lambda c: (c.day or "", c.seq or 0))
+            if name == "recent":
+                # Each answer right after the message it answers, even if turns were stored interleaved.
+                position = {t.seq: i for i, t in enumerate(paired_turns([c.turn for c in picked if c.turn]))}
+                picked = sorted(picked, key=lambda c: position.get(c.seq or 0, -1))
             allocated = alloc.get(name, 0)
             if not picked:
                 if allocated or dropped[name]:
