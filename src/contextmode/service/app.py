@@ -25,10 +25,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..engine import Engine
 from ..errors import ContextModeError, StoreError
 from .auth import ApiKeys
-from .codes import ErrorCode, code_for_exception, code_for_status, public_message
+from .bodyscan import JsonShape
+from .codes import ErrorCode, Unauthorized, code_for_exception, code_for_status, public_message
 from .gate import SessionGate
 from .metrics import MeteredJobs, ServiceMetrics
-from .responses import error_response
+from .responses import error_response, validation_details
 from .routes_openai import router as openai_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
@@ -41,6 +42,7 @@ __all__ = ["create_app"]
 log = logging.getLogger("contextmode.http")
 
 _error_response = error_response
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 async def _send_error(scope: Scope, send: Send, row: ErrorCode, msg: str) -> None:
@@ -76,17 +78,27 @@ class _EdgeMiddleware:
                 await _send_error(scope, send, too_large, f"the request body is larger than {limit} bytes")
                 self._record(scope, 413, started)
                 return
+        if scope.get("method") in _BODY_METHODS and not await self._authorised(scope, send):
+            self._record(scope, 401, started)
+            return
         status = 500
         response_started = False
         received = 0
+        shape = JsonShape()
+        max_items = self.state.settings.max_json_items
 
         async def limited_receive() -> Message:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                chunk = message.get("body", b"")
+                received += len(chunk)
                 if received > limit:
                     raise StarletteHTTPException(413, f"the request body is larger than {limit} bytes")
+                if shape.feed(chunk) > max_items:
+                    raise StarletteHTTPException(
+                        400, f"the JSON body has more than {max_items} keys and array items"
+                    )
             return message
 
         async def observed_send(message: Message) -> None:
@@ -108,6 +120,25 @@ class _EdgeMiddleware:
                 await _send_error(scope, send, code_for_exception(RuntimeError()), "internal error")
         finally:
             self._record(scope, status, started)
+
+    async def _authorised(self, scope: Scope, send: Send) -> bool:
+        """Check the API key from the headers before a byte of the body is read.
+
+        Only for the service's own routes under ``/v1/``; the route's dependency
+        checks again and sets the tenant. A refused request costs no body read.
+        """
+        keys = self.state.keys
+        if not keys.enabled or not scope.get("path", "").startswith("/v1/"):
+            return True
+        headers = dict(scope.get("headers", ()))
+        authorization = headers.get(b"authorization", b"").decode("latin-1") or None
+        x_api_key = headers.get(b"x-api-key", b"").decode("latin-1") or None
+        try:
+            keys.tenant_for(authorization, x_api_key)
+        except Unauthorized as exc:
+            await _send_error(scope, send, code_for_exception(exc), str(exc))
+            return False
+        return True
 
     def _record(self, scope: Scope, status: int, started: float) -> None:
         elapsed = time.perf_counter() - started
@@ -139,21 +170,16 @@ def _install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
-        ]
-        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-        where = ".".join(str(part) for part in first["loc"])
-        msg = "invalid JSON body" if any(e["type"] == "json_invalid" for e in errors) else f"{where}: {first['msg']}"
-        return _error_response(request.url.path, code_for_status(400), msg, data={"errors": errors})
+        msg, data = validation_details(exc.errors())
+        return _error_response(request.url.path, code_for_status(400), msg, data=data)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         row = code_for_status(exc.status_code)
         # FastAPI turns a failure while reading the body into a bare 400; say what it was.
         cause = exc.__cause__
-        if isinstance(cause, StarletteHTTPException) and cause.status_code == 413:
-            row, detail = code_for_status(413), str(cause.detail)
+        if isinstance(cause, StarletteHTTPException):  # refused by the edge while reading (413, key cap)
+            row, detail = code_for_status(cause.status_code), str(cause.detail)
         elif exc.status_code == 400 and cause is not None:
             detail = "invalid JSON body (not UTF-8, nested too deeply, or malformed)"
         else:

@@ -7,13 +7,22 @@ Under ``/v1/chat/completions`` and ``/v1/models`` an error takes OpenAI's shape
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from .codes import ErrorCode, code_for_exception, http_status, public_message
 
-__all__ = ["OPENAI_PATHS", "error_response", "exception_response", "openai_error_body"]
+__all__ = [
+    "MAX_ERROR_BYTES",
+    "OPENAI_PATHS",
+    "error_response",
+    "exception_response",
+    "openai_error_body",
+    "validation_details",
+]
 
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
 
@@ -50,3 +59,45 @@ def exception_response(path: str, exc: BaseException, data: Any = None) -> JSONR
     """``exc`` as an error response for ``path`` (public message only)."""
     row = code_for_exception(exc)
     return error_response(path, row, public_message(exc, row), data)
+
+
+MAX_ERROR_BYTES = 4096
+"""No error response is larger than this, however many problems a body has."""
+_MAX_LISTED = 5
+"""Validation problems listed one by one; the rest are only counted."""
+
+
+def _short(value: object, limit: int) -> object:
+    if isinstance(value, int):
+        return value
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def validation_details(raw: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The message and ``data`` of a validation error: the first few problems (locations,
+    messages and types cut short, never the input), then how many there were in all.
+
+    A body with a million bad keys gets a few hundred bytes back, not a copy of itself.
+    """
+    errors: list[dict[str, Any]] = [
+        {
+            "loc": [_short(part, 64) for part in list(e.get("loc", ()))[:8]],
+            "msg": _short(e.get("msg", ""), 200),
+            "type": _short(e.get("type", ""), 64),
+        }
+        for e in raw[:_MAX_LISTED]
+    ]
+    if any(e.get("type") == "json_invalid" for e in raw[:_MAX_LISTED]):
+        msg = "invalid JSON body"
+    elif errors:
+        where = ".".join(str(part) for part in errors[0]["loc"])
+        msg = str(_short(f"{where}: {errors[0]['msg']}", 300))
+    else:
+        msg = "invalid request"
+    if len(raw) > 1:
+        msg += f" (and {len(raw) - 1} more problem{'s' if len(raw) > 2 else ''})"
+    data: dict[str, Any] = {"errors": errors, "count": len(raw)}
+    while errors and len(json.dumps(data, ensure_ascii=False).encode()) > MAX_ERROR_BYTES - 1024:
+        errors.pop()
+    return msg, data

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engine import Engine
 from ..errors import InputError
@@ -66,6 +66,17 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     user: str | None = Field(default=None, description="Session id when no X-Session-Id header is sent.")
     stream_options: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cheap_shape_check(cls, data: Any) -> Any:
+        # One error for the first malformed message, instead of one per message.
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if isinstance(messages, list):
+            for i, message in enumerate(messages):
+                if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                    raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        return data
 
 
 def _text_and_images(content: str | list[dict[str, Any]] | None) -> tuple[str, list[str]]:

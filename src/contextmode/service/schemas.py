@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engine import PreparedTurn, TurnResult
 from ..store.base import SessionInfo
@@ -36,6 +36,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+MAX_IMAGES_LISTED = 64
+"""More images than this are refused before each is validated (the service's own limit is lower)."""
+
 
 class MessageRequest(BaseModel):
     """``POST /v1/sessions/{id}/messages``."""
@@ -48,6 +51,21 @@ class MessageRequest(BaseModel):
     mode: Literal["contextual", "decoupled"] | None = Field(
         default=None, description="contextual: memory in the prompt; decoupled: memory only feeds the rewrite (seed 002)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cheap_shape_check(cls, data: Any) -> Any:
+        # One error for many unknown keys or images, instead of one per key (each costs time and bytes).
+        if isinstance(data, dict):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                shown = ", ".join(repr(str(key)[:40]) for key in unknown[:3])
+                more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+                raise ValueError(f"unknown field(s) {shown}{more}; known: {', '.join(cls.model_fields)}")
+            images = data.get("images")
+            if isinstance(images, list) and len(images) > MAX_IMAGES_LISTED:
+                raise ValueError(f"at most {MAX_IMAGES_LISTED} images per message, got {len(images)}")
+        return data
 
 
 class Envelope(BaseModel, Generic[T]):
