@@ -119,59 +119,66 @@ async def coalesce(
 
     A fast model otherwise costs one event (JSON, a socket write) per token and,
     when its tokens are already buffered, never lets the event loop serve anyone
-    else. Each wait here goes through the loop, so other requests keep their turn.
-    Other events pass through in order, after the text waiting before them.
+    else. A pump task reads ``events`` and yields to the loop after each one; this
+    generator wakes only to send (the first delta after a pause starts the
+    ``flush_ms`` clock). Other events pass through in order, after the text before them.
     """
-    loop = asyncio.get_running_loop()
-    pending: list[str] = []
+    buffer: list[TurnEvent] = []
     size = 0
-    since = 0.0
-    upcoming: asyncio.Future[TurnEvent] | None = None
+    wake = asyncio.Event()
+    ended: list[BaseException | None] = []
 
-    def merged() -> TurnEvent:
+    async def pump() -> None:
         nonlocal size
-        text = "".join(pending)
-        pending.clear()
-        size = 0
-        return TurnEvent(kind="delta", text=text)
+        try:
+            async for event in events:
+                first = not buffer
+                buffer.append(event)
+                if event.kind == "delta":
+                    size += len(event.text)
+                if first or event.kind != "delta" or size >= flush_bytes or flush_ms == 0:
+                    wake.set()
+                await asyncio.sleep(0)  # let other requests in between two deltas
+        except Exception as exc:
+            ended.append(exc)
+        else:
+            ended.append(None)
+        wake.set()
 
+    def drain() -> list[TurnEvent]:
+        nonlocal size
+        out: list[TurnEvent] = []
+        for event in buffer:
+            if event.kind == "delta" and out and out[-1].kind == "delta":
+                out[-1] = TurnEvent(kind="delta", text=out[-1].text + event.text)
+            else:
+                out.append(event)
+        buffer.clear()
+        size = 0
+        return out
+
+    task = asyncio.create_task(pump())
     try:
         while True:
-            if upcoming is None:
-                upcoming = asyncio.ensure_future(anext(events))
-            if pending and not upcoming.done():
-                done, _ = await asyncio.wait({upcoming}, timeout=max(0.0, since + flush_ms / 1000 - loop.time()))
-                if not done:
-                    yield merged()
-                    continue
-            try:
-                event = await upcoming
-            except StopAsyncIteration:
-                break
-            except BaseException:
-                if pending:
-                    yield merged()
-                raise
-            finally:
-                upcoming = None
-            if event.kind == "delta":
-                if not pending:
-                    since = loop.time()
-                pending.append(event.text)
-                size += len(event.text)
-                if size >= flush_bytes or flush_ms == 0:
-                    yield merged()
-                continue
-            if pending:
-                yield merged()
-            yield event
-        if pending:
-            yield merged()
+            if not buffer and not ended:
+                wake.clear()
+                await wake.wait()
+            only_text = all(e.kind == "delta" for e in buffer)
+            if buffer and only_text and size < flush_bytes and flush_ms > 0 and not ended:
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), flush_ms / 1000)
+            for event in drain():
+                yield event
+            if ended and not buffer:
+                if ended[0] is not None:
+                    raise ended[0]
+                return
     finally:
-        if upcoming is not None and not upcoming.done():
-            upcoming.cancel()
-            with contextlib.suppress(BaseException):
-                await upcoming
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
 
 
 @dataclass

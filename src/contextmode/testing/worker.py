@@ -224,6 +224,8 @@ class Cluster:
     env: Mapping[str, str] = field(default_factory=dict)
     worker_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     stub_latency_ms: float = 0.0
+    stub_args: Sequence[str] = ()
+    """Extra arguments of the stub server (``--chunk-chars 1``, ``--reply-chars 5000``…)."""
     model: str = "gpt-4o-mini"
     """Model name sent to the stub; also picks the token counter (o200k, bundled)."""
     processes: list[WorkerProcess] = field(default_factory=list)
@@ -241,7 +243,7 @@ class Cluster:
 
     def _start_stub(self) -> None:
         args = [sys.executable, "-m", "contextmode.testing.stub_server", "--port", "0", "--no-record",
-                "--model", self.model, "--latency-ms", str(self.stub_latency_ms)]
+                "--model", self.model, "--latency-ms", str(self.stub_latency_ms), *self.stub_args]
         stderr = (self.log_dir / "stub.log").open("wb")
         self.stub = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr)
         stderr.close()
