@@ -9,6 +9,7 @@ neutralised so it cannot end the section early.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -22,6 +23,7 @@ __all__ = [
     "SECTION_SEPARATOR",
     "constraint_line",
     "data_text",
+    "has_closing_tag",
     "layer_title",
     "role_label",
     "section_text",
@@ -80,13 +82,39 @@ def role_label(role: Role, locale: str) -> str:
     return _ROLE_LABELS[_lang(locale)][role]
 
 
-_CLOSING = re.compile(r"([<\uff1c\ufe64])(\s*)/")
-"""``<`` (or its full-width and small forms), optional blanks, ``/``: anything a model might read as a closing tag."""
+_OPENERS = "<\ufe64\uff1c\u2039\u2329\u3008\u27e8\u276e\u02c2\u1438"
+"""``<``, every character NFKC folds to it (``﹤ ＜``) and its look-alikes (``‹ 〈 〈 ⟨ ❮ ˂ ᐸ``)."""
+_SLASHES = "/\uff0f\u2044\u2215\u29f8\u2571\u27cb"
+"""``/``, its NFKC fold (``／``) and its look-alikes (``⁄ ∕ ⧸ ╱ ⟋``)."""
+_INVISIBLE = (
+    "\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
+    "\u180b-\u180f\u200b-\u200f\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0"
+    "\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef"
+)
+"""Every format character (Unicode category Cf: zero-width space and joiners, bidi controls,
+soft hyphen, BOM…) and the other default-ignorable ones (variation selectors, fillers)."""
+_CLOSING = re.compile(f"([{_OPENERS}])[\\s{_INVISIBLE}]*([{_SLASHES}])")
+"""An opener, then blanks or invisible characters, then a slash: what a model may read as ``</``."""
+_INVISIBLE_RE = re.compile(f"[{_INVISIBLE}]")
+_FLAT_CLOSING = re.compile(r"<\s*/")
 
 
 def data_text(text: str) -> str:
-    # A user cannot close our data section early by typing "</summary>" (or "< /summary>", "＜/summary＞").
-    return _CLOSING.sub("\\1\u200b\\2/", text)
+    """``text`` safe inside a data section: no closing tag, however disguised, can end it early.
+
+    ``</summary>``, ``＜/summary＞``, ``<\u200d/summary>``, ``‹⁄summary›``… become
+    ``<\\/summary>`` (the opener kept, a backslash before the slash, the blanks and
+    invisible characters between them dropped); everything else is left as typed.
+    """
+    return _CLOSING.sub("\\1\\\\\\2", text)
+
+
+def has_closing_tag(text: str) -> bool:
+    """Whether ``text`` holds a closing tag once NFKC-normalised and stripped of invisible
+    characters: the check `data_text`'s output always passes."""
+    flat = _INVISIBLE_RE.sub("", unicodedata.normalize("NFKC", text))
+    return bool(_FLAT_CLOSING.search(flat) or _CLOSING.search(flat))
 
 
 def turn_line(
