@@ -45,15 +45,19 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
                     break
                 session = await _command(console, engine, tenant, session, command, arg.strip())
                 continue
+            printed = False
             try:
                 console.print("[bold]助手>[/bold] ", end="")
                 async for event in engine.stream(tenant, session, line):
                     if event.kind == "delta":
+                        printed = printed or bool(event.text)
                         console.print(event.text, end="", markup=False, highlight=False)
                     elif event.kind == "done" and event.result is not None:
                         flag = " (partial)" if event.result.partial else ""
                         console.print(f"\n[bright_black]{event.result.prepared.context.summary_line()}{flag}[/bright_black]")
             except ContextModeError as exc:
+                if printed:  # the engine stored the text shown so far as a partial answer
+                    console.print("\n[yellow](interrupted: the partial answer above was kept)[/yellow]", end="")
                 console.print(f"\n[red]{type(exc).__name__}: {exc}[/red]")
     finally:
         await engine.close()

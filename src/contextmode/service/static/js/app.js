@@ -206,7 +206,7 @@ async function streamTurn(text, images, mode) {
         state.source = { kind: "turn", seq: event.user_seq };
         answer?.finish(event, state.ctx?.total_tokens);
       } else if (event.type === "error") {
-        answer?.fail(`${event.msg} (${event.code})`);
+        answer?.fail(`${event.msg} (${event.code})`, event.partial_answer);
       }
     }
   } catch (error) {

@@ -91,10 +91,16 @@ export function startAnswer() {
       const ttft = done.ttft_ms == null ? null : Math.round(done.ttft_ms);
       meta.textContent = t("turnMeta", { ttft, tokens, jobs: done.jobs });
     },
-    fail(message) {
+    fail(message, partial) {
       node.dataset.state = "error";
       node.removeAttribute("aria-busy");
       node.classList.add("error");
+      // The server stored what was streamed before the failure and sends it again: show it, marked.
+      if (partial) {
+        if (!text.textContent) text.append(partial);
+        node.dataset.interrupted = "true";
+        text.after(el("div", { class: "muted" }, t("interrupted")));
+      }
       text.after(el("div", { class: "error-text" }, `${t("error")}: ${message}`));
     },
   };
