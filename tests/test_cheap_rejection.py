@@ -67,7 +67,7 @@ async def test_a_request_without_a_valid_key_is_refused_before_its_body_is_read(
 
 
 async def test_a_body_with_too_many_keys_is_refused_after_its_first_chunks(app: Any) -> None:
-    body = _hostile(1_000_000)
+    body = _hostile(300_000)
     status, payload, read = await _call(app, body, {"Authorization": "Bearer good-key"})
     assert status == 400
     envelope = json.loads(payload)
@@ -109,6 +109,14 @@ json_values = st.recursive(
 )
 
 
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
 def _separators(value: Any) -> int:
     if isinstance(value, dict):
         return (2 * len(value) - 1 if value else 0) + sum(_separators(v) for v in value.values())
@@ -124,3 +132,11 @@ def test_the_running_count_equals_the_structure_for_any_chunking(value: Any, siz
     for i in range(0, len(body), size):
         shape.feed(body[i : i + size])
     assert shape.separators == _separators(value)
+    assert shape.deepest == _depth(value) and shape.depth == 0
+
+
+async def test_a_deeply_nested_body_is_refused_at_the_edge(app: Any) -> None:
+    body = b'{"message": "hi", "mode": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    status, payload, read = await _call(app, body, {"Authorization": "Bearer good-key"})
+    assert status == 400 and "nested deeper than 32" in json.loads(payload)["msg"]
+    assert read == 1

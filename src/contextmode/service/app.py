@@ -86,6 +86,7 @@ class _EdgeMiddleware:
         received = 0
         shape = JsonShape()
         max_items = self.state.settings.max_json_items
+        max_depth = self.state.settings.max_json_depth
 
         async def limited_receive() -> Message:
             nonlocal received
@@ -99,6 +100,8 @@ class _EdgeMiddleware:
                     raise StarletteHTTPException(
                         400, f"the JSON body has more than {max_items} keys and array items"
                     )
+                if shape.deepest > max_depth:
+                    raise StarletteHTTPException(400, f"the JSON body is nested deeper than {max_depth} levels")
             return message
 
         async def observed_send(message: Message) -> None:

@@ -9,14 +9,23 @@ first few hundred kilobytes, before anything parses it.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["JsonShape"]
+
+_BRACKETS = re.compile(rb"[\[\]{}]")
 
 
 class JsonShape:
-    """Running count of the separators outside strings (≈ keys + array items) of a JSON body."""
+    """Running count of the separators outside strings (≈ keys + array items) of a JSON body,
+    and its nesting depth."""
 
     def __init__(self) -> None:
         self.separators = 0
+        self.depth = 0
+        """Nesting depth at the end of the bytes seen so far."""
+        self.deepest = 0
+        """Deepest nesting seen so far (a bound is checked first; brackets are walked only when it may grow)."""
         self._in_string = False
         self._carry = b""
 
@@ -32,6 +41,13 @@ class JsonShape:
         parts = data.split(b'"')
         outside = b"".join(parts[1::2] if self._in_string else parts[0::2])
         self.separators += outside.count(b",") + outside.count(b":")
+        opens = outside.count(b"[") + outside.count(b"{")
+        if self.depth + opens > self.deepest:
+            for bracket in _BRACKETS.findall(outside):
+                self.depth += 1 if bracket in (b"[", b"{") else -1
+                self.deepest = max(self.deepest, self.depth)
+        else:
+            self.depth += opens - outside.count(b"]") - outside.count(b"}")
         if len(parts) % 2 == 0:  # an odd number of quotes: the string state flips
             self._in_string = not self._in_string
         return self.separators
