@@ -50,11 +50,13 @@ def p99(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else float("nan")
 
 
-def _probe(url: str, interval_s: float, stop: Any, out: Any) -> None:
+def _probe(url: str, interval_s: float, ready: Any, stop: Any, out: Any) -> None:
     """In a process of its own (the load generator's loop must not delay the probes)."""
     samples: list[float] = []
     failures = 0
     with httpx.Client(timeout=60) as client:
+        client.get(f"{url}/healthz")  # connect once before measuring
+        ready.set()
         while not stop.is_set():
             started = time.perf_counter()
             try:
@@ -75,10 +77,12 @@ class Probes:
 async def probed(url: str, work: Any, limit_s: float) -> tuple[Any, Probes]:
     """Run ``work`` while another process probes ``/healthz`` every 10 ms."""
     context = multiprocessing.get_context("spawn")
-    stop, out = context.Event(), context.Queue()
-    prober = context.Process(target=_probe, args=(url, 0.01, stop, out), daemon=True)
+    ready, stop, out = context.Event(), context.Event(), context.Queue()
+    prober = context.Process(target=_probe, args=(url, 0.01, ready, stop, out), daemon=True)
     prober.start()
-    await asyncio.sleep(1.0)  # the prober's interpreter starts, then a few idle samples
+    if not await asyncio.to_thread(ready.wait, 120):
+        raise RuntimeError("the /healthz prober did not start")
+    await asyncio.sleep(0.3)  # a few idle samples first
     try:
         result = await asyncio.wait_for(work, limit_s)
     finally:
@@ -100,6 +104,10 @@ async def one_stream(client: httpx.AsyncClient, url: str, i: int, message: str) 
                     events += 1
                     chars += len(event["text"])
     return {"status": r.status_code, "delta_events": events, "chars": chars}
+
+
+def log(message: str) -> None:
+    print(f"[fairness] {message}", file=sys.stderr, flush=True)
 
 
 async def streams_scenario(url: str, streams: int) -> dict[str, Any]:
@@ -148,7 +156,7 @@ async def hostile_scenario(
     _, prober = await probed(url, work, limit_s=600)
     return {
         "healthz_p99_ms": round(p99(prober.samples), 1),
-        "healthz_max_ms": round(max(prober.samples), 1),
+        "healthz_max_ms": round(max(prober.samples, default=float("nan")), 1),
         "probes": len(prober.samples),
         "probe_failures": prober.failures,
         "outcomes": outcomes,
@@ -196,13 +204,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.to_thread(cluster.start)
         try:
             url = cluster.urls[0]
+            log("streams")
             streams = await streams_scenario(url, args.streams)
+            log(f"streams: {streams}")
+            log("hostile bodies without a key")
             unauth = await hostile_scenario(
                 url, hostile, args.hostile_clients, args.rounds, args.hostile_seconds, authed=False
             )
+            log(f"without a key: {unauth}; now with a key")
             authed = await hostile_scenario(
                 url, hostile, args.hostile_clients, args.rounds, args.hostile_seconds, authed=True
             )
+            log(f"with a key: {authed}")
             malformed = await malformed_requests(url)
         finally:
             await asyncio.to_thread(cluster.stop)

@@ -46,7 +46,10 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 async def _send_error(scope: Scope, send: Send, row: ErrorCode, msg: str) -> None:
+    """Answer from the edge, before the body is read: then close the connection, so the
+    server does not spend its time receiving (and dropping) the rest of a large body."""
     response = _error_response(scope.get("path", ""), row, msg)
+    response.headers["connection"] = "close"
     await response(scope, _no_receive, send)
 
 
@@ -182,8 +185,10 @@ def _install_handlers(app: FastAPI) -> None:
         # FastAPI turns a failure while reading the body into a bare 400; say what it was.
         cause = exc.__cause__
         if isinstance(cause, StarletteHTTPException):  # refused by the edge while reading (413, key cap)
-            row, detail = code_for_status(cause.status_code), str(cause.detail)
-        elif exc.status_code == 400 and cause is not None:
+            response = _error_response(request.url.path, code_for_status(cause.status_code), str(cause.detail))
+            response.headers["connection"] = "close"  # the rest of the body is not worth receiving
+            return response
+        if exc.status_code == 400 and cause is not None:
             detail = "invalid JSON body (not UTF-8, nested too deeply, or malformed)"
         else:
             detail = str(exc.detail) if exc.detail else row.meaning
