@@ -16,6 +16,7 @@ while each scenario runs; its p99 is reported:
   bodies of ``--hostile-keys`` (1,000,000) unknown keys (about 19 MB) for
   ``--hostile-seconds`` (8) or ``--rounds`` (200) bodies each, whichever comes first,
   once without an API key and once with a valid one (the worse of the two runs);
+- ``idle``: the same probe with nothing else running (what the machine itself costs);
 - ``max_error_bytes``: the largest error response seen for those bodies and for a
   set of malformed requests (unknown keys, wrong types, invalid JSON, bad proxy messages).
 
@@ -204,7 +205,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.to_thread(cluster.start)
         try:
             url = cluster.urls[0]
-            log("streams")
+            log("idle")
+            _, idle = await probed(url, asyncio.sleep(5), limit_s=60)
+            idle_figures = {"healthz_p99_ms": round(p99(idle.samples), 1), "probes": len(idle.samples)}
+            log(f"idle: {idle_figures}; now streams")
             streams = await streams_scenario(url, args.streams)
             log(f"streams: {streams}")
             log("hostile bodies without a key")
@@ -228,6 +232,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         **figures,
         "targets": TARGETS,
         "met": {name: figures[name] <= target for name, target in TARGETS.items()},
+        "idle": idle_figures,
         "streams": streams,
         "hostile_unauthenticated": unauth,
         "hostile_authenticated": authed,
