@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
-from ..store.base import SessionVersion, Store
+from ..store.base import IdempotencyRecord, IdempotencyRecords, SessionVersion, Store, TurnLocks
 from ..types import Constraint, NewTurn, Summary
 from .ci import ci_required
 
@@ -80,6 +80,39 @@ class StoreContract:
     """Behaviour every backend guarantees. Subclasses provide the ``store`` fixture."""
 
     pytestmark = pytest.mark.asyncio
+
+    # -- optional: turn locks and idempotency records (every shipped backend) -------
+
+    async def test_turn_lock_is_single_flight_and_apart_from_the_job_lock(self, store: Store) -> None:
+        if not isinstance(store, TurnLocks):
+            return  # an optional protocol: the service falls back to a per-process queue
+        async with store.turn_lock(_T, _S, ttl_s=30):
+            with pytest.raises(LockNotAcquired):
+                async with store.turn_lock(_T, _S):
+                    pass
+            async with store.lock(_T, _S):  # background jobs are not blocked by a turn
+                pass
+            async with store.turn_lock(_T, "another-session"):
+                pass
+        async with store.turn_lock(_T, _S):  # released
+            pass
+
+    async def test_idempotency_records_claim_finish_release(self, store: Store) -> None:
+        if not isinstance(store, IdempotencyRecords):
+            return  # an optional protocol: the service then ignores Idempotency-Key
+        assert await store.claim_idempotency(_T, "k1", "first", lease_s=60) is None
+        running = IdempotencyRecord(fingerprint="first", status=0, response="")
+        assert await store.claim_idempotency(_T, "k1", "second", lease_s=60) == running
+        assert await store.claim_idempotency("tenant-b", "k1", "other", lease_s=60) is None  # per tenant
+        await store.finish_idempotency(_T, "k1", status=200, response='{"answer": "好"}', ttl_s=60)
+        done = IdempotencyRecord(fingerprint="first", status=200, response='{"answer": "好"}')
+        assert await store.claim_idempotency(_T, "k1", "first", lease_s=60) == done
+        await store.release_idempotency(_T, "k1")
+        assert await store.claim_idempotency(_T, "k1", "third", lease_s=60) is None
+        # A running record whose worker died lapses with its lease.
+        assert await store.claim_idempotency(_T, "k2", "first", lease_s=0.05) is None
+        await asyncio.sleep(0.3)
+        assert await store.claim_idempotency(_T, "k2", "retry", lease_s=60) is None
 
     # -- the append-only log ------------------------------------------------------
 
