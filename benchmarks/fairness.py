@@ -56,7 +56,10 @@ def _probe(url: str, interval_s: float, ready: Any, stop: Any, out: Any) -> None
     samples: list[float] = []
     failures = 0
     with httpx.Client(timeout=60) as client:
-        client.get(f"{url}/healthz")  # connect once before measuring
+        try:
+            client.get(f"{url}/healthz")  # connect once before measuring
+        except httpx.HTTPError:
+            failures += 1  # the service is already stalled: measure anyway
         ready.set()
         while not stop.is_set():
             started = time.perf_counter()
