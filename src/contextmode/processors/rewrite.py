@@ -21,7 +21,7 @@ it is a named entity or recurs in at least two turns.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -224,8 +224,10 @@ class OfflineRewriter:
     where a wrong subject costs more than a missing one.
     """
 
-    def __init__(self, *, resolve_it: bool = True, ellipsis: bool = True,
-                 ellipsis_min_turns: int = 1, pronoun_min_turns: int = 1) -> None:
+    def __init__(self, *, resolve_it: bool = True, ellipsis: bool = False,
+                 ellipsis_min_turns: int = 2, pronoun_min_turns: int = 1,
+                 echo: bool = True) -> None:
+        self._echo = echo
         self._pronoun_min_turns = pronoun_min_turns
         self._resolve_it = resolve_it
         self._ellipsis = ellipsis
@@ -259,23 +261,26 @@ class OfflineRewriter:
         if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
             for pronoun in _ZH_PERSON:
                 if pronoun in text:
-                    people = [c for c in confident if c.tag in _PERSON_TAGS]
-                    if people:
-                        return text.replace(pronoun, people[0].text, 1)
-                    return None
+                    # A person for 他/她, and only when exactly one person fits.
+                    people = _distinct(c for c in confident if c.tag in _PERSON_TAGS)
+                    return text.replace(pronoun, people[0].text, 1) if len(people) == 1 else None
             if "它" in text:
-                things = [c for c in confident if c.tag not in _PERSON_TAGS]
-                return text.replace("它", things[0].text, 1) if things else None
+                # A thing for 它: never a person or a place ("它在哪" after a turn about
+                # Hangzhou restaurants is not "杭州在哪").
+                things = _distinct(c for c in confident
+                                   if c.tag not in _PERSON_TAGS and c.tag != "ns")
+                return text.replace("它", things[0].text, 1) if len(things) == 1 else None
         for pronoun in _ZH_PLACE:
             if pronoun in text:
-                places = [c for c in confident if c.tag == "ns"]
+                places = _distinct(c for c in confident if c.tag == "ns")
                 # "路过那里" → "路过博物馆那里": the place goes before the pronoun, which
                 # the references keep.
                 return (text.replace(pronoun, places[0].text + pronoun, 1)
-                        if places else None)
-        echoed = _echo_answer(text, context)
-        if echoed is not None:
-            return echoed
+                        if len(places) == 1 else None)
+        if self._echo:
+            echoed = _echo_answer(text, context)
+            if echoed is not None:
+                return echoed
         recurring = [c for c in candidates if c.turns >= self._ellipsis_min_turns]
         previous = next((c.strip() for c in reversed(context) if c.strip()), "")
         # "是的" after "你是学生吗" answers the question; a subject would make it "学生是的".
@@ -287,8 +292,9 @@ class OfflineRewriter:
         return None
 
     def _rewrite_en(self, text: str, candidates: list[Antecedent]) -> str | None:
-        confident = [c for c in candidates if c.confident]
-        if not confident:
+        # Precision first: one entity named or recurring in the context, no rival.
+        confident = _distinct(c for c in candidates if c.confident)
+        if len(confident) != 1:
             return None
         entity = confident[0].text
         match = _EN_PERSON.search(text)
@@ -303,3 +309,13 @@ class OfflineRewriter:
             and following.split()[0].lower() not in _EN_FUNCTION)
         replacement = f"{entity}'s" if possessive else entity
         return text[:match.start()] + replacement + text[match.end():]
+
+
+def _distinct(candidates: Iterable[Antecedent]) -> list[Antecedent]:
+    """Candidates with one spelling each: "杭州西湖" and "西湖" are one antecedent, not two."""
+    kept: list[Antecedent] = []
+    for cand in candidates:
+        if any(cand.text in k.text or k.text in cand.text for k in kept):
+            continue
+        kept.append(cand)
+    return kept
