@@ -17,10 +17,10 @@ from typing import Any, Literal
 from .errors import InvalidSessionId
 
 __all__ = [
+    "NOTICE_PREFIXES",
     "ChatMessage",
     "Constraint",
     "ConstraintKind",
-    "NOTICE_PREFIXES",
     "NewTurn",
     "Role",
     "SessionState",

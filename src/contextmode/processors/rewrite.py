@@ -49,6 +49,9 @@ _ZH_PLACE = ("那里", "这里", "那儿", "这儿")
 _ZH_PLURAL_OR_COMPOUND = re.compile(r"他们|她们|它们|其他|其它|他人|吉他|她们")
 _ZH_QUESTION_END = re.compile(r"(吗|么|嘛|呢|吧|[?？])+$")
 _ZH_A_NOT_A = re.compile(r"(.)[不没]\1")
+_ZH_WH = re.compile(r"什么|怎么|为什么|为啥|干嘛|啥|哪|谁|多少|几")
+_ZH_YES_NO = re.compile(r"[不没木]|是|在|有|可以|会|能|要|对")
+_ZH_SPEAKER = re.compile(r"[你我您]")
 _ZH_PARTICLES = "的了啊呀吧嗯哦呢嘛么吗哈~～!！。.，,"
 _ZH_PREDICATE_TAGS = {"v", "vd", "a", "ad", "d", "r", "y", "ul", "uj", "p", "m", "q", "vi", "c"}
 
@@ -202,13 +205,40 @@ def _echo_answer(text: str, context: Sequence[str]) -> str | None:
     previous = next((c.strip() for c in reversed(context) if c.strip()), "")
     if not (1 < len(text) <= 4) or text[-1] in _ZH_PARTICLES:
         return None
+    if not _ZH_YES_NO.search(text):
+        return None  # "加班半天" answers with content of its own, not a bare yes/no
     if not (_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous)):
         return None
+    if _ZH_WH.search(previous):
+        return None  # "加班有钱怕什么" is not a yes/no question
     at = previous.rfind(text[-1])
     if at < 0:
         return None
+    # The answer's last character must end a word of the question, and not a noun:
+    # "我不胖" does not answer "你是胖娃娃么" with "胖娃娃".
+    ends: dict[int, str] = {}
+    position = 0
+    for word, flag in _pos_all(previous):
+        position += len(word)
+        ends[position - 1] = flag
+    if at not in ends or ends[at].startswith("n"):
+        return None
     rest = _ZH_QUESTION_END.sub("", previous[at + 1:]).rstrip(_ZH_PARTICLES)
-    return text + rest if 1 <= len(rest) <= 6 else None
+    # "你/我" flip between speakers ("看见我签名吗" → "没看见我签名" is wrong); a rest
+    # opening with a particle ("的卖") is no object.
+    if not (1 <= len(rest) <= 6) or _ZH_SPEAKER.search(rest) or rest[0] in "的了得地着过":
+        return None
+    return text + rest
+
+
+@lru_cache(maxsize=4096)
+def _pos_all(text: str) -> tuple[tuple[str, str], ...]:
+    """jieba words of ``text`` with their flags, whitespace included (offsets stay exact)."""
+    import jieba
+    import jieba.posseg
+
+    jieba.setLogLevel(60)
+    return tuple((w, f) for w, f in jieba.posseg.lcut(text))
 
 
 class OfflineRewriter:
@@ -225,7 +255,7 @@ class OfflineRewriter:
     """
 
     def __init__(self, *, resolve_it: bool = True, ellipsis: bool = False,
-                 ellipsis_min_turns: int = 2, pronoun_min_turns: int = 1,
+                 ellipsis_min_turns: int = 2, pronoun_min_turns: int = 2,
                  echo: bool = True) -> None:
         self._echo = echo
         self._pronoun_min_turns = pronoun_min_turns
@@ -268,7 +298,8 @@ class OfflineRewriter:
                 # A thing for 它: never a person or a place ("它在哪" after a turn about
                 # Hangzhou restaurants is not "杭州在哪").
                 things = _distinct(c for c in confident
-                                   if c.tag not in _PERSON_TAGS and c.tag != "ns")
+                                   if c.tag not in _PERSON_TAGS and c.tag != "ns"
+                                   and not (c.tag == "eng" and c.text.islower()))
                 return text.replace("它", things[0].text, 1) if len(things) == 1 else None
         for pronoun in _ZH_PLACE:
             if pronoun in text:
@@ -292,11 +323,14 @@ class OfflineRewriter:
         return None
 
     def _rewrite_en(self, text: str, candidates: list[Antecedent]) -> str | None:
-        # Precision first: one entity named or recurring in the context, no rival.
-        confident = _distinct(c for c in candidates if c.confident)
-        if len(confident) != 1:
+        # Precision first: the one entity recurring in the context, or else the one named
+        # entity; with a rival the message is left alone.
+        recurring = _distinct(c for c in candidates if c.turns >= 2)
+        named = _distinct(c for c in candidates if c.confident)
+        fits = recurring if recurring else named
+        if len(fits) != 1:
             return None
-        entity = confident[0].text
+        entity = fits[0].text
         match = _EN_PERSON.search(text)
         if match is None and self._resolve_it:
             match = _EN_THING.search(text)
