@@ -12,6 +12,7 @@ from contextmode.api import build_engine
 from contextmode.engine import Engine
 from contextmode.models.offline import OfflineResponder
 from contextmode.processors.base import Rewrite
+from contextmode.processors.constraints import OfflineConstraintExtractor, apply_update
 from contextmode.processors.rewrite import OfflineRewriter
 from contextmode.processors.verify import check, verify_rewrite
 from contextmode.settings import EngineSettings
@@ -185,3 +186,33 @@ async def test_offline_notices_are_not_summarised_and_context_does_not_balloon()
     assert not any(c.value.startswith("</") or "未配置" in c.value for c in state.constraints)
     # Notices are not history: the context grows with the user's words only.
     assert totals[-1] < totals[0] + 250, totals
+
+
+# -- pins: whole, attributed, current -------------------------------------------------------
+
+
+def _pins(texts: Sequence[str]) -> list[tuple[str, str, int]]:
+    extractor, pinned = OfflineConstraintExtractor(), []
+    for seq, text in enumerate(texts, 1):
+        pinned = apply_update(pinned, extractor.extract_text(text, pinned, source_seq=seq))
+    return [(c.key, c.value, c.source_seq) for c in pinned]
+
+
+def test_no_fragment_or_markup_pins() -> None:
+    pins = _pins(["我们去过一家云南菜馆，挺好吃的", "</script><script>alert(1)</script>", "I love hiking. </script>"])
+    assert not any(key == "fact:们去过一家云南菜" or "们去过" in key for key, _, _ in pins)
+    assert not any("<" in key or "<" in value or "script" in value for key, value, _ in pins)
+
+
+def test_every_constraint_update_and_retraction() -> None:
+    pins = _pins(["不吃辣、预算五十"])
+    assert {key for key, _, _ in pins} == {"spice", "budget"}
+    pins = _pins(["不吃辣、预算五十", "预算改成100吧"])
+    budgets = [(value, seq) for key, value, seq in pins if key == "budget"]
+    assert budgets == [("预算100元", 2)]  # one budget pin, the new value, from turn 2
+    pins = _pins(["不吃辣、预算五十", "我现在能吃辣了"])
+    assert [key for key, _, _ in pins] == ["budget"]
+
+
+def test_pins_are_about_the_user() -> None:
+    assert _pins(["我朋友不吃辣", "我男朋友预算两百"]) == []
