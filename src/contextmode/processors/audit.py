@@ -231,8 +231,13 @@ def split_facts_line(summary_text: str) -> tuple[str, list[str]]:
     return "\n".join(body_lines).strip(), [i for i in items if i]
 
 
+_WORDLESS = re.compile(r"[\d\W_]+")
+
+
 def join_facts_line(body: str, items: Sequence[str], language: Language) -> str:
-    """``body`` followed by one facts line holding ``items`` (none when empty)."""
+    """``body`` followed by one facts line holding ``items`` (none when empty); an item with
+    no word in it ("1.", "8.") is never listed."""
+    items = [i for i in items if _WORDLESS.sub("", i)]
     if not items:
         return body
     line = FACTS_LABELS[language] + _FACT_SEP[language].join(items)

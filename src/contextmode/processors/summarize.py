@@ -175,6 +175,7 @@ class OfflineSummarizer:
 
     def summarize_text(self, previous: str | None, turns: Sequence[Turn]) -> SummaryResult:
         """Same as `summarize`, synchronous, from the previous summary's text."""
+        turns = [t for t in turns if not t.notice]  # engine notices are never summarised
         text_all = " ".join(t.content for t in turns) + " " + (previous or "")
         language = detect_language(text_all)
         block_chars = self.block_chars or DEFAULT_BLOCK_CHARS[language]
