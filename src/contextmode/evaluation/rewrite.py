@@ -37,6 +37,7 @@ __all__ = [
     "RewriteItem",
     "detect_rewrite_format",
     "evaluate_rewrite",
+    "harm_rate",
     "load_rewrite_items",
     "print_rewrite_table",
     "register",

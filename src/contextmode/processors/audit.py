@@ -21,6 +21,7 @@ from .constraints import content_words, extract_constraints
 from .lexicons import Language, detect_language, emotion_words
 
 __all__ = [
+    "CLAUSE",
     "FACTS_LABELS",
     "AuditedSummarizer",
     "Fact",
@@ -55,7 +56,9 @@ _EN_NUMBER = re.compile(
 _EN_CAPS = re.compile(r"[A-Z][\w'’&-]*(?:[ \t]+(?:of|the|de|and|&)?[ \t]*[A-Z][\w'’&-]*)*")
 _ZH_ENTITY_FLAGS = ("nr", "ns", "nt", "nz", "nrt", "nrfg")
 _ZH_NOT_ENTITIES = frozenset(["谢谢", "你好", "您好", "哈哈", "嗯嗯", "好吧", "拜拜", "晚安", "早安"])
-_CLAUSE = re.compile(r"(?:[^，。！？；,;!?.\n]|\.(?=\S))+[，。！？；,;!?.]?")
+CLAUSE = re.compile(r"(?:[^，。！？；,;!?.\n]|\.(?=\S))+[，。！？；,;!?.]?")
+"""One clause and its closing punctuation (a full stop inside "3.5" does not end it)."""
+_CLAUSE = CLAUSE
 _STARTERS_TEXT = """
 hey hi hello thanks thank wow yes no oh well so congrats congratulations yeah sure good
 great dear okay ok and but or the a an my your our his her their this that these those
@@ -245,7 +248,8 @@ def join_facts_line(body: str, items: Sequence[str], language: Language) -> str:
 
 
 def _context_of(fact: Fact, turns: Sequence[Turn], language: Language) -> str:
-    """The fact in the shortest clause around it, clipped (16 CJK chars / 10 words)."""
+    """The shortest whole clause holding the fact (up to 40 CJK characters / 25 words),
+    else the fact alone."""
     if fact.kind == "constraint":
         return fact.text
     needle = fact.text.lower()
@@ -257,18 +261,10 @@ def _context_of(fact: Fact, turns: Sequence[Turn], language: Language) -> str:
     if best is None:
         return fact.text
     best = best.strip(" ，。！？；,;!?\n")
+    # The whole clause when it is short enough, else the fact alone: never a cut clause.
     if language == "zh":
-        if len(best) <= 16:
-            return best
-        at = best.lower().find(needle)
-        start = max(0, min(at - 6, len(best) - 16))
-        return best[start : start + 16]
-    words = best.split()
-    if len(words) <= 10:
-        return best
-    at = next((i for i, w in enumerate(words) if needle.split()[0] in w.lower()), 0)
-    start = max(0, min(at - 4, len(words) - 10))
-    return " ".join(words[start : start + 10])
+        return best if len(best) <= 40 else fact.text
+    return best if len(best.split()) <= 25 else fact.text
 
 
 def restore_facts(
