@@ -8,7 +8,12 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from contextmode.evaluation.summary import evaluate_summary, is_whole_clause, register, summary_items
+from contextmode.evaluation.summary import (
+    evaluate_summary,
+    is_whole_clause,
+    register,
+    summary_items,
+)
 
 
 def _locomo(tmp_path: Path) -> Path:

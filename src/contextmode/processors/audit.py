@@ -76,6 +76,8 @@ class Fact:
     kind: Literal["number", "entity", "constraint"]
     weight: float = 1.0
     """Priority when only some can be restored (constraints > numbers > entities)."""
+    quote: str = ""
+    """The user's words a constraint was read from (restored instead of our label for it)."""
 
 
 def _cn_to_int(text: str) -> int | None:
@@ -204,7 +206,8 @@ def collect_facts(turns: Sequence[Turn], language: Language) -> list[Fact]:
         found = list(extract_facts(turn.content, language))
         if turn.role == "user":
             constraints, _ = extract_constraints(turn.content, generic_facts=False)
-            found = [Fact(text=c.value, kind="constraint", weight=3.0) for c in constraints] + found
+            found = [Fact(text=c.value, kind="constraint", weight=3.0, quote=c.quote)
+                     for c in constraints] + found
         for fact in found:
             if fact.text.lower() not in seen:
                 seen.add(fact.text.lower())
@@ -251,7 +254,7 @@ def _context_of(fact: Fact, turns: Sequence[Turn], language: Language) -> str:
     """The shortest whole clause holding the fact (up to 40 CJK characters / 25 words),
     else the fact alone."""
     if fact.kind == "constraint":
-        return fact.text
+        return _quoted_clause(fact, language)
     needle = fact.text.lower()
     best: str | None = None
     for turn in turns:
@@ -265,6 +268,19 @@ def _context_of(fact: Fact, turns: Sequence[Turn], language: Language) -> str:
     if language == "zh":
         return best if len(best) <= 40 else fact.text
     return best if len(best.split()) <= 25 else fact.text
+
+
+def _quoted_clause(fact: Fact, language: Language) -> str:
+    """The clause of the user's words that states constraint ``fact`` ("I like being a mom"
+    rather than our "likes being a mom"), else the constraint as we label it."""
+    words = set(content_words(fact.text))
+    best, overlap = "", 0
+    for clause in CLAUSE.findall(fact.quote):
+        shared = len(words & set(content_words(clause)))
+        if shared > overlap:
+            best, overlap = clause.strip(" ，。！？；,;!?\n"), shared
+    short = len(best) <= 40 if language == "zh" else len(best.split()) <= 25
+    return best if best and short and overlap >= 0.6 * max(1, len(words)) else fact.text
 
 
 def restore_facts(

@@ -182,8 +182,16 @@ _EN_OBJ = r"([^,.;!?]{2,60}?)(?=\s+(?:but|because|since|and i|so i|though|which)
 _COUNT = r"(a|an|one|two|three|four|five|six|seven|\d+)"
 
 
+_EN_DANGLING = frozenset("to it that this them a an the so too and or of for with at in on my your".split())
+"""A value ending in one of these ("likes to" from "I love to.") is a fragment, not a fact."""
+
+
 def _en(pattern: str, build: Callable[[re.Match[str]], list[Found | Retract]]) -> Rule:
-    return _rule(r"(?<![A-Za-z'])" + pattern, build)
+    def whole(match: re.Match[str]) -> list[Found | Retract]:
+        return [h for h in build(match)
+                if not (isinstance(h, Found) and h.value.split()[-1].lower() in _EN_DANGLING)]
+
+    return _rule(r"(?<![A-Za-z'])" + pattern, whole)
 
 
 def _obj(match: re.Match[str], group: int = 1) -> str:
