@@ -182,7 +182,7 @@ _EN_OBJ = r"([^,.;!?]{2,60}?)(?=\s+(?:but|because|since|and i|so i|though|which)
 _COUNT = r"(a|an|one|two|three|four|five|six|seven|\d+)"
 
 
-_EN_DANGLING = frozenset("to it that this them a an the so too and or of for with at in on my your".split())
+_EN_DANGLING = frozenset(["to", "it", "that", "this", "them", "a", "an", "the", "so", "too", "and", "or", "of", "for", "with", "at", "in", "on", "my", "your"])
 """A value ending in one of these ("likes to" from "I love to.") is a fragment, not a fact."""
 
 
