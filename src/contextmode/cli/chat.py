@@ -9,6 +9,7 @@ from rich.console import Console
 from ..api import build_engine
 from ..engine import Engine
 from ..errors import ContextModeError
+from ..models.offline import OfflineResponder
 from .render import prepared_panel, turns_table
 
 __all__ = ["HELP", "run_chat"]
@@ -46,7 +47,9 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
                 session = await _command(console, engine, tenant, session, command, arg.strip())
                 continue
             try:
-                console.print("[bold]助手>[/bold] ", end="")
+                # The offline responder's text is an engine notice, not an answer: say so.
+                notice = isinstance(engine.model, OfflineResponder)
+                console.print("[bold yellow]通知 (notice)>[/bold yellow] " if notice else "[bold]助手>[/bold] ", end="")
                 async for event in engine.stream(tenant, session, line):
                     if event.kind == "delta":
                         console.print(event.text, end="", markup=False, highlight=False)

@@ -70,6 +70,7 @@ const STRINGS = {
     keyCancel: "取消",
     keyForget: "清除",
     partial: "（回答未完成）",
+    notice: "（系统通知：未配置模型，这不是回答，也不会记入记忆）",
     error: "错误",
     turnMeta: (m) =>
       [m.ttft != null ? `首字 ${m.ttft} ms` : null, m.tokens != null ? `输入 ${m.tokens} tokens` : null,
@@ -148,6 +149,7 @@ const STRINGS = {
     keyCancel: "Cancel",
     keyForget: "Forget",
     partial: "(answer incomplete)",
+    notice: "(engine notice: no model configured; not an answer, never remembered)",
     error: "Error",
     turnMeta: (m) =>
       [m.ttft != null ? `first token ${m.ttft} ms` : null, m.tokens != null ? `${m.tokens} input tokens` : null,
