@@ -115,7 +115,7 @@ def summary_items(text: str) -> tuple[list[str], list[str]]:
             piece = piece.strip()
             if piece:
                 sentences.append(piece)
-    return sentences, [f for f in facts if f.strip()]
+    return sentences, [_EMOTION_MARK.sub("", f).strip() for f in facts if f.strip()]
 
 
 def is_whole_clause(item: str, sources: Sequence[str]) -> bool:

@@ -270,10 +270,14 @@ def _context_of(fact: Fact, turns: Sequence[Turn], language: Language) -> str:
     return best if len(best.split()) <= 25 else fact.text
 
 
+_LABEL_WORDS = frozenset(content_words("likes dislikes fan"))
+"""Words of our labels for a preference, not the user's ("dislikes" for "I hate")."""
+
+
 def _quoted_clause(fact: Fact, language: Language) -> str:
     """The clause of the user's words that states constraint ``fact`` ("I like being a mom"
     rather than our "likes being a mom"), else the constraint as we label it."""
-    words = set(content_words(fact.text))
+    words = set(content_words(fact.text)) - _LABEL_WORDS or set(content_words(fact.text))
     best, overlap = "", 0
     for clause in CLAUSE.findall(fact.quote):
         shared = len(words & set(content_words(clause)))
