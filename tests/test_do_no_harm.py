@@ -60,6 +60,16 @@ def _echo(messages: Sequence[ChatMessage]) -> str:
     return "好的"
 
 
+async def _after_hangzhou(proposal: str, **settings: object) -> tuple[Engine, FunctionModel]:
+    """An engine whose rewriter proposes ``proposal``, after the Hangzhou restaurants exchange."""
+    model = FunctionModel(_echo)
+    engine = _engine(FixedRewriter(proposal), model, **settings)
+    for role, text in zip(("user", "assistant"), HANGZHOU, strict=True):
+        await engine.record("t", "s", role, text)  # type: ignore[arg-type]
+    await engine.drain()
+    return engine, model
+
+
 # -- the offline rewriter -------------------------------------------------------------------
 
 
@@ -116,12 +126,7 @@ def test_verifier_never_takes_words_from_a_notice() -> None:
 
 
 async def test_contextual_mode_sends_the_message_verbatim_with_a_labelled_hint() -> None:
-    model = FunctionModel(_echo)
-    engine = _engine(FixedRewriter("楼外楼在哪？"), model)
-    await engine.store.append("t", "s", [])
-    for role, text in zip(("user", "assistant"), HANGZHOU, strict=True):
-        await engine.record("t", "s", role, text)  # type: ignore[arg-type]
-    await engine.drain()
+    engine, model = await _after_hangzhou("楼外楼在哪？")
     result = await engine.turn("t", "s", "那个在哪？")
     call = model.calls[-1]
     assert call.last_user == "那个在哪？"
@@ -131,11 +136,7 @@ async def test_contextual_mode_sends_the_message_verbatim_with_a_labelled_hint()
 
 
 async def test_rejected_rewrite_is_kept_in_metadata_and_not_sent() -> None:
-    model = FunctionModel(_echo)
-    engine = _engine(FixedRewriter("上海外滩在哪？"), model)
-    for role, text in zip(("user", "assistant"), HANGZHOU, strict=True):
-        await engine.record("t", "s", role, text)  # type: ignore[arg-type]
-    await engine.drain()
+    engine, model = await _after_hangzhou("上海外滩在哪？")
     result = await engine.turn("t", "s", "那个在哪？")
     call = model.calls[-1]
     assert call.last_user == "那个在哪？" and "上海外滩" not in call.system
@@ -145,22 +146,14 @@ async def test_rejected_rewrite_is_kept_in_metadata_and_not_sent() -> None:
 
 
 async def test_decoupled_mode_without_a_verified_rewrite_sends_message_and_last_exchange() -> None:
-    model = FunctionModel(_echo)
-    engine = _engine(FixedRewriter("上海外滩在哪？"), model, mode="decoupled")
-    for role, text in zip(("user", "assistant"), HANGZHOU, strict=True):
-        await engine.record("t", "s", role, text)  # type: ignore[arg-type]
-    await engine.drain()
+    engine, model = await _after_hangzhou("上海外滩在哪？", mode="decoupled")
     await engine.turn("t", "s", "那个在哪？")
     sent = [(m.role, m.content) for m in model.calls[-1].messages]
     assert sent[-3:] == [("user", HANGZHOU[0]), ("assistant", HANGZHOU[1]), ("user", "那个在哪？")]
 
 
 async def test_decoupled_mode_sends_a_verified_rewrite_alone() -> None:
-    model = FunctionModel(_echo)
-    engine = _engine(FixedRewriter("楼外楼在哪？"), model, mode="decoupled")
-    for role, text in zip(("user", "assistant"), HANGZHOU, strict=True):
-        await engine.record("t", "s", role, text)  # type: ignore[arg-type]
-    await engine.drain()
+    engine, model = await _after_hangzhou("楼外楼在哪？", mode="decoupled")
     await engine.turn("t", "s", "那个在哪？")
     assert [m.role for m in model.calls[-1].messages] == ["system", "user"]
     assert model.calls[-1].last_user == "楼外楼在哪？"
