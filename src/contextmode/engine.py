@@ -182,18 +182,7 @@ class Engine:
         state = _without_notices(state)
         history = list(state.turns)
         detection = await self.detector.detect(message, history) if history else Detection(needs_context=False)
-        current = message
-        rewrite: Rewrite | None = None
-        rejected: Rewrite | None = None
-        if detection.intent in _TEMPLATE_INTENTS:
-            if not state.last_answer:
-                raise NoPreviousAnswer(detection.intent or "follow-up")
-            current = self._follow_up_prompt(detection, state.last_answer, message)
-        elif detection.needs_context and self.settings.rewrite and history:
-            recent = history[-max(chosen.recent_turns, 4):]
-            summary = state.summary.text if state.summary else None
-            # A rewrite is a hint until the verifier accepts it (processors.verify).
-            rewrite, rejected = await verified(self.rewriter, message, recent, summary=summary)
+        current, rewrite, rejected = await self._rewrite_step(state, message, detection, chosen)
         verified_text = rewrite.text if rewrite is not None and rewrite.changed and rewrite.verified else None
         if mode == "decoupled" and verified_text is not None:
             current = verified_text
@@ -208,7 +197,7 @@ class Engine:
             # Seed 002: memory only feeds the rewrite; the answer sees the standalone
             # question and the pinned constraints, never the raw history. Without a
             # verified rewrite it sees the user's message and the last exchange.
-            last = () if verified_text is not None or current != message else _last_exchange(state.turns)
+            last = () if current != message else _last_exchange(state.turns)
             assembled_state = replace(state, turns=last, summary=None, key_moments=(), recalled=())
         context = assemble(
             assembled_state,
@@ -231,6 +220,23 @@ class Engine:
             mode=mode,
             prepare_ms=(time.perf_counter() - started) * 1000,
         )
+
+    async def _rewrite_step(
+        self, state: SessionState, message: str, detection: Detection, strategy: Strategy
+    ) -> tuple[str, Rewrite | None, Rewrite | None]:
+        """``(current message, verified rewrite or None, rejected rewrite or None)``: a
+        seed-000 template answers a follow-up intent; otherwise the rewriter's output goes
+        through the verifier (a rewrite is a hint until it accepts it)."""
+        if detection.intent in _TEMPLATE_INTENTS:
+            if not state.last_answer:
+                raise NoPreviousAnswer(detection.intent or "follow-up")
+            return self._follow_up_prompt(detection, state.last_answer, message), None, None
+        if not (detection.needs_context and self.settings.rewrite and state.turns):
+            return message, None, None
+        recent = list(state.turns)[-max(strategy.recent_turns, 4):]
+        summary = state.summary.text if state.summary else None
+        rewrite, rejected = await verified(self.rewriter, message, recent, summary=summary)
+        return message, rewrite, rejected
 
     def _follow_up_prompt(self, detection: Detection, last_answer: str, message: str) -> str:
         # Keep the template inside half the input budget: the last answer may be long.

@@ -196,11 +196,7 @@ def evaluate_summary(
                 totals["steps"] += 1
                 text_audited = audited.summarize_text(text_audited, turns).text
                 text_plain = plain.summarize_text(text_plain, turns).text
-                _score_items(totals, text_audited, seen_turns)
-                summary_words = set(content_words(text_audited))
-                observations = _observations(sample, session_key)
-                totals["observations"] += len(observations)
-                totals["observed"] += sum(_covered(o, summary_words) for o in observations)
+                _score_items(totals, text_audited, seen_turns, _observations(sample, session_key))
                 step()
             language = detect_language(" ".join(t.content for t in seen_turns))
             all_facts = collect_facts(seen_turns, language)
@@ -240,8 +236,14 @@ def evaluate_summary(
     }
 
 
-def _score_items(totals: dict[str, int], summary: str, turns: Sequence[Turn]) -> None:
-    """Count the summary's items and those that are whole clauses of ``turns``."""
+def _score_items(
+    totals: dict[str, int], summary: str, turns: Sequence[Turn], observations: Sequence[str]
+) -> None:
+    """Count the summary's items, those that are whole clauses of ``turns``, and the gold
+    ``observations`` it covers."""
+    summary_words = set(content_words(summary))
+    totals["observations"] += len(observations)
+    totals["observed"] += sum(_covered(o, summary_words) for o in observations)
     sources = [t.content for t in turns]
     sentences, facts = summary_items(summary)
     for item in sentences:

@@ -288,39 +288,17 @@ class OfflineRewriter:
                     context: Sequence[str]) -> str | None:
         confident = [c for c in candidates
                      if c.confident and c.turns >= self._pronoun_min_turns]
-        if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
-            for pronoun in _ZH_PERSON:
-                if pronoun in text:
-                    # A person for 他/她, and only when exactly one person fits.
-                    people = _distinct(c for c in confident if c.tag in _PERSON_TAGS)
-                    return text.replace(pronoun, people[0].text, 1) if len(people) == 1 else None
-            if "它" in text:
-                # A thing for 它: never a person or a place ("它在哪" after a turn about
-                # Hangzhou restaurants is not "杭州在哪").
-                things = _distinct(c for c in confident
-                                   if c.tag not in _PERSON_TAGS and c.tag != "ns"
-                                   and not (c.tag == "eng" and c.text.islower()))
-                return text.replace("它", things[0].text, 1) if len(things) == 1 else None
-        for pronoun in _ZH_PLACE:
-            if pronoun in text:
-                places = _distinct(c for c in confident if c.tag == "ns")
-                # "路过那里" → "路过博物馆那里": the place goes before the pronoun, which
-                # the references keep.
-                return (text.replace(pronoun, places[0].text + pronoun, 1)
-                        if len(places) == 1 else None)
+        found, resolved = _zh_pronoun(text, confident)
+        if found:
+            return resolved
         if self._echo:
             echoed = _echo_answer(text, context)
             if echoed is not None:
                 return echoed
-        recurring = [c for c in candidates if c.turns >= self._ellipsis_min_turns]
-        previous = next((c.strip() for c in reversed(context) if c.strip()), "")
-        # "是的" after "你是学生吗" answers the question; a subject would make it "学生是的".
-        answers = bool(_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous))
-        if self._ellipsis and recurring and len(text) <= 6 and not answers:
-            tags = [f for _, f in _pos(text)]
-            if tags and all(f in _ZH_PREDICATE_TAGS for f in tags) and tags[0] != "r":
-                return recurring[0].text + text
-        return None
+        if not self._ellipsis:
+            return None
+        return _fill_subject(text, [c for c in candidates if c.turns >= self._ellipsis_min_turns],
+                             context)
 
     def _rewrite_en(self, text: str, candidates: list[Antecedent]) -> str | None:
         # Precision first: the one entity recurring in the context, or else the one named
@@ -343,6 +321,42 @@ class OfflineRewriter:
             and following.split()[0].lower() not in _EN_FUNCTION)
         replacement = f"{entity}'s" if possessive else entity
         return text[:match.start()] + replacement + text[match.end():]
+
+
+def _fill_subject(text: str, recurring: list[Antecedent], context: Sequence[str]) -> str | None:
+    """A short predicate-only message ("好贵") with the most salient entity as its subject."""
+    previous = next((c.strip() for c in reversed(context) if c.strip()), "")
+    # "是的" after "你是学生吗" answers the question; a subject would make it "学生是的".
+    answers = bool(_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous))
+    if recurring and len(text) <= 6 and not answers:
+        tags = [f for _, f in _pos(text)]
+        if tags and all(f in _ZH_PREDICATE_TAGS for f in tags) and tags[0] != "r":
+            return recurring[0].text + text
+    return None
+
+
+def _zh_pronoun(text: str, confident: list[Antecedent]) -> tuple[bool, str | None]:
+    """``(a pronoun was found, the message with it resolved or None)``: a person for 他/她,
+    a thing for 它, a place for 那里/这里 — each only when exactly one antecedent fits."""
+    if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
+        for pronoun in _ZH_PERSON:
+            if pronoun in text:
+                people = _distinct(c for c in confident if c.tag in _PERSON_TAGS)
+                return True, (text.replace(pronoun, people[0].text, 1) if len(people) == 1 else None)
+        if "它" in text:
+            # Never a person or a place: "它在哪" after a turn about Hangzhou restaurants is
+            # not "杭州在哪".
+            things = _distinct(c for c in confident
+                               if c.tag not in _PERSON_TAGS and c.tag != "ns"
+                               and not (c.tag == "eng" and c.text.islower()))
+            return True, (text.replace("它", things[0].text, 1) if len(things) == 1 else None)
+    for pronoun in _ZH_PLACE:
+        if pronoun in text:
+            places = _distinct(c for c in confident if c.tag == "ns")
+            # "路过那里" → "路过博物馆那里": the place goes before the pronoun, which the
+            # references keep.
+            return True, (text.replace(pronoun, places[0].text + pronoun, 1) if len(places) == 1 else None)
+    return False, None
 
 
 def _distinct(candidates: Iterable[Antecedent]) -> list[Antecedent]:
