@@ -209,3 +209,21 @@ def test_every_constraint_update_and_retraction() -> None:
 
 def test_pins_are_about_the_user() -> None:
     assert _pins(["我朋友不吃辣", "我男朋友预算两百"]) == []
+
+
+async def test_llm_rewriter_passes_through_the_same_verifier() -> None:
+    from contextmode.processors.llm import LLMRewriter
+    from contextmode.testing.models import ScriptedModel
+
+    # The model invents a place the conversation never named: the verifier refuses it.
+    engine, model = await _after_hangzhou("unused")
+    engine.rewriter = LLMRewriter(ScriptedModel(["西湖醋鱼馆在哪？"]))
+    result = await engine.turn("t", "s", "那个在哪？")
+    assert model.calls[-1].last_user == "那个在哪？"
+    rejected = result.user_turn.metadata["rewrite_rejected"]
+    assert rejected["source"] == "llm" and "西湖醋鱼馆" in rejected["reason"]
+    # A grounded answer is accepted as a hint.
+    engine.rewriter = LLMRewriter(ScriptedModel(["楼外楼在哪？"]))
+    result = await engine.turn("t", "s", "那个在哪？")
+    assert result.user_turn.metadata["rewrite_verified"] is True
+    assert "楼外楼在哪？" in model.calls[-1].system
