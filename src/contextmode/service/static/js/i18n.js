@@ -38,6 +38,7 @@ const STRINGS = {
     rewrite: "问题改写",
     original: "原问题",
     standalone: "独立问题（发给模型）",
+    hint: "改写提示（已验证；模型收到的是原话，改写仅作提示）",
     notRewritten: "未改写：原问题即发给模型的问题",
     detection: (d) =>
       `需要上下文：${d.needs_context ? "是" : "否"}` +
@@ -117,6 +118,7 @@ const STRINGS = {
     rewrite: "Question rewrite",
     original: "Original",
     standalone: "Standalone (sent to the model)",
+    hint: "Rewrite hint (verified; the model gets the original words, this only as a hint)",
     notRewritten: "Not rewritten: the model got the question as asked",
     detection: (d) =>
       `needs context: ${d.needs_context ? "yes" : "no"}` +
