@@ -64,6 +64,7 @@ def test_evaluate_constraints_counts_precision_and_recall(tmp_path: Path) -> Non
     assert result["precision"] >= 0.75
     assert result["recall"] >= 0.8
     assert result["strict_recall"] <= result["recall"]
+    assert "strict_precision" in result and result["in_sample"] is False  # not an MSC dev file
     assert result["baseline_whole_utterance_precision"] < result["precision"]
 
 

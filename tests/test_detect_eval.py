@@ -94,3 +94,14 @@ def test_cli_json_last_line(restoration_file: Path) -> None:
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output.strip().splitlines()[-1])
     assert set(figures) >= HEADLINE
+
+
+def test_in_sample_is_said_for_the_training_file(tmp_path: Path) -> None:
+    folder = tmp_path / "restoration200k"
+    folder.mkdir()
+    path = folder / "valid.txt"
+    path.write_text("\n".join("\t".join(r) for r in RESTORATION) + "\n", encoding="utf-8")
+    assert evaluate_followup(path, progress=False)["in_sample"] is True
+    other = tmp_path / "other.txt"
+    other.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert evaluate_followup(other, progress=False)["in_sample"] is False

@@ -123,7 +123,7 @@ async def test_decoupled_mode_sends_standalone_question_and_constraints_only() -
     await engine.turn("t1", "s1", "那个餐厅在哪")
     call = model.calls[-1]
     assert [m.role for m in call.messages] == ["system", "user"]
-    assert call.last_user == "那个餐厅在哪（指：我不吃辣）"
+    assert call.last_user == "那个餐厅在哪（我不吃辣）"
     assert "不吃辣" in call.system
 
 

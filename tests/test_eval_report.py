@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -61,3 +62,22 @@ def test_json_flag_is_reusable_across_commands() -> None:
     runner = CliRunner()
     assert runner.invoke(app, ["a", "--json"]).output.strip() == "a=True"
     assert runner.invoke(app, ["b"]).output.strip() == "b=False"
+
+
+def test_in_sample_by_folder_and_name_or_by_content(tmp_path: Path) -> None:
+    from contextmode.evaluation.report import in_sample
+
+    folder = tmp_path / "restoration200k"
+    folder.mkdir()
+    (folder / "valid.txt").write_text("x\n", encoding="utf-8")
+    assert in_sample(folder / "valid.txt", "detector")
+    assert not in_sample(folder / "valid.txt", "fact_scorer")
+    other = tmp_path / "held_out.txt"
+    other.write_text("something never trained on\n", encoding="utf-8")
+    assert not in_sample(other, "detector")
+    assert not in_sample(tmp_path / "missing.txt", "detector")
+
+
+def test_print_figures_says_in_sample(capsys: pytest.CaptureFixture[str]) -> None:
+    print_figures("demo", {"f1": 0.99, "in_sample": True})
+    assert "IN SAMPLE" in capsys.readouterr().out

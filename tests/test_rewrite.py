@@ -82,11 +82,11 @@ def test_short_answer_takes_the_question_object() -> None:
     assert not rewriter.rewrite_texts("是的", ["你是学生吗"]).changed
 
 
-def test_predicate_takes_a_once_mentioned_subject_by_default() -> None:
-    # "新手机" is mentioned once; the default (ellipsis_min_turns=1) still fills it in.
-    assert OfflineRewriter().rewrite_texts("真好看", ["我昨天买了一个新手机"]).text == "新手机真好看"
-    assert not OfflineRewriter(ellipsis_min_turns=2).rewrite_texts(
-        "真好看", ["我昨天买了一个新手机"]).changed
+def test_subject_ellipsis_is_off_by_default() -> None:
+    # Precision first: a predicate alone is left as the user wrote it unless asked for.
+    assert not OfflineRewriter().rewrite_texts("真好看", ["我昨天买了一个新手机"]).changed
+    assert OfflineRewriter(ellipsis=True, ellipsis_min_turns=1).rewrite_texts(
+        "真好看", ["我昨天买了一个新手机"]).text == "新手机真好看"
 
 
 def test_answer_to_a_question_gets_no_subject() -> None:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from contextmode.evaluation.rewrite import (
     detect_rewrite_format,
     evaluate_rewrite,
+    harm_rate,
     load_rewrite_items,
     register,
 )
@@ -53,10 +54,21 @@ def test_format_detection(files: dict[str, Path]) -> None:
         detect_rewrite_format("one line of prose")
 
 
-def test_restoration_keeps_only_label_one(files: dict[str, Path]) -> None:
+def test_restoration_label_zero_items_reference_the_message(files: dict[str, Path]) -> None:
     fmt, items = load_rewrite_items(files["restoration"])
-    assert fmt == "restoration" and len(items) == 2
+    assert fmt == "restoration" and len(items) == 3
     assert items[0].context == ("你知道王菲吗", "知道啊", "王菲是歌坛天后")
+    assert items[1].reference == items[1].message == "北京今天天气怎么样"
+
+
+def test_harm_and_changes_when_not_needed(files: dict[str, Path]) -> None:
+    result = evaluate_rewrite(files["restoration"], progress=False)
+    assert result["n_not_needed"] == 1 and result["changed_when_not_needed"] == 0.0
+    assert result["harm_rate"] == 0.0 and result["in_sample"] is False
+    # an inserted word the reference lacks, or a reference word deleted, is harm
+    assert harm_rate(["它在哪？"], ["杭州在哪？"], ["楼外楼在哪？"]) == 1.0
+    assert harm_rate(["它在哪？"], ["楼外楼在哪？"], ["楼外楼在哪？"]) == 0.0
+    assert harm_rate(["它在哪？"], ["它在哪？"], ["楼外楼在哪？"]) == 0.0
 
 
 @pytest.mark.parametrize("kind", ["restoration", "su2019", "canard"])

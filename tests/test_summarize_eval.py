@@ -8,7 +8,12 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from contextmode.evaluation.summary import evaluate_summary, register
+from contextmode.evaluation.summary import (
+    evaluate_summary,
+    is_whole_clause,
+    register,
+    summary_items,
+)
 
 
 def _locomo(tmp_path: Path) -> Path:
@@ -26,6 +31,7 @@ def _locomo(tmp_path: Path) -> Path:
         "conversation": {"speaker_a": "Ann", "speaker_b": "Ben",
                          "session_1_date_time": "1 May 2023", "session_1": session_1,
                          "session_2_date_time": "8 May 2023", "session_2": session_2},
+        "observation": {"session_1_observation": {"Ann": [["Ann adopted a cat named Milo.", "D1:1"]]}},
         "qa": [{"question": "What is Ann's cat called?", "answer": "Milo", "category": 1},
                {"question": "Adversarial", "answer": "x", "category": 5}],
     }
@@ -55,3 +61,20 @@ def test_cli_json_is_the_last_line(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     last = json.loads(result.output.strip().splitlines()[-1])
     assert {"kept_before", "kept_after"} <= set(last)
+
+
+def test_summary_items_are_whole_clauses_and_observations_covered(tmp_path: Path) -> None:
+    result = evaluate_summary(_locomo(tmp_path), block_chars=60)
+    assert result["whole_clause_share"] == 1.0 and result["summary_items"] > 0
+    assert result["observations"] == 1 and result["observation_coverage"] == 1.0
+    assert result["in_sample"] is False
+
+
+def test_whole_clause_rule() -> None:
+    sources = ["I moved to Denver in 2021, and adopted a cat named Milo."]
+    assert is_whole_clause("I moved to Denver in 2021,", sources)
+    assert is_whole_clause("and adopted a cat named Milo.", sources)
+    assert not is_whole_clause("oved to Denver", sources)
+    assert not is_whole_clause("们去过一家云南菜", ["我们去过一家云南菜馆"])
+    sentences, facts = summary_items("Ann: I moved. (emotion 4/5) Fine.\nFacts: 2021; Milo")
+    assert sentences == ["I moved.", "Fine."] and facts == ["2021", "Milo"]

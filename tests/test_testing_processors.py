@@ -29,7 +29,7 @@ async def test_keyword_detector_and_prefix_rewriter() -> None:
     assert detection.needs_context and detection.intent is not None and detection.reason == "keyword"
     assert not (await KeywordDetector().detect("今天天气怎么样", history)).needs_context
     rewrite = await PrefixRewriter().rewrite("再详细一点", history)
-    assert rewrite.text == "再详细一点（指：红烧肉怎么做）" and rewrite.changed
+    assert rewrite.text == "再详细一点（红烧肉怎么做）" and rewrite.changed
 
 
 async def test_joining_summarizer_records_calls_and_fails_on_request() -> None:

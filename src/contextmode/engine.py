@@ -34,6 +34,7 @@ from .processors.base import (
     Summarizer,
 )
 from .processors.intents import build_follow_up_prompt
+from .processors.verify import verified
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .tokens.base import TokenCounter
@@ -55,7 +56,8 @@ class PreparedTurn:
     """The loaded session."""
     detection: Detection
     rewrite: Rewrite | None
-    """The standalone question, when the message needed context and was rewritten."""
+    """The rewriter's verified output when the message needed context (``changed`` False
+    when nothing was rewritten or the verifier refused the change)."""
     context: Context
     """Exactly what the model receives, with per-layer accounting."""
     messages: Sequence[ChatMessage]
@@ -63,6 +65,8 @@ class PreparedTurn:
     mode: Mode
     prepare_ms: float
     """Time spent loading, detecting, rewriting and assembling, milliseconds."""
+    rejected_rewrite: Rewrite | None = None
+    """A rewrite the verifier refused, with its ``reason`` (kept in the user turn's metadata)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,33 +177,28 @@ class Engine:
         mode = mode or self.settings.mode
         chosen = get_strategy(strategy or self.settings.strategy)
         state = await self.load(tenant, session_id, chosen)
-        # The offline responder's text describes a request instead of answering it: it must
-        # not become the entity a pronoun is resolved to.
-        history = [t for t in state.turns if not t.metadata.get("offline")]
+        # Engine notices (the offline responder's text) describe a request instead of
+        # answering it: they never feed memory, the rewrite or the model's history.
+        state = _without_notices(state)
+        history = list(state.turns)
         detection = await self.detector.detect(message, history) if history else Detection(needs_context=False)
-        current = message
-        rewrite: Rewrite | None = None
-        if detection.intent in _TEMPLATE_INTENTS:
-            if not state.last_answer:
-                raise NoPreviousAnswer(detection.intent or "follow-up")
-            current = self._follow_up_prompt(detection, state.last_answer, message)
-        elif detection.needs_context and self.settings.rewrite and history:
-            recent = history[-max(chosen.recent_turns, 4):]
-            summary = state.summary.text if state.summary else None
-            rewrite = await self.rewriter.rewrite(message, recent, summary=summary)
-            if rewrite.changed:
-                current = rewrite.text
+        current, rewrite, rejected = await self._rewrite_step(state, message, detection, chosen)
+        verified_text = rewrite.text if rewrite is not None and rewrite.changed and rewrite.verified else None
+        if mode == "decoupled" and verified_text is not None:
+            current = verified_text
         recall_limit = int(getattr(chosen, "recall_limit", 0) or 0)
         if self.recaller is not None and recall_limit:
             recalled = await self.recaller.recall(
-                self.store, state, current, limit=recall_limit, recent_turns=chosen.recent_turns
+                self.store, state, verified_text or current, limit=recall_limit, recent_turns=chosen.recent_turns
             )
-            state = replace(state, recalled=tuple(recalled))
+            state = replace(state, recalled=tuple(t for t in recalled if not t.notice))
         assembled_state = state
         if mode == "decoupled":
             # Seed 002: memory only feeds the rewrite; the answer sees the standalone
-            # question and the pinned constraints, never the raw history.
-            assembled_state = replace(state, turns=(), summary=None, key_moments=(), recalled=())
+            # question and the pinned constraints, never the raw history. Without a
+            # verified rewrite it sees the user's message and the last exchange.
+            last = () if current != message else _last_exchange(state.turns)
+            assembled_state = replace(state, turns=last, summary=None, key_moments=(), recalled=())
         context = assemble(
             assembled_state,
             message,
@@ -209,16 +208,35 @@ class Engine:
             config=self._config(),
             now=now,
             standalone=current if current != message else None,
+            hint=verified_text if mode != "decoupled" and current == message else None,
         )
         return PreparedTurn(
             state=state,
             detection=detection,
             rewrite=rewrite,
+            rejected_rewrite=rejected,
             context=context,
             messages=to_messages(context),
             mode=mode,
             prepare_ms=(time.perf_counter() - started) * 1000,
         )
+
+    async def _rewrite_step(
+        self, state: SessionState, message: str, detection: Detection, strategy: Strategy
+    ) -> tuple[str, Rewrite | None, Rewrite | None]:
+        """``(current message, verified rewrite or None, rejected rewrite or None)``: a
+        seed-000 template answers a follow-up intent; otherwise the rewriter's output goes
+        through the verifier (a rewrite is a hint until it accepts it)."""
+        if detection.intent in _TEMPLATE_INTENTS:
+            if not state.last_answer:
+                raise NoPreviousAnswer(detection.intent or "follow-up")
+            return self._follow_up_prompt(detection, state.last_answer, message), None, None
+        if not (detection.needs_context and self.settings.rewrite and state.turns):
+            return message, None, None
+        recent = list(state.turns)[-max(strategy.recent_turns, 4):]
+        summary = state.summary.text if state.summary else None
+        rewrite, rejected = await verified(self.rewriter, message, recent, summary=summary)
+        return message, rewrite, rejected
 
     def _follow_up_prompt(self, detection: Detection, last_answer: str, message: str) -> str:
         # Keep the template inside half the input budget: the last answer may be long.
@@ -255,6 +273,13 @@ class Engine:
         meta: dict[str, Any] = dict(metadata or {})
         if prepared.rewrite is not None and prepared.rewrite.changed:
             meta["rewrite"] = prepared.rewrite.text
+            meta["rewrite_verified"] = prepared.rewrite.verified
+        if prepared.rejected_rewrite is not None:
+            meta["rewrite_rejected"] = {
+                "text": prepared.rejected_rewrite.text,
+                "reason": prepared.rejected_rewrite.reason,
+                "source": prepared.rejected_rewrite.source,
+            }
         if prepared.detection.intent:
             meta["intent"] = prepared.detection.intent
         user_turn = (
@@ -320,7 +345,9 @@ class Engine:
         if partial:
             meta["partial"] = True
         if isinstance(self.model, OfflineResponder):
-            meta["offline"] = True  # a description of the request, not an answer
+            # A description of the request, not an answer: an engine notice, never memory.
+            meta["offline"] = True
+            meta["notice"] = True
         stored = await self.store.append(
             tenant,
             session_id,
@@ -350,7 +377,8 @@ class Engine:
 
     def _observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
         """Keep the recall index current: O(new turns), never a re-index."""
-        if self.recaller is not None and hasattr(self.recaller, "observe"):
+        turns = [t for t in turns if not t.notice]
+        if turns and self.recaller is not None and hasattr(self.recaller, "observe"):
             self.recaller.observe(tenant, session_id, turns)
 
     def _schedule_jobs(
@@ -435,11 +463,16 @@ class Engine:
             turns = await self.store.turns(tenant, session_id, from_seq=start, to_seq=end)
             if not turns:
                 return False
-            result = await self.summarizer.summarize(previous, turns)
+            # Engine notices are never summarised; the summary still covers their seqs.
+            remembered = [t for t in turns if not t.notice]
+            if remembered:
+                text = (await self.summarizer.summarize(previous, remembered)).text
+            else:
+                text = previous.text if previous else ""
             summary = Summary(
-                text=result.text,
+                text=text,
                 covers_seq=turns[-1].seq,
-                tokens=self.counter.count(result.text),
+                tokens=self.counter.count(text),
                 created_at=utc_now(),
             )
         if len(self._uncommitted) >= 1024:
@@ -489,3 +522,26 @@ class Engine:
             log.warning("background jobs still running after %.0f s at shutdown: cancelled", drain_timeout_s)
             await self.jobs.aclose()
         await self.store.close()
+
+
+def _without_notices(state: SessionState) -> SessionState:
+    """``state`` without engine notices in its turns, key moments and recalled turns
+    (and no notice as the last answer a follow-up template is built on)."""
+    last_answer = state.last_answer
+    answers = [t for t in state.turns if t.role == "assistant"]
+    if answers and answers[-1].notice:
+        kept = [t for t in answers if not t.notice]
+        last_answer = kept[-1].content if kept else None
+    return replace(
+        state,
+        last_answer=last_answer,
+        turns=tuple(t for t in state.turns if not t.notice),
+        key_moments=tuple(t for t in state.key_moments if not t.notice),
+        recalled=tuple(t for t in state.recalled if not t.notice),
+    )
+
+
+def _last_exchange(turns: Sequence[Turn]) -> tuple[Turn, ...]:
+    """The newest user turn and the answer after it (decoupled mode without a verified rewrite)."""
+    users = [i for i, t in enumerate(turns) if t.role == "user"]
+    return tuple(turns[users[-1]:]) if users else tuple(turns[-1:])

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from .errors import InvalidSessionId
 
 __all__ = [
+    "NOTICE_PREFIXES",
     "ChatMessage",
     "Constraint",
     "ConstraintKind",
@@ -31,6 +32,9 @@ __all__ = [
 
 Role = Literal["user", "assistant", "system"]
 ConstraintKind = Literal["preference", "constraint", "identity", "fact"]
+
+NOTICE_PREFIXES: tuple[str, ...] = ("（未配置模型）", "(No model configured)")
+"""How the offline responder's notices begin (recognises notices stored before they were marked)."""
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -90,6 +94,14 @@ class Turn:
     def partial(self) -> bool:
         """True for an assistant answer whose stream broke before the end."""
         return bool(self.metadata.get("partial"))
+
+    @property
+    def notice(self) -> bool:
+        """True for an engine notice (the offline responder's "no model configured" text):
+        shown to the user, never remembered (summaries, pins, recall, key moments, rewrites)."""
+        if self.metadata.get("notice") or self.metadata.get("offline"):
+            return True
+        return self.role == "assistant" and self.content.lstrip().startswith(NOTICE_PREFIXES)
 
 
 @dataclass(frozen=True, kw_only=True)

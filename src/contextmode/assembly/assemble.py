@@ -8,7 +8,7 @@ from the tail using their stored token counts; only the rendered sections
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Literal
@@ -26,6 +26,7 @@ from .render import (
     constraint_line,
     data_text,
     layer_title,
+    rewrite_hint,
     role_label,
     section_text,
     turn_line,
@@ -159,11 +160,14 @@ def assemble(
     config: AssemblyConfig | None = None,
     now: datetime | None = None,
     standalone: str | None = None,
+    hint: str | None = None,
 ) -> Context:
     """Build exactly what the model receives for ``message``, inside ``budget``.
 
     ``standalone`` is the rewritten question when the message needed context;
-    it replaces the message as sent. Raises `MessageTooLarge` when the message
+    it replaces the message as sent (decoupled mode). ``hint`` is a verified rewrite shown
+    as a labelled hint after the system prompt while the message is sent verbatim
+    (contextual mode). Raises `MessageTooLarge` when the message
     alone does not fit the input budget.
     """
     strategy = get_strategy(strategy)
@@ -196,6 +200,8 @@ def assemble(
         raise MessageTooLarge(current_cost, input_budget)
     system_text = DEFAULT_SYSTEM_PROMPT[lang] if config.system_prompt is None else config.system_prompt
     fixed_sections: dict[LayerName, str] = {}
+    if hint and hint.strip() != sent.strip():
+        system_text = "\n\n".join(p for p in (system_text, rewrite_hint(hint, locale)) if p)
     if system_text:
         fixed_sections["system"] = section_text("system", "", [system_text])
     if config.reply_format:
@@ -278,13 +284,14 @@ def assemble(
         picked_seqs = {c.seq for c in picked}
         dropped[name] = [c.seq for c in cands if c.seq not in picked_seqs and c.seq is not None and name != "constraints"]
 
-    return _render(
+    shown_hint = hint.strip() if hint and hint.strip() != sent.strip() else None
+    return replace(_render(
         state=state, message=message, sent=sent, current_text=current_text, current_cost=current_cost,
         fixed_sections=fixed_sections, fixed_costs=fixed_costs, chosen=chosen, dropped=dropped,
         truncated=truncated, alloc=shares, budget=budget, order=order, locale=locale,
         as_messages=as_messages, counter=counter, count=count, strategy=strategy.name,
         now=now, input_budget=input_budget, section_overheads=section_overheads,
-    )
+    ), hint=shown_hint)
 
 
 def _fill(

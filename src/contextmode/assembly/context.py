@@ -88,6 +88,8 @@ class Context:
     counter: str
     """Token counter name."""
     order: Sequence[LayerName] = field(default_factory=tuple)
+    hint: str | None = None
+    """A verified rewrite shown to the model as a labelled hint (contextual mode), if any."""
 
     def layer(self, name: LayerName) -> LayerContent | None:
         """The rendered layer ``name``, or ``None`` when it is empty."""

@@ -9,6 +9,7 @@ from rich.console import Console
 from ..api import build_engine
 from ..engine import Engine
 from ..errors import ContextModeError
+from ..models.offline import OfflineResponder
 from .render import prepared_panel, turns_table
 
 __all__ = ["HELP", "run_chat"]
@@ -47,7 +48,9 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
                 continue
             printed = False
             try:
-                console.print("[bold]助手>[/bold] ", end="")
+                # The offline responder's text is an engine notice, not an answer: say so.
+                notice = isinstance(engine.model, OfflineResponder)
+                console.print("[bold yellow]通知 (notice)>[/bold yellow] " if notice else "[bold]助手>[/bold] ", end="")
                 async for event in engine.stream(tenant, session, line):
                     if event.kind == "delta":
                         printed = printed or bool(event.text)

@@ -76,8 +76,13 @@ def prepared_panel(prepared: PreparedTurn, *, show_messages: bool = False) -> Pa
     if det.intent:
         head.append(f" · intent: {det.intent}")
     if prepared.rewrite is not None and prepared.rewrite.changed:
-        head.append("\nrewritten: ", style="bold")
+        # Contextual mode sends the message verbatim and the verified rewrite as a hint.
+        label = "sent instead (verified): " if prepared.mode == "decoupled" else "hint (verified rewrite): "
+        head.append("\n" + label, style="bold")
         head.append(prepared.rewrite.text, style="blue")
+    if prepared.rejected_rewrite is not None:
+        head.append("\nrewrite rejected: ", style="bold")
+        head.append(f"{prepared.rejected_rewrite.text} ({prepared.rejected_rewrite.reason})", style="bright_black")
     head.append(f"\nmode: {prepared.mode} · prepared in {prepared.prepare_ms:.1f} ms")
     parts.append(head)
     parts.append(context_table(prepared.context))
@@ -100,6 +105,6 @@ def turns_table(turns: Sequence[Turn], constraints: Sequence[Constraint] = ()) -
         if t.partial:
             content += "  (partial)"
         table.add_row(
-            str(t.seq), t.role, str(t.tokens), "" if t.emotion is None else f"{t.emotion:.2f}", content
+            str(t.seq), "notice" if t.notice else t.role, str(t.tokens), "" if t.emotion is None else f"{t.emotion:.2f}", content
         )
     return table

@@ -33,7 +33,7 @@ import typer
 from ..processors.detect import DetectorModel, OfflineContextDetector
 from ..processors.intents import INTENT_KEYWORDS, is_chinese
 from .metrics import binary_scores
-from .report import JsonFlag, print_json_line, progress_steps
+from .report import JsonFlag, in_sample, print_json_line, progress_steps
 
 __all__ = [
     "DetectionItem",
@@ -142,7 +142,8 @@ def evaluate_followup(
     """Score the offline detector and the baselines on a labelled file.
 
     Returns the detector's ``accuracy``, ``precision``, ``recall``, ``f1``,
-    ``macro_f1`` (0–1), ``n``, ``positives`` and ``baselines`` (name → the same figures).
+    ``macro_f1`` (0–1), ``n``, ``positives``, ``in_sample`` (True when the shipped model
+    was trained on ``path``) and ``baselines`` (name → the same figures).
     """
     items = load_detection_items(path)[:limit]
     detector = OfflineContextDetector(model)
@@ -157,6 +158,8 @@ def evaluate_followup(
                               ("accuracy", "precision", "recall", "f1", "macro_f1")}
     result["n"] = len(items)
     result["positives"] = sum(gold)
+    # The shipped detector (model=None) was trained on the dev files: say so.
+    result["in_sample"] = model is None and in_sample(path, "detector")
     result["baselines"] = {
         name: {k: s[k] for k in ("accuracy", "precision", "recall", "f1", "macro_f1")}
         for name, preds in baseline_predictions(items).items()
@@ -170,7 +173,8 @@ def print_followup_table(result: dict[str, Any], title: str = "context-dependenc
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{title} (n={result['n']}, positives={result['positives']})")
+    flag = " — IN SAMPLE: the shipped detector was trained on this data" if result.get("in_sample") else ""
+    table = Table(title=f"{title} (n={result['n']}, positives={result['positives']}){flag}")
     columns = ("accuracy", "precision", "recall", "f1", "macro_f1")
     table.add_column("system")
     for column in columns:

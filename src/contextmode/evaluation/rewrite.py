@@ -29,13 +29,15 @@ from typing import Annotated, Any, Literal
 import typer
 
 from ..processors.rewrite import OfflineRewriter
-from .metrics import bleu, exact_match, restoration_scores
+from ..processors.verify import check
+from .metrics import bleu, exact_match, normalize_text, restoration_scores, tokenize
 from .report import JsonFlag, print_json_line, progress_steps
 
 __all__ = [
     "RewriteItem",
     "detect_rewrite_format",
     "evaluate_rewrite",
+    "harm_rate",
     "load_rewrite_items",
     "print_rewrite_table",
     "register",
@@ -85,10 +87,15 @@ def load_rewrite_items(
     else:
         for line in text.splitlines():
             fields = line.split("\t")
-            if len(fields) >= 8 and fields[6].strip() == "1" and fields[7].strip():
-                items.append(RewriteItem(message=fields[4],
-                                         context=tuple(f for f in fields[:4] if f.strip()),
-                                         reference=fields[7]))
+            if len(fields) < 7 or fields[6].strip() not in {"0", "1"}:
+                continue
+            needs = fields[6].strip() == "1"
+            if needs and not (len(fields) >= 8 and fields[7].strip()):
+                continue
+            # A label-0 item needs no rewrite: its reference is the message itself.
+            items.append(RewriteItem(message=fields[4],
+                                     context=tuple(f for f in fields[:4] if f.strip()),
+                                     reference=fields[7] if needs else fields[4]))
     if limit is not None and limit < len(items):
         items = random.Random(seed).sample(items, limit)
     return fmt, items
@@ -122,19 +129,46 @@ def evaluate_rewrite(
     fmt, items = load_rewrite_items(path, kind=kind, limit=limit)
     rewriter = rewriter or OfflineRewriter()
     outputs: list[str] = []
+    rejected = 0
     with progress_steps(f"rewriting ({fmt})", len(items), progress) as step:
         for item in items:
-            outputs.append(rewriter.rewrite_texts(item.message, item.context).text)
+            # The shipped path: the rewriter's output counts only once the verifier accepts it.
+            used, refused = check(item.message, rewriter.rewrite_texts(item.message, item.context),
+                                  item.context)
+            rejected += refused is not None
+            outputs.append(used.text)
             step()
     messages = [i.message for i in items]
     references = [i.reference for i in items]
-    result: dict[str, Any] = {"format": fmt, "n": len(items)}
-    result["changed"] = round(
-        sum(o.strip() != m.strip() for o, m in zip(outputs, messages, strict=True))
-        / max(1, len(items)), 4)
+    n = max(1, len(items))
+    changed = [o.strip() != m.strip() for o, m in zip(outputs, messages, strict=True)]
+    not_needed = [normalize_text(i.reference) == normalize_text(i.message) for i in items]
+    # No shipped model is trained on rewrite data; the detector does not run here (every
+    # item goes to the rewriter, a stricter test than the engine, which asks it first).
+    result: dict[str, Any] = {"format": fmt, "n": len(items), "n_not_needed": sum(not_needed),
+                              "in_sample": False, "pipeline": "offline rewriter + verifier"}
+    result["changed"] = round(sum(changed) / n, 4)
+    result["changed_when_not_needed"] = round(
+        sum(c and nn for c, nn in zip(changed, not_needed, strict=True)) / max(1, sum(not_needed)), 4)
+    result["harm_rate"] = harm_rate(messages, outputs, references)
+    result["rejected_by_verifier"] = round(rejected / n, 4)
     result.update(_scores(messages, outputs, references))
     result.update(_scores(messages, messages, references, prefix="baseline_"))
+    result["baseline_harm_rate"] = 0.0
     return result
+
+
+def harm_rate(messages: Sequence[str], outputs: Sequence[str], references: Sequence[str]) -> float:
+    """Share of items whose output differs from the message and either inserts a word that
+    is not in the reference or deletes a message word that is in the reference (eval tokens)."""
+    harmed = 0
+    for message, output, reference in zip(messages, outputs, references, strict=True):
+        if output.strip() == message.strip():
+            continue
+        before, after, gold = set(tokenize(message)), set(tokenize(output)), set(tokenize(reference))
+        if (after - before - gold) or ((before - after) & gold):
+            harmed += 1
+    return round(harmed / max(1, len(messages)), 4)
 
 
 def print_rewrite_table(result: dict[str, Any]) -> None:
@@ -148,9 +182,10 @@ def print_rewrite_table(result: dict[str, Any]) -> None:
     table.add_column("offline rewriter", justify="right")
     table.add_column("do nothing", justify="right")
     for key, value in result.items():
-        if key.startswith("baseline_") or key in {"format", "n", "changed"}:
+        if key.startswith("baseline_") or key in {"format", "n", "changed", "in_sample", "pipeline"}:
             continue
-        table.add_row(key, f"{value:.4g}", f"{result['baseline_' + key]:.4g}")
+        baseline = result.get("baseline_" + key)
+        table.add_row(key, f"{value:.4g}", "" if baseline is None else f"{baseline:.4g}")
     Console().print(table)
 
 

@@ -15,7 +15,14 @@ session's turns (numbers with units, named entities, the user's stated constrain
 * ``final_kept_*``: share of all the conversation's facts still in the last summary, for a
   chain with the audit and one without (long-term retention under the length bound);
 * ``qa_answer_in_summary_*``: share of short QA answers (≤ 30 characters, category 5
-  adversarial left out) found verbatim (case-insensitive) in the last summary.
+  adversarial left out) found verbatim (case-insensitive) in the last summary;
+* ``whole_clause_share``: share of summary items (each sentence of a summary line, each
+  item of the facts line) that are a whole sentence or clause of the conversation: found
+  verbatim in one turn, starting and ending at a clause boundary. Facts-line items that are
+  a bare fact (a number or a name, when its clause is too long) are counted apart in
+  ``bare_fact_items`` and left out of the share;
+* ``observation_coverage``: share of LoCoMo's gold session observations (both speakers)
+  whose content words are at least half present in the summary right after that session.
 """
 
 from __future__ import annotations
@@ -30,13 +37,14 @@ from typing import Annotated, Any
 
 import typer
 
-from ..processors.audit import collect_facts, fact_kept, restore_facts
+from ..processors.audit import collect_facts, fact_kept, restore_facts, split_facts_line
+from ..processors.constraints import content_words
 from ..processors.lexicons import detect_language
 from ..processors.summarize import DEFAULT_BLOCK_CHARS, OfflineSummarizer
 from ..types import Turn
 from .report import JsonFlag, print_figures, print_json_line, progress_steps
 
-__all__ = ["evaluate_summary", "register"]
+__all__ = ["evaluate_summary", "is_whole_clause", "register", "summary_items"]
 
 
 def _sessions(conversation: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -89,6 +97,54 @@ def _share(kept: int, total: int) -> float:
     return round(kept / total, 4) if total else 0.0
 
 
+_EMOTION_MARK = re.compile(r"（情绪强度\d/5）| ?\(emotion \d/5\)")
+_BOUNDARY = set(" \t\n，。！？；：,;:!?.…~、\"'“”（）()[]【】")
+_ZH_SUMMARY_SENTENCE = re.compile(r"[^。！？!?；;]+[。！？!?；;]*")
+_EN_SUMMARY_SENTENCE = re.compile(r"[^.!?]+(?:[.!?]+|$)")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def summary_items(text: str) -> tuple[list[str], list[str]]:
+    """``(sentences of the summary lines, items of the facts line)``, labels and emotion marks removed."""
+    body, facts = split_facts_line(text)
+    sentences: list[str] = []
+    for line in body.splitlines():
+        line = _EMOTION_MARK.sub("", line.split(": ", 1)[-1]).strip()
+        pattern = _ZH_SUMMARY_SENTENCE if _CJK.search(line) else _EN_SUMMARY_SENTENCE
+        for piece in pattern.findall(line):
+            piece = piece.strip()
+            if piece:
+                sentences.append(piece)
+    return sentences, [_EMOTION_MARK.sub("", f).strip() for f in facts if f.strip()]
+
+
+def is_whole_clause(item: str, sources: Sequence[str]) -> bool:
+    """``item`` occurs in one of ``sources`` starting and ending at a clause boundary."""
+    core = item.strip().rstrip("，。！？；,;!?.")
+    if not core:
+        return False
+    for source in sources:
+        start = source.find(core)
+        while start >= 0:
+            end = start + len(core)
+            left = start == 0 or source[start - 1] in _BOUNDARY
+            right = end == len(source) or source[end] in _BOUNDARY
+            if left and right:
+                return True
+            start = source.find(core, start + 1)
+    return False
+
+
+def _observations(sample: dict[str, Any], session_key: str) -> list[str]:
+    by_speaker = (sample.get("observation") or {}).get(f"{session_key}_observation") or {}
+    return [str(item[0]) for items in by_speaker.values() for item in items if item]
+
+
+def _covered(observation: str, summary_words: set[str]) -> bool:
+    words = set(content_words(observation))
+    return bool(words) and len(words & summary_words) / len(words) >= 0.5
+
+
 def _lead(turns: Sequence[Turn], chars: int) -> str:
     text = "\n".join(f"{t.metadata.get('speaker', t.role)}: {t.content}" for t in turns)
     return text[:chars]
@@ -113,7 +169,8 @@ def evaluate_summary(
     audited = OfflineSummarizer(
         block_chars=block_chars, max_chars=max_chars, max_restored=max_restored
     )
-    totals = {"facts": 0, "before": 0, "after": 0, "lead": 0, "restored": 0, "steps": 0}
+    totals = {"facts": 0, "before": 0, "after": 0, "lead": 0, "restored": 0, "steps": 0,
+              "items": 0, "whole": 0, "bare": 0, "observations": 0, "observed": 0}
     final = {"facts": 0, "audited": 0, "plain": 0, "qa": 0, "qa_audited": 0, "qa_plain": 0}
     summary_chars: list[int] = []
     steps_total = sum(len(_sessions(s["conversation"])) for s in samples)
@@ -123,7 +180,7 @@ def evaluate_summary(
             text_audited: str | None = None
             text_plain: str | None = None
             seen_turns: list[Turn] = []
-            for _, session in _sessions(conv):
+            for session_key, session in _sessions(conv):
                 turns = _turns(session, conv.get("speaker_a", ""), len(seen_turns) + 1)
                 seen_turns.extend(turns)
                 language = detect_language(" ".join(t.content for t in turns))
@@ -139,6 +196,7 @@ def evaluate_summary(
                 totals["steps"] += 1
                 text_audited = audited.summarize_text(text_audited, turns).text
                 text_plain = plain.summarize_text(text_plain, turns).text
+                _score_items(totals, text_audited, seen_turns, _observations(sample, session_key))
                 step()
             language = detect_language(" ".join(t.content for t in seen_turns))
             all_facts = collect_facts(seen_turns, language)
@@ -154,6 +212,9 @@ def evaluate_summary(
                 final["qa_audited"] += answer in (text_audited or "").lower()
                 final["qa_plain"] += answer in (text_plain or "").lower()
     return {
+        "whole_clause_share": _share(totals["whole"], totals["items"]),
+        "observation_coverage": _share(totals["observed"], totals["observations"]),
+        "in_sample": False,
         "kept_before": _share(totals["before"], totals["facts"]),
         "kept_after": _share(totals["after"], totals["facts"]),
         "baseline_lead_kept": _share(totals["lead"], totals["facts"]),
@@ -167,9 +228,35 @@ def evaluate_summary(
         "restored_per_step": round(totals["restored"] / totals["steps"], 2)
         if totals["steps"] else 0,
         "qa_items": final["qa"],
+        "summary_items": totals["items"],
+        "bare_fact_items": totals["bare"],
+        "observations": totals["observations"],
         "final_summary_chars_mean": round(sum(summary_chars) / len(summary_chars), 1)
         if summary_chars else 0,
     }
+
+
+def _score_items(
+    totals: dict[str, int], summary: str, turns: Sequence[Turn], observations: Sequence[str]
+) -> None:
+    """Count the summary's items, those that are whole clauses of ``turns``, and the gold
+    ``observations`` it covers."""
+    summary_words = set(content_words(summary))
+    totals["observations"] += len(observations)
+    totals["observed"] += sum(_covered(o, summary_words) for o in observations)
+    sources = [t.content for t in turns]
+    sentences, facts = summary_items(summary)
+    for item in sentences:
+        totals["items"] += 1
+        totals["whole"] += is_whole_clause(item, sources)
+    for item in facts:
+        if is_whole_clause(item, sources):
+            totals["items"] += 1
+            totals["whole"] += 1
+        elif not any(ch in item for ch in " ，,；;。.") and len(item) <= 24:
+            totals["bare"] += 1  # a bare number or name, not a clause
+        else:
+            totals["items"] += 1
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from ..processors.intents import is_chinese
 from ..tokens.base import TokenCounter, count_messages
-from ..types import ChatMessage
+from ..types import NOTICE_PREFIXES, ChatMessage
 
 __all__ = ["OfflineResponder"]
 
@@ -49,10 +49,10 @@ class OfflineResponder:
         question = next((m.content for m in reversed(messages) if m.role == "user"), "")
         zh = is_chinese(question)
         lines = [
-            "（未配置模型）context-mode 没有连接任何语言模型，所以这里不生成回答。"
+            NOTICE_PREFIXES[0] + "context-mode 没有连接任何语言模型，所以这里不生成回答。"
             "设置 CONTEXTMODE_LLM_BASE_URL 和 CONTEXTMODE_LLM_MODEL 后即可得到真正的回答。"
             if zh
-            else "(No model configured) context-mode is not connected to a language model, so no "
+            else NOTICE_PREFIXES[1] + " context-mode is not connected to a language model, so no "
             "answer is generated here. Set CONTEXTMODE_LLM_BASE_URL and CONTEXTMODE_LLM_MODEL to get "
             "real answers.",
             "",

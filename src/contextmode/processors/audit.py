@@ -21,6 +21,7 @@ from .constraints import content_words, extract_constraints
 from .lexicons import Language, detect_language, emotion_words
 
 __all__ = [
+    "CLAUSE",
     "FACTS_LABELS",
     "AuditedSummarizer",
     "Fact",
@@ -55,7 +56,9 @@ _EN_NUMBER = re.compile(
 _EN_CAPS = re.compile(r"[A-Z][\w'’&-]*(?:[ \t]+(?:of|the|de|and|&)?[ \t]*[A-Z][\w'’&-]*)*")
 _ZH_ENTITY_FLAGS = ("nr", "ns", "nt", "nz", "nrt", "nrfg")
 _ZH_NOT_ENTITIES = frozenset(["谢谢", "你好", "您好", "哈哈", "嗯嗯", "好吧", "拜拜", "晚安", "早安"])
-_CLAUSE = re.compile(r"(?:[^，。！？；,;!?.\n]|\.(?=\S))+[，。！？；,;!?.]?")
+CLAUSE = re.compile(r"(?:[^，。！？；,;!?.\n]|\.(?=\S))+[，。！？；,;!?.]?")
+"""One clause and its closing punctuation (a full stop inside "3.5" does not end it)."""
+_CLAUSE = CLAUSE
 _STARTERS_TEXT = """
 hey hi hello thanks thank wow yes no oh well so congrats congratulations yeah sure good
 great dear okay ok and but or the a an my your our his her their this that these those
@@ -73,6 +76,8 @@ class Fact:
     kind: Literal["number", "entity", "constraint"]
     weight: float = 1.0
     """Priority when only some can be restored (constraints > numbers > entities)."""
+    quote: str = ""
+    """The user's words a constraint was read from (restored instead of our label for it)."""
 
 
 def _cn_to_int(text: str) -> int | None:
@@ -201,7 +206,8 @@ def collect_facts(turns: Sequence[Turn], language: Language) -> list[Fact]:
         found = list(extract_facts(turn.content, language))
         if turn.role == "user":
             constraints, _ = extract_constraints(turn.content, generic_facts=False)
-            found = [Fact(text=c.value, kind="constraint", weight=3.0) for c in constraints] + found
+            found = [Fact(text=c.value, kind="constraint", weight=3.0, quote=c.quote)
+                     for c in constraints] + found
         for fact in found:
             if fact.text.lower() not in seen:
                 seen.add(fact.text.lower())
@@ -231,8 +237,13 @@ def split_facts_line(summary_text: str) -> tuple[str, list[str]]:
     return "\n".join(body_lines).strip(), [i for i in items if i]
 
 
+_WORDLESS = re.compile(r"[\d\W_]+")
+
+
 def join_facts_line(body: str, items: Sequence[str], language: Language) -> str:
-    """``body`` followed by one facts line holding ``items`` (none when empty)."""
+    """``body`` followed by one facts line holding ``items`` (none when empty); an item with
+    no word in it ("1.", "8.") is never listed."""
+    items = [i for i in items if _WORDLESS.sub("", i)]
     if not items:
         return body
     line = FACTS_LABELS[language] + _FACT_SEP[language].join(items)
@@ -240,9 +251,10 @@ def join_facts_line(body: str, items: Sequence[str], language: Language) -> str:
 
 
 def _context_of(fact: Fact, turns: Sequence[Turn], language: Language) -> str:
-    """The fact in the shortest clause around it, clipped (16 CJK chars / 10 words)."""
+    """The shortest whole clause holding the fact (up to 40 CJK characters / 25 words),
+    else the fact alone."""
     if fact.kind == "constraint":
-        return fact.text
+        return _quoted_clause(fact, language)
     needle = fact.text.lower()
     best: str | None = None
     for turn in turns:
@@ -252,18 +264,27 @@ def _context_of(fact: Fact, turns: Sequence[Turn], language: Language) -> str:
     if best is None:
         return fact.text
     best = best.strip(" ，。！？；,;!?\n")
+    # The whole clause when it is short enough, else the fact alone: never a cut clause.
     if language == "zh":
-        if len(best) <= 16:
-            return best
-        at = best.lower().find(needle)
-        start = max(0, min(at - 6, len(best) - 16))
-        return best[start : start + 16]
-    words = best.split()
-    if len(words) <= 10:
-        return best
-    at = next((i for i, w in enumerate(words) if needle.split()[0] in w.lower()), 0)
-    start = max(0, min(at - 4, len(words) - 10))
-    return " ".join(words[start : start + 10])
+        return best if len(best) <= 40 else fact.text
+    return best if len(best.split()) <= 25 else fact.text
+
+
+_LABEL_WORDS = frozenset(content_words("likes dislikes fan"))
+"""Words of our labels for a preference, not the user's ("dislikes" for "I hate")."""
+
+
+def _quoted_clause(fact: Fact, language: Language) -> str:
+    """The clause of the user's words that states constraint ``fact`` ("I like being a mom"
+    rather than our "likes being a mom"), else the constraint as we label it."""
+    words = set(content_words(fact.text)) - _LABEL_WORDS or set(content_words(fact.text))
+    best, overlap = "", 0
+    for clause in CLAUSE.findall(fact.quote):
+        shared = len(words & set(content_words(clause)))
+        if shared > overlap:
+            best, overlap = clause.strip(" ，。！？；,;!?\n"), shared
+    short = len(best) <= 40 if language == "zh" else len(best.split()) <= 25
+    return best if best and short and overlap >= 0.6 * max(1, len(words)) else fact.text
 
 
 def restore_facts(

@@ -53,6 +53,10 @@ class Rewrite:
     """False when the rewriter left the message as it was."""
     source: str = ""
     """Which rewriter produced it (``offline``, ``llm``)."""
+    verified: bool = False
+    """True once the verifier (`processors.verify`) accepted the change."""
+    reason: str = ""
+    """Why the verifier rejected it (on a rejected rewrite kept for the record)."""
 
 
 @dataclass(frozen=True, kw_only=True)

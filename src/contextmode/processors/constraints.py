@@ -49,7 +49,12 @@ __all__ = [
     "extract_constraints",
 ]
 
-_ZH_SENTENCE = re.compile(r"(?<=[。！？!?；;\n])")
+_MARKUP = re.compile(r"</?[A-Za-z][^<>]*>|</|/>|[<>]")
+_ZH_SENTENCE = re.compile(r"(?<=[。！？!?；;\n，,])")
+_ZH_OTHER_SUBJECT = re.compile(
+    r"^\s*(?:我的?|他的?|她的?)?(?:朋友|老公|老婆|妻子|丈夫|男朋友|女朋友|对象|妈妈?|爸爸?|父母|孩子|儿子|女儿|"
+    r"同事|室友|同学|家人|弟弟|哥哥|姐姐|妹妹|老板)|^\s*(?:他|她|别人|大家)"
+)
 _EN_SENTENCE = re.compile(r"(?<=[.!?;\n])\s+")
 _EN_QUESTION_START = re.compile(
     r"^\s*(do|does|did|are|is|was|were|have|has|can|could|would|will|what|where|when|who|"
@@ -118,6 +123,8 @@ def _scored_facts(
     typed_words = {w for c in typed for w in content_words(c.value)}
     out = []
     for clause, _ in scorer.select(text, limit):
+        if _MARKUP.search(clause.text):
+            continue
         words = content_words(clause.text)
         # A clause a typed rule already read ("I live in Boston") is not pinned twice.
         if not words or sum(w in typed_words for w in words) / len(words) >= 0.6:
@@ -153,8 +160,10 @@ def extract_constraints(
     retracted: list[Retract] = []
     generic_found: list[tuple[int, int, Constraint]] = []
     for sentence in _sentences(text, language):
-        if _is_question(sentence, language):
-            continue
+        if _is_question(sentence, language) or _MARKUP.search(sentence):
+            continue  # markup ("</script>") is never a statement about the user
+        if language == "zh" and _ZH_OTHER_SUBJECT.match(sentence):
+            continue  # "我朋友不吃辣" is about the friend, not the user
         hits: list[Found | Retract] = []
         for rule in rules:
             hits.extend(rule(sentence))

@@ -21,7 +21,7 @@ it is a named entity or recurs in at least two turns.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -49,6 +49,9 @@ _ZH_PLACE = ("那里", "这里", "那儿", "这儿")
 _ZH_PLURAL_OR_COMPOUND = re.compile(r"他们|她们|它们|其他|其它|他人|吉他|她们")
 _ZH_QUESTION_END = re.compile(r"(吗|么|嘛|呢|吧|[?？])+$")
 _ZH_A_NOT_A = re.compile(r"(.)[不没]\1")
+_ZH_WH = re.compile(r"什么|怎么|为什么|为啥|干嘛|啥|哪|谁|多少|几")
+_ZH_YES_NO = re.compile(r"[不没木]|是|在|有|可以|会|能|要|对")
+_ZH_SPEAKER = re.compile(r"[你我您]")
 _ZH_PARTICLES = "的了啊呀吧嗯哦呢嘛么吗哈~～!！。.，,"
 _ZH_PREDICATE_TAGS = {"v", "vd", "a", "ad", "d", "r", "y", "ul", "uj", "p", "m", "q", "vi", "c"}
 
@@ -202,13 +205,40 @@ def _echo_answer(text: str, context: Sequence[str]) -> str | None:
     previous = next((c.strip() for c in reversed(context) if c.strip()), "")
     if not (1 < len(text) <= 4) or text[-1] in _ZH_PARTICLES:
         return None
+    if not _ZH_YES_NO.search(text):
+        return None  # "加班半天" answers with content of its own, not a bare yes/no
     if not (_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous)):
         return None
+    if _ZH_WH.search(previous):
+        return None  # "加班有钱怕什么" is not a yes/no question
     at = previous.rfind(text[-1])
     if at < 0:
         return None
+    # The answer's last character must end a word of the question, and not a noun:
+    # "我不胖" does not answer "你是胖娃娃么" with "胖娃娃".
+    ends: dict[int, str] = {}
+    position = 0
+    for word, flag in _pos_all(previous):
+        position += len(word)
+        ends[position - 1] = flag
+    if at not in ends or ends[at].startswith("n"):
+        return None
     rest = _ZH_QUESTION_END.sub("", previous[at + 1:]).rstrip(_ZH_PARTICLES)
-    return text + rest if 1 <= len(rest) <= 6 else None
+    # "你/我" flip between speakers ("看见我签名吗" → "没看见我签名" is wrong); a rest
+    # opening with a particle ("的卖") is no object.
+    if not (1 <= len(rest) <= 6) or _ZH_SPEAKER.search(rest) or rest[0] in "的了得地着过":
+        return None
+    return text + rest
+
+
+@lru_cache(maxsize=4096)
+def _pos_all(text: str) -> tuple[tuple[str, str], ...]:
+    """jieba words of ``text`` with their flags, whitespace included (offsets stay exact)."""
+    import jieba
+    import jieba.posseg
+
+    jieba.setLogLevel(60)
+    return tuple((w, f) for w, f in jieba.posseg.lcut(text))
 
 
 class OfflineRewriter:
@@ -224,8 +254,10 @@ class OfflineRewriter:
     where a wrong subject costs more than a missing one.
     """
 
-    def __init__(self, *, resolve_it: bool = True, ellipsis: bool = True,
-                 ellipsis_min_turns: int = 1, pronoun_min_turns: int = 1) -> None:
+    def __init__(self, *, resolve_it: bool = True, ellipsis: bool = False,
+                 ellipsis_min_turns: int = 2, pronoun_min_turns: int = 2,
+                 echo: bool = True) -> None:
+        self._echo = echo
         self._pronoun_min_turns = pronoun_min_turns
         self._resolve_it = resolve_it
         self._ellipsis = ellipsis
@@ -256,41 +288,27 @@ class OfflineRewriter:
                     context: Sequence[str]) -> str | None:
         confident = [c for c in candidates
                      if c.confident and c.turns >= self._pronoun_min_turns]
-        if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
-            for pronoun in _ZH_PERSON:
-                if pronoun in text:
-                    people = [c for c in confident if c.tag in _PERSON_TAGS]
-                    if people:
-                        return text.replace(pronoun, people[0].text, 1)
-                    return None
-            if "它" in text:
-                things = [c for c in confident if c.tag not in _PERSON_TAGS]
-                return text.replace("它", things[0].text, 1) if things else None
-        for pronoun in _ZH_PLACE:
-            if pronoun in text:
-                places = [c for c in confident if c.tag == "ns"]
-                # "路过那里" → "路过博物馆那里": the place goes before the pronoun, which
-                # the references keep.
-                return (text.replace(pronoun, places[0].text + pronoun, 1)
-                        if places else None)
-        echoed = _echo_answer(text, context)
-        if echoed is not None:
-            return echoed
-        recurring = [c for c in candidates if c.turns >= self._ellipsis_min_turns]
-        previous = next((c.strip() for c in reversed(context) if c.strip()), "")
-        # "是的" after "你是学生吗" answers the question; a subject would make it "学生是的".
-        answers = bool(_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous))
-        if self._ellipsis and recurring and len(text) <= 6 and not answers:
-            tags = [f for _, f in _pos(text)]
-            if tags and all(f in _ZH_PREDICATE_TAGS for f in tags) and tags[0] != "r":
-                return recurring[0].text + text
-        return None
+        found, resolved = _zh_pronoun(text, confident)
+        if found:
+            return resolved
+        if self._echo:
+            echoed = _echo_answer(text, context)
+            if echoed is not None:
+                return echoed
+        if not self._ellipsis:
+            return None
+        return _fill_subject(text, [c for c in candidates if c.turns >= self._ellipsis_min_turns],
+                             context)
 
     def _rewrite_en(self, text: str, candidates: list[Antecedent]) -> str | None:
-        confident = [c for c in candidates if c.confident]
-        if not confident:
+        # Precision first: the one entity recurring in the context, or else the one named
+        # entity; with a rival the message is left alone.
+        recurring = _distinct(c for c in candidates if c.turns >= 2)
+        named = _distinct(c for c in candidates if c.confident)
+        fits = recurring if recurring else named
+        if len(fits) != 1:
             return None
-        entity = confident[0].text
+        entity = fits[0].text
         match = _EN_PERSON.search(text)
         if match is None and self._resolve_it:
             match = _EN_THING.search(text)
@@ -303,3 +321,49 @@ class OfflineRewriter:
             and following.split()[0].lower() not in _EN_FUNCTION)
         replacement = f"{entity}'s" if possessive else entity
         return text[:match.start()] + replacement + text[match.end():]
+
+
+def _fill_subject(text: str, recurring: list[Antecedent], context: Sequence[str]) -> str | None:
+    """A short predicate-only message ("好贵") with the most salient entity as its subject."""
+    previous = next((c.strip() for c in reversed(context) if c.strip()), "")
+    # "是的" after "你是学生吗" answers the question; a subject would make it "学生是的".
+    answers = bool(_ZH_QUESTION_END.search(previous) or _ZH_A_NOT_A.search(previous))
+    if recurring and len(text) <= 6 and not answers:
+        tags = [f for _, f in _pos(text)]
+        if tags and all(f in _ZH_PREDICATE_TAGS for f in tags) and tags[0] != "r":
+            return recurring[0].text + text
+    return None
+
+
+def _zh_pronoun(text: str, confident: list[Antecedent]) -> tuple[bool, str | None]:
+    """``(a pronoun was found, the message with it resolved or None)``: a person for 他/她,
+    a thing for 它, a place for 那里/这里 — each only when exactly one antecedent fits."""
+    if _ZH_PLURAL_OR_COMPOUND.search(text) is None:
+        for pronoun in _ZH_PERSON:
+            if pronoun in text:
+                people = _distinct(c for c in confident if c.tag in _PERSON_TAGS)
+                return True, (text.replace(pronoun, people[0].text, 1) if len(people) == 1 else None)
+        if "它" in text:
+            # Never a person or a place: "它在哪" after a turn about Hangzhou restaurants is
+            # not "杭州在哪".
+            things = _distinct(c for c in confident
+                               if c.tag not in _PERSON_TAGS and c.tag != "ns"
+                               and not (c.tag == "eng" and c.text.islower()))
+            return True, (text.replace("它", things[0].text, 1) if len(things) == 1 else None)
+    for pronoun in _ZH_PLACE:
+        if pronoun in text:
+            places = _distinct(c for c in confident if c.tag == "ns")
+            # "路过那里" → "路过博物馆那里": the place goes before the pronoun, which the
+            # references keep.
+            return True, (text.replace(pronoun, places[0].text + pronoun, 1) if len(places) == 1 else None)
+    return False, None
+
+
+def _distinct(candidates: Iterable[Antecedent]) -> list[Antecedent]:
+    """Candidates with one spelling each: "杭州西湖" and "西湖" are one antecedent, not two."""
+    kept: list[Antecedent] = []
+    for cand in candidates:
+        if any(cand.text in k.text or k.text in cand.text for k in kept):
+            continue
+        kept.append(cand)
+    return kept

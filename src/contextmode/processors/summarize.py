@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..types import Summary, Turn, utc_now
+from .audit import CLAUSE as _CLAUSE
 from .audit import extract_facts, join_facts_line, restore_facts, split_facts_line
 from .base import SummaryResult
 from .constraints import content_words, extract_constraints
@@ -136,7 +137,17 @@ def _mark_emotion(text: str, level: int, language: Language) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: max(limit - 1, 1)] + "…"
+    """The leading whole clauses of ``text`` that fit in ``limit`` characters (at least the
+    first clause, whole): a summary never shows a word cut in half."""
+    if len(text) <= limit:
+        return text
+    clauses = _CLAUSE.findall(text) or [text]
+    kept = clauses[0]
+    for clause in clauses[1:]:
+        if len(kept) + len(clause) > limit:
+            break
+        kept += clause
+    return kept.strip()
 
 
 def _label(turn: Turn, language: Language) -> str:
@@ -175,6 +186,7 @@ class OfflineSummarizer:
 
     def summarize_text(self, previous: str | None, turns: Sequence[Turn]) -> SummaryResult:
         """Same as `summarize`, synchronous, from the previous summary's text."""
+        turns = [t for t in turns if not t.notice]  # engine notices are never summarised
         text_all = " ".join(t.content for t in turns) + " " + (previous or "")
         language = detect_language(text_all)
         block_chars = self.block_chars or DEFAULT_BLOCK_CHARS[language]

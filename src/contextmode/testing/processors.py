@@ -42,11 +42,12 @@ class KeywordDetector:
 
 
 class PrefixRewriter:
-    """`Rewriter` fake: always "changes" the message by naming the last user turn."""
+    """`Rewriter` fake: always "changes" the message by naming the last user turn in
+    brackets (words of the conversation only, so the verifier accepts it)."""
 
     async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
         topic = next((t.content for t in reversed(history) if t.role == "user"), "")
-        return Rewrite(text=f"{message}（指：{topic}）", changed=True, source="test")
+        return Rewrite(text=f"{message}（{topic}）", changed=True, source="test")
 
 
 class JoiningSummarizer:

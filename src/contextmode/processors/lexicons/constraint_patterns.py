@@ -112,7 +112,7 @@ def zh_rules() -> list[Rule]:
         _rule(r"(?<!不再)(?<!已经不)(?<!现在不)对" + _ZH_OBJ + r"过敏(?!了吗)",
               lambda m: [Found(key=f"allergy:{normalise(m.group(1))}",
                                value=f"对{m.group(1)}过敏", kind="constraint")]),
-        _rule(r"预算(人均|每人|每位)?(?:是|在|大概|大约|只有|控制在|不超过)?\s*(" + _NUM + r")\s*(万|千|元|块钱?|rmb)?\s*(以内|以下|左右|之内)?",
+        _rule(r"预算(人均|每人|每位)?(?:是|在|大概|大约|只有|控制在|不超过|改成|改为|改到|换成|变成|调到|调整到|调整为|提高到|提到|加到|涨到|降到|减到|变为)?\s*(" + _NUM + r")\s*(万|千|元|块钱?|rmb)?\s*(以内|以下|左右|之内)?",
               lambda m: [Found(key="budget", kind="constraint",
                                value=f"预算{m.group(1) or ''}{m.group(2)}{m.group(3) or '元'}{m.group(4) or ''}")]),
         _rule(r"(?:价格|价钱|花费|费用|钱)?(?:控制在|不超过|别超过|不要超过|不能超过)\s*(" + _NUM + r")\s*(万|千|元|块钱?)?(以内|以下|之内)?",
@@ -158,7 +158,10 @@ def zh_rules() -> list[Rule]:
 
 
 _ZH_FIRST_PERSON = re.compile(
-    r"我(?:们)?(?:每天|经常|一直|平时|周末|现在|最近|正在|也|还|一般|周末一般)?(?:有|在|养|住|做|学|开|玩|去|练|考)[^，。！？,.!?；]{2,24}"
+    # A whole clause about the user alone: it starts the clause, "我们" (the user and others)
+    # is not the user, and it ends where the clause ends (never cut mid-word).
+    r"(?:^|(?<=[，。！？,.!?；、\s]))我(?!们)(?:每天|经常|一直|平时|周末|现在|最近|正在|也|还|一般|周末一般)?"
+    r"(?:有|在|养|住|做|学|开|玩|去|练|考)[^，。！？,.!?；、]{2,24}(?=[，。！？,.!?；、\s]|$)"
 )
 
 
@@ -169,7 +172,7 @@ def zh_generic(sentence: str) -> list[Found | Retract]:
         text = match.group()
         if re.search(r"我在(?:想|看|说|问|听|等)|我们?在一起", text):
             continue
-        out.append(Found(key=f"fact:{normalise(text[1:])}", value=text, kind="fact"))
+        out.append(Found(key=f"fact:{normalise(text)}", value=text, kind="fact"))
     return out[:2]
 
 
@@ -179,8 +182,16 @@ _EN_OBJ = r"([^,.;!?]{2,60}?)(?=\s+(?:but|because|since|and i|so i|though|which)
 _COUNT = r"(a|an|one|two|three|four|five|six|seven|\d+)"
 
 
+_EN_DANGLING = frozenset(["to", "it", "that", "this", "them", "a", "an", "the", "so", "too", "and", "or", "of", "for", "with", "at", "in", "on", "my", "your"])
+"""A value ending in one of these ("likes to" from "I love to.") is a fragment, not a fact."""
+
+
 def _en(pattern: str, build: Callable[[re.Match[str]], list[Found | Retract]]) -> Rule:
-    return _rule(r"(?<![A-Za-z'])" + pattern, build)
+    def whole(match: re.Match[str]) -> list[Found | Retract]:
+        return [h for h in build(match)
+                if not (isinstance(h, Found) and h.value.split()[-1].lower() in _EN_DANGLING)]
+
+    return _rule(r"(?<![A-Za-z'])" + pattern, whole)
 
 
 def _obj(match: re.Match[str], group: int = 1) -> str:

@@ -35,8 +35,11 @@ export function renderHistory(turns) {
         count ? el("div", { class: "image-note" }, `🖼 ${t("imagesAttached", count)}`) : null,
         el("div", { class: "message-text" }, turn.content),
         turn.partial ? el("div", { class: "muted" }, t("partial")) : null,
+        turn.metadata?.notice ? el("div", { class: "muted notice-note" }, t("notice")) : null,
       );
       node.dataset.state = turn.partial ? "partial" : "done";
+      // An engine notice (no model configured) is shown as such: it is not an answer.
+      if (turn.metadata?.notice) node.classList.add("notice");
       return node;
     }),
   );

@@ -38,6 +38,7 @@ const STRINGS = {
     rewrite: "问题改写",
     original: "原问题",
     standalone: "独立问题（发给模型）",
+    hint: "改写提示（已验证；模型收到的是原话，改写仅作提示）",
     notRewritten: "未改写：原问题即发给模型的问题",
     detection: (d) =>
       `需要上下文：${d.needs_context ? "是" : "否"}` +
@@ -71,6 +72,7 @@ const STRINGS = {
     keyForget: "清除",
     partial: "（回答未完成）",
     interrupted: "（回答中断：上面的部分回答已保存）",
+    notice: "（系统通知：未配置模型，这不是回答，也不会记入记忆）",
     error: "错误",
     turnMeta: (m) =>
       [m.ttft != null ? `首字 ${m.ttft} ms` : null, m.tokens != null ? `输入 ${m.tokens} tokens` : null,
@@ -117,6 +119,7 @@ const STRINGS = {
     rewrite: "Question rewrite",
     original: "Original",
     standalone: "Standalone (sent to the model)",
+    hint: "Rewrite hint (verified; the model gets the original words, this only as a hint)",
     notRewritten: "Not rewritten: the model got the question as asked",
     detection: (d) =>
       `needs context: ${d.needs_context ? "yes" : "no"}` +
@@ -150,6 +153,7 @@ const STRINGS = {
     keyForget: "Forget",
     partial: "(answer incomplete)",
     interrupted: "(interrupted: the partial answer above was kept)",
+    notice: "(engine notice: no model configured; not an answer, never remembered)",
     error: "Error",
     turnMeta: (m) =>
       [m.ttft != null ? `first token ${m.ttft} ms` : null, m.tokens != null ? `${m.tokens} input tokens` : null,

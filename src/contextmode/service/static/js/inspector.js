@@ -34,7 +34,7 @@ function layerRow(layer, ctx, widest) {
   const notes = layer.used === 0 ? [t("emptyLayer")] : [t("items", layer.items)];
   if (layer.truncated) notes.push(t("truncated"));
   if (layer.dropped_seqs.length) notes.push(t("droppedInLayer", seqList(layer.dropped_seqs)));
-  if (layer.name === "current" && ctx.rewrite?.changed) notes.push(t("standalone"));
+  if (layer.name === "current" && ctx.rewrite?.changed && ctx.message !== ctx.original_message) notes.push(t("standalone"));
   const head = el(
     "div",
     { class: "layer-head" },
@@ -83,7 +83,10 @@ export function renderContext(ctx, source) {
     ctx.mode,
     t("prepareMs", ctx.prepare_ms),
   ];
-  const rewritten = ctx.rewrite?.changed && ctx.message !== ctx.original_message;
+  // A verified rewrite is sent instead of the message (decoupled mode) or beside it, as a
+  // labelled hint (contextual mode: the model gets the user's words verbatim).
+  const rewritten = Boolean(ctx.rewrite?.changed);
+  const sentInstead = rewritten && ctx.message !== ctx.original_message;
   clear(
     root,
     el("p", { class: `context-source ${source.kind}`, id: "context-source" }, source.kind === "turn" ? t("sourceTurn", source.seq) : t("sourcePreview")),
@@ -102,8 +105,8 @@ export function renderContext(ctx, source) {
         el(
           "div",
           { class: rewritten ? "rewritten" : "same" },
-          el("h4", {}, t("standalone")),
-          el("p", { class: "quote", id: "standalone-message" }, rewritten ? ctx.message : t("notRewritten")),
+          el("h4", {}, t(sentInstead || !rewritten ? "standalone" : "hint")),
+          el("p", { class: "quote", id: "standalone-message" }, rewritten ? ctx.rewrite.text : t("notRewritten")),
         ),
       ),
       el("p", { class: "muted" }, t("detection", ctx.detection), ctx.rewrite ? ` · ${t("rewriteSource", ctx.rewrite.source)}` : ""),
