@@ -8,20 +8,24 @@ appears in a ``repr``, an error message or a log line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
 from ..types import ChatMessage
-from .settings import LLMSettings, check_model_request_allowed
+from .base import JsonSchema
+from .server import ServerInfo, probe_server
+from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["ModelUsage", "OpenAIChatModel", "map_openai_error"]
+__all__ = ["ModelUsage", "OpenAIChatModel", "is_looping", "map_openai_error"]
 
 logger = logging.getLogger("contextmode.models.openai")
 
@@ -37,6 +41,26 @@ class ModelUsage:
     """Input tokens, by the server's own tokenizer."""
     completion_tokens: int
     """Output tokens."""
+
+
+_LOOP_GRAM = 32
+"""Characters of the n-gram whose repeats mark a looping reply (any loop period up to ~200 chars)."""
+_LOOP_WINDOW = 1000
+_LOOP_REPEATS = 5
+
+
+def is_looping(text: str) -> bool:
+    """True when the tail of ``text`` repeats one 32-character n-gram 5 times or more.
+
+    Small models loop (the same sentence, in Chinese especially) until the
+    server's context is full; a reply doing so is cut and ends as ``length``.
+    Character n-grams work for every script; whitespace-only grams are ignored.
+    """
+    tail = text[-_LOOP_WINDOW:]
+    if len(tail) < _LOOP_GRAM * _LOOP_REPEATS:
+        return False
+    grams = Counter(tail[i : i + _LOOP_GRAM] for i in range(len(tail) - _LOOP_GRAM + 1))
+    return any(n >= _LOOP_REPEATS and not gram.isspace() for gram, n in grams.most_common(3))
 
 
 def _scrub(text: str, secret: str | None) -> str:
@@ -87,7 +111,15 @@ class OpenAIChatModel:
 
     ``stream()`` yields text deltas; if the stream breaks or ends without a
     ``finish_reason`` it raises `ModelError` *after* yielding what arrived, so
-    the caller can keep a partial answer (seed 000).
+    the caller can keep a partial answer (seed 000). Every call is bounded: a
+    reply gets ``reply_max_tokens`` when the caller names no ``max_tokens``, and
+    a call past ``deadline`` seconds, or a reply that loops (`is_looping`),
+    stops cleanly with what arrived, ``last_finish_reason`` ``length``.
+
+    ``complete_json`` asks for JSON fitting a schema in the server's own wire
+    format (``response_format``): ``json_schema`` for OpenAI and vLLM,
+    ``json_object`` with a ``schema`` for llama.cpp, found by `probe_server`
+    on first use (``auto``), and adapted once if the server refuses it.
     """
 
     def __init__(
@@ -103,12 +135,23 @@ class OpenAIChatModel:
         include_usage: bool = True,
         on_usage: Callable[[ModelUsage], None] | None = None,
         client: AsyncOpenAI | None = None,
+        reply_max_tokens: int | None = 1024,
+        deadline: float | None = 120.0,
+        response_format: ResponseFormatMode = "auto",
+        server_info: ServerInfo | None = None,
     ) -> None:
         """``timeout`` in seconds (connect and each read); ``include_usage`` asks for usage on streams
-        (dropped automatically if the server refuses it); ``on_usage`` receives each call's usage."""
+        (dropped automatically if the server refuses it); ``on_usage`` receives each call's usage;
+        ``server_info`` skips the probe."""
         openai = _import_openai()
         self.name = model
         self.base_url = base_url
+        self.reply_max_tokens, self.deadline = reply_max_tokens, deadline
+        self.last_finish_reason: str | None = None
+        """How the most recent stream ended (``stop``, ``length``…; racy under concurrency)."""
+        self._format: ResponseFormatMode = response_format
+        self._server_info = server_info
+        self._extra_headers = dict(extra_headers or {})
         self.temperature = temperature
         self.on_usage = on_usage
         self.last_usage: ModelUsage | None = None
@@ -148,6 +191,9 @@ class OpenAIChatModel:
             "max_retries": settings.max_retries,
             "extra_headers": settings.extra_headers,
             "temperature": settings.temperature,
+            "reply_max_tokens": settings.reply_max_tokens,
+            "deadline": settings.deadline,
+            "response_format": settings.response_format,
         }
         kwargs.update(overrides)
         return cls(**kwargs)
@@ -155,6 +201,12 @@ class OpenAIChatModel:
     def __repr__(self) -> str:
         key = "***" if self._secret else None
         return f"OpenAIChatModel(name={self.name!r}, base_url={self.base_url!r}, api_key={key!r})"
+
+    def server_info(self) -> ServerInfo:
+        """What the server says about itself (probed once, synchronously; see `probe_server`)."""
+        if self._server_info is None:
+            self._server_info = probe_server(self.base_url, self.name, headers=self._extra_headers)
+        return self._server_info
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)
@@ -185,8 +237,29 @@ class OpenAIChatModel:
 
     async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None) -> str:
         """The whole answer at once (non-streaming request)."""
+        return await self._complete(self._request(messages, max_tokens))
+
+    async def complete_json(
+        self, messages: Sequence[ChatMessage], *, schema: JsonSchema, max_tokens: int | None = None
+    ) -> str:
+        """The whole answer, asked on the wire to fit ``schema`` (the caller still validates it)."""
+        if self._format == "auto":
+            self._format = (await asyncio.to_thread(self.server_info)).response_format
         request = self._request(messages, max_tokens)
-        completion = await self._create(request, stream=False)
+        if self._format == "json_schema":
+            request["response_format"] = {
+                "type": "json_schema", "json_schema": {"name": schema.name, "schema": dict(schema.schema)},
+            }
+        elif self._format == "json_object":
+            request["response_format"] = {"type": "json_object", "schema": dict(schema.schema)}
+        return await self._complete(request)
+
+    async def _complete(self, request: dict[str, Any]) -> str:
+        try:
+            async with asyncio.timeout(self.deadline):
+                completion = await self._create(request, stream=False)
+        except TimeoutError:
+            raise ModelTimeout(f"the model did not answer within the {self.deadline} s deadline") from None
         try:
             text = completion.choices[0].message.content or ""
         except (AttributeError, IndexError, TypeError) as exc:
@@ -198,19 +271,43 @@ class OpenAIChatModel:
         self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
     ) -> AsyncIterator[str]:
         """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
-        request = self._request(messages, max_tokens)
-        stream = await self._create(request, stream=True)
-        finished = False
+        request = self._request(messages, self.reply_max_tokens if max_tokens is None else max_tokens)
+        loop = asyncio.get_running_loop()
+        deadline = None if self.deadline is None else loop.time() + self.deadline
+        self.last_finish_reason = None
         try:
-            async for chunk in stream:
+            async with asyncio.timeout_at(deadline):
+                stream = await self._create(request, stream=True)
+        except TimeoutError:
+            raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
+        finished, text, checked = False, "", 0
+        chunks = stream.__aiter__()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    if not text:
+                        raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
+                    finished = self._stop_early(f"the {self.deadline} s deadline passed")
+                    break
                 if getattr(chunk, "usage", None) is not None:
                     self._record_usage(chunk.usage)
                 for choice in chunk.choices or ():
                     delta = getattr(choice.delta, "content", None) if choice.delta else None
                     if delta:
+                        text += delta
                         yield delta
                     if choice.finish_reason:
-                        finished = True
+                        finished, self.last_finish_reason = True, str(choice.finish_reason)
+                if not finished and len(text) - checked >= _LOOP_GRAM:
+                    checked = len(text)
+                    if is_looping(text):
+                        finished = self._stop_early("the reply repeats itself")
+                        break
         except ModelError:
             raise
         except Exception as exc:
@@ -223,6 +320,11 @@ class OpenAIChatModel:
         if not finished:
             raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
 
+    def _stop_early(self, why: str) -> bool:
+        logger.warning("model %s: reply stopped early (%s); the partial reply is kept", self.name, why)
+        self.last_finish_reason = "length"
+        return True
+
     async def _create(self, request: dict[str, Any], *, stream: bool) -> Any:
         """``chat.completions.create``, adapting once to servers that refuse an optional parameter.
 
@@ -232,7 +334,7 @@ class OpenAIChatModel:
         """
         openai = _import_openai()
         length_param, with_usage = self._length_param, stream and self._include_usage
-        for _attempt in range(3):
+        for _attempt in range(4):
             kwargs = dict(request)
             if "max_tokens" in kwargs and length_param != "max_tokens":
                 kwargs[length_param] = kwargs.pop("max_tokens")
@@ -246,6 +348,8 @@ class OpenAIChatModel:
                 refused = exc.status_code in (400, 422)
                 if refused and "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
                     length_param = "max_completion_tokens"
+                    continue
+                if refused and "response_format" in kwargs and self._refused_format(request):
                     continue
                 if refused and with_usage:
                     with_usage = False
@@ -261,6 +365,19 @@ class OpenAIChatModel:
                 logger.info("model endpoint refused stream_options; usage capture disabled")
             return result
         raise ModelError("the model endpoint refused the request")  # unreachable in practice
+
+    def _refused_format(self, request: dict[str, Any]) -> bool:
+        """Step down after a refused ``response_format``: json_schema → json_object → none."""
+        current = request["response_format"]
+        if current.get("type") == "json_schema":
+            schema = current["json_schema"]["schema"]
+            request["response_format"] = {"type": "json_object", "schema": schema}
+            self._format = "json_object"
+        else:
+            del request["response_format"]
+            self._format = "none"
+        logger.info("model endpoint refused a response_format; now %s", self._format)
+        return True
 
     def _map(self, exc: Exception) -> ModelError:
         return map_openai_error(exc, secret=self._secret)

@@ -1,0 +1,195 @@
+"""What an OpenAI-compatible server says about itself: its kind, context window and tokenizer.
+
+`probe_server` asks once, at start, with short timeouts and never raises: a
+server that does not answer a probe is simply an ``openai``-kind server with
+no known window. Read, in this order:
+
+- ``GET {root}/props`` (llama.cpp's own server): ``default_generation_settings.n_ctx``;
+- ``GET {base}/models``: ``max_model_len`` (vLLM), ``meta.n_ctx_train`` (llama.cpp),
+  ``context_length``/``context_window`` (others); ``owned_by`` ``llamacpp`` or
+  ``me`` (llama-cpp-python) marks a llama.cpp server;
+- a tokenizer endpoint: ``POST {root}/tokenize`` (llama.cpp) or
+  ``POST {base}/../extras/tokenize`` (llama-cpp-python).
+
+The kind decides the structured-output wire format (`ResponseFormatMode`):
+llama.cpp servers take ``{"type": "json_object", "schema": …}`` and refuse
+``json_schema``; OpenAI and vLLM take ``{"type": "json_schema", …}``.
+
+`ServerTokenCounter` counts with the server's own tokenizer (exact) for models
+the project has no local tokenizer for; wrap it in `tokens.CachedCounter`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import ModelError
+from .settings import ResponseFormatMode, check_model_request_allowed
+
+__all__ = ["ResponseFormatMode", "ServerInfo", "ServerTokenCounter", "probe_server", "server_root"]
+
+logger = logging.getLogger("contextmode.models.server")
+
+ServerKind = Literal["openai", "llamacpp"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerInfo:
+    """What the probes found."""
+
+    kind: ServerKind = "openai"
+    """``llamacpp`` for llama.cpp's server and llama-cpp-python's, else ``openai``."""
+    context_window: int | None = None
+    """Tokens per request the server accepts, when it says."""
+    window_source: str | None = None
+    """Where ``context_window`` was read (``/props n_ctx``, ``/v1/models max_model_len``…)."""
+    tokenize_url: str | None = None
+    """An endpoint counting tokens with the served model's own tokenizer, if any."""
+
+    @property
+    def response_format(self) -> Literal["json_schema", "json_object"]:
+        """The structured-output form this kind of server takes."""
+        return "json_object" if self.kind == "llamacpp" else "json_schema"
+
+
+def server_root(base_url: str) -> str:
+    """``http://host:port/v1`` → ``http://host:port`` (the llama.cpp native endpoints live there)."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _window_from_models(body: object, model: str | None) -> tuple[int | None, str | None, bool]:
+    """(window, source, llama.cpp-owned) from a ``/v1/models`` body."""
+    entries = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(entries, list):
+        return None, None, False
+    chosen = [e for e in entries if isinstance(e, dict) and e.get("id") == model] or [
+        e for e in entries if isinstance(e, dict)
+    ]
+    if not chosen:
+        return None, None, False
+    entry = chosen[0]
+    llamacpp = entry.get("owned_by") in ("llamacpp", "me")
+    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    for key, where in (("max_model_len", entry), ("context_length", entry), ("context_window", entry),
+                       ("n_ctx", meta), ("n_ctx_train", meta)):
+        if (value := _int(where.get(key))) is not None:
+            return value, f"/v1/models {key}", llamacpp
+    return None, None, llamacpp
+
+
+def probe_server(
+    base_url: str | None,
+    model: str | None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 3.0,
+) -> ServerInfo:
+    """Ask the server at ``base_url`` what it is (see the module docstring); never raises."""
+    if not base_url:
+        return ServerInfo()  # api.openai.com: json_schema, windows by model name
+    try:
+        check_model_request_allowed(base_url)
+        import httpx
+    except Exception:  # disabled requests or no httpx: nothing to learn
+        return ServerInfo()
+    root, base = server_root(base_url), base_url.rstrip("/")
+    kind: ServerKind = "openai"
+    window, source, tokenize = None, None, None
+    try:
+        with httpx.Client(timeout=timeout, headers=dict(headers or {})) as client:
+            props = _get_json(client, f"{root}/props")
+            if isinstance(props, dict) and ("default_generation_settings" in props or "n_ctx" in props):
+                kind, tokenize = "llamacpp", f"{root}/tokenize"
+                settings = props.get("default_generation_settings")
+                n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else _int(props.get("n_ctx"))
+                if n_ctx is not None:
+                    window, source = n_ctx, "/props n_ctx"
+            models_window, models_source, owned = _window_from_models(_get_json(client, f"{base}/models"), model)
+            if owned:
+                kind = "llamacpp"
+            if window is None and models_window is not None:
+                window, source = models_window, models_source
+            if tokenize is None and owned and _tokenizes(client, f"{root}/extras/tokenize", model):
+                tokenize = f"{root}/extras/tokenize"
+    except Exception as exc:  # a probe is advice; the configured values stand
+        logger.info("probing %s failed: %s", root, type(exc).__name__)
+    return ServerInfo(kind=kind, context_window=window, window_source=source, tokenize_url=tokenize)
+
+
+def _get_json(client: object, url: str) -> object:
+    import httpx
+
+    assert isinstance(client, httpx.Client)
+    try:
+        response = client.get(url)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def _tokenizes(client: object, url: str, model: str | None) -> bool:
+    import httpx
+
+    assert isinstance(client, httpx.Client)
+    try:
+        response = client.post(url, json={"input": "hi", "model": model})
+        return response.status_code == 200 and isinstance(response.json().get("tokens"), list)
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+
+
+class ServerTokenCounter:
+    """A `TokenCounter` asking the server's tokenizer endpoint (exact for the served model).
+
+    Synchronous (counting happens while a turn is assembled); a loopback call
+    takes about a millisecond. Wrap it in `tokens.CachedCounter` so a text is
+    sent once. A failed call raises `ModelError`.
+    """
+
+    exact = True
+    message_overhead = 4
+    """ChatML (SmolLM2, Qwen): ``<|im_start|>role\\n`` … ``<|im_end|>\\n``."""
+    reply_overhead = 3
+
+    def __init__(self, url: str, *, model: str | None = None, timeout: float = 5.0) -> None:
+        import httpx
+
+        self.url, self.model = url, model
+        self.name = f"server:{model or 'model'}"
+        self._llamacpp_native = not url.endswith("/extras/tokenize")
+        self._client = httpx.Client(timeout=timeout)
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        body: dict[str, object] = (
+            {"content": text, "add_special": False} if self._llamacpp_native else {"input": text, "model": self.model}
+        )
+        try:
+            response = self._client.post(self.url, json=body)
+            response.raise_for_status()
+            tokens = response.json()["tokens"]
+        except Exception as exc:
+            raise ModelError(f"the server's tokenizer at {self.url} failed: {type(exc).__name__}") from exc
+        if not isinstance(tokens, list):
+            raise ModelError(f"the server's tokenizer at {self.url} sent no token list")
+        return len(tokens)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __repr__(self) -> str:
+        return f"ServerTokenCounter({self.url!r})"
