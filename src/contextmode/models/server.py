@@ -77,7 +77,8 @@ def _window_from_models(body: object, model: str | None) -> tuple[int | None, st
         return None, None, False
     entry = chosen[0]
     llamacpp = entry.get("owned_by") in ("llamacpp", "me")
-    meta = entry.get("meta") if isinstance(entry.get("meta"), dict) else {}
+    raw_meta = entry.get("meta")
+    meta: dict[str, object] = raw_meta if isinstance(raw_meta, dict) else {}
     for key, where in (("max_model_len", entry), ("context_length", entry), ("context_window", entry),
                        ("n_ctx", meta), ("n_ctx_train", meta)):
         if (value := _int(where.get(key))) is not None:

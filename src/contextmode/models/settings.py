@@ -121,7 +121,7 @@ class LLMSettings:
             extra_headers=headers,
             reply_max_tokens=int(reply_cap) or None,
             deadline=float(deadline) or None,
-            response_format=fmt,  # type: ignore[arg-type]
+            response_format=fmt,
         )
 
 

@@ -254,6 +254,7 @@ class ConstraintOut(BaseModel):
 class JobStatsOut(BaseModel):
     ok: int
     failed: int
+    rejected: int = 0
     last_error: str | None
     last_run: datetime | None
 

@@ -115,12 +115,18 @@ async def m005_locks(db: Conn) -> None:
     )
 
 
+async def m_jobs_rejected(db: Conn) -> None:
+    # Jobs whose model output was rejected (schema failure, invented values) are counted apart.
+    await db.execute("ALTER TABLE jobs ADD COLUMN rejected integer NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
     m003_turn_emotions,
     m004_jobs,
     m005_locks,
+    m_jobs_rejected,
 ]
 
 

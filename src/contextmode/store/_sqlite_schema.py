@@ -115,12 +115,18 @@ def m005_locks(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO fence (id, token) VALUES (1, 0)")
 
 
+def m_jobs_rejected(db: sqlite3.Connection) -> None:
+    # Jobs whose model output was rejected (schema failure, invented values) are counted apart.
+    db.execute("ALTER TABLE jobs ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
     m003_turn_emotions,
     m004_jobs,
     m005_locks,
+    m_jobs_rejected,
 ]
 
 
