@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,24 +42,31 @@ class ModelUsage:
     """Output tokens."""
 
 
-_LOOP_GRAM = 32
-"""Characters of the n-gram whose repeats mark a looping reply (any loop period up to ~200 chars)."""
-_LOOP_WINDOW = 1000
-_LOOP_REPEATS = 5
+_LOOP_CHECK_CHARS = 32
+"""A streamed reply is checked for a loop every this many new characters."""
+_LOOP_MIN_CHARS = 200
+_LOOP_MAX_PERIOD = 300
 
 
 def is_looping(text: str) -> bool:
-    """True when the tail of ``text`` repeats one 32-character n-gram 5 times or more.
+    """True when ``text`` ends in the same unit repeated verbatim: 3 times or more, over 200
+    characters or more, for any unit of up to 300 characters.
 
     Small models loop (the same sentence, in Chinese especially) until the
     server's context is full; a reply doing so is cut and ends as ``length``.
-    Character n-grams work for every script; whitespace-only grams are ignored.
+    Works on characters, so for every script; prose with a repeated phrase is
+    not periodic and is left alone.
     """
-    tail = text[-_LOOP_WINDOW:]
-    if len(tail) < _LOOP_GRAM * _LOOP_REPEATS:
+    if len(text) < _LOOP_MIN_CHARS:
         return False
-    grams = Counter(tail[i : i + _LOOP_GRAM] for i in range(len(tail) - _LOOP_GRAM + 1))
-    return any(n >= _LOOP_REPEATS and not gram.isspace() for gram, n in grams.most_common(3))
+    for period in range(1, min(_LOOP_MAX_PERIOD, len(text) // 3) + 1):
+        span = max(3 * period, _LOOP_MIN_CHARS)
+        if span > len(text):
+            break
+        tail = text[-span:]
+        if tail[period:] == tail[:-period] and not tail[-period:].isspace():
+            return True
+    return False
 
 
 def _scrub(text: str, secret: str | None) -> str:
@@ -303,7 +309,7 @@ class OpenAIChatModel:
                         yield delta
                     if choice.finish_reason:
                         finished, self.last_finish_reason = True, str(choice.finish_reason)
-                if not finished and len(text) - checked >= _LOOP_GRAM:
+                if not finished and len(text) - checked >= _LOOP_CHECK_CHARS:
                     checked = len(text)
                     if is_looping(text):
                         finished = self._stop_early("the reply repeats itself")

@@ -166,7 +166,8 @@ def echoes_prompt(answer: str, messages: Sequence[ChatMessage], data: Sequence[s
     flat = " ".join(answer.split())
     instructions = " ".join(m.content for m in messages if m.role == "system")
     for piece in data:
-        instructions = instructions.replace(" ".join(piece.split()), " ")
+        if piece.strip():
+            instructions = instructions.replace(" ".join(piece.split()), " ")
     instructions = " ".join(instructions.split())
     for i in range(0, max(0, len(instructions) - _ECHO_CHARS), 4):
         window = instructions[i : i + _ECHO_CHARS]
