@@ -8,6 +8,8 @@ no known window. Read, in this order:
 - ``GET {base}/models``: ``max_model_len`` (vLLM), ``meta.n_ctx_train`` (llama.cpp),
   ``context_length``/``context_window`` (others); ``owned_by`` ``llamacpp`` or
   ``me`` (llama-cpp-python) marks a llama.cpp server;
+- llama-cpp-python reports its window only when a prompt overflows it: one far larger than
+  any local window is sent to ``/v1/completions`` and the 400's number is read;
 - a tokenizer endpoint: ``POST {root}/tokenize`` (llama.cpp) or
   ``POST {base}/../extras/tokenize`` (llama-cpp-python).
 
@@ -22,6 +24,7 @@ the project has no local tokenizer for; wrap it in `tokens.CachedCounter`.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -120,9 +123,34 @@ def probe_server(
                 window, source = models_window, models_source
             if tokenize is None and owned and _tokenizes(client, f"{root}/extras/tokenize", model):
                 tokenize = f"{root}/extras/tokenize"
+            if window is None and owned:
+                window = _window_from_overflow(client, base, model)
+                source = "context_length_exceeded" if window else None
     except Exception as exc:  # a probe is advice; the configured values stand
         logger.info("probing %s failed: %s", root, type(exc).__name__)
     return ServerInfo(kind=kind, context_window=window, window_source=source, tokenize_url=tokenize)
+
+
+_OVERFLOW_WORDS = 262_144
+_MAX_CONTEXT = re.compile(r"maximum context length is (\d+) tokens|context window of (\d+)")
+
+
+def _window_from_overflow(client: object, base: str, model: str | None) -> int | None:
+    """llama-cpp-python reports its ``n_ctx`` nowhere but in the error for a prompt that does not
+    fit: send one far larger than any local window (refused after tokenizing, before any
+    evaluation) and read the number from the 400."""
+    import httpx
+
+    assert isinstance(client, httpx.Client)
+    try:
+        response = client.post(f"{base}/completions",
+                               json={"model": model, "prompt": "a " * _OVERFLOW_WORDS, "max_tokens": 1})
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 400:
+        return None
+    found = _MAX_CONTEXT.search(response.text)
+    return int(found.group(1) or found.group(2)) if found else None
 
 
 def _get_json(client: object, url: str) -> object:
