@@ -252,3 +252,18 @@ def test_a_silent_server_leaves_the_configuration_alone() -> None:
         info = probe_server(url, "stub-model")
     assert (info.kind, info.context_window, info.tokenize_url) == ("openai", None, None)
     assert probe_server("http://127.0.0.1:9/v1", "m", timeout=0.5).context_window is None
+
+
+def test_a_busy_tokenizer_falls_back_to_the_estimate_and_says_so() -> None:
+    from contextmode.models.server import ServerTokenCounter
+
+    counter = ServerTokenCounter("http://127.0.0.1:9/tokenize", fallback=CharTokenCounter(), timeout=0.2)
+    assert counter.count("hello") == CharTokenCounter().count("hello")
+    assert counter.exact is False  # contexts counted meanwhile report an estimate
+    server = StubServer(llamacpp_window=2048)
+    with server as url:
+        live = ServerTokenCounter(url.removesuffix("/v1") + "/tokenize", fallback=CharTokenCounter())
+        assert live.count("hello world") == CharTokenCounter().count("hello world") and live.exact
+        requests = len(server.requests)
+        live.count("hello world")
+        assert len(server.requests) == requests  # cached

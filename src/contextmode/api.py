@@ -114,10 +114,12 @@ def _fit_server(
             log.info("context window: %d tokens, from the model server (%s)", window, info.window_source)
     if counter is None and info.tokenize_url and not os.environ.get("CONTEXTMODE_TOKENIZER", "").strip():
         from .models.server import ServerTokenCounter
-        from .tokens import CachedCounter, encoding_for_model
+        from .tokens import counter_for_encoding, encoding_for_model
 
-        if encoding_for_model(model.name).startswith("estimate:"):
-            counter = CachedCounter(ServerTokenCounter(info.tokenize_url, model=model.name))
+        encoding = encoding_for_model(model.name)
+        if encoding.startswith("estimate:"):
+            counter = ServerTokenCounter(info.tokenize_url, model=model.name,
+                                         fallback=counter_for_encoding(encoding))
             log.info("token counter: the model server's own tokenizer (%s, exact)", info.tokenize_url)
     return settings, counter
 

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import ModelError
+from ..tokens.base import TokenCounter
 from .settings import ResponseFormatMode, check_model_request_allowed
 
 __all__ = ["ResponseFormatMode", "ServerInfo", "ServerTokenCounter", "probe_server", "server_root"]
@@ -183,27 +185,44 @@ def _tokenizes(client: object, url: str, model: str | None) -> bool:
 class ServerTokenCounter:
     """A `TokenCounter` asking the server's tokenizer endpoint (exact for the served model).
 
-    Synchronous (counting happens while a turn is assembled); a loopback call
-    takes about a millisecond. Wrap it in `tokens.CachedCounter` so a text is
-    sent once. A failed call raises `ModelError`.
+    Synchronous (counting happens while a turn is assembled); a loopback call takes about a
+    millisecond, and exact counts are kept in an LRU cache of ``cache_size`` texts. A server busy
+    generating may not answer in time (llama-cpp-python tokenizes under the same lock as
+    generation): then ``fallback`` counts for ``pause_s`` seconds, ``exact`` is False
+    meanwhile (each context reports it), and the server is asked again after that.
     """
 
-    exact = True
     message_overhead = 4
     """ChatML (SmolLM2, Qwen): ``<|im_start|>role\\n`` … ``<|im_end|>\\n``."""
     reply_overhead = 3
 
-    def __init__(self, url: str, *, model: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(
+        self, url: str, *, fallback: TokenCounter, model: str | None = None, timeout: float = 1.0,
+        pause_s: float = 60.0, cache_size: int = 4096,
+    ) -> None:
         import httpx
 
-        self.url, self.model = url, model
+        self.url, self.model, self.fallback, self.pause_s = url, model, fallback, pause_s
         self.name = f"server:{model or 'model'}"
         self._llamacpp_native = not url.endswith("/extras/tokenize")
         self._client = httpx.Client(timeout=timeout)
+        self._paused_until = 0.0
+        self.exact = True
+        """False while the fallback counts (the server did not answer in time)."""
+        self._cache: OrderedDict[str, int] = OrderedDict()
+        self._cache_size = cache_size
+
 
     def count(self, text: str) -> int:
         if not text:
             return 0
+        if (cached := self._cache.get(text)) is not None:
+            self._cache.move_to_end(text)
+            return cached
+        if not self.exact:
+            if time.monotonic() < self._paused_until:
+                return self.fallback.count(text)
+            self.exact = True
         body: dict[str, object] = (
             {"content": text, "add_special": False} if self._llamacpp_native else {"input": text, "model": self.model}
         )
@@ -211,10 +230,16 @@ class ServerTokenCounter:
             response = self._client.post(self.url, json=body)
             response.raise_for_status()
             tokens = response.json()["tokens"]
+            if not isinstance(tokens, list):
+                raise TypeError("no token list")
         except Exception as exc:
-            raise ModelError(f"the server's tokenizer at {self.url} failed: {type(exc).__name__}") from exc
-        if not isinstance(tokens, list):
-            raise ModelError(f"the server's tokenizer at {self.url} sent no token list")
+            self._paused_until, self.exact = time.monotonic() + self.pause_s, False
+            logger.warning("the server's tokenizer at %s failed (%s); counting with %s for %.0f s",
+                           self.url, type(exc).__name__, self.fallback.name, self.pause_s)
+            return self.fallback.count(text)
+        self._cache[text] = len(tokens)
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
         return len(tokens)
 
     def close(self) -> None:
