@@ -300,15 +300,10 @@ class OpenAIChatModel:
                         raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
                     finished = self._stop_early(f"the {self.deadline} s deadline passed")
                     break
-                if getattr(chunk, "usage", None) is not None:
-                    self._record_usage(chunk.usage)
-                for choice in chunk.choices or ():
-                    delta = getattr(choice.delta, "content", None) if choice.delta else None
-                    if delta:
-                        text += delta
-                        yield delta
-                    if choice.finish_reason:
-                        finished, self.last_finish_reason = True, str(choice.finish_reason)
+                for delta in self._deltas(chunk):
+                    text += delta
+                    yield delta
+                finished = finished or self.last_finish_reason is not None
                 if not finished and len(text) - checked >= _LOOP_CHECK_CHARS:
                     checked = len(text)
                     if is_looping(text):
@@ -325,6 +320,19 @@ class OpenAIChatModel:
             await _close_quietly(stream)
         if not finished:
             raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
+
+    def _deltas(self, chunk: Any) -> list[str]:
+        """A chunk's text deltas; records its usage and its finish reason."""
+        if getattr(chunk, "usage", None) is not None:
+            self._record_usage(chunk.usage)
+        deltas = []
+        for choice in chunk.choices or ():
+            delta = getattr(choice.delta, "content", None) if choice.delta else None
+            if delta:
+                deltas.append(delta)
+            if choice.finish_reason:
+                self.last_finish_reason = str(choice.finish_reason)
+        return deltas
 
     def _stop_early(self, why: str) -> bool:
         logger.warning("model %s: reply stopped early (%s); the partial reply is kept", self.name, why)
@@ -351,16 +359,17 @@ class OpenAIChatModel:
             try:
                 result = await self._client.chat.completions.create(**kwargs)
             except openai.APIStatusError as exc:
-                refused = exc.status_code in (400, 422)
-                if refused and "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
+                if exc.status_code not in (400, 422):
+                    raise self._map(exc) from self._cause(exc)
+                if "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
                     length_param = "max_completion_tokens"
-                    continue
-                if refused and "response_format" in kwargs and self._refused_format(request):
-                    continue
-                if refused and with_usage:
+                elif "response_format" in kwargs:
+                    self._refused_format(request)
+                elif with_usage:
                     with_usage = False
-                    continue
-                raise self._map(exc) from self._cause(exc)
+                else:
+                    raise self._map(exc) from self._cause(exc)
+                continue
             except Exception as exc:
                 raise self._map(exc) from self._cause(exc)
             if length_param != self._length_param:
@@ -372,7 +381,7 @@ class OpenAIChatModel:
             return result
         raise ModelError("the model endpoint refused the request")  # unreachable in practice
 
-    def _refused_format(self, request: dict[str, Any]) -> bool:
+    def _refused_format(self, request: dict[str, Any]) -> None:
         """Step down after a refused ``response_format``: json_schema → json_object → none."""
         current = request["response_format"]
         if current.get("type") == "json_schema":
@@ -383,7 +392,6 @@ class OpenAIChatModel:
             del request["response_format"]
             self._format = "none"
         logger.info("model endpoint refused a response_format; now %s", self._format)
-        return True
 
     def _map(self, exc: Exception) -> ModelError:
         return map_openai_error(exc, secret=self._secret)
