@@ -25,6 +25,7 @@ import asyncio
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -220,10 +221,18 @@ def _print_table(result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=20, help="turns per language (max 20)")
+    parser.add_argument("--reply-max-tokens", type=int, default=None,
+                        help="eval-only switch: cap replies below the shipped 1024 (named in the output)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the llama server on the way out
+    if args.reply_max_tokens is not None:
+        os.environ["CONTEXTMODE_LLM_REPLY_MAX_TOKENS"] = str(args.reply_max_tokens)
     os.environ.setdefault("CONTEXTMODE_HOME", tempfile.mkdtemp(prefix="contextmode-bench-"))
     with llama_server(Path(tempfile.mkdtemp(prefix="contextmode-real-model-"))) as base_url:
         result = asyncio.run(run(base_url, min(args.turns, 20)))
+    result["eval_switches"] = (
+        {"CONTEXTMODE_LLM_REPLY_MAX_TOKENS": args.reply_max_tokens} if args.reply_max_tokens is not None else {}
+    )
     _print_table(result)
     print(json.dumps(result, ensure_ascii=False))
 
