@@ -261,6 +261,11 @@ class OpenAIChatModel:
         return await self._complete(request)
 
     async def _complete(self, request: dict[str, Any]) -> str:
+        if self._server_info is not None and self._server_info.kind == "llamacpp":
+            # A llama.cpp server answers one request at a time and finishes a non-streamed one
+            # even after the client gave up; a stream stops when its connection closes, so a
+            # call abandoned at its timeout frees the server for the next one.
+            return "".join([delta async for delta in self._stream_request(request)])
         try:
             async with asyncio.timeout(self.deadline):
                 completion = await self._create(request, stream=False)
@@ -278,6 +283,10 @@ class OpenAIChatModel:
     ) -> AsyncIterator[str]:
         """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
         request = self._request(messages, self.reply_max_tokens if max_tokens is None else max_tokens)
+        async for delta in self._stream_request(request):
+            yield delta
+
+    async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         self.last_finish_reason = None

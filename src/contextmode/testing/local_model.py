@@ -89,7 +89,9 @@ def llama_server(log_dir: Path, *, n_ctx: int = 4096, timeout_s: float = 120.0) 
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "llama-server.log"
     args = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", LOCAL_MODEL_ALIAS,
-            "--n_ctx", str(n_ctx), "--host", "127.0.0.1", "--port", str(port)]
+            "--n_ctx", str(n_ctx), "--host", "127.0.0.1", "--port", str(port),
+            # one request at a time, first come first served (a new request must not cut a reply)
+            "--interrupt_requests", "false"]
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     server = WorkerProcess(port=port, process=process, log_path=log_path)
