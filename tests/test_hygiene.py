@@ -147,7 +147,8 @@ class MaliciousModel:
 @pytest.mark.parametrize("payload", INJECTIONS)
 async def test_llm_processors_pinning_the_injection_keep_it_inside_the_data(payload: str) -> None:
     """Even when the extractor pins the instruction verbatim and the summariser repeats it
-    with closing tags, it lands inside <constraints>/<summary>, neutralised."""
+    with closing tags, nothing with markup is stored (the output is rejected) and what is
+    stored lands inside <constraints>/<summary>, neutralised."""
     bad = FunctionModel(MaliciousModel(payload))
     engine = build_engine(
         store=MemoryStore(),
@@ -159,11 +160,13 @@ async def test_llm_processors_pinning_the_injection_keep_it_inside_the_data(payl
     )
     await converse(engine, [payload, *(f"闲聊 {i}" for i in range(11))])
     state = await engine.store.load(T, S, recent=0)
-    assert state.summary is not None and state.constraints
+    assert state.summary is None  # the summary repeated closing tags: rejected
+    for constraint in state.constraints:
+        assert "<" not in constraint.quote and "＜" not in constraint.key
     prepared = await engine.prepare(T, S, "继续")
     assert_hygienic(prepared.messages)
     sections = dict(split_system(prepared.messages[0].content)[1])
-    assert "constraints" in sections and "summary" in sections
+    assert ("constraints" in sections) == bool(state.constraints)
 
 
 async def test_a_custom_system_prompt_is_the_only_instruction() -> None:

@@ -28,7 +28,7 @@ from contextmode.jsonparse import SchemaError, extract_json, parse_json_as, vali
         ('{"a": 1, /* note */ "b": 2}', {"a": 1, "b": 2}),
         ('{"text": "line one\nline two"}', {"text": "line one\nline two"}),
         ('{"a": [1, 2, {"b": "trunc', {"a": [1, 2, {"b": "trunc"}]}),
-        ('{"a": 1, "b": ', {"a": 1}),
+        ('{"a": 1, "b": ', {"a": 1, "b": ""}),
         ('```json\n{"a": 1,\n', {"a": 1}),
         ("prose [not json] then {\"ok\": true}", {"ok": True}),
     ],

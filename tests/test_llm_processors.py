@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contextmode.errors import ModelError, ModelTimeout, ModelUnavailable
+from contextmode.errors import ModelError, ModelTimeout, ModelUnavailable, OutputRejected
 from contextmode.processors.base import (
     ConstraintExtractor,
     ConstraintUpdate,
@@ -210,11 +210,10 @@ async def test_constraints_are_parsed_tolerantly_into_an_update() -> None:
     answer = """好的，提取结果如下：
 ```json
 {"upsert": [
-    {"key": "Spice", "value": "不要辣", "kind": "preference", "quote": "我不吃辣"},
-    {"key": "budget", "value": "预算50元以内", "kind": "hard", "quote": "用户说过的话（编造的）"},
-    {"key": "", "value": "dropped"},
+    {"key": "Spice", "value": "不吃辣", "kind": "Preference", "quote": "我不吃辣"},
+    {"key": "budget", "value": "五十以内", "kind": "constraint", "quote": "价格控制在五十以内",},
 ],
- "remove": ["location", "spice"],}
+ "remove": ["location", "spice", "never_stored"],}
 ```
 以上。"""
     model = ScriptedModel([answer])
@@ -223,31 +222,68 @@ async def test_constraints_are_parsed_tolerantly_into_an_update() -> None:
     update = await LLMConstraintExtractor(model).extract(user_turn, current)
     assert update == ConstraintUpdate(
         upsert=(
-            Constraint(key="spice", value="不要辣", kind="preference", source_seq=5, quote="我不吃辣"),
-            Constraint(key="budget", value="预算50元以内", kind="constraint", source_seq=5, quote=""),
+            Constraint(key="spice", value="不吃辣", kind="preference", source_seq=5, quote="我不吃辣"),
+            Constraint(key="budget", value="五十以内", kind="constraint", source_seq=5, quote="价格控制在五十以内"),
         ),
-        remove_keys=("location",),
+        remove_keys=("location",),  # only remembered keys can be removed
     )
     assert "location: 住在北京" in model.calls[0].last_user
 
 
 @pytest.mark.parametrize("answer", [
-    '{"constraints": {"spice": "不要辣"}}',
-    '[{"key": "spice", "value": "不要辣"}]',
-    "{'upsert': [{'key': 'spice', 'value': '不要辣',}]}",
+    '{"constraints": {"spice": {"value": "不要辣", "quote": "不要辣"}}}',
+    '[{"key": "spice", "value": "不要辣", "quote": "我不要辣的"}]',
+    "{'upsert': [{'key': 'spice', 'value': '不要辣', 'quote': '不要辣',}]}",
 ])
 async def test_constraint_shapes_models_actually_produce(answer: str) -> None:
-    update = await LLMConstraintExtractor(ScriptedModel([answer])).extract(turn(1, "user", "不要辣"), [])
+    update = await LLMConstraintExtractor(ScriptedModel([answer])).extract(turn(1, "user", "我不要辣的"), [])
     assert [(c.key, c.value) for c in update.upsert] == [("spice", "不要辣")]
 
 
-async def test_bad_constraint_output_is_an_empty_update() -> None:
-    model = ScriptedModel(["I could not find any constraints.", '{"upsert": "nonsense"}', '["just", "words"]'])
-    extractor = LLMConstraintExtractor(model)
-    for _ in range(3):
-        assert await extractor.extract(turn(1, "user", "hi there"), []) == ConstraintUpdate()
-    assert await extractor.extract(turn(2, "assistant", "我不吃辣"), []) == ConstraintUpdate()
-    assert len(model.calls) == 3
+@pytest.mark.parametrize(("message", "answer", "reason"), [
+    ("hi there", "I could not find any constraints.", "no JSON"),
+    ("hi there", '{"upsert": "nonsense"}', "schema"),
+    ("hi there", '["just", "words"]', "schema"),
+    ("我不吃辣", '{"upsert": [{"key": "spice", "value": "不吃辣", "kind": "hard", "quote": "我不吃辣"}]}', "schema"),
+    ("我不吃辣", '{"upsert": [{"key": "", "value": "不吃辣", "kind": "fact", "quote": "我不吃辣"}]}', "schema"),
+    # the prompt's own examples, for users who said something else
+    ("I'm vegetarian, 30 dollars per person",
+     '{"upsert": [{"key": "spice", "value": "no spicy food", "kind": "preference", "quote": "I can\'t eat spicy"}]}',
+     "not in the user's words"),
+    ("I'm vegetarian, 30 dollars per person",
+     '{"upsert": [{"key": "budget", "value": "under $50", "kind": "constraint", "quote": "30 dollars per person"}]}',
+     "numbers the user never said (50)"),
+    ("对海鲜过敏，预算两百以内",
+     '{"upsert": [{"key": "spice", "value": "不要辣", "kind": "preference", "quote": "对海鲜过敏"}]}',
+     "not in the user's words"),
+    # empty and markup quotes
+    ("I'm vegetarian", '{"upsert": [{"key": "diet", "value": "vegetarian", "kind": "fact", "quote": ""}]}',
+     "empty quote"),
+    ("I can't eat spicy", '{"upsert": [{"key": "spice", "value": "no spicy", "quote": "<b>I can\'t eat spicy"}]}',
+     "markup in the quote"),
+])
+async def test_invalid_constraint_output_is_rejected_with_a_reason(message: str, answer: str, reason: str) -> None:
+    with pytest.raises(OutputRejected) as caught:
+        await LLMConstraintExtractor(ScriptedModel([answer])).extract(turn(1, "user", message), [])
+    assert reason in caught.value.reason
+
+
+async def test_grounded_values_in_other_spellings_are_kept() -> None:
+    answer = ('{"upsert": [{"key": "budget", "value": "200以内", "kind": "constraint", "quote": "预算两百以内"},'
+              ' {"key": "allergy:seafood", "value": "海鲜过敏", "kind": "fact", "quote": "对海鲜过敏"}], "remove": []}')
+    update = await LLMConstraintExtractor(ScriptedModel([answer])).extract(turn(1, "user", "对海鲜过敏，预算两百以内"), [])
+    assert [c.value for c in update.upsert] == ["200以内", "海鲜过敏"]
+
+
+async def test_rejected_constraint_output_uses_the_fallback_when_there_is_one() -> None:
+    class Offline:
+        async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
+            return ConstraintUpdate(remove_keys=("x",))
+
+    extractor = LLMConstraintExtractor(ScriptedModel(["no json"]), fallback=Offline())
+    assert await extractor.extract(turn(1, "user", "hi"), []) == ConstraintUpdate(remove_keys=("x",))
+    assert await LLMConstraintExtractor(ScriptedModel([])).extract(turn(2, "assistant", "我不吃辣"), []) == (
+        ConstraintUpdate())
 
 
 async def test_constraint_model_errors_raise_for_a_retry() -> None:
@@ -262,7 +298,8 @@ async def test_emotion_scores_are_parsed_and_clamped() -> None:
     scorer = LLMEmotionScorer(model)
     assert await scorer.score("我真的撑不下去了") == pytest.approx(0.85)
     assert await scorer.score("I'm furious") == 1.0
-    assert await scorer.score("ok") == 0.0
+    with pytest.raises(OutputRejected, match="no intensity"):
+        await scorer.score("ok")
     assert await scorer.score("   ") == 0.0
     assert len(model.calls) == 3
     assert "撑不下去" in model.calls[0].last_user
@@ -290,7 +327,7 @@ async def test_processors_over_the_stub_server_survive_malformed_json() -> None:
     def reply(request: StubRequest) -> str:
         system = request.messages[0]["content"]
         if "JSON" in system and "upsert" in system:
-            return '{"upsert": [{"key": "spice", "value": "不要辣"'  # cut off mid-object
+            return '{"upsert": [{"key": "spice", "value": "不要辣", "quote": "我不吃辣'  # cut off mid-object
         if "JSON" in system:
             return "情绪强度大概是 {intensity: 很高}"  # not a number
         return "那个按钮"
@@ -300,7 +337,8 @@ async def test_processors_over_the_stub_server_survive_malformed_json() -> None:
         model = OpenAIChatModel(model="stub-model", base_url=url, max_retries=0, timeout=2)
         update = await LLMConstraintExtractor(model).extract(turn(1, "user", "我不吃辣"), [])
         assert [(c.key, c.value) for c in update.upsert] == [("spice", "不要辣")]
-        assert await LLMEmotionScorer(model).score("我很难过") == 0.0
+        with pytest.raises(OutputRejected):
+            await LLMEmotionScorer(model).score("我很难过")
         server.malformed_next()  # a broken HTTP body: the rewrite keeps the message
         rewrite = await LLMRewriter(model).rewrite("那个按钮在哪?", HISTORY)
         assert rewrite == Rewrite(text="那个按钮在哪?", changed=False, source="llm")

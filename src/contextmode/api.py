@@ -15,9 +15,11 @@ print(ctx.summary_line())
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Coroutine
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 from .assembly import Context
@@ -30,6 +32,7 @@ from .tokens.base import TokenCounter
 
 __all__ = ["ContextMode", "build_engine"]
 
+log = logging.getLogger("contextmode.api")
 T = TypeVar("T")
 DEFAULT_COUNTING_MODEL = "gpt-4o"
 """Whose tokenizer counts tokens when no model is configured (o200k_base)."""
@@ -63,19 +66,62 @@ def _processors(kind: ProcessorKind, model: ChatModel) -> dict[str, Any]:
         LLMConstraintExtractor,
         LLMContextDetector,
         LLMEmotionScorer,
+        LLMLimits,
         LLMRewriter,
         LLMSummarizer,
     )
 
     # On the response path a model failure falls back to the offline processor; in
-    # background jobs it raises, so the job is retried and, at worst, recorded as failed.
+    # background jobs it raises, so the job is retried and, at worst, recorded as failed
+    # (or as rejected, without retries, when the model's output was unusable).
+    limits = LLMLimits.from_env()
     return {
-        "detector": LLMContextDetector(model, fallback=offline["detector"]),
-        "rewriter": LLMRewriter(model, fallback=offline["rewriter"]),
-        "summarizer": AuditedSummarizer(LLMSummarizer(model)),
-        "extractor": LLMConstraintExtractor(model),
-        "emotion": LLMEmotionScorer(model),
+        "detector": LLMContextDetector(model, fallback=offline["detector"], max_tokens=limits.detect),
+        "rewriter": LLMRewriter(model, fallback=offline["rewriter"], max_tokens=limits.rewrite),
+        "summarizer": AuditedSummarizer(LLMSummarizer(model, max_tokens=limits.summary)),
+        "extractor": LLMConstraintExtractor(model, max_tokens=limits.constraints),
+        "emotion": LLMEmotionScorer(model, max_tokens=limits.emotion),
     }
+
+
+def _fit_server(
+    settings: EngineSettings, model: ChatModel, counter: TokenCounter | None, *, window_set: bool
+) -> tuple[EngineSettings, TokenCounter | None]:
+    """Take the context window, and a tokenizer for a model without a local one, from the model's
+    server when it says (see `models.server.probe_server`).
+
+    A window set in the configuration that is larger than the server's is a `ConfigError`
+    naming both numbers; an unset one becomes the server's.
+    """
+    probe = getattr(model, "server_info", None)
+    if not callable(probe):
+        return settings, counter
+    from .models.server import ServerInfo
+
+    info = probe()
+    if not isinstance(info, ServerInfo):
+        return settings, counter
+    window = info.context_window
+    if window is not None:
+        if window_set and settings.context_window > window:
+            raise ConfigError(
+                f"the context budget is {settings.context_window} tokens (CONTEXTMODE_CONTEXT_WINDOW) but the "
+                f"model server's window is {window} tokens ({info.window_source}); "
+                f"set CONTEXTMODE_CONTEXT_WINDOW to {window} or less"
+            )
+        if not window_set:
+            settings = replace(settings, context_window=window)
+            log.info("context window: %d tokens, from the model server (%s)", window, info.window_source)
+    if counter is None and info.tokenize_url and not os.environ.get("CONTEXTMODE_TOKENIZER", "").strip():
+        from .models.server import ServerTokenCounter
+        from .tokens import counter_for_encoding, encoding_for_model
+
+        encoding = encoding_for_model(model.name)
+        if encoding.startswith("estimate:"):
+            counter = ServerTokenCounter(info.tokenize_url, model=model.name,
+                                         fallback=counter_for_encoding(encoding))
+            log.info("token counter: the model server's own tokenizer (%s, exact)", info.tokenize_url)
+    return settings, counter
 
 
 def build_engine(
@@ -99,13 +145,19 @@ def build_engine(
     from .store import open_store
     from .tokens import counter_for_model
 
+    # A window chosen by the caller (env, or settings off the default) is checked against the
+    # server's; a default one is replaced by the server's.
+    window_set = bool(os.environ.get("CONTEXTMODE_CONTEXT_WINDOW", "").strip()) or (
+        settings is not None and settings.context_window != EngineSettings().context_window)
     settings = settings or EngineSettings.from_env()
-    if counter is None:
-        # The configured model's tokenizer; with none configured, o200k (gpt-4o family).
-        named = os.environ.get("CONTEXTMODE_LLM_MODEL") or (model.name if model is not None else None)
-        counter = counter_for_model(named or DEFAULT_COUNTING_MODEL)
+    named = os.environ.get("CONTEXTMODE_LLM_MODEL") or (model.name if model is not None else None)
     if model is None:
         model = model_from_env()
+    settings, counter = _fit_server(settings, model, counter, window_set=window_set)
+    if counter is None:
+        # The configured model's tokenizer; with none configured, o200k (gpt-4o family).
+        counter = counter_for_model(named or DEFAULT_COUNTING_MODEL)
+        log.info("token counter: %s (%s)", counter.name, "exact" if counter.exact else "an estimate")
     if model.__class__.__name__ == "OfflineResponder" and getattr(model, "counter", None) is None:
         model.counter = counter  # type: ignore[attr-defined]
     if store is None or isinstance(store, str):

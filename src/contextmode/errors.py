@@ -14,7 +14,8 @@ ContextModeError
 ├── StoreError                     the store failed or is unreachable (driver errors map here)
 ├── ModelError                     the chat model failed (timeouts, 429/5xx, bad output)
 │   ├── ModelTimeout
-│   └── ModelUnavailable
+│   ├── ModelUnavailable
+│   └── OutputRejected             the model answered, but unusably (schema, invented values)
 └── LockNotAcquired                another worker holds the session's job lock
 ```
 
@@ -38,6 +39,7 @@ __all__ = [
     "ModelTimeout",
     "ModelUnavailable",
     "NoPreviousAnswer",
+    "OutputRejected",
     "SessionNotFound",
     "StoreError",
     "UserError",
@@ -117,6 +119,16 @@ class ModelTimeout(ModelError):
 
 class ModelUnavailable(ModelError):
     """The chat model is unreachable, rate limited (429) or failing (5xx)."""
+
+
+class OutputRejected(ModelError):
+    """The model answered, but its output is unusable: it fails the schema, or its values do not
+    appear in the conversation (the prompt's own examples, empty or markup quotes). Nothing from
+    it is stored; a background job ends ``rejected`` with ``reason``, without retries."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"model output rejected: {reason}")
+        self.reason = reason
 
 
 class LockNotAcquired(ContextModeError):

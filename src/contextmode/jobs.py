@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from .errors import ConfigError, LockNotAcquired
+from .errors import ConfigError, LockNotAcquired, OutputRejected
 from .store.base import Store
 from .types import validate_id
 
@@ -188,6 +188,10 @@ class JobRunner:
             except _LockBusy:
                 log.info("job %s for %s/%s skipped: another worker holds the session", name, *key)
                 return
+            except OutputRejected as exc:  # the model answered unusably; nothing was stored, no retry
+                log.warning("job %s for %s/%s rejected the model's output: %s", name, *key, exc.reason)
+                await self._record(key, name, ok=False, error=exc.reason[:500], rejected=True)
+                return
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"[:500]
                 if attempt < attempts:
@@ -227,10 +231,12 @@ class JobRunner:
         else:
             await asyncio.wait_for(factory(), self.settings.timeout_s)
 
-    async def _record(self, key: tuple[str, str], name: str, *, ok: bool, error: str | None = None) -> None:
+    async def _record(
+        self, key: tuple[str, str], name: str, *, ok: bool, error: str | None = None, rejected: bool = False
+    ) -> None:
         if self.store is None:
             return
         try:
-            await self.store.record_job(*key, name, ok=ok, error=error)
+            await self.store.record_job(*key, name, ok=ok, error=error, rejected=rejected)
         except Exception as exc:  # stats are best effort; the job's own result stands
             log.warning("could not record job %s for %s/%s: %s", name, *key, exc)

@@ -2,7 +2,8 @@
 
 Models asked for "only a JSON object" still wrap it in code fences, put prose
 around it, leave trailing commas, use single or full-width quotes, write Python
-literals, or stop half-way (seed 003 §4.4). Auxiliary processors must never
+literals, or stop half-way (seed 003 §4.4); the repair is the maintained
+`json_repair` library's, not ours. Auxiliary processors must never
 fail a turn because of that, so nothing here raises on bad input:
 `extract_json` returns ``None`` and `parse_json_as` returns ``None`` after
 logging a warning with a short excerpt of the text.
@@ -15,15 +16,15 @@ missing field falls back to its default.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import json
 import logging
 import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import json_repair
 
 __all__ = ["SchemaError", "extract_json", "parse_json_as", "validate_as"]
 
@@ -32,11 +33,7 @@ logger = logging.getLogger("contextmode.jsonparse")
 T = TypeVar("T")
 
 _FENCE = re.compile(r"```[ \t]*(?:json5?|JSON|javascript|js|python)?[ \t]*\n?(.*?)(?:```|\Z)", re.S)
-_OPEN_QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019"}
-_FULLWIDTH_PUNCT = {"\uff1a": ":", "\uff0c": ",", "\u3001": ","}
-_PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
 _EXCERPT_CHARS = 200
-_BARE_WORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\s*[:\uff1a])?")
 
 
 class SchemaError(ValueError):
@@ -48,143 +45,38 @@ def _excerpt(text: str) -> str:
     return flat if len(flat) <= _EXCERPT_CHARS else flat[:_EXCERPT_CHARS] + "…"
 
 
-def _balanced_spans(text: str) -> list[str]:
-    """Every top-level ``{…}`` / ``[…]`` span in ``text``, string-aware.
-
-    An unclosed span (a truncated answer) runs to the end of the text; the
-    repair step closes it.
-    """
-    spans: list[str] = []
-    i = 0
-    while i < len(text):
-        if text[i] not in "{[":
-            i += 1
-            continue
-        depth, quote, j = 0, "", i
-        while j < len(text):
-            ch = text[j]
-            if quote:
-                if ch == "\\":
-                    j += 1
-                elif ch == quote:
-                    quote = ""
-            elif ch in _OPEN_QUOTES:
-                quote = _OPEN_QUOTES[ch]
-            elif ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
-        spans.append(text[i : j + 1])
-        i = j + 1
-    return spans
-
-
-def _repair(src: str) -> str:
-    """Rewrite near-JSON into JSON: quotes, comments, literals, trailing commas, truncation."""
-    out: list[str] = []
-    stack: list[str] = []
-    i, n = 0, len(src)
-    while i < n:
-        ch = src[i]
-        if ch in _OPEN_QUOTES:
-            close = _OPEN_QUOTES[ch]
-            j, buf = i + 1, []
-            while j < n and src[j] != close:
-                if src[j] == "\\" and j + 1 < n:
-                    if close == "'" and src[j + 1] == "'":
-                        buf.append("'")
-                    else:
-                        buf.append(src[j : j + 2])
-                    j += 2
-                    continue
-                buf.append('\\"' if src[j] == '"' else src[j])
-                j += 1
-            out.append('"' + "".join(buf) + '"')
-            i = j + 1
-            continue
-        if src.startswith("//", i) or ch == "#":
-            while i < n and src[i] != "\n":
-                i += 1
-            continue
-        if src.startswith("/*", i):
-            end = src.find("*/", i + 2)
-            i = n if end < 0 else end + 2
-            continue
-        m = _BARE_WORD.match(src, i)
-        if m:
-            word = m.group(1)
-            if word in _PY_LITERALS:
-                out.append(_PY_LITERALS[word])
-            elif m.group(2):  # an unquoted key: {intensity: 0.8}
-                out.append(f'"{word}"')
-            else:
-                out.append(word)
-            i += len(word)
-            continue
-        ch = _FULLWIDTH_PUNCT.get(ch, ch)
-        if ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-        elif ch in "}]":
-            _drop_trailing_comma(out)
-            if stack:
-                stack.pop()
-        out.append(ch)
-        i += 1
-    if stack:  # truncated: drop a dangling comma / key, then close what is open
-        text = "".join(out).rstrip()
-        text = re.sub(r',?\s*"[^"]*"\s*:\s*$', "", text).rstrip().rstrip(",")
-        return text + "".join(reversed(stack))
-    return "".join(out)
-
-
-def _drop_trailing_comma(out: list[str]) -> None:
-    k = len(out) - 1
-    while k >= 0 and out[k].isspace():
-        k -= 1
-    if k >= 0 and out[k] == ",":
-        del out[k]
-
-
-def _loads(candidate: str) -> Any:
-    for attempt in (candidate, None):
-        text = _repair(candidate) if attempt is None else attempt
-        try:
-            return json.loads(text, strict=False)
-        except ValueError:
-            continue
-    try:  # Python-style dicts with tuples or odd escapes
-        return ast.literal_eval(candidate)
-    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        raise ValueError("not JSON") from None
-
-
 def extract_json(text: str | None) -> Any | None:
     """The first JSON object or array found in ``text``, repaired if need be; ``None`` if none.
 
-    Tried in order: fenced code blocks, the whole text, then each balanced
-    ``{…}``/``[…]`` span in the prose (an object is preferred to an array).
+    Repair is `json_repair`'s (fences, prose around the JSON, trailing commas,
+    single or full-width quotes, Python literals, comments, truncation). When
+    the text holds several JSON values outside one top-level array, the first
+    object wins.
     """
     if not text or not text.strip():
         return None
-    candidates = [m.group(1) for m in _FENCE.finditer(text)]
-    candidates.append(text.strip())
-    spans = _balanced_spans(text)
-    candidates += [s for s in spans if s.startswith("{")] + [s for s in spans if s.startswith("[")]
-    for candidate in candidates:
-        candidate = candidate.strip()
-        if not candidate or candidate[0] not in "{[":
-            continue
-        try:
-            value = _loads(candidate)
-        except ValueError:
-            continue
-        if isinstance(value, dict | list):
-            return value
+    try:
+        value = json_repair.loads(text)
+    except Exception:  # the library's contract is "never raise", but bad input must not escape here
+        value = None
+    if isinstance(value, list) and not _starts_with_array(text):
+        # Several values were found in prose: prefer the first object.
+        value = next((v for v in value if isinstance(v, dict)), value[0] if value else None)
+    if isinstance(value, dict | list) and (value or _looks_empty(text)):
+        return value
     logger.warning("no JSON found in model output: %r", _excerpt(text))
     return None
+
+
+def _starts_with_array(text: str) -> bool:
+    fenced = _FENCE.search(text)
+    body = (fenced.group(1) if fenced else text).strip()
+    return body.startswith("[")
+
+
+def _looks_empty(text: str) -> bool:
+    """True when the text really holds ``{}`` or ``[]`` (not an empty repair of prose)."""
+    return bool(re.search(r"\{\s*\}|\[\s*\]", text))
 
 
 def parse_json_as(text: str | None, schema: type[T]) -> T | None:

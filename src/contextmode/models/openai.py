@@ -8,6 +8,7 @@ appears in a ``repr``, an error message or a log line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -16,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
 from ..types import ChatMessage
-from .settings import LLMSettings, check_model_request_allowed
+from .base import JsonSchema
+from .server import ServerInfo, probe_server
+from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["ModelUsage", "OpenAIChatModel", "map_openai_error"]
+__all__ = ["ModelUsage", "OpenAIChatModel", "is_looping", "map_openai_error"]
 
 logger = logging.getLogger("contextmode.models.openai")
 
@@ -37,6 +40,33 @@ class ModelUsage:
     """Input tokens, by the server's own tokenizer."""
     completion_tokens: int
     """Output tokens."""
+
+
+_LOOP_CHECK_CHARS = 32
+"""A streamed reply is checked for a loop every this many new characters."""
+_LOOP_MIN_CHARS = 200
+_LOOP_MAX_PERIOD = 300
+
+
+def is_looping(text: str) -> bool:
+    """True when ``text`` ends in the same unit repeated verbatim: 3 times or more, over 200
+    characters or more, for any unit of up to 300 characters.
+
+    Small models loop (the same sentence, in Chinese especially) until the
+    server's context is full; a reply doing so is cut and ends as ``length``.
+    Works on characters, so for every script; prose with a repeated phrase is
+    not periodic and is left alone.
+    """
+    if len(text) < _LOOP_MIN_CHARS:
+        return False
+    for period in range(1, min(_LOOP_MAX_PERIOD, len(text) // 3) + 1):
+        span = max(3 * period, _LOOP_MIN_CHARS)
+        if span > len(text):
+            break
+        tail = text[-span:]
+        if tail[period:] == tail[:-period] and not tail[-period:].isspace():
+            return True
+    return False
 
 
 def _scrub(text: str, secret: str | None) -> str:
@@ -87,7 +117,15 @@ class OpenAIChatModel:
 
     ``stream()`` yields text deltas; if the stream breaks or ends without a
     ``finish_reason`` it raises `ModelError` *after* yielding what arrived, so
-    the caller can keep a partial answer (seed 000).
+    the caller can keep a partial answer (seed 000). Every call is bounded: a
+    reply gets ``reply_max_tokens`` when the caller names no ``max_tokens``, and
+    a call past ``deadline`` seconds, or a reply that loops (`is_looping`),
+    stops cleanly with what arrived, ``last_finish_reason`` ``length``.
+
+    ``complete_json`` asks for JSON fitting a schema in the server's own wire
+    format (``response_format``): ``json_schema`` for OpenAI and vLLM,
+    ``json_object`` with a ``schema`` for llama.cpp, found by `probe_server`
+    on first use (``auto``), and adapted once if the server refuses it.
     """
 
     def __init__(
@@ -103,12 +141,23 @@ class OpenAIChatModel:
         include_usage: bool = True,
         on_usage: Callable[[ModelUsage], None] | None = None,
         client: AsyncOpenAI | None = None,
+        reply_max_tokens: int | None = 1024,
+        deadline: float | None = 120.0,
+        response_format: ResponseFormatMode = "auto",
+        server_info: ServerInfo | None = None,
     ) -> None:
         """``timeout`` in seconds (connect and each read); ``include_usage`` asks for usage on streams
-        (dropped automatically if the server refuses it); ``on_usage`` receives each call's usage."""
+        (dropped automatically if the server refuses it); ``on_usage`` receives each call's usage;
+        ``server_info`` skips the probe."""
         openai = _import_openai()
         self.name = model
         self.base_url = base_url
+        self.reply_max_tokens, self.deadline = reply_max_tokens, deadline
+        self.last_finish_reason: str | None = None
+        """How the most recent stream ended (``stop``, ``length``…; racy under concurrency)."""
+        self._format: ResponseFormatMode = response_format
+        self._server_info = server_info
+        self._extra_headers = dict(extra_headers or {})
         self.temperature = temperature
         self.on_usage = on_usage
         self.last_usage: ModelUsage | None = None
@@ -148,6 +197,9 @@ class OpenAIChatModel:
             "max_retries": settings.max_retries,
             "extra_headers": settings.extra_headers,
             "temperature": settings.temperature,
+            "reply_max_tokens": settings.reply_max_tokens,
+            "deadline": settings.deadline,
+            "response_format": settings.response_format,
         }
         kwargs.update(overrides)
         return cls(**kwargs)
@@ -155,6 +207,12 @@ class OpenAIChatModel:
     def __repr__(self) -> str:
         key = "***" if self._secret else None
         return f"OpenAIChatModel(name={self.name!r}, base_url={self.base_url!r}, api_key={key!r})"
+
+    def server_info(self) -> ServerInfo:
+        """What the server says about itself (probed once, synchronously; see `probe_server`)."""
+        if self._server_info is None:
+            self._server_info = probe_server(self.base_url, self.name, headers=self._extra_headers)
+        return self._server_info
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)
@@ -185,8 +243,34 @@ class OpenAIChatModel:
 
     async def complete(self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None) -> str:
         """The whole answer at once (non-streaming request)."""
+        return await self._complete(self._request(messages, max_tokens))
+
+    async def complete_json(
+        self, messages: Sequence[ChatMessage], *, schema: JsonSchema, max_tokens: int | None = None
+    ) -> str:
+        """The whole answer, asked on the wire to fit ``schema`` (the caller still validates it)."""
+        if self._format == "auto":
+            self._format = (await asyncio.to_thread(self.server_info)).response_format
         request = self._request(messages, max_tokens)
-        completion = await self._create(request, stream=False)
+        if self._format == "json_schema":
+            request["response_format"] = {
+                "type": "json_schema", "json_schema": {"name": schema.name, "schema": dict(schema.schema)},
+            }
+        elif self._format == "json_object":
+            request["response_format"] = {"type": "json_object", "schema": dict(schema.schema)}
+        return await self._complete(request)
+
+    async def _complete(self, request: dict[str, Any]) -> str:
+        if self._server_info is not None and self._server_info.kind == "llamacpp":
+            # A llama.cpp server answers one request at a time and finishes a non-streamed one
+            # even after the client gave up; a stream stops when its connection closes, so a
+            # call abandoned at its timeout frees the server for the next one.
+            return "".join([delta async for delta in self._stream_request(request)])
+        try:
+            async with asyncio.timeout(self.deadline):
+                completion = await self._create(request, stream=False)
+        except TimeoutError:
+            raise ModelTimeout(f"the model did not answer within the {self.deadline} s deadline") from None
         try:
             text = completion.choices[0].message.content or ""
         except (AttributeError, IndexError, TypeError) as exc:
@@ -198,19 +282,42 @@ class OpenAIChatModel:
         self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
     ) -> AsyncIterator[str]:
         """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
-        request = self._request(messages, max_tokens)
-        stream = await self._create(request, stream=True)
-        finished = False
+        request = self._request(messages, self.reply_max_tokens if max_tokens is None else max_tokens)
+        async for delta in self._stream_request(request):
+            yield delta
+
+    async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        deadline = None if self.deadline is None else loop.time() + self.deadline
+        self.last_finish_reason = None
         try:
-            async for chunk in stream:
-                if getattr(chunk, "usage", None) is not None:
-                    self._record_usage(chunk.usage)
-                for choice in chunk.choices or ():
-                    delta = getattr(choice.delta, "content", None) if choice.delta else None
-                    if delta:
-                        yield delta
-                    if choice.finish_reason:
-                        finished = True
+            async with asyncio.timeout_at(deadline):
+                stream = await self._create(request, stream=True)
+        except TimeoutError:
+            raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
+        finished, text, checked = False, "", 0
+        chunks = stream.__aiter__()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    if not text:
+                        raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
+                    finished = self._stop_early(f"the {self.deadline} s deadline passed")
+                    break
+                for delta in self._deltas(chunk):
+                    text += delta
+                    yield delta
+                finished = finished or self.last_finish_reason is not None
+                if not finished and len(text) - checked >= _LOOP_CHECK_CHARS:
+                    checked = len(text)
+                    if is_looping(text):
+                        finished = self._stop_early("the reply repeats itself")
+                        break
         except ModelError:
             raise
         except Exception as exc:
@@ -223,6 +330,24 @@ class OpenAIChatModel:
         if not finished:
             raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
 
+    def _deltas(self, chunk: Any) -> list[str]:
+        """A chunk's text deltas; records its usage and its finish reason."""
+        if getattr(chunk, "usage", None) is not None:
+            self._record_usage(chunk.usage)
+        deltas = []
+        for choice in chunk.choices or ():
+            delta = getattr(choice.delta, "content", None) if choice.delta else None
+            if delta:
+                deltas.append(delta)
+            if choice.finish_reason:
+                self.last_finish_reason = str(choice.finish_reason)
+        return deltas
+
+    def _stop_early(self, why: str) -> bool:
+        logger.warning("model %s: reply stopped early (%s); the partial reply is kept", self.name, why)
+        self.last_finish_reason = "length"
+        return True
+
     async def _create(self, request: dict[str, Any], *, stream: bool) -> Any:
         """``chat.completions.create``, adapting once to servers that refuse an optional parameter.
 
@@ -232,7 +357,7 @@ class OpenAIChatModel:
         """
         openai = _import_openai()
         length_param, with_usage = self._length_param, stream and self._include_usage
-        for _attempt in range(3):
+        for _attempt in range(4):
             kwargs = dict(request)
             if "max_tokens" in kwargs and length_param != "max_tokens":
                 kwargs[length_param] = kwargs.pop("max_tokens")
@@ -243,14 +368,17 @@ class OpenAIChatModel:
             try:
                 result = await self._client.chat.completions.create(**kwargs)
             except openai.APIStatusError as exc:
-                refused = exc.status_code in (400, 422)
-                if refused and "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
+                if exc.status_code not in (400, 422):
+                    raise self._map(exc) from self._cause(exc)
+                if "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
                     length_param = "max_completion_tokens"
-                    continue
-                if refused and with_usage:
+                elif "response_format" in kwargs:
+                    self._refused_format(request)
+                elif with_usage:
                     with_usage = False
-                    continue
-                raise self._map(exc) from self._cause(exc)
+                else:
+                    raise self._map(exc) from self._cause(exc)
+                continue
             except Exception as exc:
                 raise self._map(exc) from self._cause(exc)
             if length_param != self._length_param:
@@ -261,6 +389,18 @@ class OpenAIChatModel:
                 logger.info("model endpoint refused stream_options; usage capture disabled")
             return result
         raise ModelError("the model endpoint refused the request")  # unreachable in practice
+
+    def _refused_format(self, request: dict[str, Any]) -> None:
+        """Step down after a refused ``response_format``: json_schema → json_object → none."""
+        current = request["response_format"]
+        if current.get("type") == "json_schema":
+            schema = current["json_schema"]["schema"]
+            request["response_format"] = {"type": "json_object", "schema": schema}
+            self._format = "json_object"
+        else:
+            del request["response_format"]
+            self._format = "none"
+        logger.info("model endpoint refused a response_format; now %s", self._format)
 
     def _map(self, exc: Exception) -> ModelError:
         return map_openai_error(exc, secret=self._secret)

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
@@ -14,6 +15,7 @@ from ..errors import ConfigError
 __all__ = [
     "ALLOW_MODEL_REQUESTS_ENV",
     "LLMSettings",
+    "ResponseFormatMode",
     "check_model_request_allowed",
     "is_loopback_url",
 ]
@@ -23,6 +25,11 @@ ALLOW_MODEL_REQUESTS_ENV = "CONTEXTMODE_ALLOW_MODEL_REQUESTS"
 
 _FALSE = {"0", "false", "no", "off"}
 
+ResponseFormatMode = Literal["auto", "json_schema", "json_object", "none"]
+"""How structured output is asked for: ``auto`` (by server kind, see `models.server`), OpenAI's
+``json_schema``, llama.cpp's ``json_object`` with a ``schema``, or ``none`` (the prompt alone)."""
+_FORMATS: tuple[ResponseFormatMode, ...] = ("auto", "json_schema", "json_object", "none")
+
 
 @dataclass(frozen=True, kw_only=True)
 class LLMSettings:
@@ -31,7 +38,8 @@ class LLMSettings:
     ``from_env`` reads ``CONTEXTMODE_LLM_BASE_URL``, ``CONTEXTMODE_LLM_API_KEY``,
     ``CONTEXTMODE_LLM_MODEL``, ``CONTEXTMODE_LLM_TIMEOUT`` (seconds),
     ``CONTEXTMODE_LLM_MAX_RETRIES``, ``CONTEXTMODE_LLM_TEMPERATURE`` and
-    ``CONTEXTMODE_LLM_EXTRA_HEADERS`` (a JSON object).
+    ``CONTEXTMODE_LLM_EXTRA_HEADERS`` (a JSON object), ``CONTEXTMODE_LLM_REPLY_MAX_TOKENS``,
+    ``CONTEXTMODE_LLM_DEADLINE_S`` and ``CONTEXTMODE_LLM_RESPONSE_FORMAT``.
     """
 
     base_url: str | None = None
@@ -48,6 +56,13 @@ class LLMSettings:
     """Sampling temperature; ``None`` leaves the server default."""
     extra_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
     """Extra HTTP headers sent with every request (they may hold secrets, so not in ``repr``)."""
+    reply_max_tokens: int | None = 1024
+    """``max_tokens`` of a reply when the caller sets none (``0`` in the env = no cap)."""
+    deadline: float | None = 120.0
+    """Wall-clock seconds one call may take in all; a reply stream past it stops cleanly,
+    keeping what arrived (``0`` in the env = none)."""
+    response_format: ResponseFormatMode = "auto"
+    """Structured-output wire format for processors that expect JSON."""
 
     @property
     def configured(self) -> bool:
@@ -87,6 +102,15 @@ class LLMSettings:
         temperature = text("TEMPERATURE")
         if timeout <= 0 or retries < 0 or int(retries) != retries:
             raise ConfigError("CONTEXTMODE_LLM_TIMEOUT must be > 0 and CONTEXTMODE_LLM_MAX_RETRIES an integer >= 0")
+        reply_cap = _number(text("REPLY_MAX_TOKENS"), "CONTEXTMODE_LLM_REPLY_MAX_TOKENS", 1024)
+        deadline = _number(text("DEADLINE_S"), "CONTEXTMODE_LLM_DEADLINE_S", 120.0)
+        if reply_cap < 0 or int(reply_cap) != reply_cap or deadline < 0:
+            raise ConfigError(
+                "CONTEXTMODE_LLM_REPLY_MAX_TOKENS must be an integer >= 0 and CONTEXTMODE_LLM_DEADLINE_S >= 0"
+            )
+        fmt = (text("RESPONSE_FORMAT") or "auto").lower()
+        if fmt not in _FORMATS:
+            raise ConfigError(f"CONTEXTMODE_LLM_RESPONSE_FORMAT must be one of {', '.join(_FORMATS)}, got {fmt!r}")
         return cls(
             base_url=base_url,
             api_key=text("API_KEY"),
@@ -95,6 +119,9 @@ class LLMSettings:
             max_retries=int(retries),
             temperature=None if temperature is None else _number(temperature, "CONTEXTMODE_LLM_TEMPERATURE", 0.0),
             extra_headers=headers,
+            reply_max_tokens=int(reply_cap) or None,
+            deadline=float(deadline) or None,
+            response_format=fmt,
         )
 
 

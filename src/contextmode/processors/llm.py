@@ -5,6 +5,14 @@ Bad model output never fails a turn: it is cleaned or parsed tolerantly, and
 when nothing usable is left the processor returns a safe default (or asks its
 ``fallback``, typically the offline processor) and logs a warning.
 
+Every call is bounded (``max_tokens`` per processor, a ``timeout`` per call;
+`LLMLimits` reads both from the environment). Processors that expect JSON ask
+for it on the wire with a schema (`StructuredChatModel.complete_json`) and still
+parse tolerantly (`jsonparse.extract_json`, then pydantic). Output that fails
+the schema, or whose values the user never said (the prompt's own examples,
+empty or markup quotes), or that repeats the prompt, raises `OutputRejected`:
+nothing from it is stored, and the job is counted ``rejected`` with the reason.
+
 Model failures (`ModelError`: timeouts, 429, 5xx) are handled by where the
 processor runs:
 
@@ -19,18 +27,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
 
-from ..errors import ModelError, ModelTimeout
-from ..jsonparse import extract_json, validate_as
-from ..models.base import ChatModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..errors import ModelError, ModelTimeout, OutputRejected
+from ..jsonparse import extract_json
+from ..models.base import ChatModel, JsonSchema, StructuredChatModel
+from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
-from ..types import Constraint, ConstraintKind, Summary, Turn
+from ..settings import env_int
+from ..types import ChatMessage, Constraint, ConstraintKind, Summary, Turn
 from ._llm_text import clean_model_text, format_turns, parse_intensity, parse_yes_no
-from .audit import join_facts_line, restore_facts, split_facts_line
+from .audit import _cn_to_int, join_facts_line, restore_facts, split_facts_line
 from .base import (
     ConstraintExtractor,
     ConstraintUpdate,
@@ -45,12 +58,17 @@ from .base import (
 from .intents import classify_follow_up_intent, is_chinese
 
 __all__ = [
+    "CONSTRAINTS_SCHEMA",
+    "EMOTION_SCHEMA",
     "LLMConstraintExtractor",
     "LLMContextDetector",
     "LLMEmotionScorer",
+    "LLMLimits",
     "LLMRewriter",
     "LLMSummarizer",
+    "check_grounded",
     "clean_model_text",
+    "echoes_prompt",
     "format_turns",
     "parse_intensity",
     "parse_yes_no",
@@ -61,16 +79,101 @@ logger = logging.getLogger("contextmode.processors.llm")
 _KINDS: frozenset[str] = frozenset({"preference", "constraint", "identity", "fact"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class LLMLimits:
+    """``max_tokens`` of each processor's call, from ``CONTEXTMODE_LLM_<NAME>_MAX_TOKENS``
+    (``DETECT``, ``REWRITE``, ``SUMMARY``, ``CONSTRAINTS``, ``EMOTION``); small models
+    loop, so every call has a cap. The reply's cap is ``CONTEXTMODE_LLM_REPLY_MAX_TOKENS``."""
+
+    detect: int = 16
+    rewrite: int = 128
+    summary: int = 512
+    constraints: int = 256
+    emotion: int = 32
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LLMLimits:
+        env = os.environ if env is None else env
+        base = cls()
+        return cls(**{
+            name: env_int(env, f"CONTEXTMODE_LLM_{name.upper()}_MAX_TOKENS", getattr(base, name), minimum=1)
+            for name in ("detect", "rewrite", "summary", "constraints", "emotion")
+        })
+
+
+CONSTRAINTS_SCHEMA = JsonSchema(name="constraints", schema={
+    "type": "object",
+    "properties": {
+        "upsert": {
+            "type": "array",
+            "maxItems": 8,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "key": {"type": "string"},
+                    "value": {"type": "string"},
+                    "kind": {"type": "string", "enum": ["preference", "constraint", "identity", "fact"]},
+                    "quote": {"type": "string"},
+                },
+                "required": ["key", "value", "kind", "quote"],
+            },
+        },
+        "remove": {"type": "array", "maxItems": 8, "items": {"type": "string"}},
+    },
+    "required": ["upsert", "remove"],
+})
+"""What the constraint extractor asks for on the wire."""
+
+EMOTION_SCHEMA = JsonSchema(name="emotion", schema={
+    "type": "object",
+    "properties": {"intensity": {"type": "number", "minimum": 0, "maximum": 1}, "emotion": {"type": "string"}},
+    "required": ["intensity"],
+})
+"""What the emotion scorer asks for on the wire."""
+
+
 async def _ask(
     model: ChatModel, prompt: Prompt, *, chinese: bool, max_tokens: int | None,
-    timeout: float | None = None, **fields: object,
+    timeout: float | None = None, schema: JsonSchema | None = None, **fields: object,
 ) -> str:
-    """One ``complete`` call; ``timeout`` (seconds) bounds it on top of the client's own."""
+    """One call (``complete_json`` with ``schema`` when the model takes one); ``timeout``
+    (seconds) bounds it on top of the client's own."""
+    messages = prompt.render(chinese=chinese, **fields)
     try:
         async with asyncio.timeout(timeout):
-            return await model.complete(prompt.render(chinese=chinese, **fields), max_tokens=max_tokens)
+            if schema is not None and isinstance(model, StructuredChatModel):
+                return await model.complete_json(messages, schema=schema, max_tokens=max_tokens)
+            return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:
         raise ModelTimeout(f"{prompt.tag} took longer than {timeout} s") from None
+
+
+_TAG = re.compile(r"</?[A-Za-z_\u4e00-\u9fff][^<>\n]{0,40}>")
+_ECHO_CHARS = 24
+
+
+def echoes_prompt(answer: str, messages: Sequence[ChatMessage], data: Sequence[str] = ()) -> str | None:
+    """Why ``answer`` repeats the prompt rather than the conversation, or ``None``.
+
+    It does when it holds the prompt's markup (``<new_turns>``, ``<b>``) or a
+    24-character run of the prompt's own wording that is not in ``data`` (the
+    user's text substituted into it), or when it loops.
+    """
+    if _TAG.search(answer):
+        return "markup in the output"
+    if is_looping(answer):
+        return "the output repeats itself"
+    flat = " ".join(answer.split())
+    instructions = " ".join(m.content for m in messages if m.role == "system")
+    for piece in data:
+        if piece.strip():
+            instructions = instructions.replace(" ".join(piece.split()), " ")
+    instructions = " ".join(instructions.split())
+    for i in range(0, max(0, len(instructions) - _ECHO_CHARS), 4):
+        window = instructions[i : i + _ECHO_CHARS]
+        if not window.isspace() and window in flat:
+            return f"the output repeats the prompt ({window!r})"
+    return None
 
 
 class LLMContextDetector:
@@ -82,7 +185,7 @@ class LLMContextDetector:
         *,
         fallback: ContextDetector | None = None,
         history_turns: int = 4,
-        max_tokens: int | None = 16,
+        max_tokens: int | None = LLMLimits.detect,
         timeout: float | None = 10.0,
         prompt: Prompt = DETECT,
     ) -> None:
@@ -126,7 +229,7 @@ class LLMRewriter:
         fallback: Rewriter | None = None,
         history_turns: int = 8,
         turn_chars: int = 600,
-        max_tokens: int | None = 256,
+        max_tokens: int | None = LLMLimits.rewrite,
         timeout: float | None = 15.0,
         prompt: Prompt = REWRITE,
     ) -> None:
@@ -185,27 +288,35 @@ class LLMSummarizer:
         fallback: Summarizer | None = None,
         target_length: int = 300,
         turn_chars: int = 2000,
-        max_tokens: int | None = 1024,
+        max_tokens: int | None = LLMLimits.summary,
+        timeout: float | None = 60.0,
         prompt: Prompt = SUMMARY,
     ) -> None:
         """``target_length``: characters (Chinese) or words (English) asked of the summary."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.target_length, self.turn_chars, self.max_tokens = target_length, turn_chars, max_tokens
+        self.timeout = timeout
 
     async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
         previous_text = previous.text if previous else ""
         if not turns:
             return SummaryResult(text=previous_text)
         chinese = any(is_chinese(t.content) for t in turns) or is_chinese(previous_text)
+        previous_shown = previous_text or ("（无）" if chinese else "(none)")
+        turns_shown = format_turns(turns, chinese=chinese, turn_chars=self.turn_chars, times=True)
+        fields: dict[str, str | int] = {"target_length": self.target_length, "previous": previous_shown,
+                                        "turns": turns_shown}
         try:
             answer = await _ask(
-                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens,
-                target_length=self.target_length, previous=previous_text or ("（无）" if chinese else "(none)"),
-                turns=format_turns(turns, chinese=chinese, turn_chars=self.turn_chars, times=True),
+                self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
+                target_length=self.target_length, previous=previous_shown, turns=turns_shown,
             )
             text = clean_model_text(answer)
             if not text:
-                raise ModelError("the model returned an empty summary")
+                raise OutputRejected("an empty summary")
+            messages = self.prompt.render(chinese=chinese, **fields)
+            if (why := echoes_prompt(text, messages, [previous_text, *(t.content for t in turns)])) is not None:
+                raise OutputRejected(why)
         except ModelError as exc:
             if self.fallback is None:
                 raise
@@ -225,18 +336,25 @@ class LLMSummarizer:
         return SummaryResult(text=audited.text, restored_facts=(*carried, *audited.restored_facts))
 
 
-@dataclass(frozen=True, kw_only=True)
-class _ConstraintItem:
-    key: str
-    value: str
-    kind: str = "constraint"
+class _ConstraintItem(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, coerce_numbers_to_str=True)
+
+    key: str = Field(min_length=1)
+    value: str = Field(min_length=1)
+    kind: Literal["preference", "constraint", "identity", "fact"] = "constraint"
     quote: str = ""
 
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _lower(cls, kind: object) -> object:
+        return kind.strip().lower() if isinstance(kind, str) else kind
 
-@dataclass(frozen=True, kw_only=True)
-class _ConstraintPayload:
-    upsert: list[_ConstraintItem] = field(default_factory=list)
-    remove: list[str] = field(default_factory=list)
+
+class _ConstraintPayload(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    upsert: list[_ConstraintItem] = Field(default_factory=list)
+    remove: list[str] = Field(default_factory=list)
 
 
 _UPSERT_ALIASES = ("upsert", "constraints", "add", "items", "info_retrieval", "update")
@@ -260,20 +378,72 @@ def _norm_key(key: str) -> str:
     return re.sub(r"\s+", "_", key.strip().lower())[:64]
 
 
+_WORD = re.compile(r"[a-z]{3,}")
+_DIGITS = re.compile(r"\d+(?:[.,]\d+)*")
+_CN_NUMBER = re.compile(r"[零〇一二两三四五六七八九十百千万]+")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+_STOP = frozenset(["the", "and", "for", "with", "not", "per", "are", "was", "you", "your", "have", "has", "any", "all", "can"])
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def _numbers(text: str) -> set[str]:
+    found = {d.replace(",", "") for d in _DIGITS.findall(text)}
+    for spelled in _CN_NUMBER.findall(text):
+        value = _cn_to_int(spelled)
+        if value is not None and (len(spelled) > 1 or value >= 10):
+            found.add(str(value))
+    return found
+
+
+def check_grounded(value: str, quote: str, said: str) -> str | None:
+    """Why a constraint's ``value``/``quote`` is not what the user ``said``, or ``None`` if it is.
+
+    The quote must be non-empty, free of markup and part of the user's words; every
+    number of the value must be one the user said (``两百`` counts as ``200``); at least
+    half of the value's words (Latin words of 3+ letters, Chinese characters) must
+    appear in what the user said. So the prompt's own examples, invented or markup
+    quotes and made-up numbers are caught.
+    """
+    said_flat = _flat(said)
+    quote_flat = _flat(quote.strip().strip("\"'“”‘’「」"))
+    if not quote_flat:
+        return "empty quote"
+    if _TAG.search(quote) or "```" in quote:
+        return f"markup in the quote {quote[:40]!r}"
+    if quote_flat not in said_flat:
+        return f"the quote {quote[:40]!r} is not in the user's words"
+    missing = _numbers(value) - _numbers(said)
+    if missing:
+        return f"the value {value[:40]!r} has numbers the user never said ({', '.join(sorted(missing))})"
+    value_flat = _flat(value)
+    words = [w for w in _WORD.findall(value_flat) if w not in _STOP] + _CJK.findall(value_flat)
+    if words and sum(w in said_flat for w in words) * 2 < len(words):
+        return f"the value {value[:40]!r} is not in the user's words"
+    return None
+
+
 class LLMConstraintExtractor:
-    """`ConstraintExtractor` asking for one JSON object (seed 003 §2.3, §4.4), parsed tolerantly."""
+    """`ConstraintExtractor` asking for one JSON object (seed 003 §2.3, §4.4) with a schema.
+
+    The answer is parsed tolerantly, then rejected whole (`OutputRejected`) when it
+    fails the schema or any value is not grounded in the user's words (`check_grounded`).
+    """
 
     def __init__(
         self,
         model: ChatModel,
         *,
         fallback: ConstraintExtractor | None = None,
-        max_tokens: int | None = 512,
+        max_tokens: int | None = LLMLimits.constraints,
         max_value_chars: int = 200,
+        timeout: float | None = 60.0,
         prompt: Prompt = CONSTRAINTS,
     ) -> None:
         self.model, self.fallback, self.prompt = model, fallback, prompt
-        self.max_tokens, self.max_value_chars = max_tokens, max_value_chars
+        self.max_tokens, self.max_value_chars, self.timeout = max_tokens, max_value_chars, timeout
 
     async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         if turn.role != "user" or not turn.content.strip():
@@ -283,40 +453,42 @@ class LLMConstraintExtractor:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens,
-                current=remembered, message=turn.content,
+                timeout=self.timeout, schema=CONSTRAINTS_SCHEMA, current=remembered, message=turn.content,
             )
+            return self._update(self._parse(answer), turn, current)
         except ModelError as exc:
             if self.fallback is None:
                 raise
             logger.warning("constraint extraction failed (%s); using the fallback", exc)
             return await self.fallback.extract(turn, current)
-        data = extract_json(answer)
-        payload = None
-        if data is not None:
-            try:
-                payload = validate_as(_normalise_payload(data), _ConstraintPayload)
-            except ValueError as exc:
-                logger.warning("constraint JSON has the wrong shape: %s", exc)
-        if payload is None:
-            if self.fallback is not None:
-                return await self.fallback.extract(turn, current)
-            return ConstraintUpdate()
-        return self._update(payload, turn)
 
-    def _update(self, payload: _ConstraintPayload, turn: Turn) -> ConstraintUpdate:
+    @staticmethod
+    def _parse(answer: str) -> _ConstraintPayload:
+        data = extract_json(answer)
+        if data is None:
+            raise OutputRejected(f"no JSON in the output ({' '.join(answer.split())[:60]!r})")
+        try:
+            return _ConstraintPayload.model_validate(_normalise_payload(data))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise OutputRejected(f"schema: {where}: {first['msg']}") from None
+
+    def _update(self, payload: _ConstraintPayload, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         found: dict[str, Constraint] = {}
         for item in payload.upsert:
             key, value = _norm_key(item.key), " ".join(item.value.split())[: self.max_value_chars]
-            if not key or not value:
-                continue
-            kind_text = item.kind.strip().lower()
-            kind = cast(ConstraintKind, kind_text if kind_text in _KINDS else "constraint")
-            quote = item.quote.strip()
+            if not key or _TAG.search(key):
+                raise OutputRejected(f"schema: the key {item.key[:40]!r} is empty or holds markup")
+            if (why := check_grounded(value, item.quote, turn.content)) is not None:
+                raise OutputRejected(f"{key}: {why}")
             found[key] = Constraint(
-                key=key, value=value, kind=kind, source_seq=turn.seq,
-                quote=quote if quote and quote in turn.content else "",  # never keep invented quotes
+                key=key, value=value, kind=cast(ConstraintKind, item.kind), source_seq=turn.seq,
+                quote=item.quote.strip(),
             )
-        removed = [k for k in dict.fromkeys(_norm_key(k) for k in payload.remove) if k and k not in found]
+        # Only what is remembered can be removed (a copied example must not delete anything).
+        known = {c.key for c in current}
+        removed = [k for k in dict.fromkeys(_norm_key(k) for k in payload.remove) if k in known and k not in found]
         return ConstraintUpdate(upsert=tuple(found.values()), remove_keys=tuple(removed))
 
 
@@ -328,12 +500,13 @@ class LLMEmotionScorer:
         model: ChatModel,
         *,
         fallback: EmotionScorer | None = None,
-        max_tokens: int | None = 64,
+        max_tokens: int | None = LLMLimits.emotion,
         text_chars: int = 2000,
+        timeout: float | None = 30.0,
         prompt: Prompt = EMOTION,
     ) -> None:
         self.model, self.fallback, self.prompt = model, fallback, prompt
-        self.max_tokens, self.text_chars = max_tokens, text_chars
+        self.max_tokens, self.text_chars, self.timeout = max_tokens, text_chars, timeout
 
     async def score(self, text: str) -> float:
         if not text.strip():
@@ -341,15 +514,14 @@ class LLMEmotionScorer:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=is_chinese(text), max_tokens=self.max_tokens,
-                text=text[: self.text_chars],
+                timeout=self.timeout, schema=EMOTION_SCHEMA, text=text[: self.text_chars],
             )
+            value = parse_intensity(answer)
+            if value is None:
+                raise OutputRejected(f"no intensity in the output ({' '.join(answer.split())[:60]!r})")
         except ModelError as exc:
             if self.fallback is None:
                 raise
             logger.warning("emotion scoring failed (%s); using the fallback", exc)
             return await self.fallback.score(text)
-        value = parse_intensity(answer)
-        if value is None:
-            logger.warning("no emotion intensity in %r", answer[:80])
-            return await self.fallback.score(text) if self.fallback is not None else 0.0
         return value

@@ -234,7 +234,8 @@ async def get_session(
             summary_version=info.summary_version,
             constraints_version=info.constraints_version,
             jobs={
-                name: JobStatsOut(ok=s.ok, failed=s.failed, last_error=s.last_error, last_run=s.last_run)
+                name: JobStatsOut(ok=s.ok, failed=s.failed, rejected=s.rejected, last_error=s.last_error,
+                                  last_run=s.last_run)
                 for name, s in info.jobs.items()
             },
             pending_jobs=list(pending(tenant, session_id)) if pending else [],

@@ -272,6 +272,7 @@ class ConstraintOut(BaseModel):
 class JobStatsOut(BaseModel):
     ok: int
     failed: int
+    rejected: int = 0
     last_error: str | None
     last_run: datetime | None
 

@@ -134,6 +134,11 @@ async def m006_idempotency(db: Conn) -> None:
     )
 
 
+async def m_jobs_rejected(db: Conn) -> None:
+    # Jobs whose model output was rejected (schema failure, invented values) are counted apart.
+    await db.execute("ALTER TABLE jobs ADD COLUMN rejected integer NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
@@ -141,6 +146,7 @@ MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m004_jobs,
     m005_locks,
     m006_idempotency,
+    m_jobs_rejected,
 ]
 
 

@@ -150,7 +150,9 @@ RECORD_JOB = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local job = ARGV[1]
 redis.call('HINCRBY', KEYS[2], 'ok:' .. job, tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[2], 'failed:' .. job, 1 - tonumber(ARGV[2]))
+local rejected = tonumber(ARGV[5] or '0')
+redis.call('HINCRBY', KEYS[2], 'failed:' .. job, 1 - tonumber(ARGV[2]) - rejected)
+if rejected > 0 then redis.call('HINCRBY', KEYS[2], 'rejected:' .. job, rejected) end
 if ARGV[2] == '1' then
   redis.call('HDEL', KEYS[2], 'error:' .. job)
 else

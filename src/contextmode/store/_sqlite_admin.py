@@ -66,13 +66,13 @@ def _infos(db: Db, tenant: str, rows: list[Any]) -> list[SessionInfo]:
     jobs: dict[str, dict[str, JobStats]] = {}
     if rows:
         marks = ",".join("?" * len(rows))
-        for sid, job, ok, failed, error, run in db.execute(
-            "SELECT session_id, job, ok, failed, last_error, last_run FROM jobs"
+        for sid, job, ok, failed, rejected, error, run in db.execute(
+            "SELECT session_id, job, ok, failed, rejected, last_error, last_run FROM jobs"
             f" WHERE tenant = ? AND session_id IN ({marks})",
             (tenant, *(r[0] for r in rows)),
         ):
             jobs.setdefault(sid, {})[job] = JobStats(
-                ok=ok, failed=failed, last_error=error,
+                ok=ok, failed=failed, rejected=rejected, last_error=error,
                 last_run=None if run is None else from_micros(run),
             )
     return [

@@ -134,6 +134,11 @@ def m006_idempotency(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX idempotency_expiry ON idempotency (expires_at)")
 
 
+def m_jobs_rejected(db: sqlite3.Connection) -> None:
+    # Jobs whose model output was rejected (schema failure, invented values) are counted apart.
+    db.execute("ALTER TABLE jobs ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
@@ -141,6 +146,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m004_jobs,
     m005_locks,
     m006_idempotency,
+    m_jobs_rejected,
 ]
 
 

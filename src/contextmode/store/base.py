@@ -53,8 +53,10 @@ class JobStats:
 
     ok: int = 0
     failed: int = 0
+    rejected: int = 0
+    """Runs whose model output was unusable (schema, invented values): nothing was stored."""
     last_error: str | None = None
-    """Message of the last failure (no secrets), ``None`` after a success."""
+    """Message of the last failure or rejection reason (no secrets), ``None`` after a success."""
     last_run: datetime | None = None
 
 
@@ -192,9 +194,11 @@ class DerivedRecords(Protocol):
         ...
 
     async def record_job(
-        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
+        rejected: bool = False,
     ) -> None:
-        """Count a background job's outcome in the session's stats (ignored for unknown sessions)."""
+        """Count a background job's outcome in the session's stats (ignored for unknown sessions):
+        ``ok``, else ``rejected`` (the model's output was unusable; ``error`` is the reason) or failed."""
         ...
 
 

@@ -206,7 +206,8 @@ class MemoryStore:
             session.emotions_version += changed
 
     async def record_job(
-        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
+        rejected: bool = False,
     ) -> None:
         session = self._sessions.get(self._key(tenant, session_id))
         if session is None:
@@ -214,7 +215,8 @@ class MemoryStore:
         stats = session.jobs.get(job, JobStats())
         session.jobs[job] = JobStats(
             ok=stats.ok + ok,
-            failed=stats.failed + (not ok),
+            failed=stats.failed + (not ok and not rejected),
+            rejected=stats.rejected + (not ok and rejected),
             last_error=None if ok else error,
             last_run=utc_now(),
         )

@@ -322,18 +322,20 @@ class PostgresStore(ClosesOnExit):
                 )
 
     async def record_job(
-        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
+        rejected: bool = False,
     ) -> None:
         key = check_ids(tenant, session_id)
         async with self._db() as db:
             await db.execute(
-                "INSERT INTO jobs (tenant, session_id, job, ok, failed, last_error, last_run)"
-                " SELECT $1, $2, $3, $4, $5, $6, $7"
+                "INSERT INTO jobs (tenant, session_id, job, ok, failed, rejected, last_error, last_run)"
+                " SELECT $1, $2, $3, $4, $5, $6, $7, $8"
                 " WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = $1 AND session_id = $2)"
                 " ON CONFLICT (tenant, session_id, job) DO UPDATE SET ok = jobs.ok + EXCLUDED.ok,"
-                " failed = jobs.failed + EXCLUDED.failed, last_error = EXCLUDED.last_error,"
-                " last_run = EXCLUDED.last_run",
-                *key, job, int(ok), int(not ok), None if ok else error, utc_now(),
+                " failed = jobs.failed + EXCLUDED.failed, rejected = jobs.rejected + EXCLUDED.rejected,"
+                " last_error = EXCLUDED.last_error, last_run = EXCLUDED.last_run",
+                *key, job, int(ok), int(not ok and not rejected), int(not ok and rejected),
+                None if ok else error, utc_now(),
             )
 
     # -- administration ---------------------------------------------------------
@@ -346,12 +348,13 @@ class PostgresStore(ClosesOnExit):
     async def _infos(self, db: Any, tenant: str, rows: list[Any]) -> list[SessionInfo]:
         jobs: dict[str, dict[str, JobStats]] = {}
         for r in await db.fetch(
-            "SELECT session_id, job, ok, failed, last_error, last_run FROM jobs"
+            "SELECT session_id, job, ok, failed, rejected, last_error, last_run FROM jobs"
             " WHERE tenant = $1 AND session_id = ANY($2::text[])",
             tenant, [r["session_id"] for r in rows],
         ):
             jobs.setdefault(r["session_id"], {})[r["job"]] = JobStats(
-                ok=r["ok"], failed=r["failed"], last_error=r["last_error"], last_run=r["last_run"]
+                ok=r["ok"], failed=r["failed"], rejected=r["rejected"], last_error=r["last_error"],
+                last_run=r["last_run"],
             )
         return [
             SessionInfo(tenant=tenant, jobs=jobs.get(r["session_id"], {}), **dict(r))

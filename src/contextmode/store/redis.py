@@ -253,11 +253,12 @@ class RedisStore(ClosesOnExit):
             await self._script("SET_EMOTIONS", [k["sess"], k["emo"]], args)
 
     async def record_job(
-        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
+        rejected: bool = False,
     ) -> None:
         tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
-        args = [job, int(ok), error or "", now_micros()]
+        args = [job, int(ok), error or "", now_micros(), int(not ok and rejected)]
         await self._script("RECORD_JOB", [k["sess"], k["jobs"]], args)
 
     # -- administration ---------------------------------------------------------
@@ -281,6 +282,7 @@ class RedisStore(ClosesOnExit):
                 counters.setdefault(job, {})[kind] = value
             jobs = {
                 job: JobStats(ok=int(c.get("ok", 0)), failed=int(c.get("failed", 0)),
+                              rejected=int(c.get("rejected", 0)),
                               last_error=c.get("error") or None,
                               last_run=from_micros(int(c["run"])) if "run" in c else None)
                 for job, c in counters.items()

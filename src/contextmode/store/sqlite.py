@@ -367,18 +367,20 @@ class SQLiteStore(ClosesOnExit):
         await self._run(lambda db: admin.write(db, lambda: body(db)))
 
     async def record_job(
-        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None
+        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
+        rejected: bool = False,
     ) -> None:
         key = check_ids(tenant, session_id)
 
         def body(db: Db) -> None:
             db.execute(
-                "INSERT INTO jobs (tenant, session_id, job, ok, failed, last_error, last_run)"
-                f" SELECT ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions {admin.WHERE})"
+                "INSERT INTO jobs (tenant, session_id, job, ok, failed, rejected, last_error, last_run)"
+                f" SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM sessions {admin.WHERE})"
                 " ON CONFLICT (tenant, session_id, job) DO UPDATE SET ok = ok + excluded.ok,"
-                " failed = failed + excluded.failed, last_error = excluded.last_error,"
-                " last_run = excluded.last_run",
-                (*key, job, int(ok), int(not ok), None if ok else error, now_micros(), *key),
+                " failed = failed + excluded.failed, rejected = rejected + excluded.rejected,"
+                " last_error = excluded.last_error, last_run = excluded.last_run",
+                (*key, job, int(ok), int(not ok and not rejected), int(not ok and rejected),
+                 None if ok else error, now_micros(), *key),
             )
 
         await self._run(body)

@@ -117,9 +117,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         request = self._read_request()
         path = request.path.split("?")[0].rstrip("/")
+        llamacpp = self.stub.llamacpp_window
         if path.endswith("/models"):
-            model = {"id": self.stub.model, "object": "model", "created": 0, "owned_by": "contextmode-stub"}
+            owner = "llamacpp" if llamacpp else "contextmode-stub"
+            model = {"id": self.stub.model, "object": "model", "created": 0, "owned_by": owner}
             self._send_json(200, {"object": "list", "data": [model]})
+        elif path == "/props" and llamacpp:
+            self._send_json(200, {"default_generation_settings": {"n_ctx": llamacpp}})
         elif path == "/_stub/requests":
             self._send_json(200, [asdict(r) for r in self.stub.requests])
         else:
@@ -131,6 +135,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path.endswith("/chat/completions"):
                 self._chat(request)
+            elif path == "/tokenize" and self.stub.llamacpp_window and isinstance(request.body, dict):
+                count = self.stub._counter.count(str(request.body.get("content", "")))
+                self._send_json(200, {"tokens": list(range(count))})
             elif path == "/_stub/fault" and isinstance(request.body, dict):
                 body = dict(request.body)
                 try:
@@ -160,6 +167,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fault and fault.kind == "hang":
             stub._stopping.wait(fault.hang_seconds)
             self.close_connection = True
+            return
+        requested = request.body.get("response_format") if isinstance(request.body, dict) else None
+        if stub.llamacpp_window and isinstance(requested, dict) and requested.get("type") == "json_schema":
+            # llama.cpp's servers take {"type": "json_object", "schema": …} and refuse json_schema
+            self._send_json(400, {"error": {"message": "response_format json_schema is not supported",
+                                            "type": "invalid_request_error"}})
             return
         if fault and fault.kind == "status":
             headers = {}

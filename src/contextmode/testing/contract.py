@@ -341,6 +341,20 @@ class StoreContract:
         await store.record_job(_T, "nobody", "summary", ok=True)
         assert await store.info(_T, "nobody") is None
 
+    async def test_a_rejected_job_is_counted_apart_with_its_reason(self, store: Store) -> None:
+        await store.append(_T, _S, new_turns(1))
+        await store.record_job(_T, _S, "constraints", ok=True)
+        await store.record_job(_T, _S, "constraints", ok=False, error="empty quote", rejected=True)
+        await store.record_job(_T, _S, "constraints", ok=False, error="timeout")
+        info = await store.info(_T, _S)
+        assert info is not None
+        stats = info.jobs["constraints"]
+        assert (stats.ok, stats.rejected, stats.failed, stats.last_error) == (1, 1, 1, "timeout")
+        await store.record_job(_T, _S, "constraints", ok=False, error="example values", rejected=True)
+        info = await store.info(_T, _S)
+        assert info is not None
+        assert (info.jobs["constraints"].rejected, info.jobs["constraints"].last_error) == (2, "example values")
+
     # -- administration -----------------------------------------------------------
 
     async def test_info_and_listing(self, store: Store) -> None:

@@ -14,7 +14,7 @@ or as a process: ``python -m contextmode.testing.stub_server --port 8901 --laten
 
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true → SSE ``data: {chunk}`` …
 ``data: [DONE]`` over chunked encoding; false → one JSON body), ``GET /v1/models``,
-and for a server in another process ``POST /_stub/fault`` (JSON ``{"kind": …,
+with ``llamacpp_window`` llama.cpp's ``GET /props`` and ``POST /tokenize``, and for a server in another process ``POST /_stub/fault`` (JSON ``{"kind": …,
 "count": …, …}``), ``POST /_stub/reset``, ``GET /_stub/requests``.
 """
 
@@ -71,6 +71,7 @@ class StubServer:
         error_rate: float = 0.0,
         seed: int = 0,
         record: bool = True,
+        llamacpp_window: int | None = None,
     ) -> None:
         self.reply = reply or echo_reply
         self.host, self.port, self.model = host, port, model
@@ -78,6 +79,10 @@ class StubServer:
         self.chunk_chars = max(1, chunk_chars)
         self.error_rate = error_rate
         self.record = record
+        self.llamacpp_window = llamacpp_window
+        """When set, the stub acts as llama.cpp's server: ``GET /props`` reports this ``n_ctx``,
+        ``POST /tokenize`` counts tokens, ``/v1/models`` says ``owned_by: llamacpp`` and a
+        ``json_schema`` response format is refused with 400."""
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._faults: deque[Fault] = deque()
