@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -58,11 +59,16 @@ def _conversations(args: argparse.Namespace) -> dict[str, list[list[tuple[str, s
     return out
 
 
-def _time(scorer: OfflineEmotionScorer, conversations: list[list[tuple[str, str]]], n: int
-          ) -> list[float]:
+def _time(scorer: OfflineEmotionScorer, conversations: list[list[tuple[str, str]]], n: int,
+          start_round: int = 0) -> list[float]:
     times: list[float] = []
+    rounds = start_round
     while len(times) < n:
+        rounds += 1
         for conv in conversations:
+            if rounds > 1:
+                # Each pass scores new text (a number appended), so nothing is a cache hit.
+                conv = [(speaker, f"{text} {rounds}") for speaker, text in conv]
             for i, (speaker, text) in enumerate(conv):
                 prior = [PriorTurn(text=t, same_speaker=s == speaker) for s, t in conv[max(0, i - CONTEXT_WINDOW):i]]
                 start = time.perf_counter()
@@ -82,13 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     scorer = OfflineEmotionScorer()
     result: dict[str, object] = {"goal_p50_ms": 0.2}
     for language, conversations in _conversations(args).items():
-        _time(scorer, conversations, 200)  # warm: model load, jieba, VADER
+        _time(scorer, conversations, 200, start_round=10**6)  # warm: model, jieba, VADER
         times = sorted(_time(scorer, conversations, args.turns))
         p50 = statistics.median(times)
         p95 = times[int(len(times) * 0.95) - 1]
         print(f"{language}: p50 {p50:.4f} ms  p95 {p95:.4f} ms  ({len(times)} turns)")
         result[f"p50_ms_{language}"] = round(p50, 4)
         result[f"p95_ms_{language}"] = round(p95, 4)
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
     result["met"] = all(float(str(result[f"p50_ms_{lang}"])) <= 0.2 for lang in ("zh", "en"))
     print(json.dumps(result))
     return 0
