@@ -18,13 +18,13 @@ from contextmode.processors.emotion import (
     analyze_lexicon,
 )
 from contextmode.processors.emotion_model import (
+    CALM_THRESHOLD,
     CONTEXT_FEATURES,
     KEY_MOMENT_THRESHOLD,
+    Calibration,
     ContextModel,
     EmotionModel,
     PriorLogit,
-    CALM_THRESHOLD,
-    Calibration,
     calibrate,
     context_features,
     emotion_features,

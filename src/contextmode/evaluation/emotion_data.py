@@ -16,8 +16,10 @@ from pathlib import Path
 
 __all__ = [
     "STRONG_LABELS",
+    "STRONG_LEVEL",
     "Conversation",
     "Utterance",
+    "cped_dialogue_hashes",
     "detect_format",
     "dialogue_hash",
     "file_sha256",
@@ -134,5 +136,3 @@ def cped_dialogue_hashes(rows: Sequence[Utterance]) -> list[str]:
     return [dialogue_hash((rows[i].speaker, rows[i].text) for i in idx)
             for idx in utterance_dialogues(rows).values()]
 
-
-__all__ += ["STRONG_LEVEL", "cped_dialogue_hashes"]
