@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from typing import Protocol
 
+from ._hashed_model import logistic
 from .base import PriorTurn
 from .emotion_model import (
     CONTEXT_WINDOW,
@@ -93,7 +94,7 @@ class EmotionAnalysis:
     model_probability: float | None = None
     """Chinese only: the text model's probability 0–1 that the text is emotional (step 4)."""
     logit: float | None = None
-    """The calibrated logit behind ``intensity`` (after context), ``None`` for the lexicon alone."""
+    """The logit behind ``intensity`` (after context, before calibration); ``None`` for the lexicon alone."""
 
     @property
     def level(self) -> int:
@@ -339,7 +340,7 @@ def analyze_emotion(
     probability: float | None = None
     if lexical.language == "zh" and model is not None:
         own = _zh_text_logit(text)
-        probability = round(1.0 - Calibration()(-own), 4)
+        probability = round(logistic(own), 4)
         context = [PriorLogit(logit=text_logit(p.text), same_speaker=p.same_speaker)
                    for p in prior[-CONTEXT_WINDOW:] if p.text.strip()]
         z = model.context.logit(own, context)
