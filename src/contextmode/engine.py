@@ -27,8 +27,10 @@ from .models.offline import OfflineResponder
 from .processors.base import (
     ConstraintExtractor,
     ContextDetector,
+    ContextualEmotionScorer,
     Detection,
     EmotionScorer,
+    PriorTurn,
     Rewrite,
     Rewriter,
     Summarizer,
@@ -44,6 +46,8 @@ __all__ = ["Engine", "PreparedTurn", "TurnEvent", "TurnResult"]
 
 log = logging.getLogger("contextmode.turn")
 
+EMOTION_CONTEXT_TURNS = 20
+"""Earlier turns a contextual emotion scorer reads (the offline one's context window)."""
 _TEMPLATE_INTENTS = frozenset({"detail", "simplify", "example", "summary"})
 """Seed 000 intents answered from the last answer; a pronoun goes through the rewriter instead."""
 
@@ -413,7 +417,15 @@ class Engine:
         return jobs
 
     async def _score_emotion(self, tenant: str, session_id: str, turn: Turn) -> None:
-        score = await self.emotion.score(turn.content)
+        if isinstance(self.emotion, ContextualEmotionScorer):
+            # The turns just before: the conversation's mood and the speaker's baseline.
+            earlier = await self.store.turns(
+                tenant, session_id, from_seq=max(1, turn.seq - EMOTION_CONTEXT_TURNS), to_seq=turn.seq - 1
+            )
+            prior = [PriorTurn(text=t.content, same_speaker=t.role == turn.role) for t in earlier]
+            score = await self.emotion.score_in_context(turn.content, prior)
+        else:
+            score = await self.emotion.score(turn.content)
         await self.store.set_emotions(tenant, session_id, {turn.seq: max(0.0, min(1.0, score))})
 
     async def _extract_constraints(self, tenant: str, session_id: str, turn: Turn) -> None:

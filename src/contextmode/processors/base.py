@@ -17,9 +17,11 @@ __all__ = [
     "ConstraintExtractor",
     "ConstraintUpdate",
     "ContextDetector",
+    "ContextualEmotionScorer",
     "Detection",
     "EmotionScorer",
     "IntentKind",
+    "PriorTurn",
     "Rewrite",
     "Rewriter",
     "Summarizer",
@@ -113,4 +115,24 @@ class ConstraintExtractor(Protocol):
 class EmotionScorer(Protocol):
     async def score(self, text: str) -> float:
         """Emotion intensity of ``text`` from 0 (neutral) to 1 (overwhelming)."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class PriorTurn:
+    """An earlier turn of the conversation, as context for scoring the next one."""
+
+    text: str
+    same_speaker: bool
+    """Whether the speaker of the scored turn said it (the speaker's baseline)."""
+
+
+@runtime_checkable
+class ContextualEmotionScorer(Protocol):
+    """An `EmotionScorer` that also reads the turns before (the engine passes the last few)."""
+
+    async def score(self, text: str) -> float: ...
+
+    async def score_in_context(self, text: str, prior: Sequence[PriorTurn]) -> float:
+        """Intensity 0–1 of ``text`` said after ``prior`` (oldest first)."""
         ...

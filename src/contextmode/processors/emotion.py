@@ -1,4 +1,4 @@
-"""Offline emotion intensity (seed 001): a lexicon with negation, intensifiers and punctuation.
+"""Offline emotion intensity (seed 001): lexicons, a learned model, dialogue context, calibration.
 
 Intensity is 0 (neutral) to 1 (overwhelming), whatever the sign of the feeling: seed 001
 picks key moments by intensity > 0.7, so "我太开心了!!" and "我真的崩溃了" both count.
@@ -14,30 +14,48 @@ How a score is made:
    positive ones ("不开心" is still a feeling).
 3. Words combine as a noisy-or (each adds part of what is left), then punctuation and
    typography add arousal: ``!``/``！``, repeated ``!!``/``??``, ``……``, capitals, stretched
-   letters (``sooo``), crying emoticons.
-4. Chinese only: a logistic regression trained on CPED (`emotion_model`, shipped as
-   ``data/emotion_zh.json``) reads the utterance's character n-grams and the lexicon's
-   verdict, because most emotional Chinese lines carry no emotion word ("撞你个头").
-   Its probability p becomes an intensity p² and the larger of that and the lexicon's
-   counts (`emotion_model.combine`), so > 0.7 needs strong words or a model ≥ 84 % sure.
+   letters (``sooo``), crying emoticons. This is `analyze_lexicon`.
+4. English: VADER (``vaderSentiment``, its own lexicon with negation, intensifier, caps
+   and emoji rules) adds the distress of a negative compound valence as a noisy-or to
+   the lexicon's intensity.
+   Chinese: the shipped text model (`emotion_model`) reads character n-grams and the
+   lexicon's verdict, because most emotional Chinese lines carry no emotion word
+   ("撞你个头"); its logit goes through the context stage, which reads the logits of
+   the turns before (``prior``: the mood of the conversation and the speaker's own
+   baseline). Strong emotion words keep their lexicon intensity as a floor.
+5. The logit is calibrated per language so that 0.7 means "strongly emotional": on dev
+   data, the share of turns above 0.7 equals the share labelled strongly emotional.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, lru_cache
+from typing import Protocol
 
-from .emotion_model import combine, load_emotion_model
+from ._hashed_model import logistic
+from .base import PriorTurn
+from .emotion_model import (
+    CONTEXT_WINDOW,
+    Calibration,
+    PriorLogit,
+    load_emotion_model,
+    logit,
+    with_lexicon_floor,
+)
 from .lexicons import Language, detect_language, emotion_words, modifiers
 
 __all__ = [
     "EmotionAnalysis",
     "EmotionHit",
     "OfflineEmotionScorer",
+    "PriorTurn",
     "analyze_emotion",
     "analyze_lexicon",
     "emotion_level",
+    "text_logit",
 ]
 
 _NEGATED_NEGATIVE = 0.3
@@ -74,7 +92,9 @@ class EmotionAnalysis:
     hits: tuple[EmotionHit, ...] = ()
     language: Language = "en"
     model_probability: float | None = None
-    """Chinese only: the model's probability 0–1 that the text is emotional (step 4)."""
+    """Chinese only: the text model's probability 0–1 that the text is emotional (step 4)."""
+    logit: float | None = None
+    """The logit behind ``intensity`` (after context, before calibration); ``None`` for the lexicon alone."""
 
     @property
     def level(self) -> int:
@@ -187,7 +207,9 @@ def _zh_hits(text: str) -> list[EmotionHit]:
     return hits
 
 
-def _en_base(word: str, lexicon: dict[str, object]) -> str | None:
+@lru_cache(maxsize=32768)
+def _en_base(word: str) -> str | None:
+    lexicon = emotion_words("en")
     if word in lexicon:
         return word
     squeezed = re.sub(r"(.)\1{2,}", r"\1\1", word)
@@ -212,7 +234,7 @@ def _en_hits(text: str) -> list[EmotionHit]:
     for clause in _EN_CLAUSE.split(text):
         words = [w.lower() for w in _EN_WORD.findall(clause)]
         for i, word in enumerate(words):
-            base = _en_base(word, lexicon)  # type: ignore[arg-type]
+            base = _en_base(word)
             if base is None:
                 continue
             found: list[tuple[str, float]] = []
@@ -267,29 +289,78 @@ def analyze_lexicon(text: str) -> EmotionAnalysis:
     )
 
 
-def analyze_emotion(text: str, *, use_model: bool = True) -> EmotionAnalysis:
+class _Vader(Protocol):
+    def polarity_scores(self, text: str) -> dict[str, float]: ...
+
+
+@cache
+def _vader() -> _Vader:
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    analyzer: _Vader = SentimentIntensityAnalyzer()
+    return analyzer
+
+
+def _en_raw(text: str, lexical: float) -> float:
+    """Step 4 for English: noisy-or of the lexicon and VADER's negative valence."""
+    distress = max(0.0, -_vader().polarity_scores(text)["compound"])
+    return 1.0 - (1.0 - lexical) * (1.0 - distress)
+
+
+@lru_cache(maxsize=4096)
+def _zh_text_logit(text: str) -> float:
+    model = load_emotion_model()
+    lexical = analyze_lexicon(text)
+    if model is None:
+        return logit(lexical.intensity)
+    return model.text_logit(text, lexical)
+
+
+def text_logit(text: str) -> float:
+    """The turn's own logit before context and calibration (cached: earlier turns repeat)."""
+    if detect_language(text) == "zh":
+        return _zh_text_logit(text)
+    return logit(_en_raw(text, analyze_lexicon(text).intensity))
+
+
+def analyze_emotion(
+    text: str, *, prior: Sequence[PriorTurn] = (), use_model: bool = True
+) -> EmotionAnalysis:
     """Score ``text`` and say which words carried the feeling.
 
-    Chinese text also goes through the shipped model (step 4) unless ``use_model`` is
-    false; English is scored by the lexicon alone.
+    ``prior`` are the turns before it, oldest first (Chinese reads the last
+    `emotion_model.CONTEXT_WINDOW` of them). ``use_model=False`` keeps to the lexicon
+    and punctuation (steps 1–3).
     """
     lexical = analyze_lexicon(text)
-    model = load_emotion_model() if use_model and lexical.language == "zh" else None
-    if model is None or not text.strip():
+    if not use_model or not text.strip():
         return lexical
-    probability = model.probability(text, lexical)
-    intensity = combine(lexical.intensity, probability)
+    model = load_emotion_model()
+    calibration = model.calibration_for(lexical.language) if model is not None else Calibration()
+    probability: float | None = None
+    if lexical.language == "zh" and model is not None:
+        own = _zh_text_logit(text)
+        probability = round(logistic(own), 4)
+        context = [PriorLogit(logit=text_logit(p.text), same_speaker=p.same_speaker)
+                   for p in prior[-CONTEXT_WINDOW:] if p.text.strip()]
+        z = model.context.logit(own, context)
+        intensity = with_lexicon_floor(lexical.intensity, calibration(z))
+    else:
+        z = logit(_en_raw(text, lexical.intensity))
+        intensity = calibration(z)
     return replace(
         lexical,
-        intensity=round(min(max(intensity, 0.0), 1.0), 4),
-        model_probability=round(probability, 4),
+        intensity=round(intensity, 4),
+        model_probability=probability,
+        logit=round(z, 4),
     )
 
 
 class OfflineEmotionScorer:
-    """`EmotionScorer` from the bundled zh/en lexicons and the shipped Chinese model.
+    """`EmotionScorer` from the bundled lexicons, VADER and the shipped model.
 
     Deterministic and offline; ``use_model=False`` keeps to the lexicon (steps 1–3).
+    `score_in_context` also reads the turns before (the engine passes them).
     """
 
     def __init__(self, *, use_model: bool = True) -> None:
@@ -299,6 +370,10 @@ class OfflineEmotionScorer:
         """Emotion intensity of ``text``, 0 (neutral) to 1 (overwhelming)."""
         return analyze_emotion(text, use_model=self.use_model).intensity
 
-    def score_sync(self, text: str) -> float:
-        """Same as `score`, for callers outside an event loop (evaluation, CLI)."""
-        return analyze_emotion(text, use_model=self.use_model).intensity
+    async def score_in_context(self, text: str, prior: Sequence[PriorTurn]) -> float:
+        """Intensity of ``text`` said after ``prior`` (oldest first)."""
+        return analyze_emotion(text, prior=prior, use_model=self.use_model).intensity
+
+    def score_sync(self, text: str, prior: Sequence[PriorTurn] = ()) -> float:
+        """Same as `score_in_context`, for callers outside an event loop (evaluation, CLI)."""
+        return analyze_emotion(text, prior=prior, use_model=self.use_model).intensity

@@ -103,6 +103,9 @@ class ItemOut(BaseModel):
     seq: int | None = None
     role: str | None = None
     truncated: bool = False
+    emotion: float | None = Field(
+        default=None, description="Key moments: the turn's emotion intensity 0–1 (why it is one)."
+    )
 
 
 class LayerOut(BaseModel):
@@ -117,11 +120,26 @@ class LayerOut(BaseModel):
     truncated: bool
     rendered: str | None = None
     content: list[ItemOut] | None = None
+    threshold: float | None = Field(
+        default=None, description="Key moments: the intensity a turn must exceed (0.7: strongly emotional)."
+    )
 
 
 class MessageOut(BaseModel):
     role: str
     content: str
+
+
+def _key_moment_threshold(strategy: str) -> float | None:
+    """The intensity a turn must exceed to be a key moment under ``strategy`` (if it has one)."""
+    from ..errors import ConfigError
+    from ..memory import get_strategy
+
+    try:
+        threshold = getattr(get_strategy(strategy), "threshold", None)
+    except ConfigError:
+        return None
+    return float(threshold) if isinstance(threshold, int | float) else None
 
 
 class ContextOut(BaseModel):
@@ -150,6 +168,8 @@ class ContextOut(BaseModel):
         """``full`` adds each layer's items and rendered text, and the messages sent."""
         ctx = prepared.context
         rendered = {layer.name: layer for layer in ctx.layers}
+        emotions = {t.seq: t.emotion for t in (*prepared.state.key_moments, *prepared.state.turns)}
+        threshold = _key_moment_threshold(ctx.strategy)
         layers = []
         for name, account in ctx.accounts.items():
             content = rendered.get(name)
@@ -164,11 +184,15 @@ class ContextOut(BaseModel):
                     truncated=account.truncated,
                     rendered=(content.rendered if content else "") if full else None,
                     content=[
-                        ItemOut(text=i.text, tokens=i.tokens, seq=i.seq, role=i.role, truncated=i.truncated)
+                        ItemOut(
+                            text=i.text, tokens=i.tokens, seq=i.seq, role=i.role, truncated=i.truncated,
+                            emotion=emotions.get(i.seq) if name == "key_moments" and i.seq is not None else None,
+                        )
                         for i in (content.items if content else ())
                     ]
                     if full
                     else None,
+                    threshold=threshold if name == "key_moments" else None,
                 )
             )
         d, rw = prepared.detection, prepared.rewrite

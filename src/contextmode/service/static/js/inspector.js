@@ -61,11 +61,17 @@ function layerRow(layer, ctx, widest) {
     el(
       "li",
       { class: item.truncated ? "truncated" : null },
-      el("span", { class: "item-meta" }, [item.seq != null ? `#${item.seq}` : null, item.role, `${item.tokens} tok`].filter(Boolean).join(" · ")),
+      el("span", { class: "item-meta" }, [item.seq != null ? `#${item.seq}` : null, item.role, `${item.tokens} tok`, keyMomentWhy(item, layer)].filter(Boolean).join(" · ")),
       el("span", { class: "item-text" }, item.text),
     ),
   );
   return el("details", { class: "layer-details" }, el("summary", {}, row), el("ol", { class: "items" }, items));
+}
+
+/** Why a key-moment item is one: its emotion intensity above the strategy's threshold. */
+function keyMomentWhy(item, layer) {
+  if (layer.name !== "key_moments" || item.emotion == null) return null;
+  return t("keyMomentWhy", item.emotion.toFixed(2), layer.threshold ?? 0.7);
 }
 
 /** Draw the context of a turn (`source` {kind: "turn", seq} or {kind: "preview"}); null clears it. */
