@@ -333,16 +333,16 @@ class Engine:
 
     async def record(
         self, tenant: str, session_id: str, role: Literal["user", "assistant"], content: str,
-        *, metadata: dict[str, Any] | None = None,
+        *, metadata: dict[str, Any] | None = None, created_at: datetime | None = None,
     ) -> Turn:
         """Append one turn without calling the model (imports, replays) and schedule the
-        same background jobs a live turn would."""
-        turn = (
-            await self.store.append(
-                tenant, session_id,
-                [NewTurn(role=role, content=content, tokens=self.counter.count(content), metadata=metadata or {})],
-            )
-        )[0]
+        same background jobs a live turn would. ``created_at`` dates an imported turn
+        (default: now)."""
+        new = NewTurn(
+            role=role, content=content, tokens=self.counter.count(content), metadata=metadata or {},
+            created_at=created_at or utc_now(),
+        )
+        turn = (await self.store.append(tenant, session_id, [new]))[0]
         self._observe(tenant, session_id, [turn])
         if role == "user":
             self._schedule_jobs(tenant, session_id, turn, None)
@@ -420,8 +420,9 @@ class Engine:
         previous = state.summary
         start = state.summary_covers_seq + 1
         end = info.last_seq - strategy.recent_turns
-        if upto is not None and upto > end:
-            end, force = min(upto, info.last_seq), True
+        if upto is not None:
+            # Dropped turns reach the model in no form until summarised: any number is due.
+            end, force = max(end, min(upto, info.last_seq)), True
         due = end - start + 1
         if due <= 0 or (due < self.settings.summary_threshold and not force):
             return False
