@@ -36,6 +36,7 @@ from .processors.base import (
 from .processors.intents import build_follow_up_prompt
 from .settings import EngineSettings, Mode
 from .store.base import Store
+from .store.postings import has_postings
 from .tokens.base import TokenCounter
 from .types import ChatMessage, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 
@@ -350,7 +351,8 @@ class Engine:
 
     def _observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
         """Keep the recall index current: O(new turns), never a re-index."""
-        if self.recaller is not None and hasattr(self.recaller, "observe"):
+        # A store that keeps the recall index wrote it with the turns: nothing to do here.
+        if self.recaller is not None and hasattr(self.recaller, "observe") and not has_postings(self.store):
             self.recaller.observe(tenant, session_id, turns)
 
     def _schedule_jobs(

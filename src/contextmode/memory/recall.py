@@ -27,9 +27,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
+from ..store.postings import IndexStats, PostingsStore, has_postings
 from ..types import SessionState, Turn
 from .recall_dense import DenseIndex, Embedder, rrf_fuse
 from .recall_index import BM25Index, RecallIndex
+from .recall_stored import StoredPostings
 from .recall_strategy import HybridRecall
 from .recall_text import analyze
 
@@ -138,6 +140,7 @@ class Recaller:
         self._index_factory = index_factory
         self._max_sessions = max_sessions
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._stored = StoredPostings()
 
     def _entry(self, tenant: str, session_id: str) -> _Entry:
         key = (tenant, session_id)
@@ -153,6 +156,7 @@ class Recaller:
     def forget(self, tenant: str, session_id: str) -> None:
         """Drop a session's index (after the session is deleted)."""
         self._entries.pop((tenant, session_id), None)
+        self._stored.forget(tenant, session_id)
 
     async def index(
         self, store: TurnSource, tenant: str, session_id: str, *, last_seq: int
@@ -246,24 +250,69 @@ class Recaller:
         """
         if state.last_seq == 0:
             return []
+        exclude_from = max(1, state.last_seq - recent_turns + 1)
+        source = store
+        if has_postings(store) and self.embedder is None:
+            stats = await store.index_stats(state.tenant, state.session_id)
+            if stats.exists and stats.indexed_seq >= state.last_seq:
+                hits = await self.rank_stored(store, source, state, message, stats, exclude_from)
+                return await self._turns_of(source, state, hits, limit)
         entry = self._entry(state.tenant, state.session_id)
         if entry.created_at is not None and state.created_at != entry.created_at:
             self.forget(state.tenant, state.session_id)
             entry = self._entry(state.tenant, state.session_id)
         entry.created_at = state.created_at
-        exclude_from = max(1, state.last_seq - recent_turns + 1)
         async with entry.lock:  # no catch-up thread may grow the arrays while we search them
             await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq)
             hits = self.rank(
                 entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
                 dense=entry.dense,
             )
+        return await self._turns_of(store, state, hits, limit)
+
+    async def _turns_of(
+        self, store: TurnSource, state: SessionState, hits: list[RecallHit], limit: int | None
+    ) -> list[Turn]:
         if limit is not None:
             hits = hits[:limit]
         if not hits:
             return []
         by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
         return [by_seq[h.seq] for h in hits if h.seq in by_seq]
+
+    async def rank_stored(
+        self,
+        store: PostingsStore,
+        source: TurnSource,
+        state: SessionState,
+        message: str,
+        stats: IndexStats,
+        exclude_from_seq: int,
+    ) -> list[RecallHit]:
+        """`rank` over the index the store keeps: reads the query terms' postings, no turns."""
+        settings = self.settings
+        index = await self._stored.index(
+            store, state.tenant, state.session_id, stats=stats, created_at=state.created_at
+        )
+        weights = recall_query(message, state.turns, settings)
+        await index.load_terms(list(weights))
+        k = settings.candidates
+        found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)
+        if settings.feedback_turns and found:
+            top = found[: settings.feedback_turns]
+
+            async def read(seqs: Sequence[int]) -> dict[int, Turn]:
+                return await fetch_turns(source, state.tenant, state.session_id, seqs)
+
+            await index.load_doc_terms([seq for seq, _ in top], read)
+            await index.load_df([t for seq, _ in top for t in index.doc_terms(seq)])
+            expanded = _feedback(index, weights, top, settings)
+            await index.load_terms([t for t in expanded if t not in weights])
+            found = index.search_terms(expanded, k=k, exclude_from_seq=exclude_from_seq)
+        hits = [RecallHit(seq=seq, score=score) for seq, score in found]
+        if settings.neighbours:
+            hits = _with_neighbours(hits, settings.neighbour_weight)
+        return hits
 
     async def with_recall(
         self, store: TurnSource, state: SessionState, message: str, *, recent_turns: int = 6
@@ -280,8 +329,14 @@ def _add_all(entry: _Entry, turns: Sequence[Turn]) -> None:
         entry.dense.add_many(turns)
 
 
+class _TermStats(Protocol):
+    def doc_terms(self, seq: int) -> tuple[str, ...]: ...
+
+    def idf(self, term: str) -> float: ...
+
+
 def _feedback(
-    index: BM25Index,
+    index: _TermStats,
     weights: Mapping[str, float],
     top: Sequence[tuple[int, float]],
     settings: RecallSettings,
