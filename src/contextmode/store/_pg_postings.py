@@ -6,7 +6,7 @@ with the turns they index (the append holds the session row ``FOR UPDATE``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Turn
@@ -33,7 +33,9 @@ async def _previous(db: Conn, key: tuple[str, str], seq: int) -> Turn | None:
     return _turn(row) if row else None
 
 
-async def index_turns(db: Conn, key: tuple[str, str], turns: Sequence[Turn], last: int) -> None:
+async def index_turns(
+    db: Conn, key: tuple[str, str], turns: Sequence[Turn], last: int, analyzed: Mapping[str, list[str]]
+) -> None:
     """Index ``turns`` just appended after seq ``last`` when the index is current (or the
     session is new); a session whose index lags is left to `backfill`."""
     if not turns:
@@ -51,11 +53,14 @@ async def index_turns(db: Conn, key: tuple[str, str], turns: Sequence[Turn], las
     if last and row["content"] is not None:
         previous = Turn(seq=last, role=row["role"], content=row["content"], tokens=0,
                         created_at=turns[0].created_at)
-    await _write(db, key, turns, previous)
+    await _write(db, key, turns, previous, analyzed)
 
 
-async def _write(db: Conn, key: tuple[str, str], turns: Sequence[Turn], previous: Turn | None) -> None:
-    added = postings_for(turns, previous)
+async def _write(
+    db: Conn, key: tuple[str, str], turns: Sequence[Turn], previous: Turn | None,
+    analyzed: Mapping[str, list[str]] | None = None,
+) -> None:
+    added = postings_for(turns, previous, analyzed=analyzed)
     # One round trip: the postings upsert and the statistics upsert.
     await db.execute(
         "WITH p AS (INSERT INTO recall_postings (tenant, session_id, term, block, data)"

@@ -7,7 +7,7 @@ Functions take the connection and run inside the caller's transaction
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..types import Turn
 from .postings import IndexStats, postings_for
@@ -32,7 +32,9 @@ def _previous(db: Db, key: tuple[str, str], seq: int) -> Turn | None:
     return _turn(row) if row else None
 
 
-def index_turns(db: Db, key: tuple[str, str], turns: Sequence[Turn], last: int) -> None:
+def index_turns(
+    db: Db, key: tuple[str, str], turns: Sequence[Turn], last: int, analyzed: Mapping[str, list[str]]
+) -> None:
     """Index ``turns`` just appended after seq ``last`` when the index is current (or the
     session is new); a session whose index lags is left to `backfill`."""
     if not turns:
@@ -42,11 +44,14 @@ def index_turns(db: Db, key: tuple[str, str], turns: Sequence[Turn], last: int) 
         return
     if not current.exists and last > 0:
         return  # written before the index existed: `contextmode index` catches it up
-    _write(db, key, turns, _previous(db, key, last) if last else None)
+    _write(db, key, turns, _previous(db, key, last) if last else None, analyzed)
 
 
-def _write(db: Db, key: tuple[str, str], turns: Sequence[Turn], previous: Turn | None) -> None:
-    added = postings_for(turns, previous)
+def _write(
+    db: Db, key: tuple[str, str], turns: Sequence[Turn], previous: Turn | None,
+    analyzed: Mapping[str, list[str]] | None = None,
+) -> None:
+    added = postings_for(turns, previous, analyzed=analyzed)
     db.executemany(
         "INSERT INTO recall_postings (tenant, session_id, term, block, data) VALUES (?, ?, ?, ?, ?)"
         " ON CONFLICT (tenant, session_id, term, block)"

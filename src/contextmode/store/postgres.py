@@ -31,7 +31,7 @@ from ._codec import (
 from ._codec import metadata_json as _meta
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
 from .base import ClosesOnExit, JobStats, LockHandle, SessionInfo, SessionVersion
-from .postings import IndexStats
+from .postings import IndexStats, analyze_texts
 
 __all__ = ["PostgresStore"]
 
@@ -140,6 +140,10 @@ class PostgresStore(ClosesOnExit):
     ) -> list[Turn]:
         key = check_ids(tenant, session_id)
         turns = list(turns)
+        # Analysed before the transaction: the write lock is held only to write.
+        analyzed = analyze_texts([t.content for t in turns] + [
+            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
+        ])
         now = utc_now()
         async with self._db() as db, db.transaction():
             if turns:
@@ -190,7 +194,7 @@ class PostgresStore(ClosesOnExit):
                      metadata=dict(t.metadata))
                 for s, t in zip(seqs, turns, strict=True)
             ]
-            await pg_postings.index_turns(db, key, numbered, last)  # same transaction
+            await pg_postings.index_turns(db, key, numbered, last, analyzed)  # same transaction
         return numbered
 
     async def load(

@@ -18,7 +18,7 @@ the new ``indexed_seq``), and recall meanwhile uses the in-process index.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -32,6 +32,7 @@ __all__ = [
     "IndexStats",
     "PostingRows",
     "PostingsStore",
+    "analyze_texts",
     "has_postings",
     "postings_for",
 ]
@@ -71,10 +72,27 @@ class PostingRows:
     """Their total length."""
 
 
-def postings_for(turns: Sequence[Turn], previous: Turn | None) -> PostingRows:
-    """The postings of ``turns`` (consecutive seqs), given the turn just before them."""
-    from ..memory.recall_index import BM25Params, turn_counts
+def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
+    """Index terms of each text, computed before a write transaction so that the
+    analysis (and loading its dictionaries) never runs while the store is locked."""
     from ..memory.recall_text import analyze
+
+    return {text: analyze(text) for text in texts}
+
+
+def postings_for(
+    turns: Sequence[Turn], previous: Turn | None, *, analyzed: Mapping[str, list[str]] | None = None
+) -> PostingRows:
+    """The postings of ``turns`` (consecutive seqs), given the turn just before them;
+    ``analyzed`` holds texts already analysed (`analyze_texts`)."""
+    from ..memory.recall_index import BM25Params, turn_counts
+    from ..memory.recall_text import analyze as analyze_text
+
+    known = analyzed or {}
+
+    def analyze(text: str) -> list[str]:
+        terms = known.get(text)
+        return list(terms) if terms is not None else analyze_text(text)
 
     weight = BM25Params().previous_weight
     prev_terms = analyze(previous.content) if previous is not None and previous.role != "system" else []
@@ -84,7 +102,7 @@ def postings_for(turns: Sequence[Turn], previous: Turn | None) -> PostingRows:
         if turn.role == "system":
             prev_terms = []
             continue
-        counts, prev_terms = turn_counts(turn, prev_terms, weight)
+        counts, prev_terms = turn_counts(turn, prev_terms, weight, analyze)
         dl = float(np.float32(sum(counts.values())))
         docs += 1
         length += dl

@@ -39,7 +39,7 @@ from ._codec import (
 )
 from ._sqlite_schema import migrate
 from .base import ClosesOnExit, LockHandle, SessionInfo, SessionVersion
-from .postings import IndexStats
+from .postings import IndexStats, analyze_texts
 
 __all__ = ["SQLiteStore"]
 
@@ -159,6 +159,10 @@ class SQLiteStore(ClosesOnExit):
     ) -> list[Turn]:
         key = check_ids(tenant, session_id)
         turns = list(turns)
+        # Analysed before the transaction: the write lock is held only to write.
+        analyzed = analyze_texts([t.content for t in turns] + [
+            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
+        ])
         now = now_micros()
         answer = last_answer(turns)
 
@@ -218,7 +222,7 @@ class SQLiteStore(ClosesOnExit):
                 )
                 for i, t in enumerate(turns, start=1)
             ]
-            postings.index_turns(db, key, numbered, last)  # same transaction as the turns
+            postings.index_turns(db, key, numbered, last, analyzed)  # same transaction as the turns
             return last, numbered
 
         _, numbered = await self._run(lambda db: admin.write(db, lambda: body(db)))
