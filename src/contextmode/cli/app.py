@@ -37,6 +37,8 @@ for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "loc
             raise
 
 
+importlib.import_module("contextmode.cli.index").register(app)
+
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URL (default: CONTEXTMODE_STORE_URL or SQLite under CONTEXTMODE_HOME).")]
 TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant of the session.")]
 

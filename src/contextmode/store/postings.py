@@ -18,7 +18,7 @@ the new ``indexed_seq``), and recall meanwhile uses the in-process index.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -33,6 +33,7 @@ __all__ = [
     "PostingRows",
     "PostingsStore",
     "analyze_texts",
+    "catch_up",
     "has_postings",
     "postings_for",
 ]
@@ -155,3 +156,29 @@ def unpack(rows: Sequence[tuple[int, bytes]]) -> np.ndarray:
     if not rows:
         return np.empty(0, dtype=POSTING)
     return np.frombuffer(b"".join(data for _, data in rows), dtype=POSTING)
+
+
+async def catch_up(
+    store: PostingsStore,
+    *,
+    batch: int = 2000,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Index every turn the stored index lacks (sessions written before it existed).
+
+    Each batch commits its postings together with the session's new ``indexed_seq``,
+    so an interrupted run loses nothing and a second run resumes where it stopped.
+    ``on_progress(done, total)`` is called after each batch (turns). Returns the
+    number of turns indexed.
+    """
+    lagging = await store.sessions_to_index(limit=1_000_000)
+    total = sum(last - done for _, _, done, last in lagging)
+    indexed = 0
+    if on_progress is not None:
+        on_progress(0, total)
+    for tenant, session_id, _, _ in lagging:
+        while (added := await store.index_backfill(tenant, session_id, batch=batch)) > 0:
+            indexed += added
+            if on_progress is not None:
+                on_progress(indexed, max(total, indexed))
+    return indexed
