@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 from collections.abc import AsyncIterator
@@ -77,7 +78,7 @@ def _old_database(path: Path, turns: list[NewTurn]) -> None:
     db.executemany(
         "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at, metadata)"
         " VALUES ('t', 's', ?, ?, ?, 5, 1, ?)",
-        [(i, t.role, t.content, '{"speaker": "%s"}' % t.metadata["speaker"])
+        [(i, t.role, t.content, json.dumps({"speaker": t.metadata["speaker"]}))
          for i, t in enumerate(turns, 1)],
     )
     db.execute("COMMIT")
