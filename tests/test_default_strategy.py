@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from typer.testing import CliRunner
 
 from contextmode.api import ContextMode, build_engine
+from contextmode.cli.app import app
 from contextmode.memory import DefaultStrategy, get_strategy
 from contextmode.settings import EngineSettings
 from contextmode.store.memory import MemoryStore
@@ -78,3 +83,18 @@ def test_context_mode_uses_the_default_with_recall(tmp_path: object) -> None:
         assert ctx.strategy == "default"
         recall = ctx.layer("recall")
         assert recall is not None and 1 in {item.seq for item in recall.items}
+
+
+def test_inspect_says_why_a_turn_was_recalled(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cm.db'}"
+    with ContextMode(store=url, model=FunctionModel(lambda m: "ok"), counter=CharTokenCounter()) as cm:
+        cm.chat("s", "I keep my spare keys under the blue flowerpot by the door.")
+        for i in range(12):
+            cm.chat("s", _FILLER[i % 4])
+    out = CliRunner().invoke(app, ["inspect", "s", "--store", url, "-m", "where are my spare keys?", "--json"])
+    assert out.exit_code == 0, out.output
+    recalled = json.loads(out.output.strip().splitlines()[-1])["recalled"]
+    first = next(r for r in recalled if r["seq"] == 1)
+    assert {"spar", "key"} <= set(first["matched"])  # stemmed terms and first["score"] > 0
+    text = CliRunner().invoke(app, ["inspect", "s", "--store", url, "-m", "where are my spare keys?"])
+    assert "recalled turn 1: score" in text.output and "spar" in text.output

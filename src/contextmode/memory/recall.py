@@ -30,7 +30,7 @@ from typing import Protocol
 from ..store.postings import IndexStats, PostingsStore, has_postings
 from ..types import SessionState, Turn
 from .recall_dense import DenseIndex, Embedder, rrf_fuse
-from .recall_index import BM25Index, RecallIndex
+from .recall_index import BM25Index, RecallIndex, turn_text
 from .recall_stored import StoredPostings
 from .recall_strategy import HybridRecall
 from .recall_text import analyze
@@ -41,9 +41,11 @@ _THREAD_BATCH = 256
 __all__ = [
     "HybridRecall",
     "RecallHit",
+    "RecallReason",
     "RecallSettings",
     "Recaller",
     "TurnSource",
+    "explain_recall",
     "fetch_turns",
     "recall_query",
 ]
@@ -278,7 +280,8 @@ class Recaller:
         if not hits:
             return []
         by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
-        return [by_seq[h.seq] for h in hits if h.seq in by_seq]
+        # Each recalled turn says why it is here (the inspector shows it; never stored).
+        return [_with_reason(by_seq[h.seq], h) for h in hits if h.seq in by_seq]
 
     async def rank_stored(
         self,
@@ -320,6 +323,45 @@ class Recaller:
         """``state`` with its ``recalled`` turns filled in for ``message``."""
         turns = await self.recall(store, state, message, recent_turns=recent_turns)
         return replace(state, recalled=tuple(turns))
+
+
+def _with_reason(turn: Turn, hit: RecallHit) -> Turn:
+    reason: dict[str, float | int] = {"score": round(hit.score, 4)}
+    if hit.neighbour_of is not None:
+        reason["neighbour_of"] = hit.neighbour_of
+    return replace(turn, metadata={**turn.metadata, "recall": reason})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecallReason:
+    """Why a turn was recalled, for the inspector."""
+
+    seq: int
+    score: float | None
+    """Its ranking score (BM25, or RRF with dense fusion); a neighbour's is its hit's × 0.5."""
+    matched: tuple[str, ...]
+    """Query terms (the message's, or borrowed/feedback ones) found in the turn."""
+    neighbour_of: int | None = None
+    """Set when the turn came in as the turn before hit ``neighbour_of``."""
+
+
+def explain_recall(
+    message: str, recent: Sequence[Turn], recalled: Sequence[Turn], settings: RecallSettings | None = None
+) -> list[RecallReason]:
+    """For each recalled turn (as `Recaller.recall` returned it): score and matched terms."""
+    weights = recall_query(message, recent, settings or RecallSettings())
+    out = []
+    for turn in recalled:
+        reason = turn.metadata.get("recall")
+        info = reason if isinstance(reason, dict) else {}
+        terms = set(analyze(turn_text(turn)))
+        out.append(RecallReason(
+            seq=turn.seq,
+            score=info.get("score"),
+            matched=tuple(t for t in weights if t in terms),
+            neighbour_of=info.get("neighbour_of"),
+        ))
+    return out
 
 
 def _add_all(entry: _Entry, turns: Sequence[Turn]) -> None:
