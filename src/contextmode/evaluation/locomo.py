@@ -228,30 +228,41 @@ async def _evaluate(
         sid = _session_id(conv, run)
         try:
             seq_of = await _replay(engine, conv, sid)
-            text_of = {seq_of[t.dia_id]: t.text for t in conv.turns}
-            now = conv.turns[-1].at + timedelta(hours=1) if conv.turns else datetime.now(UTC)
-            asked = [q for q in conv.questions if q.category in CATEGORIES]
-            for qi, qa in enumerate(asked, 1):
-                evidence = [seq_of[e] for e in qa.evidence if e in seq_of]
-                if not evidence:
-                    continue
-                sentences = [_sentences(text_of[seq]) for seq in evidence]
-                for strategy in chosen:
-                    for budget in budgets:
-                        cell = cells[(strategy.name, budget)]
-                        ctx = await _context(engine, sid, qa.question, strategy, budget, now)
-                        found = _score(cell, ctx, qa, evidence, sentences)
-                        conv_cell = cell["by_conv"].setdefault(conv.sample_id, [0.0, 0])
-                        conv_cell[0] += found
-                        conv_cell[1] += 1
-                if progress and (qi % 50 == 0 or qi == len(asked)):
-                    print(f"[locomo] {conv.sample_id} ({ci}/{len(conversations)}): "
-                          f"{qi}/{len(asked)} questions", file=sys.stderr, flush=True)
+            label = f"{conv.sample_id} ({ci}/{len(conversations)})" if progress else None
+            await _ask(engine, conv, sid, seq_of, chosen, budgets, cells, label)
         finally:
             if options.store_url:
                 await store.delete(_TENANT, sid)
             await engine.close()
     return _report(cells, chosen, budgets, counter, options)
+
+
+async def _ask(
+    engine: Engine, conv: LocomoConversation, sid: str, seq_of: dict[str, int],
+    chosen: Sequence[Strategy], budgets: Sequence[int],
+    cells: dict[tuple[str, int], dict[str, Any]], label: str | None,
+) -> None:
+    """Ask every question of categories 1–4 at the end of the conversation; fill ``cells``."""
+    text_of = {seq_of[t.dia_id]: t.text for t in conv.turns}
+    now = conv.turns[-1].at + timedelta(hours=1) if conv.turns else datetime.now(UTC)
+    asked = [q for q in conv.questions if q.category in CATEGORIES]
+    for qi, qa in enumerate(asked, 1):
+        evidence = [seq_of[e] for e in qa.evidence if e in seq_of]
+        if evidence:
+            sentences = [_sentences(text_of[seq]) for seq in evidence]
+            for strategy in chosen:
+                for budget in budgets:
+                    cell = cells[(strategy.name, budget)]
+                    ctx = await _context(engine, sid, qa.question, strategy, budget, now)
+                    _add(cell, conv.sample_id, _score(cell, ctx, qa, evidence, sentences))
+        if label and (qi % 50 == 0 or qi == len(asked)):
+            print(f"[locomo] {label}: {qi}/{len(asked)} questions", file=sys.stderr, flush=True)
+
+
+def _add(cell: dict[str, Any], sample_id: str, found: float) -> None:
+    conv_cell = cell["by_conv"].setdefault(sample_id, [0.0, 0])
+    conv_cell[0] += found
+    conv_cell[1] += 1
 
 
 async def _context(
