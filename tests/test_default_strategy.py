@@ -98,3 +98,16 @@ def test_inspect_says_why_a_turn_was_recalled(tmp_path: Path) -> None:
     assert {"spar", "key"} <= set(first["matched"])  # stemmed terms and first["score"] > 0
     text = CliRunner().invoke(app, ["inspect", "s", "--store", url, "-m", "where are my spare keys?"])
     assert "recalled turn 1: score" in text.output and "spar" in text.output
+
+
+def test_following_turns_come_in_only_when_asked_for() -> None:
+    from contextmode.memory.recall import RecallHit, _with_neighbours
+
+    hits = [RecallHit(seq=10, score=2.0), RecallHit(seq=20, score=1.0)]
+    plain = _with_neighbours(hits, 0.5)
+    assert [(h.seq, h.neighbour_of) for h in plain] == [(10, None), (20, None), (9, 10), (19, 20)]
+    both = _with_neighbours(hits, 0.5, 0.4)
+    assert [(h.seq, h.neighbour_of) for h in both] == [
+        (10, None), (20, None), (9, 10), (11, 10), (19, 20), (21, 20)
+    ]
+    assert both[3].score == 0.8

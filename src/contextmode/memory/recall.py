@@ -11,11 +11,18 @@ Query: the message's terms at full weight; when the message is short and leans
 on the conversation ("那个按钮在哪?"), terms of the last turns are added at a
 lower weight (query expansion), so the index can still find the topic.
 
-Indexes live in this process, one per session, in an LRU of ``max_sessions``:
-the first use rebuilds a session's index from the store (one pass over its
-turns), later uses add only the turns that arrived since. They are not
-persisted: rebuilding costs ~20 µs a turn (about 0.2 s for 10,000 turns),
-far less than keeping an index format in step across four store backends.
+Where the index lives: a store that keeps it (`store.postings`: SQLite and
+PostgreSQL write each turn's postings in the append's transaction) is queried
+directly — only the query terms' postings are read, never the turns
+(`recall_stored`). Otherwise (memory store, Redis, or a session not yet caught up
+by ``contextmode index``) indexes live in this process, one per session, in an
+LRU of ``max_sessions``: the first use rebuilds a session's index from the store
+(one pass over its turns, ~20 µs a turn), later uses add only the turns that
+arrived since.
+
+Each recalled turn carries ``metadata["recall"]`` (its score, and the hit a
+neighbour belongs to); `explain_recall` adds the matched query terms for the
+inspector.
 """
 
 from __future__ import annotations
@@ -69,6 +76,9 @@ class RecallSettings:
     """Follow each hit with the turn just before it."""
     neighbour_weight: float = 0.5
     """A neighbour ranks as its hit's score times this (it matters less than the hit)."""
+    following_weight: float = 0.0
+    """Also follow each hit with the turn just after it (the reply to a hit), ranked at its
+    score times this (0 = off)."""
     expansion_turns: int = 2
     """How many of the newest turns lend their terms to a short message."""
     expansion_weight: float = 0.3
@@ -231,7 +241,7 @@ class Recaller:
             found = rrf_fuse([[s for s, _ in found], [s for s, _ in similar]], k=settings.rrf_k)[:k]
         hits = [RecallHit(seq=seq, score=score) for seq, score in found]
         if settings.neighbours:
-            hits = _with_neighbours(hits, settings.neighbour_weight)
+            hits = _with_neighbours(hits, settings.neighbour_weight, settings.following_weight)
         return hits
 
     async def recall(
@@ -314,7 +324,7 @@ class Recaller:
             found = index.search_terms(expanded, k=k, exclude_from_seq=exclude_from_seq)
         hits = [RecallHit(seq=seq, score=score) for seq, score in found]
         if settings.neighbours:
-            hits = _with_neighbours(hits, settings.neighbour_weight)
+            hits = _with_neighbours(hits, settings.neighbour_weight, settings.following_weight)
         return hits
 
     async def with_recall(
@@ -399,15 +409,17 @@ def _feedback(
     return expanded
 
 
-def _with_neighbours(hits: list[RecallHit], weight: float) -> list[RecallHit]:
-    """Each hit followed by the turn before it, ranked at ``weight`` × the hit's score."""
+def _with_neighbours(hits: list[RecallHit], weight: float, following: float = 0.0) -> list[RecallHit]:
+    """Each hit followed by the turn before it, ranked at ``weight`` × the hit's score
+    (and by the turn after it at ``following`` × the score, when above 0)."""
     taken = {h.seq for h in hits}
     extra = []
     for hit in hits:
-        prev = hit.seq - 1
-        if prev >= 1 and prev not in taken:
-            taken.add(prev)
-            extra.append(RecallHit(seq=prev, score=hit.score * weight, neighbour_of=hit.seq))
+        # A turn after the newest hits may be in the recent window: the strategy drops it there.
+        for seq, factor in ((hit.seq - 1, weight), (hit.seq + 1, following)):
+            if factor > 0 and seq >= 1 and seq not in taken:
+                taken.add(seq)
+                extra.append(RecallHit(seq=seq, score=hit.score * factor, neighbour_of=hit.seq))
     merged = hits + extra
     merged.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
     return merged
