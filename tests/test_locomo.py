@@ -77,6 +77,7 @@ def test_evaluate_locomo_measures_evidence_per_strategy_and_budget(tmp_path: Pat
         progress=False, counter=CharTokenCounter(),
     )
     table = result["table"]
+    assert result["departures"] == []  # measured as shipped: nothing departs
     assert set(result["recall"]) == {"window", "hybrid_recall"}
     assert set(result["recall"]["window"]) == {"300", "1200"}
     row = table["hybrid_recall"]["1200"]
@@ -117,3 +118,14 @@ def test_plot_recall_writes_a_png(tmp_path: Path) -> None:
                                             "hybrid_recall": {"1000": 0.6, "2000": 0.8}}}
     out = locomo.plot_recall(result, tmp_path / "img" / "recall.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_shipped_default_is_measured_and_departures_are_named(tmp_path: Path) -> None:
+    data = _sample(tmp_path)
+    result = evaluate_locomo(data, [1200], ["default"], progress=False, counter=CharTokenCounter())
+    assert result["departures"] == [] and "Engine" in result["entry"]
+    assert result["recall"]["default"]["1200"] == 1.0
+    assert set(result["table"]["default"]["1200"]["by_category"]) == {"multi-hop", "temporal", "single-hop"}
+    other = evaluate_locomo(data, [1200], ["default"], progress=False, counter=CharTokenCounter(),
+                            options=locomo.EvalOptions(preferences_only=True))
+    assert other["departures"] == ["constraint extractor generic_facts=False (shipped: True)"]

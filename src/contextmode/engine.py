@@ -39,6 +39,7 @@ from .processors.intents import build_follow_up_prompt
 from .processors.verify import verified
 from .settings import EngineSettings, Mode
 from .store.base import Store
+from .store.postings import has_postings
 from .tokens.base import TokenCounter
 from .types import ChatMessage, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 
@@ -364,16 +365,16 @@ class Engine:
 
     async def record(
         self, tenant: str, session_id: str, role: Literal["user", "assistant"], content: str,
-        *, metadata: dict[str, Any] | None = None,
+        *, metadata: dict[str, Any] | None = None, created_at: datetime | None = None,
     ) -> Turn:
         """Append one turn without calling the model (imports, replays) and schedule the
-        same background jobs a live turn would."""
-        turn = (
-            await self.store.append(
-                tenant, session_id,
-                [NewTurn(role=role, content=content, tokens=self.counter.count(content), metadata=metadata or {})],
-            )
-        )[0]
+        same background jobs a live turn would. ``created_at`` dates an imported turn
+        (default: now)."""
+        new = NewTurn(
+            role=role, content=content, tokens=self.counter.count(content), metadata=metadata or {},
+            created_at=created_at or utc_now(),
+        )
+        turn = (await self.store.append(tenant, session_id, [new]))[0]
         self._observe(tenant, session_id, [turn])
         if role == "user":
             self._schedule_jobs(tenant, session_id, turn, None)
@@ -382,7 +383,13 @@ class Engine:
     def _observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
         """Keep the recall index current: O(new turns), never a re-index."""
         turns = [t for t in turns if not t.notice]
-        if turns and self.recaller is not None and hasattr(self.recaller, "observe"):
+        # A store that keeps the recall index wrote it with the turns: nothing to do here.
+        if (
+            turns
+            and self.recaller is not None
+            and hasattr(self.recaller, "observe")
+            and not has_postings(self.store)
+        ):
             self.recaller.observe(tenant, session_id, turns)
 
     def _schedule_jobs(
@@ -460,8 +467,9 @@ class Engine:
         previous = state.summary
         start = state.summary_covers_seq + 1
         end = info.last_seq - strategy.recent_turns
-        if upto is not None and upto > end:
-            end, force = min(upto, info.last_seq), True
+        if upto is not None:
+            # Dropped turns reach the model in no form until summarised: any number is due.
+            end, force = max(end, min(upto, info.last_seq)), True
         due = end - start + 1
         if due <= 0 or (due < self.settings.summary_threshold and not force):
             return False

@@ -48,8 +48,10 @@ def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -
 class EngineSettings:
     """How a turn is built and what runs after it."""
 
-    strategy: str = "sliding_summary"
-    """Memory strategy name (``window``, ``token_window``, ``summary``, ``sliding_summary``, ``hybrid``…)."""
+    strategy: str = "default"
+    """Memory strategy name: ``default`` (summary, pins, key moments, recalled older turns and
+    recent turns), or ``window``, ``token_window``, ``summary``, ``sliding_summary``, ``hybrid``,
+    ``hybrid_recall``."""
     context_window: int = 8192
     """The model's context window, tokens (seed 003)."""
     reply_reserve: int | None = None
@@ -80,7 +82,7 @@ class EngineSettings:
         env = os.environ if env is None else env
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
-            strategy=env.get("CONTEXTMODE_STRATEGY", "sliding_summary"),
+            strategy=env.get("CONTEXTMODE_STRATEGY", "default"),
             context_window=env_int(env, "CONTEXTMODE_CONTEXT_WINDOW", 8192, minimum=64),
             reply_reserve=env_int(env, "CONTEXTMODE_REPLY_RESERVE", 0) if reserve else None,
             mode=env.get("CONTEXTMODE_MODE", "contextual"),  # type: ignore[arg-type]

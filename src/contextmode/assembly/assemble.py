@@ -155,7 +155,7 @@ def assemble(
     message: str,
     *,
     counter: TokenCounter,
-    strategy: str | Strategy = "sliding_summary",
+    strategy: str | Strategy = "default",
     budget: Budget | None = None,
     config: AssemblyConfig | None = None,
     now: datetime | None = None,

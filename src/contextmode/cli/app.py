@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from ..api import build_engine
+from ..engine import PreparedTurn
 from ..errors import ContextModeError
 from ..settings import EngineSettings
 from .render import prepared_panel, turns_table
@@ -36,6 +37,8 @@ for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "loc
         if exc.name != f"contextmode.evaluation.{_module}":
             raise
 
+
+importlib.import_module("contextmode.cli.index").register(app)
 
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URL (default: CONTEXTMODE_STORE_URL or SQLite under CONTEXTMODE_HOME).")]
 TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant of the session.")]
@@ -120,6 +123,7 @@ def inspect(
                     "layers": {n: {"allocated": a.allocated, "used": a.used, "dropped": list(a.dropped_seqs)}
                                for n, a in prepared.context.accounts.items()},
                     "total_tokens": prepared.context.total_tokens,
+                    "recalled": _recall_reasons(prepared, message),
                     "jobs": {k: {"ok": v.ok, "failed": v.failed, "last_error": v.last_error} for k, v in info.jobs.items()},
                 }, ensure_ascii=False))
                 return
@@ -129,10 +133,29 @@ def inspect(
             for name, stats in info.jobs.items():
                 console.print(f"job {name}: ok {stats.ok}, failed {stats.failed}" + (f", last error: {stats.last_error}" if stats.last_error else ""))
             console.print(prepared_panel(prepared))
+            for reason in _recall_reasons(prepared, message):
+                console.print(
+                    f"recalled turn {reason['seq']}: score {reason['score']}, matched "
+                    f"{', '.join(reason['matched']) or '—'}"
+                    + (f" (the turn before {reason['neighbour_of']})" if reason["neighbour_of"] else "")
+                )
         finally:
             await engine.close()
 
     _guard(run)
+
+
+def _recall_reasons(prepared: PreparedTurn, message: str) -> list[dict[str, Any]]:
+    """Why each turn shown in the recall layer was recalled (score, matched terms)."""
+    from dataclasses import asdict
+
+    from ..memory.recall import explain_recall
+
+    layer = prepared.context.layer("recall")
+    shown = {item.seq for item in layer.items} if layer is not None else set()
+    recalled = [t for t in prepared.state.recalled if t.seq in shown]
+    query = prepared.rewrite.text if prepared.rewrite is not None and prepared.rewrite.changed else message
+    return [asdict(r) for r in explain_recall(query, prepared.state.turns, recalled)]
 
 
 @app.command()

@@ -40,7 +40,7 @@ async def run_demo(console: Console, *, store: str | None, window: int, show_mes
         from ..testing.models import ScriptedModel
 
         model = ScriptedModel([answer for _, answer in SAMPLE_CONVERSATION], name="recorded-demo")
-    settings = EngineSettings(context_window=window, summary_threshold=4, strategy="sliding_summary")
+    settings = EngineSettings(context_window=window, summary_threshold=4)
     counter = None if configured else counter_for_model(DEFAULT_COUNTING_MODEL)
     engine = build_engine(store=store, model=model, settings=settings, counter=counter)
     session = "demo"

@@ -1,17 +1,14 @@
 """Evidence recall on LoCoMo: does the assembled context still hold the turns a question needs?
 
-Each LoCoMo conversation (≈300–700 turns over 19–32 dated sessions) is replayed
-into an in-memory store the way the engine would have built it: every turn
-appended with its token count, emotion scored (offline scorer), constraints
-extracted from ``speaker_a``'s turns (offline extractor, preferences and
-constraints only: its ``generic_facts`` mode pins ~100 life-story sentences per
-conversation, and pinned constraints are served before every other layer), and the summary
-folded in by the offline summariser whenever ten turns outside an 8-turn
-window are uncovered (the engine's own trigger). Then each question of
-categories 1–4 (multi-hop, temporal, open-domain, single-hop; 5 is
-adversarial and has no evidence) is asked at the end of the conversation: the
-context is assembled under each budget with the real assembler, every layer
-counted with cl100k, and we measure
+Measured as shipped: each LoCoMo conversation (≈300–700 turns over 19–32 dated
+sessions) is recorded through the real `Engine` built by `build_engine` with the
+shipped `EngineSettings` and offline processors (`Engine.record`, which runs the
+same background jobs a live turn schedules: emotion and constraint extraction on
+the user's turns, the summary when due). Then each question of categories 1–4
+(multi-hop, temporal, open-domain, single-hop; 5 is adversarial and has no
+evidence) is asked at the end of the conversation through `Engine.prepare`
+(detection, rewrite, recall, assembly) with ``budget`` tokens of input, every
+layer counted with cl100k, and we measure
 
 - ``recall``: share of the question's evidence turns (``dia_id``) present
   verbatim in the context (recent window, key moments or recall layer);
@@ -25,7 +22,8 @@ Speakers: ``speaker_a`` is the user, ``speaker_b`` the assistant; both names
 are kept in each turn's metadata (``speaker``) and indexed for recall. A shared
 photo's caption is appended to its turn's text ("[shares a photo: …]"), as an
 application that stores image descriptions would. Turn times are the session's
-date.
+date. Options that depart from the shipped configuration (`EvalOptions`) are
+listed in the result's ``departures``.
 """
 
 from __future__ import annotations
@@ -34,29 +32,30 @@ import asyncio
 import json
 import re
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 
-from ..assembly import assemble
+from ..assembly import Context
+from ..engine import Engine
 from ..errors import InputError, MessageTooLarge, MissingExtra
-from ..memory import Budget, Strategy, get_strategy
+from ..memory import Strategy, get_strategy
 from ..memory.recall import Recaller, RecallSettings
+from ..settings import EngineSettings
+from ..store.base import Store
 from ..store.memory import MemoryStore
 from ..tokens.base import TokenCounter
-from ..types import Constraint, NewTurn, Role, SessionState, Summary
 from .report import print_json_line
 
-__all__ = ["CATEGORIES", "evaluate_locomo", "load_locomo", "plot_recall", "register"]
+__all__ = ["CATEGORIES", "EvalOptions", "evaluate_locomo", "load_locomo", "plot_recall", "register"]
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 _TENANT = "locomo"
-_SUMMARY_WINDOW = 8
-_SUMMARY_THRESHOLD = 10
 _VERBATIM_LAYERS = ("recent", "key_moments", "recall")
 _SENTENCE = re.compile(r"[^.!?。！？\n]+")
 
@@ -135,47 +134,61 @@ def load_locomo(path: str | Path) -> list[LocomoConversation]:
     return conversations
 
 
-async def _replay(store: MemoryStore, conv: LocomoConversation, counter: TokenCounter) -> dict[str, int]:
-    """Append the conversation with its derived records; return dia_id → seq."""
-    from ..processors.constraints import OfflineConstraintExtractor, apply_update
-    from ..processors.emotion import OfflineEmotionScorer
-    from ..processors.summarize import OfflineSummarizer
+@dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+    """How the conversation is replayed; anything but the defaults departs from what ships."""
 
-    scorer, extractor, summarizer = (
-        # generic_facts=False: pin stated preferences and constraints, not every
-        # first-person sentence of a life story (which would be ~100 "facts" here).
-        OfflineEmotionScorer(), OfflineConstraintExtractor(generic_facts=False), OfflineSummarizer()
+    preferences_only: bool = False
+    """Pin only stated preferences and constraints (the extractor's ``generic_facts=False``),
+    not every first-person fact the shipped extractor keeps."""
+    embeddings: bool = False
+    """Fuse dense retrieval (the ``embeddings`` extra, not on by default) into recall."""
+    store_url: str | None = None
+    """Replay into this store (``sqlite:///…``, ``postgresql://…``, ``redis://…``); default memory."""
+
+    def departures(self) -> list[str]:
+        """What differs from the shipped configuration, in words, for the report."""
+        out = []
+        if self.preferences_only:
+            out.append("constraint extractor generic_facts=False (shipped: True)")
+        if self.embeddings:
+            out.append("dense fusion on (shipped: off)")
+        return out
+
+
+def _engine(store: Store, counter: TokenCounter, options: EvalOptions, recaller: Recaller) -> Engine:
+    """The shipped engine (default settings, offline processors) on ``store``."""
+    from ..api import build_engine
+    from ..models.offline import OfflineResponder
+    from ..processors.constraints import OfflineConstraintExtractor
+
+    overrides: dict[str, Any] = {"recaller": recaller}
+    if options.preferences_only:
+        overrides["extractor"] = OfflineConstraintExtractor(generic_facts=False)
+    return build_engine(
+        store=store, model=OfflineResponder(), counter=counter, settings=EngineSettings(),
+        processors="offline", **overrides,
     )
-    sid = conv.sample_id.replace(" ", "_")
+
+
+async def _replay(engine: Engine, conv: LocomoConversation, sid: str) -> dict[str, int]:
+    """Record the conversation through the engine, running its jobs; return dia_id → seq.
+
+    `Engine.record` schedules what a live turn schedules (emotion and constraints of the
+    user's turns, the summary when due); draining after each user turn keeps the replay
+    in conversation order.
+    """
     seq_of: dict[str, int] = {}
-    constraints: Sequence[Constraint] = ()
-    summary: Summary | None = None
-    emotions: dict[int, float] = {}
     for lt in conv.turns:
-        role: Role = "user" if lt.speaker == conv.speaker_a else "assistant"
-        (turn,) = await store.append(_TENANT, sid, [NewTurn(
-            role=role, content=lt.text, tokens=counter.count(lt.text), created_at=lt.at,
+        role: Literal["user", "assistant"] = "user" if lt.speaker == conv.speaker_a else "assistant"
+        turn = await engine.record(
+            _TENANT, sid, role, lt.text, created_at=lt.at,
             metadata={"speaker": lt.speaker, "dia_id": lt.dia_id},
-        )])
+        )
         seq_of[lt.dia_id] = turn.seq
-        emotions[turn.seq] = max(0.0, min(1.0, await scorer.score(lt.text)))
         if role == "user":
-            update = await extractor.extract(turn, constraints)
-            if update.upsert or update.remove_keys:
-                constraints = apply_update(constraints, update)
-        covered = summary.covers_seq if summary else 0
-        end = turn.seq - _SUMMARY_WINDOW
-        if end - covered >= _SUMMARY_THRESHOLD:
-            due = await store.turns(_TENANT, sid, from_seq=covered + 1, to_seq=end)
-            result = await summarizer.summarize(summary, due)
-            summary = Summary(
-                text=result.text, covers_seq=end, tokens=counter.count(result.text),
-                version=(summary.version + 1) if summary else 1, created_at=lt.at,
-            )
-            await store.commit_summary(_TENANT, sid, summary, expected_version=summary.version - 1)
-    await store.set_emotions(_TENANT, sid, emotions)
-    if constraints:
-        await store.commit_constraints(_TENANT, sid, constraints, expected_version=0)
+            await engine.drain()
+    await engine.drain()
     return seq_of
 
 
@@ -189,6 +202,10 @@ def _new_cell() -> dict[str, Any]:
     return {"found": 0.0, "summary": 0.0, "n": 0, "tokens": 0, "by_cat": {}, "by_conv": {}}
 
 
+def _session_id(conv: LocomoConversation, run: str) -> str:
+    return f"{run}{conv.sample_id.replace(' ', '_')}"
+
+
 async def _evaluate(
     path: str | Path,
     budgets: Sequence[int],
@@ -197,46 +214,68 @@ async def _evaluate(
     progress: bool,
     counter: TokenCounter,
     recaller: Recaller,
+    options: EvalOptions,
 ) -> dict[str, Any]:
+    from ..store import open_store
+
     conversations = load_locomo(path)
     chosen = [get_strategy(s) for s in strategies]
     cells = {(s.name, b): _new_cell() for s in chosen for b in budgets}
+    run = f"r{uuid.uuid4().hex[:8]}-" if options.store_url else ""
     for ci, conv in enumerate(conversations, 1):
-        store = MemoryStore()
-        seq_of = await _replay(store, conv, counter)
-        text_of = {seq_of[t.dia_id]: t.text for t in conv.turns}
-        sid = conv.sample_id.replace(" ", "_")
-        now = conv.turns[-1].at + timedelta(hours=1) if conv.turns else datetime.now(UTC)
-        states: dict[str, SessionState] = {}
-        for strategy in chosen:
-            states[strategy.name] = await store.load(
-                _TENANT, sid, recent=strategy.recent_turns, key_moments=strategy.key_moment_limit
-            )
-        asked = [q for q in conv.questions if q.category in CATEGORIES]
-        for qi, qa in enumerate(asked, 1):
-            evidence = [seq_of[e] for e in qa.evidence if e in seq_of]
-            if not evidence:
-                continue
+        store = open_store(options.store_url) if options.store_url else MemoryStore()
+        engine = _engine(store, counter, options, recaller)
+        sid = _session_id(conv, run)
+        try:
+            seq_of = await _replay(engine, conv, sid)
+            label = f"{conv.sample_id} ({ci}/{len(conversations)})" if progress else None
+            await _ask(engine, conv, sid, seq_of, chosen, budgets, cells, label)
+        finally:
+            if options.store_url:
+                await store.delete(_TENANT, sid)
+            await engine.close()
+    return _report(cells, chosen, budgets, counter, options)
+
+
+async def _ask(
+    engine: Engine, conv: LocomoConversation, sid: str, seq_of: dict[str, int],
+    chosen: Sequence[Strategy], budgets: Sequence[int],
+    cells: dict[tuple[str, int], dict[str, Any]], label: str | None,
+) -> None:
+    """Ask every question of categories 1–4 at the end of the conversation; fill ``cells``."""
+    text_of = {seq_of[t.dia_id]: t.text for t in conv.turns}
+    now = conv.turns[-1].at + timedelta(hours=1) if conv.turns else datetime.now(UTC)
+    asked = [q for q in conv.questions if q.category in CATEGORIES]
+    for qi, qa in enumerate(asked, 1):
+        evidence = [seq_of[e] for e in qa.evidence if e in seq_of]
+        if evidence:
             sentences = [_sentences(text_of[seq]) for seq in evidence]
             for strategy in chosen:
-                state = states[strategy.name]
-                limit = int(getattr(strategy, "recall_limit", 0) or 0)
-                if limit:
-                    recalled = await recaller.recall(
-                        store, state, qa.question, limit=limit, recent_turns=strategy.recent_turns
-                    )
-                    state = replace(state, recalled=tuple(recalled))
                 for budget in budgets:
                     cell = cells[(strategy.name, budget)]
-                    found = _score(cell, state, qa, evidence, sentences,
-                                   strategy, budget, counter=counter, now=now)
-                    conv_cell = cell["by_conv"].setdefault(conv.sample_id, [0.0, 0])
-                    conv_cell[0] += found
-                    conv_cell[1] += 1
-            if progress and (qi % 50 == 0 or qi == len(asked)):
-                print(f"[locomo] {conv.sample_id} ({ci}/{len(conversations)}): "
-                      f"{qi}/{len(asked)} questions", file=sys.stderr, flush=True)
-    return _report(cells, chosen, budgets, counter)
+                    ctx = await _context(engine, sid, qa.question, strategy, budget, now)
+                    _add(cell, conv.sample_id, _score(cell, ctx, qa, evidence, sentences))
+        if label and (qi % 50 == 0 or qi == len(asked)):
+            print(f"[locomo] {label}: {qi}/{len(asked)} questions", file=sys.stderr, flush=True)
+
+
+def _add(cell: dict[str, Any], sample_id: str, found: float) -> None:
+    conv_cell = cell["by_conv"].setdefault(sample_id, [0.0, 0])
+    conv_cell[0] += found
+    conv_cell[1] += 1
+
+
+async def _context(
+    engine: Engine, sid: str, question: str, strategy: Strategy, budget: int, now: datetime
+) -> Context | None:
+    """What the engine would send for ``question`` with ``budget`` tokens of input
+    (``None`` when the question alone does not fit)."""
+    engine.settings = replace(engine.settings, context_window=budget, reply_reserve=0)
+    try:
+        prepared = await engine.prepare(_TENANT, sid, question, strategy=strategy, now=now)
+    except MessageTooLarge:
+        return None
+    return prepared.context
 
 
 def _sentences(text: str) -> list[str]:
@@ -244,15 +283,11 @@ def _sentences(text: str) -> list[str]:
 
 
 def _score(
-    cell: dict[str, Any], state: SessionState, qa: LocomoQuestion, evidence: list[int],
-    sentences: list[list[str]], strategy: Strategy, budget: int, *,
-    counter: TokenCounter, now: datetime,
+    cell: dict[str, Any], ctx: Context | None, qa: LocomoQuestion, evidence: list[int],
+    sentences: list[list[str]],
 ) -> float:
     """Add one question's outcome to ``cell``; return its evidence recall."""
-    try:
-        ctx = assemble(state, qa.question, counter=counter, strategy=strategy,
-                       budget=Budget(context_window=budget, reply_reserve=0), now=now)
-    except MessageTooLarge:
+    if ctx is None:
         found, via_summary, tokens = 0.0, 0.0, 0
     else:
         shown = {item.seq for layer in ctx.layers if layer.name in _VERBATIM_LAYERS
@@ -278,7 +313,7 @@ def _score(
 
 def _report(
     cells: dict[tuple[str, int], dict[str, Any]], chosen: Sequence[Strategy],
-    budgets: Sequence[int], counter: TokenCounter,
+    budgets: Sequence[int], counter: TokenCounter, options: EvalOptions,
 ) -> dict[str, Any]:
     table: dict[str, dict[str, Any]] = {}
     recall: dict[str, dict[str, float]] = {}
@@ -301,7 +336,19 @@ def _report(
             }
             table.setdefault(strategy.name, {})[str(budget)] = row
             recall.setdefault(strategy.name, {})[str(budget)] = row["recall"]
-    return {"counter": counter.name, "recall": recall, "table": table}
+    return {
+        "counter": counter.name,
+        "entry": "Engine.record / Engine.prepare, shipped EngineSettings and offline processors",
+        "budget": "input tokens (context_window = budget, reply_reserve = 0)",
+        "store": _store_name(options.store_url),
+        "departures": options.departures(),
+        "recall": recall,
+        "table": table,
+    }
+
+
+def _store_name(url: str | None) -> str:
+    return url.split(":", 1)[0] if url else "memory"
 
 
 def evaluate_locomo(
@@ -312,25 +359,26 @@ def evaluate_locomo(
     progress: bool = True,
     counter: TokenCounter | None = None,
     recaller: Recaller | None = None,
-    embeddings: bool = False,
+    options: EvalOptions | None = None,
 ) -> dict[str, Any]:
     """Evidence recall per strategy and budget on a LoCoMo file (see the module docstring).
 
-    Returns ``{"counter", "recall": {strategy: {budget: overall}}, "table":
-    {strategy: {budget: {recall, summary_only, tokens, questions, by_category,
-    by_conversation}}}}``.
-    ``embeddings`` fuses dense retrieval (the ``embeddings`` extra) into recall.
+    Returns ``{"counter", "entry", "budget", "store", "departures", "recall": {strategy:
+    {budget: overall}}, "table": {strategy: {budget: {recall, summary_only, tokens,
+    questions, by_category, by_conversation}}}}``; ``departures`` names every option
+    that differs from the shipped configuration (empty when measured as shipped).
     """
+    options = options or EvalOptions()
     if recaller is None:
         embedder = None
-        if embeddings:
+        if options.embeddings:
             from ..memory.recall_dense import MiniLMEmbedder
 
             embedder = MiniLMEmbedder()
         recaller = Recaller(RecallSettings(), embedder=embedder)
     return asyncio.run(_evaluate(
         path, list(budgets), list(strategies), progress=progress,
-        counter=counter or _cl100k(), recaller=recaller,
+        counter=counter or _cl100k(), recaller=recaller, options=options,
     ))
 
 
@@ -382,10 +430,20 @@ def register(app: typer.Typer) -> None:
         budget: Annotated[str, typer.Option(help="Comma-separated total token budgets")] = "1000,2000,4000",
         strategy: Annotated[
             str, typer.Option(help="Comma-separated strategies")
-        ] = "window,sliding_summary,hybrid,hybrid_recall",
+        ] = "default,window,sliding_summary,hybrid,hybrid_recall",
         embeddings: Annotated[
             bool, typer.Option("--embeddings", help="Fuse dense retrieval into recall (extra: embeddings)")
         ] = False,
+        preferences_only: Annotated[
+            bool,
+            typer.Option(
+                "--preferences-only",
+                help="Pin only stated preferences (extractor generic_facts=False; not shipped)",
+            ),
+        ] = False,
+        store_url: Annotated[
+            str | None, typer.Option("--store", help="Replay into this store URL (default: memory)")
+        ] = None,
         plot: Annotated[
             Path | None, typer.Option("--plot", help="Also write a PNG of recall vs budget (extra: plot)")
         ] = None,
@@ -394,8 +452,13 @@ def register(app: typer.Typer) -> None:
         """Share of each question's evidence turns kept in the assembled context (cl100k)."""
         budgets = [int(b) for b in budget.split(",") if b.strip()]
         names = [s.strip() for s in strategy.split(",") if s.strip()]
-        result = evaluate_locomo(data, budgets, names, progress=True, embeddings=embeddings)
+        options = EvalOptions(
+            preferences_only=preferences_only, embeddings=embeddings, store_url=store_url
+        )
+        result = evaluate_locomo(data, budgets, names, progress=True, options=options)
         _print_table(result)
+        departures = result["departures"]
+        print("departs from the shipped configuration: " + ("; ".join(departures) or "nothing"))
         if plot is not None:
             print(f"plot written to {plot_recall(result, plot)}")
         if as_json:

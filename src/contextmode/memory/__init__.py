@@ -1,7 +1,11 @@
 """Memory: token budgets and the strategies that choose candidates for each layer."""
 
 from .budget import FLEXIBLE_LAYERS, LAYER_NAMES, Budget, LayerName, allocate
-from .recall import HybridRecall, Recaller, RecallSettings  # importing registers hybrid_recall
+from .recall import Recaller, RecallSettings
+from .recall_strategy import (  # importing registers default, hybrid_recall
+    DefaultStrategy,
+    HybridRecall,
+)
 from .strategies import (
     STRATEGIES,
     Hybrid,
@@ -19,6 +23,7 @@ __all__ = [
     "LAYER_NAMES",
     "STRATEGIES",
     "Budget",
+    "DefaultStrategy",
     "Hybrid",
     "HybridRecall",
     "LayerName",

@@ -11,11 +11,18 @@ Query: the message's terms at full weight; when the message is short and leans
 on the conversation ("那个按钮在哪?"), terms of the last turns are added at a
 lower weight (query expansion), so the index can still find the topic.
 
-Indexes live in this process, one per session, in an LRU of ``max_sessions``:
-the first use rebuilds a session's index from the store (one pass over its
-turns), later uses add only the turns that arrived since. They are not
-persisted: rebuilding costs ~20 µs a turn (about 0.2 s for 10,000 turns),
-far less than keeping an index format in step across four store backends.
+Where the index lives: a store that keeps it (`store.postings`: SQLite and
+PostgreSQL write each turn's postings in the append's transaction) is queried
+directly — only the query terms' postings are read, never the turns
+(`recall_stored`). Otherwise (memory store, Redis, or a session not yet caught up
+by ``contextmode index``) indexes live in this process, one per session, in an
+LRU of ``max_sessions``: the first use rebuilds a session's index from the store
+(one pass over its turns, ~20 µs a turn), later uses add only the turns that
+arrived since.
+
+Each recalled turn carries ``metadata["recall"]`` (its score, and the hit a
+neighbour belongs to); `explain_recall` adds the matched query terms for the
+inspector.
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
+from ..store.postings import IndexStats, PostingsStore, has_postings
 from ..types import SessionState, Turn
 from .recall_dense import DenseIndex, Embedder, rrf_fuse
-from .recall_index import BM25Index, RecallIndex
+from .recall_index import BM25Index, RecallIndex, turn_text
+from .recall_stored import StoredPostings
 from .recall_strategy import HybridRecall
 from .recall_text import analyze
 
@@ -39,9 +48,11 @@ _THREAD_BATCH = 256
 __all__ = [
     "HybridRecall",
     "RecallHit",
+    "RecallReason",
     "RecallSettings",
     "Recaller",
     "TurnSource",
+    "explain_recall",
     "fetch_turns",
     "recall_query",
 ]
@@ -65,6 +76,9 @@ class RecallSettings:
     """Follow each hit with the turn just before it."""
     neighbour_weight: float = 0.5
     """A neighbour ranks as its hit's score times this (it matters less than the hit)."""
+    following_weight: float = 0.0
+    """Also follow each hit with the turn just after it (the reply to a hit), ranked at its
+    score times this (0 = off)."""
     expansion_turns: int = 2
     """How many of the newest turns lend their terms to a short message."""
     expansion_weight: float = 0.3
@@ -138,6 +152,7 @@ class Recaller:
         self._index_factory = index_factory
         self._max_sessions = max_sessions
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        self._stored = StoredPostings()
 
     def _entry(self, tenant: str, session_id: str) -> _Entry:
         key = (tenant, session_id)
@@ -153,6 +168,7 @@ class Recaller:
     def forget(self, tenant: str, session_id: str) -> None:
         """Drop a session's index (after the session is deleted)."""
         self._entries.pop((tenant, session_id), None)
+        self._stored.forget(tenant, session_id)
 
     async def index(
         self, store: TurnSource, tenant: str, session_id: str, *, last_seq: int
@@ -225,7 +241,7 @@ class Recaller:
             found = rrf_fuse([[s for s, _ in found], [s for s, _ in similar]], k=settings.rrf_k)[:k]
         hits = [RecallHit(seq=seq, score=score) for seq, score in found]
         if settings.neighbours:
-            hits = _with_neighbours(hits, settings.neighbour_weight)
+            hits = _with_neighbours(hits, settings.neighbour_weight, settings.following_weight)
         return hits
 
     async def recall(
@@ -246,24 +262,70 @@ class Recaller:
         """
         if state.last_seq == 0:
             return []
+        exclude_from = max(1, state.last_seq - recent_turns + 1)
+        source = store
+        if has_postings(store) and self.embedder is None:
+            stats = await store.index_stats(state.tenant, state.session_id)
+            if stats.exists and stats.indexed_seq >= state.last_seq:
+                hits = await self.rank_stored(store, source, state, message, stats, exclude_from)
+                return await self._turns_of(source, state, hits, limit)
         entry = self._entry(state.tenant, state.session_id)
         if entry.created_at is not None and state.created_at != entry.created_at:
             self.forget(state.tenant, state.session_id)
             entry = self._entry(state.tenant, state.session_id)
         entry.created_at = state.created_at
-        exclude_from = max(1, state.last_seq - recent_turns + 1)
         async with entry.lock:  # no catch-up thread may grow the arrays while we search them
             await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq)
             hits = self.rank(
                 entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
                 dense=entry.dense,
             )
+        return await self._turns_of(store, state, hits, limit)
+
+    async def _turns_of(
+        self, store: TurnSource, state: SessionState, hits: list[RecallHit], limit: int | None
+    ) -> list[Turn]:
         if limit is not None:
             hits = hits[:limit]
         if not hits:
             return []
         by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
-        return [by_seq[h.seq] for h in hits if h.seq in by_seq]
+        # Each recalled turn says why it is here (the inspector shows it; never stored).
+        return [_with_reason(by_seq[h.seq], h) for h in hits if h.seq in by_seq]
+
+    async def rank_stored(
+        self,
+        store: PostingsStore,
+        source: TurnSource,
+        state: SessionState,
+        message: str,
+        stats: IndexStats,
+        exclude_from_seq: int,
+    ) -> list[RecallHit]:
+        """`rank` over the index the store keeps: reads the query terms' postings, no turns."""
+        settings = self.settings
+        index = await self._stored.index(
+            store, state.tenant, state.session_id, stats=stats, created_at=state.created_at
+        )
+        weights = recall_query(message, state.turns, settings)
+        await index.load_terms(list(weights))
+        k = settings.candidates
+        found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)
+        if settings.feedback_turns and found:
+            top = found[: settings.feedback_turns]
+
+            async def read(seqs: Sequence[int]) -> dict[int, Turn]:
+                return await fetch_turns(source, state.tenant, state.session_id, seqs)
+
+            await index.load_doc_terms([seq for seq, _ in top], read)
+            await index.load_df([t for seq, _ in top for t in index.doc_terms(seq)])
+            expanded = _feedback(index, weights, top, settings)
+            await index.load_terms([t for t in expanded if t not in weights])
+            found = index.search_terms(expanded, k=k, exclude_from_seq=exclude_from_seq)
+        hits = [RecallHit(seq=seq, score=score) for seq, score in found]
+        if settings.neighbours:
+            hits = _with_neighbours(hits, settings.neighbour_weight, settings.following_weight)
+        return hits
 
     async def with_recall(
         self, store: TurnSource, state: SessionState, message: str, *, recent_turns: int = 6
@@ -273,6 +335,45 @@ class Recaller:
         return replace(state, recalled=tuple(turns))
 
 
+def _with_reason(turn: Turn, hit: RecallHit) -> Turn:
+    reason: dict[str, float | int] = {"score": round(hit.score, 4)}
+    if hit.neighbour_of is not None:
+        reason["neighbour_of"] = hit.neighbour_of
+    return replace(turn, metadata={**turn.metadata, "recall": reason})
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecallReason:
+    """Why a turn was recalled, for the inspector."""
+
+    seq: int
+    score: float | None
+    """Its ranking score (BM25, or RRF with dense fusion); a neighbour's is its hit's × 0.5."""
+    matched: tuple[str, ...]
+    """Query terms (the message's, or borrowed/feedback ones) found in the turn."""
+    neighbour_of: int | None = None
+    """Set when the turn came in as the turn before hit ``neighbour_of``."""
+
+
+def explain_recall(
+    message: str, recent: Sequence[Turn], recalled: Sequence[Turn], settings: RecallSettings | None = None
+) -> list[RecallReason]:
+    """For each recalled turn (as `Recaller.recall` returned it): score and matched terms."""
+    weights = recall_query(message, recent, settings or RecallSettings())
+    out = []
+    for turn in recalled:
+        reason = turn.metadata.get("recall")
+        info = reason if isinstance(reason, dict) else {}
+        terms = set(analyze(turn_text(turn)))
+        out.append(RecallReason(
+            seq=turn.seq,
+            score=info.get("score"),
+            matched=tuple(t for t in weights if t in terms),
+            neighbour_of=info.get("neighbour_of"),
+        ))
+    return out
+
+
 def _add_all(entry: _Entry, turns: Sequence[Turn]) -> None:
     for turn in turns:
         entry.index.add(turn)
@@ -280,8 +381,14 @@ def _add_all(entry: _Entry, turns: Sequence[Turn]) -> None:
         entry.dense.add_many(turns)
 
 
+class _TermStats(Protocol):
+    def doc_terms(self, seq: int) -> tuple[str, ...]: ...
+
+    def idf(self, term: str) -> float: ...
+
+
 def _feedback(
-    index: BM25Index,
+    index: _TermStats,
     weights: Mapping[str, float],
     top: Sequence[tuple[int, float]],
     settings: RecallSettings,
@@ -302,15 +409,17 @@ def _feedback(
     return expanded
 
 
-def _with_neighbours(hits: list[RecallHit], weight: float) -> list[RecallHit]:
-    """Each hit followed by the turn before it, ranked at ``weight`` × the hit's score."""
+def _with_neighbours(hits: list[RecallHit], weight: float, following: float = 0.0) -> list[RecallHit]:
+    """Each hit followed by the turn before it, ranked at ``weight`` × the hit's score
+    (and by the turn after it at ``following`` × the score, when above 0)."""
     taken = {h.seq for h in hits}
     extra = []
     for hit in hits:
-        prev = hit.seq - 1
-        if prev >= 1 and prev not in taken:
-            taken.add(prev)
-            extra.append(RecallHit(seq=prev, score=hit.score * weight, neighbour_of=hit.seq))
+        # A turn after the newest hits may be in the recent window: the strategy drops it there.
+        for seq, factor in ((hit.seq - 1, weight), (hit.seq + 1, following)):
+            if factor > 0 and seq >= 1 and seq not in taken:
+                taken.add(seq)
+                extra.append(RecallHit(seq=seq, score=hit.score * factor, neighbour_of=hit.seq))
     merged = hits + extra
     merged.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
     return merged

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -35,7 +35,16 @@ import numpy as np
 from ..types import Turn
 from .recall_text import analyze
 
-__all__ = ["BM25Index", "BM25Params", "RecallIndex", "turn_text"]
+__all__ = [
+    "BM25Index",
+    "BM25Params",
+    "RecallIndex",
+    "bm25_idf",
+    "bm25_scores",
+    "top_k",
+    "turn_counts",
+    "turn_text",
+]
 
 
 @runtime_checkable
@@ -66,6 +75,45 @@ def turn_text(turn: Turn) -> str:
     """What is indexed of a turn: its content plus the speaker's name when known."""
     speaker = turn.metadata.get("speaker")
     return f"{speaker} {turn.content}" if isinstance(speaker, str) else turn.content
+
+
+def turn_counts(
+    turn: Turn,
+    previous_terms: Sequence[str],
+    previous_weight: float,
+    analyzer: Callable[[str], list[str]] = analyze,
+) -> tuple[dict[str, float], list[str]]:
+    """A turn's indexed term frequencies, and the terms it passes on to the next turn.
+
+    Its content terms, the speaker's name when known (the same terms as analysing
+    `turn_text`), and ``previous_terms`` (the turn before's own words) counting
+    ``previous_weight`` each (document expansion, `BM25Params.previous_weight`).
+    Only the turn's own words pass on: expansion reaches one turn back, no further.
+    Every index (in memory or in a store) counts a turn with this one function.
+    """
+    content_terms = analyzer(turn.content)
+    counts: dict[str, float] = dict(Counter(content_terms))
+    speaker = turn.metadata.get("speaker")
+    if isinstance(speaker, str):
+        for term in analyzer(speaker):
+            counts[term] = counts.get(term, 0.0) + 1.0
+    if previous_weight > 0:
+        for term in previous_terms:
+            counts[term] = counts.get(term, 0.0) + previous_weight
+    return counts, content_terms
+
+
+def bm25_scores(
+    tfs: np.ndarray, norms: np.ndarray, *, idf: float, weight: float, k1: float
+) -> np.ndarray:
+    """BM25 contributions of one query term: ``tfs`` and ``norms`` (k1·(1 − b + b·dl/avgdl))
+    per matching turn, float32 like the stored arrays, so every index scores alike."""
+    return weight * idf * tfs * (k1 + 1.0) / (tfs + norms)
+
+
+def bm25_idf(docs: int, df: int) -> float:
+    """The non-negative BM25 idf, ln(1 + (N − df + 0.5)/(df + 0.5))."""
+    return math.log(1.0 + (docs - df + 0.5) / (df + 0.5))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,19 +168,11 @@ class BM25Index:
         self._doc_len.extend([0.0] * (turn.seq - len(self._doc_len)))
         if turn.role == "system":
             self._doc_len.append(0.0)
+            self._previous_terms = []
             return
-        content_terms = self._analyze(turn.content)
-        speaker = turn.metadata.get("speaker")
-        counts: dict[str, float] = dict(Counter(content_terms))
-        if isinstance(speaker, str):  # the same terms as analysing turn_text(turn)
-            for term in self._analyze(speaker):
-                counts[term] = counts.get(term, 0.0) + 1.0
-        weight = self.params.previous_weight
-        if weight > 0:
-            for term in self._previous_terms:
-                counts[term] = counts.get(term, 0.0) + weight
-            # Only the turn's own words pass on: expansion reaches one turn back, no further.
-            self._previous_terms = content_terms
+        counts, self._previous_terms = turn_counts(
+            turn, self._previous_terms, self.params.previous_weight, self._analyze
+        )
         length = sum(counts.values())
         self._doc_len.append(float(length))
         self._docs += 1
@@ -158,8 +198,7 @@ class BM25Index:
 
     def idf(self, term: str) -> float:
         """BM25 idf of ``term`` (the non-negative variant, ln(1 + (N-df+.5)/(df+.5)))."""
-        df = self.df(term)
-        return math.log(1.0 + (self._docs - df + 0.5) / (df + 0.5))
+        return bm25_idf(self._docs, self.df(term))
 
     def query_terms(self, query: str) -> Counter[str]:
         """The analysed query, term → how often it occurs."""
@@ -207,14 +246,19 @@ class BM25Index:
             if not len(seqs):
                 continue
             # Seqs are unique within one term's postings, so fancy-index += is exact.
-            scores[seqs] += weight * self.idf(term) * tfs * (k1 + 1.0) / (tfs + norm[seqs])
+            scores[seqs] += bm25_scores(tfs, norm[seqs], idf=self.idf(term), weight=weight, k1=k1)
             touched = True
         if not touched:
             return []
-        hits = np.flatnonzero(scores)
-        if len(hits) > k:
-            top = np.argpartition(scores[hits], -k)[-k:]
-            hits = hits[top]
-        # Best first; on equal scores the newer turn first.
-        order = sorted(hits.tolist(), key=lambda seq: (-scores[seq], -seq))
-        return [(seq, float(scores[seq])) for seq in order]
+        return top_k(scores, k)
+
+
+def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The ``k`` best ``(seq, score)`` of a dense score array indexed by seq, best first;
+    on equal scores the newer turn first."""
+    hits = np.flatnonzero(scores)
+    if len(hits) > k:
+        top = np.argpartition(scores[hits], -k)[-k:]
+        hits = hits[top]
+    order = sorted(hits.tolist(), key=lambda seq: (-scores[seq], -seq))
+    return [(seq, float(scores[seq])) for seq in order]

@@ -1,4 +1,6 @@
-"""The ``hybrid_recall`` strategy: seed 001's hybrid plus a recall layer.
+"""The recall strategies: ``default`` (shipped) and ``hybrid_recall``.
+
+``hybrid_recall`` is seed 001's hybrid plus a recall layer.
 
 Layers: a short recent window (the last ``recent_turns`` turns), the summary,
 key moments, and the older turns a `Recaller` found relevant to the message
@@ -18,14 +20,14 @@ no key moments, nothing recalled) flows to the others (`memory.budget.allocate`)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ..types import SessionState
+from ..types import SessionState, Turn
 from .budget import LayerName
 from .strategies import Hybrid, MemoryPlan, register_strategy
 
-__all__ = ["HybridRecall"]
+__all__ = ["DefaultStrategy", "HybridRecall"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,4 +66,38 @@ class HybridRecall(Hybrid):
         )
 
 
+@dataclass(frozen=True, kw_only=True)
+class DefaultStrategy(HybridRecall):
+    """The shipped default: `HybridRecall` whose recent layer can grow back.
+
+    The recent window (the last ``recent_turns`` turns) always comes first; the
+    turns before it that the summary does not cover yet follow as further
+    recent candidates (oldest dropped first). When nothing older is relevant to
+    the message, the recall layer asks for nothing and its share flows to those
+    turns, so the context is then what ``sliding_summary`` would give (seed
+    003's summary + recent turns) plus pins and key moments. The recent layer
+    stays one unbroken stretch of the log: the extension stops at a turn that
+    recall or the key moments already show.
+    """
+
+    name: str = "default"
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        base = super().plan(state, message, now=now)
+        first_recent = base.recent[0].seq if base.recent else state.last_seq + 1
+        shown = {t.seq for t in (*base.recall, *base.key_moments)}
+        covers = state.summary_covers_seq
+        older: list[Turn] = []
+        # Walk back from the window while the turns are contiguous, uncovered and not
+        # shown in another layer: the recent layer stays one unbroken stretch of the log.
+        for turn in reversed(state.turns):
+            if turn.seq >= first_recent:
+                continue
+            if turn.seq <= covers or turn.seq in shown or turn.seq != first_recent - len(older) - 1:
+                break
+            older.append(turn)
+        return replace(base, recent=(*reversed(older), *base.recent))
+
+
 register_strategy("hybrid_recall", HybridRecall)
+register_strategy("default", DefaultStrategy)

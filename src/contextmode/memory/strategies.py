@@ -7,9 +7,13 @@ the assembler fits the plan into the budget. Strategies (seeds 001, 002, 003):
 - ``window``: the last N turns verbatim (sliding window);
 - ``token_window``: as many of the newest turns as the budget holds;
 - ``summary``: summary + the last exchange (summary compression);
-- ``sliding_summary``: summary + the last N turns (the default, N = 8);
+- ``sliding_summary``: summary + the last N turns (seed 003's default, N = 8);
 - ``hybrid``: recent window + key moments (emotion > 0.7, at most 5, ranked
   with a time decay) + summary, shared 60 / 25 / 15 (seed 001).
+
+The shipped default, ``default``, and ``hybrid_recall`` add a recall layer; they
+live in `recall_strategy` and register themselves when `contextmode.memory` is
+imported.
 """
 
 from __future__ import annotations

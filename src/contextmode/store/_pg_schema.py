@@ -139,6 +139,32 @@ async def m_jobs_rejected(db: Conn) -> None:
     await db.execute("ALTER TABLE jobs ADD COLUMN rejected integer NOT NULL DEFAULT 0")
 
 
+async def m006_recall_postings(db: Conn) -> None:
+    # The recall index beside the log (store/postings.py): one row per term and block
+    # of 512 seqs, packed (seq, tf, dl) records appended with each turn; and the
+    # session's index statistics. Existing sessions get theirs from `contextmode index`.
+    await db.execute(
+        """
+        CREATE TABLE recall_postings (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            term text NOT NULL,
+            block integer NOT NULL,
+            data bytea NOT NULL,
+            PRIMARY KEY (tenant, session_id, term, block)
+        );
+        CREATE TABLE recall_index (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            indexed_seq bigint NOT NULL,
+            docs bigint NOT NULL,
+            total_len float8 NOT NULL,
+            PRIMARY KEY (tenant, session_id)
+        );
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
@@ -147,6 +173,7 @@ MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m005_locks,
     m006_idempotency,
     m_jobs_rejected,
+    m006_recall_postings,
 ]
 
 

@@ -111,7 +111,7 @@ def list_sessions(db: Db, tenant: str, limit: int, offset: int) -> list[SessionI
 
 
 def _delete(db: Db, key: tuple[str, str]) -> bool:
-    for table in ("turns", "turn_emotions", "jobs"):
+    for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index"):
         db.execute(f"DELETE FROM {table} {WHERE}", key)
     return db.execute(f"DELETE FROM sessions {WHERE}", key).rowcount == 1
 

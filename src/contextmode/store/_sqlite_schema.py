@@ -139,6 +139,36 @@ def m_jobs_rejected(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE jobs ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0")
 
 
+def m006_recall_postings(db: sqlite3.Connection) -> None:
+    # The recall index beside the log (store/postings.py): one row per term and block
+    # of 512 seqs, packed (seq, tf, dl) records appended with each turn; and the
+    # session's index statistics. Existing sessions get theirs from `contextmode index`.
+    db.execute(
+        """
+        CREATE TABLE recall_postings (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            term TEXT NOT NULL,
+            block INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (tenant, session_id, term, block)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE recall_index (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            indexed_seq INTEGER NOT NULL,
+            docs INTEGER NOT NULL,
+            total_len REAL NOT NULL,
+            PRIMARY KEY (tenant, session_id)
+        ) WITHOUT ROWID
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
@@ -147,6 +177,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m005_locks,
     m006_idempotency,
     m_jobs_rejected,
+    m006_recall_postings,
 ]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
+from . import _pg_postings as pg_postings
 from ._codec import (
     being_cancelled,
     check_ids,
@@ -30,6 +31,7 @@ from ._codec import (
 from ._codec import metadata_json as _meta
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
 from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .postings import IndexStats, analyze_texts
 
 __all__ = ["PostgresStore"]
 
@@ -138,6 +140,10 @@ class PostgresStore(ClosesOnExit):
     ) -> list[Turn]:
         key = check_ids(tenant, session_id)
         turns = list(turns)
+        # Analysed before the transaction: the write lock is held only to write.
+        analyzed = analyze_texts([t.content for t in turns] + [
+            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
+        ])
         now = utc_now()
         async with self._db() as db, db.transaction():
             if turns:
@@ -181,13 +187,15 @@ class PostgresStore(ClosesOnExit):
                 f" emotions_version = emotions_version + $7 {_W}",
                 *key, seqs[-1], now, answer_seq, answer, int(bool(scored)),
             )
-        return [
-            Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
-                 created_at=_aware(t.created_at),
-                 emotion=None if t.emotion is None else float(t.emotion),
-                 metadata=dict(t.metadata))
-            for s, t in zip(seqs, turns, strict=True)
-        ]
+            numbered = [
+                Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
+                     created_at=_aware(t.created_at),
+                     emotion=None if t.emotion is None else float(t.emotion),
+                     metadata=dict(t.metadata))
+                for s, t in zip(seqs, turns, strict=True)
+            ]
+            await pg_postings.index_turns(db, key, numbered, last, analyzed)  # same transaction
+        return numbered
 
     async def load(
         self,
@@ -384,7 +392,7 @@ class PostgresStore(ClosesOnExit):
         key = check_ids(tenant, session_id)
         async with self._db() as db, db.transaction():
             status = await db.execute(f"DELETE FROM sessions {_W}", *key)
-            for table in ("turns", "turn_emotions", "jobs"):
+            for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index"):
                 await db.execute(f"DELETE FROM {table} {_W}", *key)
         return bool(status == "DELETE 1")
 
@@ -397,7 +405,7 @@ class PostgresStore(ClosesOnExit):
             await db.execute("DELETE FROM job_locks WHERE expires_at < clock_timestamp()")
             tenants = [r["tenant"] for r in gone]
             sids = [r["session_id"] for r in gone]
-            for table in ("turns", "turn_emotions", "jobs"):
+            for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index"):
                 await db.execute(
                     f"DELETE FROM {table} x USING unnest($1::text[], $2::text[]) AS g(t, s)"
                     " WHERE x.tenant = g.t AND x.session_id = g.s",
@@ -406,6 +414,34 @@ class PostgresStore(ClosesOnExit):
         return len(gone)
 
     # -- job locks --------------------------------------------------------------
+
+    # -- recall index (store/postings.py) ----------------------------------------
+
+    async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            return await pg_postings.stats(db, key)
+
+    async def postings(
+        self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
+    ) -> dict[str, list[tuple[int, bytes]]]:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            return await pg_postings.postings(db, key, list(terms), from_block)
+
+    async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            return await pg_postings.term_counts(db, key, list(terms))
+
+    async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db, db.transaction():
+            return await pg_postings.backfill(db, key, batch)
+
+    async def sessions_to_index(self, *, limit: int = 1000) -> list[tuple[str, str, int, int]]:
+        async with self._db() as db:
+            return await pg_postings.lagging(db, limit)
 
     @asynccontextmanager
     async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:

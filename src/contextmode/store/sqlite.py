@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from ..errors import ConflictError, StoreError
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _sqlite_admin as admin
+from . import _sqlite_postings as postings
 from ._codec import (
     check_ids,
     constraints_from_json,
@@ -38,6 +39,7 @@ from ._codec import (
 )
 from ._sqlite_schema import migrate
 from .base import ClosesOnExit, IdempotencyRecord, LockHandle, SessionInfo, SessionVersion
+from .postings import IndexStats, analyze_texts
 
 __all__ = ["SQLiteStore"]
 
@@ -157,10 +159,14 @@ class SQLiteStore(ClosesOnExit):
     ) -> list[Turn]:
         key = check_ids(tenant, session_id)
         turns = list(turns)
+        # Analysed before the transaction: the write lock is held only to write.
+        analyzed = analyze_texts([t.content for t in turns] + [
+            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
+        ])
         now = now_micros()
         answer = last_answer(turns)
 
-        def body(db: Db) -> int:
+        def body(db: Db) -> tuple[int, list[Turn]]:
             row = db.execute(f"SELECT last_seq FROM sessions {admin.WHERE}", key).fetchone()
             last = row[0] if row else 0
             if expected_last_seq is not None and expected_last_seq != last:
@@ -168,7 +174,7 @@ class SQLiteStore(ClosesOnExit):
                     f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
                 )
             if not turns:
-                return last
+                return last, []
             if row is None:
                 db.execute(
                     "INSERT INTO sessions (tenant, session_id, created_at, updated_at)"
@@ -204,21 +210,23 @@ class SQLiteStore(ClosesOnExit):
                 (last + len(turns), now, answer_seq, answer, answer_seq,
                  int(any(t.emotion is not None for t in turns)), *key),
             )
-            return last
+            numbered = [
+                Turn(
+                    seq=last + i,
+                    role=t.role,
+                    content=t.content,
+                    tokens=t.tokens,
+                    created_at=from_micros(to_micros(t.created_at)),
+                    emotion=None if t.emotion is None else float(t.emotion),
+                    metadata=dict(t.metadata),
+                )
+                for i, t in enumerate(turns, start=1)
+            ]
+            postings.index_turns(db, key, numbered, last, analyzed)  # same transaction as the turns
+            return last, numbered
 
-        last = await self._run(lambda db: admin.write(db, lambda: body(db)))
-        return [
-            Turn(
-                seq=last + i,
-                role=t.role,
-                content=t.content,
-                tokens=t.tokens,
-                created_at=from_micros(to_micros(t.created_at)),
-                emotion=None if t.emotion is None else float(t.emotion),
-                metadata=dict(t.metadata),
-            )
-            for i, t in enumerate(turns, start=1)
-        ]
+        _, numbered = await self._run(lambda db: admin.write(db, lambda: body(db)))
+        return numbered
 
     async def load(
         self,
@@ -403,6 +411,31 @@ class SQLiteStore(ClosesOnExit):
         return await self._run(admin.purge_idle, to_micros(older_than))
 
     # -- job locks --------------------------------------------------------------
+
+    # -- recall index (store/postings.py) ----------------------------------------
+
+    async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
+        key = check_ids(tenant, session_id)
+        return await self._run(lambda db: postings.stats(db, key))
+
+    async def postings(
+        self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
+    ) -> dict[str, list[tuple[int, bytes]]]:
+        key = check_ids(tenant, session_id)
+        return await self._run(
+            lambda db: admin.read(db, lambda: postings.postings(db, key, list(terms), from_block))
+        )
+
+    async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
+        key = check_ids(tenant, session_id)
+        return await self._run(lambda db: postings.term_counts(db, key, list(terms)))
+
+    async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
+        key = check_ids(tenant, session_id)
+        return await self._run(lambda db: admin.write(db, lambda: postings.backfill(db, key, batch)))
+
+    async def sessions_to_index(self, *, limit: int = 1000) -> list[tuple[str, str, int, int]]:
+        return await self._run(lambda db: postings.lagging(db, limit))
 
     @asynccontextmanager
     async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:

@@ -1,0 +1,159 @@
+"""Recall over the index a store keeps (`store.postings`): no turn is read to rank.
+
+A query reads the postings rows of its terms only, and scores them with the same
+BM25 functions as the in-memory `BM25Index` (`bm25_scores`, `bm25_idf`,
+`top_k`), so both give the same ranking. Sealed blocks (every seq of the block
+indexed) never change: this process keeps them per session (LRU), and a later
+query reads only the open block of each cached term. A session deleted and
+re-created is told apart by its creation time.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from ..store.postings import BLOCK, POSTING, IndexStats, PostingsStore, unpack
+from ..types import Turn
+from .recall_index import BM25Params, bm25_idf, bm25_scores, top_k, turn_counts
+from .recall_text import analyze
+
+__all__ = ["StoredIndex", "StoredPostings", "TurnReader"]
+
+TurnReader = Callable[[Sequence[int]], Awaitable[dict[int, Turn]]]
+"""Reads one session's turns by seq (`recall.fetch_turns` bound to the session)."""
+
+
+@dataclass
+class _Cached:
+    created_at: datetime | None
+    sealed: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
+    """term → (blocks below this are in the array, their postings)."""
+
+
+class StoredPostings:
+    """Reads (and caches the sealed blocks of) postings kept in a store."""
+
+    def __init__(self, *, max_sessions: int = 64, params: BM25Params | None = None) -> None:
+        self.params = params or BM25Params()
+        self._max_sessions = max_sessions
+        self._sessions: OrderedDict[tuple[str, str], _Cached] = OrderedDict()
+
+    def forget(self, tenant: str, session_id: str) -> None:
+        self._sessions.pop((tenant, session_id), None)
+
+    def _cached(self, tenant: str, session_id: str, created_at: datetime | None) -> _Cached:
+        key = (tenant, session_id)
+        entry = self._sessions.get(key)
+        if entry is None or entry.created_at != created_at:
+            entry = self._sessions[key] = _Cached(created_at=created_at)
+            while len(self._sessions) > self._max_sessions:
+                self._sessions.popitem(last=False)
+        self._sessions.move_to_end(key)
+        return entry
+
+    async def index(
+        self, store: PostingsStore, tenant: str, session_id: str, *,
+        stats: IndexStats, created_at: datetime | None,
+    ) -> StoredIndex:
+        """A view of the session's stored index at ``stats``."""
+        return StoredIndex(
+            self, store, tenant, session_id, stats=stats,
+            cache=self._cached(tenant, session_id, created_at),
+        )
+
+
+class StoredIndex:
+    """One query's view of a stored index: BM25 search, document frequencies, turn terms."""
+
+    def __init__(
+        self, owner: StoredPostings, store: PostingsStore, tenant: str, session_id: str, *,
+        stats: IndexStats, cache: _Cached,
+    ) -> None:
+        self.params = owner.params
+        self._store = store
+        self._key = (tenant, session_id)
+        self._stats = stats
+        self._cache = cache
+        self._arrays: dict[str, np.ndarray] = {}
+        self._terms_of: dict[int, tuple[str, ...]] = {}
+        self._df: dict[str, int] = {}
+
+    async def load_terms(self, terms: Sequence[str]) -> None:
+        """Read the postings of ``terms`` not read yet (sealed blocks from the cache)."""
+        sealed_now = (self._stats.indexed_seq + 1) // BLOCK
+        by_start: dict[int, list[str]] = {}
+        for term in dict.fromkeys(terms):
+            if term not in self._arrays:
+                start = self._cache.sealed.get(term, (0, None))[0]
+                by_start.setdefault(start, []).append(term)
+        for start, group in by_start.items():
+            rows = await self._store.postings(*self._key, group, from_block=start)
+            for term in group:
+                fetched = rows.get(term, [])
+                old = self._cache.sealed.get(term, (0, np.empty(0, dtype=POSTING)))[1]
+                seal = [r for r in fetched if r[0] < sealed_now]
+                sealed = np.concatenate([old, unpack(seal)]) if seal else old
+                if sealed_now > start:
+                    self._cache.sealed[term] = (sealed_now, sealed)
+                tail = unpack([r for r in fetched if r[0] >= sealed_now])
+                self._arrays[term] = np.concatenate([sealed, tail]) if len(tail) else sealed
+                self._df[term] = len(self._arrays[term])
+
+    def idf(self, term: str) -> float:
+        return bm25_idf(self._stats.docs, self._df.get(term, 0))
+
+    async def load_df(self, terms: Sequence[str]) -> None:
+        """Document frequencies of ``terms`` without reading their postings."""
+        missing = [t for t in dict.fromkeys(terms) if t not in self._df]
+        if missing:
+            counts = await self._store.term_counts(*self._key, missing)
+            for term in missing:
+                self._df[term] = counts.get(term, 0)
+
+    def search_terms(
+        self, weights: Mapping[str, float], *, k: int, exclude_from_seq: int | None = None
+    ) -> list[tuple[int, float]]:
+        """Exact BM25 over the loaded terms, like `BM25Index.search_terms`."""
+        docs = self._stats.docs
+        if docs == 0 or k <= 0:
+            return []
+        k1, b = self.params.k1, self.params.b
+        avgdl = self._stats.total_len / docs
+        scores = np.zeros(self._stats.indexed_seq + 1, dtype=np.float64)
+        touched = False
+        for term, weight in weights.items():
+            postings = self._arrays.get(term)
+            if weight <= 0 or postings is None or not len(postings):
+                continue
+            idf = self.idf(term)
+            if exclude_from_seq is not None:
+                postings = postings[: int(np.searchsorted(postings["seq"], exclude_from_seq))]
+            if not len(postings):
+                continue
+            dl = postings["dl"]
+            norms = k1 * (1.0 - b + b * dl / (avgdl or 1.0))
+            seqs = postings["seq"].astype(np.int64)
+            scores[seqs] += bm25_scores(postings["tf"], norms, idf=idf, weight=weight, k1=k1)
+            touched = True
+        return top_k(scores, k) if touched else []
+
+    async def load_doc_terms(self, seqs: Sequence[int], read: TurnReader) -> None:
+        """Index terms of turns ``seqs`` (re-analysed from the turns and the ones before)."""
+        wanted = sorted({s for seq in seqs for s in (seq - 1, seq) if s >= 1})
+        turns = await read(wanted)
+        for seq in seqs:
+            turn = turns.get(seq)
+            if turn is None or turn.role == "system":
+                continue
+            before = turns.get(seq - 1)
+            previous = analyze(before.content) if before is not None and before.role != "system" else []
+            counts, _ = turn_counts(turn, previous, self.params.previous_weight)
+            self._terms_of[seq] = tuple(counts)
+
+    def doc_terms(self, seq: int) -> tuple[str, ...]:
+        return self._terms_of.get(seq, ())

@@ -1,0 +1,184 @@
+"""The recall index kept in the store: BM25 postings written with the turns.
+
+A store with this ability (SQLite, PostgreSQL, Redis) writes, in the same
+transaction as the turns it appends, each new turn's postings: for every term
+of the turn (as `memory.recall_index.turn_counts` counts it, the same function
+the in-memory index uses) one packed record ``(seq, tf, dl)``, appended to the
+term's row for the turn's *block* of `BLOCK` consecutive seqs. It also keeps
+the session's index statistics (turns indexed, their total length and the last
+indexed seq). A worker then answers recall by reading only the query terms'
+rows, never the turns; sealed blocks (all of whose seqs are written) never
+change, so a worker may cache them.
+
+A session written before the index existed has no statistics row: appends
+leave it alone (its index would have a hole) until `index_backfill` has caught
+it up (``contextmode index``, resumable: each batch commits its postings with
+the new ``indexed_seq``), and recall meanwhile uses the in-process index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeGuard, runtime_checkable
+
+import numpy as np
+
+from ..types import Turn
+
+__all__ = [
+    "BLOCK",
+    "POSTING",
+    "IndexStats",
+    "PostingRows",
+    "PostingsStore",
+    "analyze_texts",
+    "catch_up",
+    "has_postings",
+    "postings_for",
+]
+
+BLOCK = 512
+"""Seqs per postings row: small enough that appending rewrites little (≤ 6 KB a row),
+large enough that a 100,000-turn session is ~200 rows for its commonest term."""
+
+POSTING = np.dtype([("seq", "<i4"), ("tf", "<f4"), ("dl", "<f4")])
+"""One packed posting: turn seq, term frequency, the turn's indexed length."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexStats:
+    """A session's stored index statistics."""
+
+    indexed_seq: int = 0
+    """Last seq whose postings are stored (0 = none); below the session's last seq
+    only for a session written before the index existed and not caught up yet."""
+    docs: int = 0
+    """Turns indexed (system turns are not)."""
+    total_len: float = 0.0
+    """Sum of the indexed turns' lengths (for the average document length)."""
+    exists: bool = False
+    """False for a session that has no statistics row (new, or not migrated)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PostingRows:
+    """What appending some turns adds to the index."""
+
+    rows: Sequence[tuple[str, int, bytes]]
+    """``(term, block, packed postings)`` to append to that term's row of that block."""
+    docs: int
+    """Turns indexed."""
+    length: float
+    """Their total length."""
+
+
+def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
+    """Index terms of each text, computed before a write transaction so that the
+    analysis (and loading its dictionaries) never runs while the store is locked."""
+    from ..memory.recall_text import analyze
+
+    return {text: analyze(text) for text in texts}
+
+
+def postings_for(
+    turns: Sequence[Turn], previous: Turn | None, *, analyzed: Mapping[str, list[str]] | None = None
+) -> PostingRows:
+    """The postings of ``turns`` (consecutive seqs), given the turn just before them;
+    ``analyzed`` holds texts already analysed (`analyze_texts`)."""
+    from ..memory.recall_index import BM25Params, turn_counts
+    from ..memory.recall_text import analyze as analyze_text
+
+    known = analyzed or {}
+
+    def analyze(text: str) -> list[str]:
+        terms = known.get(text)
+        return list(terms) if terms is not None else analyze_text(text)
+
+    weight = BM25Params().previous_weight
+    prev_terms = analyze(previous.content) if previous is not None and previous.role != "system" else []
+    grouped: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
+    docs, length = 0, 0.0
+    for turn in turns:
+        if turn.role == "system" or turn.notice:
+            prev_terms = []
+            continue
+        counts, prev_terms = turn_counts(turn, prev_terms, weight, analyze)
+        dl = float(np.float32(sum(counts.values())))
+        docs += 1
+        length += dl
+        block = turn.seq // BLOCK
+        for term, tf in counts.items():
+            grouped.setdefault((term, block), []).append((turn.seq, tf, dl))
+    rows = [
+        (term, block, np.array(entries, dtype=POSTING).tobytes())
+        for (term, block), entries in grouped.items()
+    ]
+    return PostingRows(rows=rows, docs=docs, length=length)
+
+
+@runtime_checkable
+class PostingsStore(Protocol):
+    """A store that keeps the recall index beside the log (see the module docstring)."""
+
+    async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
+        """The session's index statistics (all 0 / ``exists=False`` when it has none)."""
+        ...
+
+    async def postings(
+        self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
+    ) -> dict[str, list[tuple[int, bytes]]]:
+        """For each of ``terms`` that has postings: its ``(block, packed)`` rows with
+        ``block >= from_block``, in block order."""
+        ...
+
+    async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
+        """How many indexed turns contain each of ``terms`` (absent terms left out)."""
+        ...
+
+    async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
+        """Index up to ``batch`` turns the stored index lacks, in one transaction that
+        also advances ``indexed_seq``; return how many turns were indexed (0 = caught up)."""
+        ...
+
+    async def sessions_to_index(self, *, limit: int = 1000) -> list[tuple[str, str, int, int]]:
+        """Sessions whose index lags their log: ``(tenant, session_id, indexed_seq, last_seq)``."""
+        ...
+
+
+def has_postings(store: object) -> TypeGuard[PostingsStore]:
+    """True when ``store`` keeps the recall index itself."""
+    return isinstance(store, PostingsStore)
+
+
+def unpack(rows: Sequence[tuple[int, bytes]]) -> np.ndarray:
+    """One term's rows (block order) as one array of `POSTING` records, seq ascending."""
+    if not rows:
+        return np.empty(0, dtype=POSTING)
+    return np.frombuffer(b"".join(data for _, data in rows), dtype=POSTING)
+
+
+async def catch_up(
+    store: PostingsStore,
+    *,
+    batch: int = 2000,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> int:
+    """Index every turn the stored index lacks (sessions written before it existed).
+
+    Each batch commits its postings together with the session's new ``indexed_seq``,
+    so an interrupted run loses nothing and a second run resumes where it stopped.
+    ``on_progress(done, total)`` is called after each batch (turns). Returns the
+    number of turns indexed.
+    """
+    lagging = await store.sessions_to_index(limit=1_000_000)
+    total = sum(last - done for _, _, done, last in lagging)
+    indexed = 0
+    if on_progress is not None:
+        on_progress(0, total)
+    for tenant, session_id, _, _ in lagging:
+        while (added := await store.index_backfill(tenant, session_id, batch=batch)) > 0:
+            indexed += added
+            if on_progress is not None:
+                on_progress(indexed, max(total, indexed))
+    return indexed
