@@ -382,11 +382,9 @@ class Engine:
 
     def _observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
         """Keep the recall index current: O(new turns), never a re-index."""
-        turns = [t for t in turns if not t.notice]
         # A store that keeps the recall index wrote it with the turns: nothing to do here.
         if (
-            turns
-            and self.recaller is not None
+            self.recaller is not None
             and hasattr(self.recaller, "observe")
             and not has_postings(self.store)
         ):

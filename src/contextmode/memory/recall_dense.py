@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import ConfigError, MissingExtra
 from ..types import Turn
 from .recall_index import turn_text
+from .recall_text import indexed
 
 __all__ = ["DenseIndex", "Embedder", "MiniLMEmbedder", "rrf_fuse"]
 
@@ -107,7 +108,7 @@ class DenseIndex:
         for turn in turns:
             if turn.seq > self._last_seq:
                 self._last_seq = turn.seq
-                if turn.role != "system":
+                if indexed(turn):
                     fresh.append(turn)
         if not fresh:
             return

@@ -33,7 +33,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ..types import Turn
-from .recall_text import analyze
+from .recall_text import analyze, indexed
 
 __all__ = [
     "BM25Index",
@@ -166,7 +166,7 @@ class BM25Index:
             return
         # Seqs are gapless in a session; pad anyway so a skipped seq cannot shift the rest.
         self._doc_len.extend([0.0] * (turn.seq - len(self._doc_len)))
-        if turn.role == "system":
+        if not indexed(turn):
             self._doc_len.append(0.0)
             self._previous_terms = []
             return

@@ -20,7 +20,7 @@ import numpy as np
 from ..store.postings import BLOCK, POSTING, IndexStats, PostingsStore, unpack
 from ..types import Turn
 from .recall_index import BM25Params, bm25_idf, bm25_scores, top_k, turn_counts
-from .recall_text import analyze
+from .recall_text import analyze, indexed
 
 __all__ = ["StoredIndex", "StoredPostings", "TurnReader"]
 
@@ -148,10 +148,10 @@ class StoredIndex:
         turns = await read(wanted)
         for seq in seqs:
             turn = turns.get(seq)
-            if turn is None or turn.role == "system":
+            if turn is None or not indexed(turn):
                 continue
             before = turns.get(seq - 1)
-            previous = analyze(before.content) if before is not None and before.role != "system" else []
+            previous = analyze(before.content) if before is not None and indexed(before) else []
             counts, _ = turn_counts(turn, previous, self.params.previous_weight)
             self._terms_of[seq] = tuple(counts)
 

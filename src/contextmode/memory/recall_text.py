@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
+from ..types import Turn
+
 __all__ = ["CHINESE_STOPWORDS", "ENGLISH_STOPWORDS", "analyze", "stem", "unique_terms"]
 
 _RUNS = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+|[a-z0-9]+(?:'[a-z]+)?")
@@ -116,3 +118,9 @@ def unique_terms(texts: Iterable[str]) -> set[str]:
     for text in texts:
         seen.update(analyze(text))
     return seen
+
+
+def indexed(turn: Turn) -> bool:
+    """Whether recall indexes ``turn``: not the system prompt, not an engine notice
+    (``Turn.notice``: the offline responder's text never feeds memory)."""
+    return turn.role != "system" and not turn.notice

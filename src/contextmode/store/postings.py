@@ -88,6 +88,7 @@ def postings_for(
     ``analyzed`` holds texts already analysed (`analyze_texts`)."""
     from ..memory.recall_index import BM25Params, turn_counts
     from ..memory.recall_text import analyze as analyze_text
+    from ..memory.recall_text import indexed
 
     known = analyzed or {}
 
@@ -96,11 +97,11 @@ def postings_for(
         return list(terms) if terms is not None else analyze_text(text)
 
     weight = BM25Params().previous_weight
-    prev_terms = analyze(previous.content) if previous is not None and previous.role != "system" else []
+    prev_terms = analyze(previous.content) if previous is not None and indexed(previous) else []
     grouped: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
     docs, length = 0, 0.0
     for turn in turns:
-        if turn.role == "system" or turn.notice:
+        if not indexed(turn):
             prev_terms = []
             continue
         counts, prev_terms = turn_counts(turn, prev_terms, weight, analyze)
