@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from ..engine import PreparedTurn, TurnResult
 from ..store.base import SessionInfo
@@ -42,9 +42,9 @@ class MessageRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    message: str = Field(min_length=1, description="The user's new message.")
+    message: str = Field(description="The user's new message (not empty, not only whitespace: 40005).")
     images: list[str] = Field(default_factory=list, description="Images as base64 data URLs (data:image/png;base64,…).")
-    stream: bool = Field(default=False, description="Stream the answer as server-sent events.")
+    stream: StrictBool = Field(default=False, description="Stream the answer as server-sent events (true or false; strings and numbers are refused).")
     mode: Literal["contextual", "decoupled"] | None = Field(
         default=None, description="contextual: memory in the prompt; decoupled: memory only feeds the rewrite (seed 002)."
     )

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from ..engine import Engine, TurnEvent, TurnResult
 from ..errors import InputError, ModelError
+from ..types import require_text
 from .codes import MessageTooLong
 from .images import ImageFiles
 from .metrics import ServiceMetrics
@@ -29,7 +30,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def check_message(message: str, settings: ServiceSettings) -> None:
-    """Raise `MessageTooLong` (40002) or `InputError` (40001) for a message the service refuses."""
+    """Raise `EmptyMessage` (40005), `MessageTooLong` (40002) or `InputError` (40001) for a
+    message the service refuses."""
+    require_text(message)
     if len(message) > settings.max_message_chars:
         raise MessageTooLong(f"the message has {len(message)} characters; at most {settings.max_message_chars}")
     if found := _CONTROL.search(message):

@@ -115,12 +115,29 @@ async def m005_locks(db: Conn) -> None:
     )
 
 
+async def m006_turn_traces(db: Conn) -> None:
+    # The kept trace of each exchange (what the model received), by exchange number.
+    await db.execute(
+        """
+        CREATE TABLE turn_traces (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            turn integer NOT NULL,
+            created_at timestamptz NOT NULL,
+            body text NOT NULL,
+            PRIMARY KEY (tenant, session_id, turn)
+        )
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
     m003_turn_emotions,
     m004_jobs,
     m005_locks,
+    m006_turn_traces,
 ]
 
 

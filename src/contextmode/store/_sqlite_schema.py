@@ -115,12 +115,30 @@ def m005_locks(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO fence (id, token) VALUES (1, 0)")
 
 
+def m006_turn_traces(db: sqlite3.Connection) -> None:
+    # The kept trace of each exchange (what the model received), by exchange number;
+    # ``created_at`` (Unix microseconds) serves the age limit of the retention setting.
+    db.execute(
+        """
+        CREATE TABLE turn_traces (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (tenant, session_id, turn)
+        ) WITHOUT ROWID
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
     m003_turn_emotions,
     m004_jobs,
     m005_locks,
+    m006_turn_traces,
 ]
 
 

@@ -1,0 +1,291 @@
+"""The kept trace of one exchange: exactly what the model received, and why.
+
+A `TurnTrace` is written with the answer (same shielded write, same store) for
+every live turn, numbered by exchange: turn 7 is the session's seventh user
+message. It answers "what did the model see at turn 7?" after the fact, for the
+HTTP route ``GET /v1/sessions/{id}/turns/{n}/context``, ``contextmode inspect
+SESSION --turn N`` and the web inspector. One JSON codec (`trace_to_json` /
+`trace_from_json`) serves every backend; `trace_to_dict` is the public shape
+(the route's ``data`` and the CLI's ``--json`` are the same dictionary).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .types import ChatMessage, Turn, utc_now
+
+if TYPE_CHECKING:
+    from .engine import PreparedTurn
+
+__all__ = [
+    "PinUsed",
+    "RecalledTurn",
+    "TraceLayer",
+    "TraceRewrite",
+    "TurnTrace",
+    "build_trace",
+    "cap_trace",
+    "exchange_count",
+    "trace_from_json",
+    "trace_to_dict",
+    "trace_to_json",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceLayer:
+    """Token accounting of one layer as it was for this turn."""
+
+    name: str
+    allocated: int
+    """Tokens the layer could use (after unused budget flowed)."""
+    used: int
+    """Tokens it cost in the rendered input."""
+    items: int = 0
+    dropped_seqs: Sequence[int] = ()
+    """Candidate turns left out for lack of budget."""
+    truncated: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecalledTurn:
+    """An older turn brought back into the context, and why."""
+
+    seq: int
+    layer: str
+    """``recall`` (relevant to the message) or ``key_moments`` (emotional turning point)."""
+    why: str
+    """Short human-readable reason (rank, emotion intensity)."""
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinUsed:
+    """A pinned constraint that reached the model."""
+
+    key: str
+    value: str
+    source_seq: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceRewrite:
+    """The rewriter's proposal and what the engine did with it."""
+
+    text: str
+    """The standalone question the rewriter proposed."""
+    changed: bool
+    """False when the rewriter kept the message as typed."""
+    source: str
+    """Which rewriter (``offline``, ``llm``)."""
+    decision: str
+    """``used``: the model received the rewrite; ``kept_original``: it received the message as typed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnTrace:
+    """One exchange as sent to the model."""
+
+    turn: int
+    """Exchange number: the n-th user message of the session (1-based)."""
+    user_seq: int
+    """Sequence number of the stored user message."""
+    answer_seq: int | None
+    """Sequence number of the stored answer (``None`` when nothing arrived)."""
+    created_at: datetime
+    typed: str
+    """The message as the user typed it."""
+    sent: str
+    """The current message as the model received it (a rewrite or template expansion)."""
+    follow_up: str | None = None
+    """The follow-up intent answered from the last answer (``detail``, ``example``…), if any."""
+    messages: Sequence[ChatMessage] = ()
+    """Every message the model received, in order."""
+    layers: Sequence[TraceLayer] = ()
+    context_window: int = 0
+    """The model's context window, tokens."""
+    input_budget: int = 0
+    """Tokens available for the input (window minus reply reserve)."""
+    reply_reserve: int = 0
+    total_tokens: int = 0
+    """Tokens of the whole input as counted."""
+    exact: bool = True
+    """True when counted with the model's own tokenizer."""
+    counter: str = ""
+    strategy: str = ""
+    mode: str = ""
+    format: str = "messages"
+    locale: str = ""
+    needs_context: bool = False
+    """The detector's verdict: the message leans on earlier turns."""
+    detection_reason: str = ""
+    rewrite: TraceRewrite | None = None
+    recalled: Sequence[RecalledTurn] = ()
+    pins: Sequence[PinUsed] = ()
+    processors: Mapping[str, str] = field(default_factory=dict)
+    """Seam name → implementation and version that served this turn."""
+    model: str = ""
+    prepare_ms: float = 0.0
+    """Loading, detection, rewrite and assembly, milliseconds."""
+    ttft_ms: float | None = None
+    """Time to the first token, milliseconds from the start of the turn."""
+    model_ms: float = 0.0
+    """Time spent streaming the answer, milliseconds."""
+    partial: bool = False
+    """True when the answer's stream broke before the end."""
+    cut: bool = False
+    """True when the trace was larger than the size cap and message texts were shortened."""
+
+
+def trace_to_dict(trace: TurnTrace) -> dict[str, Any]:
+    """The public JSON shape (times as ISO 8601 strings)."""
+    data = asdict(trace)
+    data["created_at"] = trace.created_at.isoformat()
+    return data
+
+
+def trace_to_json(trace: TurnTrace) -> str:
+    """Compact JSON of `trace_to_dict` (what every store keeps)."""
+    return json.dumps(trace_to_dict(trace), ensure_ascii=False, separators=(",", ":"))
+
+
+def trace_from_json(text: str) -> TurnTrace:
+    """Inverse of `trace_to_json`; unknown keys (a newer writer) are ignored."""
+    data: dict[str, Any] = json.loads(text)
+    known = set(TurnTrace.__dataclass_fields__)
+    data = {k: v for k, v in data.items() if k in known}
+    data["created_at"] = datetime.fromisoformat(data["created_at"])
+    data["messages"] = tuple(ChatMessage(**m) for m in data.get("messages", ()))
+    data["layers"] = tuple(
+        TraceLayer(**{**x, "dropped_seqs": tuple(x.get("dropped_seqs", ()))}) for x in data.get("layers", ())
+    )
+    data["recalled"] = tuple(RecalledTurn(**r) for r in data.get("recalled", ()))
+    data["pins"] = tuple(PinUsed(**p) for p in data.get("pins", ()))
+    if data.get("rewrite") is not None:
+        data["rewrite"] = TraceRewrite(**data["rewrite"])
+    return TurnTrace(**data)
+
+
+def _shorten(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} characters cut by the trace size cap]"
+
+
+def cap_trace(trace: TurnTrace, max_bytes: int) -> TurnTrace:
+    """``trace`` if its JSON fits ``max_bytes`` (UTF-8), else a copy with long texts shortened.
+
+    Message texts are cut first (they are most of the size), then recalled
+    turns' texts; the copy says ``cut=True``. ``max_bytes`` 0 means no cap.
+    """
+    if max_bytes <= 0 or len(trace_to_json(trace).encode()) <= max_bytes:
+        return trace
+    limit = max(64, max_bytes // (4 * max(1, len(trace.messages) + len(trace.recalled) + 2)))
+    while True:
+        cut = replace(
+            trace,
+            cut=True,
+            typed=_shorten(trace.typed, limit),
+            sent=_shorten(trace.sent, limit),
+            messages=tuple(replace(m, content=_shorten(m.content, limit)) for m in trace.messages),
+            recalled=tuple(replace(r, text=_shorten(r.text, limit)) for r in trace.recalled),
+        )
+        if limit <= 64 or len(trace_to_json(cut).encode()) <= max_bytes:
+            return cut
+        limit //= 2
+
+
+def exchange_count(turns: Sequence[Turn]) -> int | None:
+    """The exchange number of the newest user turn in ``turns`` (a tail of the log).
+
+    ``None`` when the tail does not tell: its newest user turn predates
+    exchange numbering, or it holds no user turn.
+    """
+    for turn in reversed(turns):
+        if turn.role == "user":
+            number = turn.metadata.get("turn")
+            return number if isinstance(number, int) else None
+    return None
+
+
+def build_trace(
+    prepared: PreparedTurn,
+    *,
+    turn: int,
+    user_seq: int,
+    answer_seq: int | None,
+    processors: Mapping[str, str],
+    model: str,
+    ttft_ms: float | None,
+    model_ms: float,
+    partial: bool,
+) -> TurnTrace:
+    """The trace of a finished exchange from what the engine prepared and measured."""
+    ctx = prepared.context
+    rendered = {layer.name: layer for layer in ctx.layers}
+    recalled: list[RecalledTurn] = []
+    for name in ("recall", "key_moments"):
+        layer = rendered.get(name)
+        for rank, item in enumerate(layer.items if layer else (), start=1):
+            if item.seq is None:
+                continue
+            why = f"relevant to the message (rank {rank})" if name == "recall" else "emotional key moment"
+            recalled.append(RecalledTurn(seq=item.seq, layer=name, why=why, text=item.text))
+    pins_layer = rendered.get("constraints")
+    pinned_lines = [item.text for item in pins_layer.items] if pins_layer else []
+    pins = [
+        PinUsed(key=c.key, value=c.value, source_seq=c.source_seq)
+        for c in prepared.state.constraints
+        if any(c.value in line for line in pinned_lines)
+    ]
+    rw = prepared.rewrite
+    rewrite = None
+    if rw is not None:
+        used = rw.changed and ctx.message == rw.text
+        rewrite = TraceRewrite(
+            text=rw.text, changed=rw.changed, source=rw.source, decision="used" if used else "kept_original"
+        )
+    follow_up = prepared.detection.intent if prepared.detection.intent != "pronoun" else None
+    return TurnTrace(
+        turn=turn,
+        user_seq=user_seq,
+        answer_seq=answer_seq,
+        created_at=utc_now(),
+        typed=ctx.original_message,
+        sent=ctx.message,
+        follow_up=follow_up if ctx.message != ctx.original_message else None,
+        messages=tuple(prepared.messages),
+        layers=tuple(
+            TraceLayer(
+                name=a.name, allocated=a.allocated, used=a.used, items=a.items,
+                dropped_seqs=tuple(a.dropped_seqs), truncated=a.truncated,
+            )
+            for a in ctx.accounts.values()
+        ),
+        context_window=ctx.input_budget + ctx.reply_reserve,
+        input_budget=ctx.input_budget,
+        reply_reserve=ctx.reply_reserve,
+        total_tokens=ctx.total_tokens,
+        exact=ctx.exact,
+        counter=ctx.counter,
+        strategy=ctx.strategy,
+        mode=prepared.mode,
+        format=ctx.format,
+        locale=ctx.locale,
+        needs_context=prepared.detection.needs_context,
+        detection_reason=prepared.detection.reason,
+        rewrite=rewrite,
+        recalled=tuple(recalled),
+        pins=tuple(pins),
+        processors=dict(processors),
+        model=model,
+        prepare_ms=round(prepared.prepare_ms, 3),
+        ttft_ms=None if ttft_ms is None else round(ttft_ms, 3),
+        model_ms=round(model_ms, 3),
+        partial=partial,
+    )
