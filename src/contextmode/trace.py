@@ -84,7 +84,8 @@ class TraceRewrite:
     source: str
     """Which rewriter (``offline``, ``llm``)."""
     decision: str
-    """``used``: the model received the rewrite; ``kept_original``: it received the message as typed."""
+    """``used``: the model received the rewrite; ``kept_original``: the rewrite was refused and
+    the model received the message as typed; ``unchanged``: the rewriter changed nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,16 +143,17 @@ class TurnTrace:
     """True when the trace was larger than the size cap and message texts were shortened."""
 
 
-def trace_to_dict(trace: TurnTrace) -> dict[str, Any]:
-    """The public JSON shape (times as ISO 8601 strings)."""
+def trace_to_json(trace: TurnTrace) -> str:
+    """Compact JSON of the trace (what every store keeps); times as ISO 8601 strings."""
     data = asdict(trace)
     data["created_at"] = trace.created_at.isoformat()
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def trace_to_dict(trace: TurnTrace) -> dict[str, Any]:
+    """The public JSON shape: exactly `trace_to_json` decoded (lists, strings, numbers)."""
+    data: dict[str, Any] = json.loads(trace_to_json(trace))
     return data
-
-
-def trace_to_json(trace: TurnTrace) -> str:
-    """Compact JSON of `trace_to_dict` (what every store keeps)."""
-    return json.dumps(trace_to_dict(trace), ensure_ascii=False, separators=(",", ":"))
 
 
 def trace_from_json(text: str) -> TurnTrace:
@@ -180,12 +182,13 @@ def _shorten(text: str, limit: int) -> str:
 def cap_trace(trace: TurnTrace, max_bytes: int) -> TurnTrace:
     """``trace`` if its JSON fits ``max_bytes`` (UTF-8), else a copy with long texts shortened.
 
-    Message texts are cut first (they are most of the size), then recalled
-    turns' texts; the copy says ``cut=True``. ``max_bytes`` 0 means no cap.
+    Every text (typed, sent, messages, recalled turns) is cut to the same number of
+    characters, halved until the whole fits; the copy says ``cut=True``. Only the
+    accounting fields are never cut. ``max_bytes`` 0 means no cap.
     """
     if max_bytes <= 0 or len(trace_to_json(trace).encode()) <= max_bytes:
         return trace
-    limit = max(64, max_bytes // (4 * max(1, len(trace.messages) + len(trace.recalled) + 2)))
+    limit = max_bytes // (4 * max(1, len(trace.messages) + len(trace.recalled) + 2))
     while True:
         cut = replace(
             trace,
@@ -195,7 +198,7 @@ def cap_trace(trace: TurnTrace, max_bytes: int) -> TurnTrace:
             messages=tuple(replace(m, content=_shorten(m.content, limit)) for m in trace.messages),
             recalled=tuple(replace(r, text=_shorten(r.text, limit)) for r in trace.recalled),
         )
-        if limit <= 64 or len(trace_to_json(cut).encode()) <= max_bytes:
+        if limit == 0 or len(trace_to_json(cut).encode()) <= max_bytes:
             return cut
         limit //= 2
 
@@ -246,10 +249,11 @@ def build_trace(
     rw = prepared.rewrite
     rewrite = None
     if rw is not None:
-        used = rw.changed and ctx.message == rw.text
-        rewrite = TraceRewrite(
-            text=rw.text, changed=rw.changed, source=rw.source, decision="used" if used else "kept_original"
-        )
+        if not rw.changed:
+            decision = "unchanged"
+        else:
+            decision = "used" if ctx.message == rw.text else "kept_original"
+        rewrite = TraceRewrite(text=rw.text, changed=rw.changed, source=rw.source, decision=decision)
     follow_up = prepared.detection.intent if prepared.detection.intent != "pronoun" else None
     return TurnTrace(
         turn=turn,
