@@ -124,6 +124,10 @@ class TurnTrace:
     locale: str = ""
     needs_context: bool = False
     """The detector's verdict: the message leans on earlier turns."""
+    intent: str | None = None
+    """The follow-up intent the detector found (``pronoun``, ``example``…), if any."""
+    detection_score: float = 0.0
+    """The detector's confidence 0–1 that the message needs context."""
     detection_reason: str = ""
     rewrite: TraceRewrite | None = None
     recalled: Sequence[RecalledTurn] = ()
@@ -282,6 +286,8 @@ def build_trace(
         format=ctx.format,
         locale=ctx.locale,
         needs_context=prepared.detection.needs_context,
+        intent=prepared.detection.intent,
+        detection_score=round(prepared.detection.score, 4),
         detection_reason=prepared.detection.reason,
         rewrite=rewrite,
         recalled=tuple(recalled),

@@ -182,6 +182,7 @@ class TurnOut(BaseModel):
     answer: str
     partial: bool
     user_seq: int
+    turn: int | None = Field(default=None, description="Exchange number: this is the session's n-th user message.")
     seq: int | None = Field(description="Sequence number of the stored answer (None when nothing arrived).")
     jobs: list[str]
     ttft_ms: float | None
@@ -195,6 +196,7 @@ class TurnOut(BaseModel):
             answer=result.answer,
             partial=result.partial,
             user_seq=result.user_turn.seq,
+            turn=result.user_turn.metadata.get("turn"),
             seq=result.assistant_turn.seq if result.assistant_turn else None,
             jobs=list(result.jobs),
             ttft_ms=None if result.ttft_ms is None else round(result.ttft_ms, 3),
