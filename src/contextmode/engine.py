@@ -152,7 +152,7 @@ class Engine:
 
     def _config(self) -> AssemblyConfig:
         return AssemblyConfig(
-            order=self.settings.order,  # type: ignore[arg-type]
+            order=self.settings.order,
             locale=self.settings.locale,
             system_prompt=self.system_prompt,
         )

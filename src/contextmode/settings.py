@@ -57,7 +57,8 @@ class EngineSettings:
     mode: Mode = "contextual"
     """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite (seed 002)."""
     order: str = "default"
-    """Layer order preset (``default``, ``seed001``, ``seed003``)."""
+    """Layer order preset: ``default`` (background, then the newest turns and the message) or
+    ``question_first`` (the message right after the pinned constraints)."""
     locale: str = "auto"
     """``zh``, ``en`` or ``auto``."""
     summary_threshold: int = 10

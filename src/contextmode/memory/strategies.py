@@ -35,8 +35,8 @@ __all__ = [
     "register_strategy",
 ]
 
-# Seed 003's allocations as weights: profile 200, recent 4000, summary 1500.
-_SEED003_SHARES: Mapping[LayerName, float] = {"constraints": 200, "recent": 4000, "summary": 1500}
+# The fixed-layer budget's allocations as weights: profile 200, recent 4000, summary 1500.
+_FIXED_LAYER_SHARES: Mapping[LayerName, float] = {"constraints": 200, "recent": 4000, "summary": 1500}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +132,7 @@ class SlidingSummary:
         return MemoryPlan(
             recent=_uncovered(state, self.recent_turns),
             summary=state.summary,
-            shares=_SEED003_SHARES,
+            shares=_FIXED_LAYER_SHARES,
         )
 
 

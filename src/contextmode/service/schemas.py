@@ -46,7 +46,7 @@ class MessageRequest(BaseModel):
     images: list[str] = Field(default_factory=list, description="Images as base64 data URLs (data:image/png;base64,…).")
     stream: StrictBool = Field(default=False, description="Stream the answer as server-sent events (true or false; strings and numbers are refused).")
     mode: Literal["contextual", "decoupled"] | None = Field(
-        default=None, description="contextual: memory in the prompt; decoupled: memory only feeds the rewrite (seed 002)."
+        default=None, description="contextual: memory in the prompt; decoupled: memory only feeds the rewrite of the question."
     )
 
 
