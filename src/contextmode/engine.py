@@ -208,7 +208,7 @@ class Engine:
             state = replace(state, recalled=tuple(recalled))
         assembled_state = state
         if mode == "decoupled":
-            # Seed 002: memory only feeds the rewrite; the answer sees the standalone
+            # Decoupled mode (design article 002): memory only feeds the rewrite; the answer sees the standalone
             # question and the pinned constraints, never the raw history.
             assembled_state = replace(state, turns=(), summary=None, key_moments=(), recalled=())
         context = assemble(

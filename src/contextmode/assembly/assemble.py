@@ -303,7 +303,7 @@ def _fill(
                 days.add(cand.day)
         elif name == "recent":
             if not picked and cand.turn is not None:
-                # The newest turn alone is too big: keep its newest part (seed 001).
+                # The newest turn alone is too big: keep its newest part (design article 001).
                 extra = cand.cost - cand.turn.tokens
                 text = cut_to_tokens(cand.line, limit - extra, count)
                 if text:

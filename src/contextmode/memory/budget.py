@@ -150,7 +150,7 @@ def allocate(
 
     alloc: dict[LayerName, int] = {}
     if "constraints" in layers:
-        # Pinned constraints come first (seed 003 puts them near the top because they
+        # Pinned constraints come first (design article 003 puts them near the top because they
         # must not be lost): their whole demand, within their cap when one is set.
         # A long list must not crowd out the conversation: without a fixed allocation the
         # pinned layer takes at most its weighted share or a quarter, whichever is larger.

@@ -177,7 +177,7 @@ class Hybrid:
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
         uncovered = _uncovered(state, self.recent_turns)
-        # The window is the last N turns (seed 001); an emotional turn older than that is a
+        # The window is the last N turns (design article 001); an emotional turn older than that is a
         # key moment even while the summary lags behind, and is not repeated among the recent.
         window = _tail(state.turns, self.recent_turns)
         first_window = window[0].seq if window else state.last_seq + 1
