@@ -69,7 +69,7 @@ class MissingExtra(UserError):
 
     def __init__(self, extra: str, module: str) -> None:
         super().__init__(
-            f"{module!r} is not installed: pip install 'context-mode[{extra}]'"
+            f"{module!r} is not installed: pip install 'contextmode-engine[{extra}]'"
         )
         self.extra = extra
         self.module = module

@@ -21,7 +21,8 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="contextmode",
-    help="context-mode: what an LLM chat model should see, inside a token budget.",
+    help="context-mode: what an LLM chat model should see, inside a token budget. "
+    "Installed as the distribution contextmode-engine (pip install contextmode-engine).",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -76,7 +77,7 @@ def serve(
 
         from ..service.settings import ServiceSettings
     except ModuleNotFoundError as exc:
-        raise typer.BadParameter(f"{exc.name} is missing: pip install 'context-mode[service]'") from exc
+        raise typer.BadParameter(f"{exc.name} is missing: pip install 'contextmode-engine[service]'") from exc
     settings = ServiceSettings.from_env()
     _check_settings()
     uvicorn.run(
