@@ -372,7 +372,10 @@ class Engine:
             log.warning("trace of turn %d (session %s) not kept", number, session_id, exc_info=True)
 
     def _processor_versions(self) -> dict[str, str]:
-        """Seam → the implementation that served the turn, with the package version."""
+        """Seam → the implementation that served the turn, with the package version.
+
+        Read at every turn (collaborators can be swapped on a live engine); cheap.
+        """
         from . import __version__
 
         seams = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -147,11 +147,23 @@ class TurnTrace:
     """True when the trace was larger than the size cap and message texts were shortened."""
 
 
+def _plain(trace: TurnTrace) -> dict[str, Any]:
+    """The trace as JSON-ready builtins; by hand, because `dataclasses.asdict` deep-copies
+    every field and this runs on every turn."""
+    data = dict(vars(trace))
+    data["created_at"] = trace.created_at.isoformat()
+    data["messages"] = [{"role": m.role, "content": m.content} for m in trace.messages]
+    data["layers"] = [{**vars(x), "dropped_seqs": list(x.dropped_seqs)} for x in trace.layers]
+    data["recalled"] = [vars(r) for r in trace.recalled]
+    data["pins"] = [vars(p) for p in trace.pins]
+    data["processors"] = dict(trace.processors)
+    data["rewrite"] = vars(trace.rewrite) if trace.rewrite is not None else None
+    return data
+
+
 def trace_to_json(trace: TurnTrace) -> str:
     """Compact JSON of the trace (what every store keeps); times as ISO 8601 strings."""
-    data = asdict(trace)
-    data["created_at"] = trace.created_at.isoformat()
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(_plain(trace), ensure_ascii=False, separators=(",", ":"))
 
 
 def trace_to_dict(trace: TurnTrace) -> dict[str, Any]:
@@ -190,7 +202,14 @@ def cap_trace(trace: TurnTrace, max_bytes: int) -> TurnTrace:
     characters, halved until the whole fits; the copy says ``cut=True``. Only the
     accounting fields are never cut. ``max_bytes`` 0 means no cap.
     """
-    if max_bytes <= 0 or len(trace_to_json(trace).encode()) <= max_bytes:
+    if max_bytes <= 0:
+        return trace
+    texts = [trace.typed, trace.sent, *(m.content for m in trace.messages), *(r.text for r in trace.recalled)]
+    # At most 6 bytes of JSON per character (a \uXXXX escape) plus the fixed fields: most
+    # traces are far below the cap and are not encoded twice.
+    if 6 * sum(map(len, texts)) + 8192 + 256 * len(trace.layers) <= max_bytes:
+        return trace
+    if len(trace_to_json(trace).encode()) <= max_bytes:
         return trace
     limit = max_bytes // (4 * max(1, len(trace.messages) + len(trace.recalled) + 2))
     while True:
