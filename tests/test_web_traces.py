@@ -21,13 +21,14 @@ from test_web_browser import (
     LiveServer,
     _engine,
     browser,
+    model_server,
     open_page,
     send,
     server,
 )
 
 pytestmark = pytest.mark.browser
-__all__ = ["browser", "server"]
+__all__ = ["browser", "model_server", "server"]
 
 AXE_JS = Path(os.environ.get("CONTEXTMODE_AXE_JS", Path(__file__).resolve().parents[1] / ".ci" / "node" / "node_modules" / "axe-core" / "axe.min.js"))
 
@@ -56,18 +57,6 @@ def stub_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
             yield live, stub
     finally:
         stub.stop()
-
-
-@pytest.fixture(scope="module")
-def gated_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, GatedModel]]:
-    tmp = tmp_path_factory.mktemp("web-gated")
-    model = GatedModel()
-    app = create_app(_engine(tmp, model), ServiceSettings(image_dir=tmp / "images"))
-    try:
-        with LiveServer(app) as live:
-            yield live, model
-    finally:
-        model.gate.set()
 
 
 def open_turn(page: Any, turn: int) -> None:
@@ -124,9 +113,9 @@ def test_a_template_follow_up_is_not_called_a_rewrite(browser: Any, server: Live
 
 
 def test_switching_session_while_streaming_keeps_the_views_apart(
-    browser: Any, gated_server: tuple[LiveServer, GatedModel]
+    browser: Any, model_server: tuple[LiveServer, GatedModel]
 ) -> None:
-    server, model = gated_server
+    server, model = model_server
     page = open_page(browser, f"{server.url}/#session=web-first")
     page.fill("#message-input", "讲个长故事")
     page.press("#message-input", "Enter")

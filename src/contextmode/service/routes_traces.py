@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
 from ..store.base import load_trace
 from ..trace import trace_to_dict
 from ..types import validate_id
 from .codes import SUCCESS
+from .routes_sessions import SessionId, State
 from .schemas import ErrorEnvelope
-from .state import AppState, Tenant, app_state
+from .state import Tenant
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
-State = Annotated[AppState, Depends(app_state)]
-SessionId = Annotated[str, Path(description="Session id: 1-128 characters of A-Z a-z 0-9 . _ : -")]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorEnvelope, "description": "Invalid session id or turn number (40004, 40001)"},
     401: {"model": ErrorEnvelope, "description": "Missing or unknown API key (40101)"},
