@@ -37,7 +37,7 @@ from .processors.intents import build_follow_up_prompt
 from .settings import EngineSettings, Mode
 from .store.base import Store, keeps_traces
 from .tokens.base import TokenCounter
-from .trace import build_trace, cap_trace, exchange_count
+from .trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
 from .types import (
     ChatMessage,
     NewTurn,
@@ -344,22 +344,23 @@ class Engine:
             )
             self._observe(tenant, session_id, appended)
             stored = appended[0]
-        await self._keep_trace(tenant, session_id, user_turn, stored, prepared, ttft_ms, model_ms, partial)
+        number = user_turn.metadata.get("turn")
+        if isinstance(number, int):
+            outcome = ExchangeOutcome(
+                turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
+                ttft_ms=ttft_ms, model_ms=model_ms, partial=partial,
+            )
+            await self._keep_trace(tenant, session_id, prepared, outcome)
         return stored
 
     async def _keep_trace(
-        self, tenant: str, session_id: str, user_turn: Turn, answer: Turn | None,
-        prepared: PreparedTurn, ttft_ms: float | None, model_ms: float, partial: bool,
+        self, tenant: str, session_id: str, prepared: PreparedTurn, outcome: ExchangeOutcome
     ) -> None:
         settings = self.settings
-        number = user_turn.metadata.get("turn")
-        if not settings.trace_keep or not isinstance(number, int) or not keeps_traces(self.store):
+        number = outcome.turn
+        if not settings.trace_keep or not keeps_traces(self.store):
             return
-        trace = build_trace(
-            prepared, turn=number, user_seq=user_turn.seq, answer_seq=answer.seq if answer else None,
-            processors=self._processor_versions(), model=self.model.name,
-            ttft_ms=ttft_ms, model_ms=model_ms, partial=partial,
-        )
+        trace = build_trace(prepared, outcome, processors=self._processor_versions(), model=self.model.name)
         max_age = settings.trace_max_age_days
         try:
             await self.store.put_trace(

@@ -20,9 +20,13 @@ from typing import TYPE_CHECKING, Any
 from .types import ChatMessage, Turn, utc_now
 
 if TYPE_CHECKING:
+    from .assembly.context import Context
     from .engine import PreparedTurn
+    from .processors.base import Rewrite
+    from .types import Constraint
 
 __all__ = [
+    "ExchangeOutcome",
     "PinUsed",
     "RecalledTurn",
     "TraceLayer",
@@ -239,49 +243,62 @@ def exchange_count(turns: Sequence[Turn]) -> int | None:
     return None
 
 
-def build_trace(
-    prepared: PreparedTurn,
-    *,
-    turn: int,
-    user_seq: int,
-    answer_seq: int | None,
-    processors: Mapping[str, str],
-    model: str,
-    ttft_ms: float | None,
-    model_ms: float,
-    partial: bool,
-) -> TurnTrace:
-    """The trace of a finished exchange from what the engine prepared and measured."""
-    ctx = prepared.context
-    rendered = {layer.name: layer for layer in ctx.layers}
+def _recalled(context: Context) -> tuple[RecalledTurn, ...]:
     recalled: list[RecalledTurn] = []
     for name in ("recall", "key_moments"):
-        layer = rendered.get(name)
+        layer = context.layer(name)
         for rank, item in enumerate(layer.items if layer else (), start=1):
             if item.seq is None:
                 continue
             why = f"relevant to the message (rank {rank})" if name == "recall" else "emotional key moment"
             recalled.append(RecalledTurn(seq=item.seq, layer=name, why=why, text=item.text))
-    pins_layer = rendered.get("constraints")
-    pinned_lines = [item.text for item in pins_layer.items] if pins_layer else []
-    pins = [
+    return tuple(recalled)
+
+
+def _pins(context: Context, constraints: Sequence[Constraint]) -> tuple[PinUsed, ...]:
+    layer = context.layer("constraints")
+    lines = [item.text for item in layer.items] if layer else []
+    return tuple(
         PinUsed(key=c.key, value=c.value, source_seq=c.source_seq)
-        for c in prepared.state.constraints
-        if any(c.value in line for line in pinned_lines)
-    ]
-    rw = prepared.rewrite
-    rewrite = None
-    if rw is not None:
-        if not rw.changed:
-            decision = "unchanged"
-        else:
-            decision = "used" if ctx.message == rw.text else "kept_original"
-        rewrite = TraceRewrite(text=rw.text, changed=rw.changed, source=rw.source, decision=decision)
+        for c in constraints
+        if any(c.value in line for line in lines)
+    )
+
+
+def _rewrite(context: Context, rewrite: Rewrite | None) -> TraceRewrite | None:
+    if rewrite is None:
+        return None
+    if not rewrite.changed:
+        decision = "unchanged"
+    else:
+        decision = "used" if context.message == rewrite.text else "kept_original"
+    return TraceRewrite(text=rewrite.text, changed=rewrite.changed, source=rewrite.source, decision=decision)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExchangeOutcome:
+    """How an exchange ended, as the engine measured it."""
+
+    turn: int
+    """Exchange number."""
+    user_seq: int
+    answer_seq: int | None
+    """``None`` when nothing arrived from the model."""
+    ttft_ms: float | None
+    model_ms: float
+    partial: bool
+
+
+def build_trace(
+    prepared: PreparedTurn, outcome: ExchangeOutcome, *, processors: Mapping[str, str], model: str
+) -> TurnTrace:
+    """The trace of a finished exchange from what the engine prepared and measured."""
+    ctx = prepared.context
     follow_up = prepared.detection.intent if prepared.detection.intent != "pronoun" else None
     return TurnTrace(
-        turn=turn,
-        user_seq=user_seq,
-        answer_seq=answer_seq,
+        turn=outcome.turn,
+        user_seq=outcome.user_seq,
+        answer_seq=outcome.answer_seq,
         created_at=utc_now(),
         typed=ctx.original_message,
         sent=ctx.message,
@@ -308,13 +325,13 @@ def build_trace(
         intent=prepared.detection.intent,
         detection_score=round(prepared.detection.score, 4),
         detection_reason=prepared.detection.reason,
-        rewrite=rewrite,
-        recalled=tuple(recalled),
-        pins=tuple(pins),
+        rewrite=_rewrite(ctx, prepared.rewrite),
+        recalled=_recalled(ctx),
+        pins=_pins(ctx, prepared.state.constraints),
         processors=dict(processors),
         model=model,
         prepare_ms=round(prepared.prepare_ms, 3),
-        ttft_ms=None if ttft_ms is None else round(ttft_ms, 3),
-        model_ms=round(model_ms, 3),
-        partial=partial,
+        ttft_ms=None if outcome.ttft_ms is None else round(outcome.ttft_ms, 3),
+        model_ms=round(outcome.model_ms, 3),
+        partial=outcome.partial,
     )
