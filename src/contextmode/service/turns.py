@@ -27,6 +27,8 @@ __all__ = ["StartedStream", "TurnOutcome", "check_message", "run_turn", "start_s
 # C0 controls but tab, newline and carriage return, and DEL: never text a user typed, and
 # PostgreSQL refuses NUL in text, so they are refused here rather than failing in the store.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# A lone UTF-16 surrogate (JSON "\ud800") is no character at all: no store can keep it.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def check_message(message: str, settings: ServiceSettings) -> None:
@@ -35,6 +37,11 @@ def check_message(message: str, settings: ServiceSettings) -> None:
     require_text(message)
     if len(message) > settings.max_message_chars:
         raise MessageTooLong(f"the message has {len(message)} characters; at most {settings.max_message_chars}")
+    if found := _SURROGATE.search(message):
+        raise InputError(
+            f"the message contains a lone surrogate U+{ord(found.group()):04X} at position {found.start()}; "
+            "send valid Unicode text"
+        )
     if found := _CONTROL.search(message):
         raise InputError(
             f"the message contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
