@@ -27,7 +27,13 @@ def put_trace(db: Db, key: tuple[str, str], trace: TurnTrace, keep: int, cutoff:
                 (*key, *key, keep),
             )
         if cutoff is not None:
-            db.execute(f"DELETE FROM turn_traces {WHERE} AND created_at < ?", (*key, cutoff))
+            # Traces are written in turn order, so the oldest are the lowest turns: looking at
+            # the first few keeps each write O(1) however many traces the session keeps.
+            db.execute(
+                f"DELETE FROM turn_traces {WHERE} AND created_at < ? AND turn IN"
+                f" (SELECT turn FROM turn_traces {WHERE} ORDER BY turn LIMIT 8)",
+                (*key, cutoff, *key),
+            )
 
     write(db, body)
 

@@ -257,8 +257,10 @@ class TraceRecords(Protocol):
         """Keep ``trace`` under ``trace.turn`` (replacing a trace with that number).
 
         Then drop the session's traces beyond the newest ``keep`` turn numbers
-        (0 = no count limit) and those created before ``older_than``. Ignored
-        for an unknown session (a trace never creates one).
+        (0 = no count limit) and those created before ``older_than`` (a backend
+        may look only at its oldest few per call, so each write stays O(1);
+        traces are written in turn order, so nothing old is missed for long).
+        Ignored for an unknown session (a trace never creates one).
         """
         ...
 

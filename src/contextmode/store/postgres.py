@@ -430,8 +430,11 @@ class PostgresStore(ClosesOnExit):
                     *key, keep,
                 )
             if older_than is not None:
+                # Oldest traces have the lowest turns: a bounded look keeps each write O(1).
                 await db.execute(
-                    f"DELETE FROM turn_traces {_W} AND created_at < $3", *key, _aware(older_than)
+                    f"DELETE FROM turn_traces {_W} AND created_at < $3 AND turn IN"
+                    f" (SELECT turn FROM turn_traces {_W} ORDER BY turn LIMIT 8)",
+                    *key, _aware(older_than),
                 )
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
