@@ -188,7 +188,7 @@ def framework_rows(histories: dict[int, list[NewTurn]], counter: TokenCounter,
 
         runners.append(("langchain trim_messages", langchain))
     except ImportError:
-        out["langchain"] = "not installed (pip install 'context-mode[bench]')"
+        out["langchain"] = "not installed (pip install 'contextmode-engine[bench]')"
     try:
         from llama_index.core.llms import ChatMessage as LlamaMessage
         from llama_index.core.memory import ChatMemoryBuffer
@@ -204,7 +204,7 @@ def framework_rows(histories: dict[int, list[NewTurn]], counter: TokenCounter,
 
         runners.append(("llamaindex ChatMemoryBuffer.get", llamaindex))
     except ImportError:
-        out["llamaindex"] = "not installed (pip install 'context-mode[bench]')"
+        out["llamaindex"] = "not installed (pip install 'contextmode-engine[bench]')"
 
     for name, build in runners:
         key = name.split()[0]

@@ -21,7 +21,10 @@ o200k token counter, ``sliding_summary``.
   jobs are done (``pending_jobs`` empty), as a user reading the answer would;
   ``overhead_ms_p50_back_to_back`` sends the turns without waiting, so the
   previous turns' jobs (offline summary with jieba, constraints, emotion)
-  share the event loop and the SQLite thread with the request. Goal ≤ 5 ms.
+  share the event loop and the SQLite thread with the request. Goal ≤ 5 ms,
+  with the per-turn trace kept (the shipped default); ``--compare-untraced``
+  adds ``overhead_ms_p50_untraced``, the same figure with traces off (an
+  eval-only switch), so the trace write's own cost shows.
 - ``ttft_ratio_summary_due``: median time to first token (client side: request
   sent → first ``delta`` event) of streamed turns after which a summary is due
   (the ``done`` event lists a ``summary`` job; the summariser is a stub that
@@ -139,7 +142,9 @@ def _engine(kind: str, home: Path) -> Engine:
         detector = KeywordDetector()
     summarizer: Any = OfflineSummarizer()
     model: Any = _ZeroLatencyModel()
-    settings = EngineSettings()
+    settings = EngineSettings()  # shipped defaults: every turn's trace is kept (trace_keep 1000)
+    if kind == "overhead-untraced":
+        settings = EngineSettings(trace_keep=0)  # eval-only switch: no per-turn trace
     if kind == "ttft":
         summarizer = _SlowSummarizer(summarizer, 2.0)
         model = _FirstTokenAfter(0.02)
@@ -218,8 +223,8 @@ def _idle(client: httpx.Client, session: str) -> None:
         time.sleep(0.005)
 
 
-def bench_overhead(sessions: int, turns: int, *, idle: bool) -> dict[str, Any]:
-    server = _Server("overhead")
+def bench_overhead(sessions: int, turns: int, *, idle: bool, kind: str = "overhead") -> dict[str, Any]:
+    server = _Server(kind)
     overhead: list[float] = []
     walls: list[float] = []
     prepare: list[float] = []
@@ -303,13 +308,20 @@ def bench_ttft(sessions: int, turns: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sessions")
-    parser.add_argument("--serve", choices=["overhead", "ttft"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compare-untraced", action="store_true",
+        help="also measure the overhead with per-turn traces off (an eval-only switch, named in the output)",
+    )
+    parser.add_argument("--serve", choices=["overhead", "overhead-untraced", "ttft"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve)
         return
     sessions = 4 if args.quick else 15
-    result: dict[str, Any] = {"transport": "real HTTP, uvicorn+httptools in a child process, httpx keep-alive"}
+    result: dict[str, Any] = {
+        "transport": "real HTTP, uvicorn+httptools in a child process, httpx keep-alive",
+        "traces": "on (shipped default: each turn's context kept, CONTEXTMODE_TRACE_KEEP=1000)",
+    }
     idle = bench_overhead(sessions, 10, idle=True)
     busy = bench_overhead(sessions, 10, idle=False)
     result |= {
@@ -331,6 +343,11 @@ def main() -> None:
         f"overhead per turn, back to back (background jobs share the loop): p50 {busy['p50']} ms, "
         f"p90 {busy['p90']} ms"
     )
+    if args.compare_untraced:
+        untraced = bench_overhead(sessions, 10, idle=True, kind="overhead-untraced")
+        result["overhead_ms_p50_untraced"] = untraced["p50"]
+        result["untraced"] = "eval-only switch: trace_keep=0, for the trace write's cost only"
+        print(f"overhead per turn with traces off (eval-only switch): p50 {untraced['p50']} ms")
     result |= bench_ttft(sessions, 8)
     print(
         f"TTFT p50: {result['ttft_ms_p50_summary_due']} ms with a summary due "

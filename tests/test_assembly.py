@@ -151,7 +151,7 @@ def test_key_moments_in_english_say_hours_ago() -> None:
 
 def test_short_conversation_gives_everything_to_the_recent_turns() -> None:
     state = make_state(conversation(10, repeat=3))
-    ctx = assemble(state, "嗯", counter=COUNTER, strategy="hybrid", budget=Budget.seed001(2000),
+    ctx = assemble(state, "嗯", counter=COUNTER, strategy="hybrid", budget=Budget.emotion_window(2000),
                    now=NOW)
     assert recent_seqs(ctx) == list(range(1, 11))
     assert ctx.dropped_seqs == ()
@@ -164,7 +164,7 @@ def _long_hybrid(key_moments: tuple[Turn, ...]) -> Context:
                        summary=Summary(text="早期：" + "工作压力，" * 40, covers_seq=40, tokens=0),
                        key_moments=key_moments)
     return assemble(state, "今天又是那种感觉", counter=COUNTER, strategy="hybrid",
-                    budget=Budget.seed001(1500), now=NOW)
+                    budget=Budget.emotion_window(1500), now=NOW)
 
 
 def test_no_key_moments_gives_their_share_away() -> None:
@@ -179,13 +179,13 @@ def test_no_key_moments_gives_their_share_away() -> None:
         assert ctx.total_tokens == exact_total(ctx) <= ctx.input_budget
 
 
-def test_seed001_ratios_when_every_layer_is_full() -> None:
+def test_emotion_window_ratios_when_every_layer_is_full() -> None:
     many = tuple(make_turn(s, "我真的非常非常难过，" * 30, emotion=0.9, hours_ago=100 - s, role="user")
                  for s in range(1, 40))
     state = make_state(conversation(120, first=61, repeat=3),
                        summary=Summary(text="早期：" + "工作压力，" * 200, covers_seq=60, tokens=0),
                        key_moments=many)
-    ctx = assemble(state, "嗯", counter=COUNTER, strategy="hybrid", budget=Budget.seed001(3000),
+    ctx = assemble(state, "嗯", counter=COUNTER, strategy="hybrid", budget=Budget.emotion_window(3000),
                    now=NOW)
     acc = ctx.accounts
     shares = {n: acc[n].allocated for n in ("recent", "key_moments", "summary")}
@@ -198,11 +198,11 @@ def test_seed001_ratios_when_every_layer_is_full() -> None:
     assert ctx.total_tokens == exact_total(ctx) <= ctx.input_budget
 
 
-def test_seed003_fixed_allocations() -> None:
+def test_fixed_layers_allocations() -> None:
     state = make_state(conversation(400, first=201, repeat=6),
                        summary=Summary(text="早期：" + "工作压力，" * 1000, covers_seq=200, tokens=0),
                        constraints=(Constraint(key="spice", value="不要辣", source_seq=3),))
-    ctx = assemble(state, "推荐个菜", counter=COUNTER, budget=Budget.seed003(), now=NOW)
+    ctx = assemble(state, "推荐个菜", counter=COUNTER, budget=Budget.fixed_layers(), now=NOW)
     acc = ctx.accounts
     assert ctx.input_budget == 6144
     assert acc["system"].allocated == 300
@@ -214,10 +214,10 @@ def test_seed003_fixed_allocations() -> None:
     assert ctx.total_tokens == exact_total(ctx) <= ctx.input_budget
 
 
-def test_seed003_short_summary_gives_the_rest_to_recent() -> None:
+def test_fixed_layers_short_summary_gives_the_rest_to_recent() -> None:
     state = make_state(conversation(400, first=201, repeat=6),
                        summary=Summary(text="早期：工作压力。", covers_seq=200, tokens=0))
-    ctx = assemble(state, "推荐个菜", counter=COUNTER, budget=Budget.seed003(), now=NOW)
+    ctx = assemble(state, "推荐个菜", counter=COUNTER, budget=Budget.fixed_layers(), now=NOW)
     assert ctx.accounts["recent"].allocated > 4000 + 1400
     assert ctx.input_budget - ctx.total_tokens < 120  # the window fills up to the budget
 
@@ -288,10 +288,10 @@ def scenarios(draw: st.DrawFn) -> tuple[SessionState, str, str, Budget, Assembly
                           for i in range(draw(st.integers(0, 3)))),
     )
     window = draw(st.integers(30, 800))
-    budget = draw(st.sampled_from([Budget(context_window=window), Budget.seed001(window),
-                                   Budget.seed003(window), Budget(context_window=window, reply_reserve=0)]))
+    budget = draw(st.sampled_from([Budget(context_window=window), Budget.emotion_window(window),
+                                   Budget.fixed_layers(window), Budget(context_window=window, reply_reserve=0)]))
     config = AssemblyConfig(format=draw(st.sampled_from(["messages", "text"])),
-                            order=draw(st.sampled_from(["default", "seed001", "seed003"])),
+                            order=draw(st.sampled_from(["default", "question_first"])),
                             reply_format=draw(st.sampled_from(["", "简短回答", "Answer in JSON"])))
     return state, draw(_text) or "嗯", draw(st.sampled_from(sorted(STRATEGIES))), budget, config
 
@@ -347,9 +347,9 @@ def _heading_positions(text: str, headings: list[str]) -> list[int]:
     return [text.index(f"## {h}") for h in headings]
 
 
-def test_seed003_order_puts_the_current_message_third_in_text_form() -> None:
+def test_question_first_order_puts_the_current_message_third_in_text_form() -> None:
     ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
-                   config=AssemblyConfig(format="text", order="seed003", reply_format="用列表回答"))
+                   config=AssemblyConfig(format="text", order="question_first", reply_format="用列表回答"))
     assert [layer.name for layer in ctx.layers] == [
         "system", "constraints", "current", "recent", "summary", "key_moments", "format"]
     text = to_text(ctx)

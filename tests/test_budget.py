@@ -20,28 +20,28 @@ def test_default_budget_keeps_a_quarter_for_the_reply() -> None:
     assert Budget(context_window=1000, reply_reserve=0).input_tokens == 1000
 
 
-def test_seed003_fixed_allocations() -> None:
-    budget = Budget.seed003()
+def test_fixed_layers_allocations() -> None:
+    budget = Budget.fixed_layers()
     assert budget.context_window == 8192 and budget.input_tokens == 6144
     assert dict(budget.allocations) == {
         "system": 300, "constraints": 200, "recent": 4000, "summary": 1500,
     }
     assert not budget.shares
-    assert Budget.seed003(16384).input_tokens == 12288
+    assert Budget.fixed_layers(16384).input_tokens == 12288
 
 
-def test_seed001_ratios() -> None:
-    budget = Budget.seed001()
+def test_emotion_window_ratios() -> None:
+    budget = Budget.emotion_window()
     assert budget.input_tokens == 6000 and budget.reserve == 0
     assert dict(budget.shares) == SEED001_WEIGHTS
     assert not budget.allocations
-    assert Budget.seed001(1200).input_tokens == 1200
+    assert Budget.emotion_window(1200).input_tokens == 1200
 
 
 def test_with_total_keeps_the_sharing() -> None:
-    budget = Budget.seed003().with_total(3000)
+    budget = Budget.fixed_layers().with_total(3000)
     assert (budget.input_tokens, budget.reserve) == (3000, 0)
-    assert budget.allocations == Budget.seed003().allocations
+    assert budget.allocations == Budget.fixed_layers().allocations
 
 
 @pytest.mark.parametrize(
@@ -166,3 +166,18 @@ def test_allocate_never_exceeds_and_wastes_nothing(
         demands = {**demands, "constraints": alloc["constraints"]}
     # Budget flows: either every layer has what it wants or the budget is used up.
     assert sum(alloc.values()) == min(max(0, available), sum(demands.values()))
+
+
+def test_old_preset_names_still_work_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="fixed_layers"):
+        assert Budget.seed003(16384) == Budget.fixed_layers(16384)
+    with pytest.warns(DeprecationWarning, match="emotion_window"):
+        assert Budget.seed001(1200) == Budget.emotion_window(1200)
+    from contextmode.assembly import AssemblyConfig, order_preset
+
+    with pytest.warns(DeprecationWarning, match="question_first"):
+        assert AssemblyConfig(order="seed003").resolved_order() == order_preset("question_first")
+    from contextmode.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CONTEXTMODE_ORDER"):
+        order_preset("seed002")

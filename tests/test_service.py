@@ -271,7 +271,7 @@ async def test_validation_errors_use_the_envelope(client: httpx.AsyncClient) -> 
     assert "message" in assert_error(await client.post(url, json={}), 40001)["msg"]
     assert_error(await client.post(url, json={"message": "hi", "unknown": 1}), 40001)
     assert_error(await client.post(url, json={"message": "hi", "mode": "telepathic"}), 40001)
-    assert_error(await client.post(url, json={"message": ""}), 40001)
+    assert_error(await client.post(url, json={"message": ""}), 40005)  # empty: its own code
     assert_error(await client.get("/v1/sessions/s1", params={"limit": 0}), 40001)
     assert_error(await client.get("/v1/sessions/s1/context"), 40001)
     assert_error(await client.get("/nowhere"), 40400)

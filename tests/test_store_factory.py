@@ -74,9 +74,9 @@ def test_postgres_and_redis_options() -> None:
 async def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "asyncpg", None)
     monkeypatch.setitem(sys.modules, "redis.asyncio", None)
-    with pytest.raises(MissingExtra, match=r"context-mode\[postgres\]"):
+    with pytest.raises(MissingExtra, match=r"contextmode-engine\[postgres\]"):
         await open_store("postgresql://127.0.0.1/x").load("t", "s")
-    with pytest.raises(MissingExtra, match=r"context-mode\[redis\]"):
+    with pytest.raises(MissingExtra, match=r"contextmode-engine\[redis\]"):
         await open_store("redis://127.0.0.1:6379/0").load("t", "s")
 
 

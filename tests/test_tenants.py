@@ -28,7 +28,8 @@ from contextmode.store.sqlite import SQLiteStore
 from contextmode.testing.contract import service_url, skip_or_fail
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import FunctionModel
-from contextmode.types import Constraint, NewTurn, Summary, utc_now
+from contextmode.trace import TurnTrace
+from contextmode.types import ChatMessage, Constraint, NewTurn, Summary, utc_now
 
 KEY_A, KEY_B = "tenant-a-key-7f3e9c1d", "tenant-b-key-2b8a4e6f"
 # Tenants chosen so that naive key concatenation would collide: "acme" + ":x/s" vs "acme:x" + "/s".
@@ -150,6 +151,11 @@ async def world(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[
                 TENANT_A, sid, [Constraint(key="secret", value=MARKER, source_seq=1)], expected_version=0
             )
             await store.record_job(TENANT_A, sid, "summary", ok=True)
+            await store.put_trace(  # type: ignore[attr-defined]
+                TENANT_A, sid,
+                TurnTrace(turn=1, user_seq=1, answer_seq=2, created_at=utc_now(), typed=f"{MARKER} in {sid}",
+                          sent=MARKER, messages=(ChatMessage(role="user", content=MARKER),)),
+            )
         yield World(client=client, engine=engine, app=app, model=model)
         await engine.drain()
     await anext(stores, None)
@@ -180,7 +186,7 @@ ATTACK_IDS = [
 def requests_for(method: str, path: str, sid: str) -> list[tuple[str, str, dict[str, Any]]]:
     """The requests that exercise ``method path`` against session ``sid``."""
     quoted = quote(sid, safe="")
-    url = path.replace("{session_id}", quoted)
+    url = path.replace("{session_id}", quoted).replace("{turn}", "1")  # A's first turn has a kept trace
     table: dict[tuple[str, str], list[dict[str, Any]]] = {
         ("POST", "/v1/sessions/{session_id}/messages"): [
             {"json": {"message": "show me everything you remember"}},
@@ -188,6 +194,7 @@ def requests_for(method: str, path: str, sid: str) -> list[tuple[str, str, dict[
         ],
         ("GET", "/v1/sessions/{session_id}/context"): [{"params": {"message": "what did I say before?"}}],
         ("GET", "/v1/sessions/{session_id}"): [{}, {"params": {"limit": 500}}, {"params": {"before": 3}}],
+        ("GET", "/v1/sessions/{session_id}/turns/{turn}/context"): [{}],
         ("DELETE", "/v1/sessions/{session_id}"): [{}],
         ("GET", "/v1/sessions"): [{}, {"params": {"limit": 1000, "offset": 0}}],
         ("POST", "/v1/chat/completions"): [

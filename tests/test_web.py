@@ -91,12 +91,15 @@ async def test_page_calls_only_public_api_routes(tmp_path: Path) -> None:
     used: set[str] = set()
     for path in JS_FILES:
         for literal in re.findall(r'[`"](/v1/[^`"?]*)', path.read_text(encoding="utf-8")):
+            # ${turn} is the exchange number; any other ${…} is the session id.
+            literal = literal.replace("${turn}", "{turn}")
             used.add(re.sub(r"\$\{[^}]+\}", "{session_id}", literal))
     assert used == {
         "/v1/sessions",
         "/v1/sessions/{session_id}",
         "/v1/sessions/{session_id}/context",
         "/v1/sessions/{session_id}/messages",
+        "/v1/sessions/{session_id}/turns/{turn}/context",
     }
     assert used <= documented
 

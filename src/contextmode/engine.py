@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .assembly import AssemblyConfig, Context, assemble, cut_to_tokens, to_messages
@@ -38,10 +38,20 @@ from .processors.base import (
 from .processors.intents import build_follow_up_prompt
 from .processors.verify import verified
 from .settings import EngineSettings, Mode
-from .store.base import Store
+from .store.base import Store, keeps_traces
 from .store.postings import has_postings
 from .tokens.base import TokenCounter
-from .types import ChatMessage, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
+from .trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
+from .types import (
+    ChatMessage,
+    NewTurn,
+    SessionState,
+    Summary,
+    Turn,
+    require_text,
+    utc_now,
+    validate_id,
+)
 
 __all__ = ["Engine", "PreparedTurn", "TurnEvent", "TurnResult"]
 
@@ -151,7 +161,7 @@ class Engine:
 
     def _config(self) -> AssemblyConfig:
         return AssemblyConfig(
-            order=self.settings.order,  # type: ignore[arg-type]
+            order=self.settings.order,
             locale=self.settings.locale,
             system_prompt=self.system_prompt,
         )
@@ -179,6 +189,7 @@ class Engine:
         started = time.perf_counter()
         validate_id(tenant, "tenant")
         validate_id(session_id)
+        require_text(message)
         mode = mode or self.settings.mode
         chosen = get_strategy(strategy or self.settings.strategy)
         state = await self.load(tenant, session_id, chosen)
@@ -199,9 +210,9 @@ class Engine:
             state = replace(state, recalled=tuple(t for t in recalled if not t.notice))
         assembled_state = state
         if mode == "decoupled":
-            # Seed 002: memory only feeds the rewrite; the answer sees the standalone
-            # question and the pinned constraints, never the raw history. Without a
-            # verified rewrite it sees the user's message and the last exchange.
+            # Decoupled mode (design article 002): memory only feeds the rewrite; the answer
+            # sees the standalone question and the pinned constraints, never the raw history.
+            # Without a verified rewrite it sees the user's message and the last exchange.
             last = () if current != message else _last_exchange(state.turns)
             assembled_state = replace(state, turns=last, summary=None, key_moments=(), recalled=())
         context = assemble(
@@ -276,6 +287,7 @@ class Engine:
         prepared = await self.prepare(tenant, session_id, message, mode=mode, strategy=strategy)
         yield TurnEvent(kind="prepared", prepared=prepared)
         meta: dict[str, Any] = dict(metadata or {})
+        meta["turn"] = await self._exchanges_so_far(tenant, session_id, prepared.state) + 1
         if prepared.rewrite is not None and prepared.rewrite.changed:
             meta["rewrite"] = prepared.rewrite.text
             meta["rewrite_verified"] = prepared.rewrite.verified
@@ -312,11 +324,11 @@ class Engine:
         finally:
             answer = "".join(pieces)
             partial = not completed
+            model_ms = (time.perf_counter() - model_started) * 1000
             assistant_turn = await asyncio.shield(
-                self._finish(tenant, session_id, user_turn, answer, partial, prepared)
+                self._finish(tenant, session_id, user_turn, answer, partial, prepared, ttft, model_ms)
             )
             jobs = self._schedule_jobs(tenant, session_id, user_turn, prepared)
-            model_ms = (time.perf_counter() - model_started) * 1000
             self._log_turn(prepared, user_turn, ttft, model_ms, partial, jobs)
         if error is not None:
             raise error
@@ -342,24 +354,95 @@ class Engine:
         return result
 
     async def _finish(
-        self, tenant: str, session_id: str, user_turn: Turn, answer: str, partial: bool, prepared: PreparedTurn
+        self, tenant: str, session_id: str, user_turn: Turn, answer: str, partial: bool,
+        prepared: PreparedTurn, ttft_ms: float | None, model_ms: float,
     ) -> Turn | None:
-        if not answer and partial:
-            return None  # nothing arrived: the user turn stays, no empty answer is stored
-        meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": self.model.name}
-        if partial:
-            meta["partial"] = True
-        if isinstance(self.model, OfflineResponder):
-            # A description of the request, not an answer: an engine notice, never memory.
-            meta["offline"] = True
-            meta["notice"] = True
-        stored = await self.store.append(
-            tenant,
-            session_id,
-            [NewTurn(role="assistant", content=answer, tokens=self.counter.count(answer), metadata=meta)],
-        )
-        self._observe(tenant, session_id, stored)
-        return stored[0]
+        """Store the answer (unless nothing arrived), then the exchange's trace."""
+        stored: Turn | None = None
+        if answer or not partial:  # nothing arrived: the user turn stays, no empty answer is stored
+            meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": self.model.name}
+            if "turn" in user_turn.metadata:
+                meta["turn"] = user_turn.metadata["turn"]
+            if partial:
+                meta["partial"] = True
+            if isinstance(self.model, OfflineResponder):
+                # A description of the request, not an answer: an engine notice, never memory.
+                meta["offline"] = True
+                meta["notice"] = True
+            appended = await self.store.append(
+                tenant,
+                session_id,
+                [NewTurn(role="assistant", content=answer, tokens=self.counter.count(answer), metadata=meta)],
+            )
+            self._observe(tenant, session_id, appended)
+            stored = appended[0]
+        number = user_turn.metadata.get("turn")
+        if isinstance(number, int):
+            outcome = ExchangeOutcome(
+                turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
+                ttft_ms=ttft_ms, model_ms=model_ms, partial=partial,
+            )
+            await self._keep_trace(tenant, session_id, prepared, outcome)
+        return stored
+
+    async def _keep_trace(
+        self, tenant: str, session_id: str, prepared: PreparedTurn, outcome: ExchangeOutcome
+    ) -> None:
+        settings = self.settings
+        number = outcome.turn
+        if not settings.trace_keep or not keeps_traces(self.store):
+            return
+        trace = build_trace(prepared, outcome, processors=self._processor_versions(), model=self.model.name)
+        max_age = settings.trace_max_age_days
+        try:
+            await self.store.put_trace(
+                tenant, session_id, cap_trace(trace, settings.trace_max_bytes),
+                keep=settings.trace_keep,
+                older_than=trace.created_at - timedelta(days=max_age) if max_age else None,
+            )
+        except Exception:
+            # The turn and its answer are stored; a lost trace must not fail the reply.
+            log.warning("trace of turn %d (session %s) not kept", number, session_id, exc_info=True)
+
+    def _processor_versions(self) -> dict[str, str]:
+        """Seam → the implementation that served the turn, with the package version.
+
+        Read at every turn (collaborators can be swapped on a live engine); cheap.
+        """
+        from . import __version__
+
+        seams = {
+            "detector": self.detector, "rewriter": self.rewriter, "summarizer": self.summarizer,
+            "extractor": self.extractor, "emotion": self.emotion, "counter": self.counter,
+            "recaller": self.recaller,
+        }
+        return {
+            name: f"{type(obj).__name__} {getattr(obj, 'version', None) or __version__}"
+            for name, obj in seams.items()
+            if obj is not None
+        }
+
+    async def _exchanges_so_far(self, tenant: str, session_id: str, state: SessionState | None) -> int:
+        """How many user messages the session holds (the newest's exchange number).
+
+        Read from the newest user turn's stamp: O(1) from the loaded tail. Only a
+        session whose newest user turn predates the numbering counts them all, once.
+        """
+        if state is not None:
+            if state.last_seq == 0:
+                return 0
+            known = exchange_count(state.turns)
+            if known is not None:
+                return known
+        last_seq = state.last_seq if state is not None else (await self.store.version(tenant, session_id)).last_seq
+        if last_seq == 0:
+            return 0
+        tail = await self.store.turns(tenant, session_id, from_seq=max(1, last_seq - 3))
+        known = exchange_count(tail)
+        if known is not None:
+            return known
+        history = await self.store.turns(tenant, session_id)
+        return sum(1 for t in history if t.role == "user")
 
     # -- background work -------------------------------------------------
 
@@ -369,9 +452,11 @@ class Engine:
     ) -> Turn:
         """Append one turn without calling the model (imports, replays) and schedule the
         same background jobs a live turn would. ``created_at`` dates an imported turn
-        (default: now)."""
+        (default: now). The turn is numbered by exchange like a live one."""
+        meta = dict(metadata or {})
+        meta["turn"] = await self._exchanges_so_far(tenant, session_id, None) + (role == "user")
         new = NewTurn(
-            role=role, content=content, tokens=self.counter.count(content), metadata=metadata or {},
+            role=role, content=content, tokens=self.counter.count(content), metadata=meta,
             created_at=created_at or utc_now(),
         )
         turn = (await self.store.append(tenant, session_id, [new]))[0]

@@ -7,9 +7,11 @@ ContextModeError
 │   ├── InvalidSessionId           a session id of the wrong length or characters
 │   ├── MissingExtra               an optional dependency is not installed (names the extra)
 │   └── InputError                 a message or image the caller sent is unusable
-│       └── MessageTooLarge        the current message alone does not fit the budget
+│       ├── MessageTooLarge        the current message alone does not fit the budget
+│       └── EmptyMessage           the message is empty or only whitespace
 ├── NoPreviousAnswer               a follow-up ("举个例子") needs an answer and there is none
 ├── SessionNotFound                no such session for this tenant
+├── TurnNotFound                   no kept trace for that turn (never kept, pruned or deleted)
 ├── ConflictError                  a compare-and-set lost: someone else wrote first
 ├── StoreError                     the store failed or is unreachable (driver errors map here)
 ├── ModelError                     the chat model failed (timeouts, 429/5xx, bad output)
@@ -30,6 +32,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "ContextModeError",
+    "EmptyMessage",
     "InputError",
     "InvalidSessionId",
     "LockNotAcquired",
@@ -42,6 +45,7 @@ __all__ = [
     "OutputRejected",
     "SessionNotFound",
     "StoreError",
+    "TurnNotFound",
     "UserError",
 ]
 
@@ -67,7 +71,7 @@ class MissingExtra(UserError):
 
     def __init__(self, extra: str, module: str) -> None:
         super().__init__(
-            f"{module!r} is not installed: pip install 'context-mode[{extra}]'"
+            f"{module!r} is not installed: pip install 'contextmode-engine[{extra}]'"
         )
         self.extra = extra
         self.module = module
@@ -133,3 +137,11 @@ class OutputRejected(ModelError):
 
 class LockNotAcquired(ContextModeError):
     """Another worker holds this session's job lock."""
+
+
+class EmptyMessage(InputError):
+    """The message is empty or holds only whitespace: there is nothing to answer."""
+
+
+class TurnNotFound(ContextModeError):
+    """No kept trace for that turn of the session (never kept, pruned by retention, or deleted)."""

@@ -59,7 +59,8 @@ class EngineSettings:
     mode: Mode = "contextual"
     """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite (seed 002)."""
     order: str = "default"
-    """Layer order preset (``default``, ``seed001``, ``seed003``)."""
+    """Layer order preset: ``default`` (background, then the newest turns and the message) or
+    ``question_first`` (the message right after the pinned constraints)."""
     locale: str = "auto"
     """``zh``, ``en`` or ``auto``."""
     summary_threshold: int = 10
@@ -70,6 +71,12 @@ class EngineSettings:
     """Rewrite context-dependent messages into standalone questions."""
     tenant: str = "local"
     """Tenant used when the caller names none (single-tenant use)."""
+    trace_keep: int = 1000
+    """Kept traces per session (the newest exchanges); 0 = keep no trace."""
+    trace_max_age_days: int = 90
+    """Traces older than this many days are dropped at the session's next trace; 0 = no age limit."""
+    trace_max_bytes: int = 262_144
+    """Size cap of one trace's JSON, bytes; longer message texts are shortened to fit (0 = no cap)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("contextual", "decoupled"):
@@ -78,7 +85,8 @@ class EngineSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
         """Settings from ``CONTEXTMODE_STRATEGY``, ``_CONTEXT_WINDOW``, ``_REPLY_RESERVE``,
-        ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``."""
+        ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``,
+        ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``."""
         env = os.environ if env is None else env
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
@@ -91,4 +99,7 @@ class EngineSettings:
             summary_threshold=env_int(env, "CONTEXTMODE_SUMMARY_THRESHOLD", 10, minimum=1),
             job_attempts=env_int(env, "CONTEXTMODE_JOB_ATTEMPTS", 3, minimum=1),
             rewrite=env.get("CONTEXTMODE_REWRITE", "1").lower() not in ("0", "false", "no"),
+            trace_keep=env_int(env, "CONTEXTMODE_TRACE_KEEP", 1000),
+            trace_max_age_days=env_int(env, "CONTEXTMODE_TRACE_MAX_AGE_DAYS", 90),
+            trace_max_bytes=env_int(env, "CONTEXTMODE_TRACE_MAX_BYTES", 262_144),
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from .errors import InvalidSessionId
+from .errors import EmptyMessage, InvalidSessionId
 
 __all__ = [
     "NOTICE_PREFIXES",
@@ -26,6 +26,7 @@ __all__ = [
     "SessionState",
     "Summary",
     "Turn",
+    "require_text",
     "utc_now",
     "validate_id",
 ]
@@ -46,6 +47,13 @@ def validate_id(value: str, what: str = "session id") -> str:
             f"invalid {what} {value!r}: use 1-128 characters from A-Z a-z 0-9 . _ : -"
         )
     return value
+
+
+def require_text(message: str) -> str:
+    """Return ``message`` unless it is empty or only whitespace (then raise `EmptyMessage`)."""
+    if not message.strip():
+        raise EmptyMessage("the message is empty or only whitespace; type something to send")
+    return message
 
 
 def utc_now() -> datetime:

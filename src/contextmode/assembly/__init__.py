@@ -1,7 +1,7 @@
 """Assembly: fit memory into a token budget and render it for the model."""
 
 from .adapters import to_anthropic, to_messages, to_text
-from .assemble import ORDER_PRESETS, AssemblyConfig, assemble, cut_to_tokens
+from .assemble import ORDER_PRESETS, AssemblyConfig, assemble, cut_to_tokens, order_preset
 from .context import Context, LayerAccount, LayerContent, LayerItem, PromptFormat
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "PromptFormat",
     "assemble",
     "cut_to_tokens",
+    "order_preset",
     "to_anthropic",
     "to_messages",
     "to_text",

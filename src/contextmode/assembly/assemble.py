@@ -7,11 +7,11 @@ from the tail using their stored token counts; only the rendered sections
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
-from typing import Literal
 
 from ..errors import ConfigError, MessageTooLarge
 from ..memory.budget import FLEXIBLE_LAYERS, Budget, LayerName, allocate
@@ -32,23 +32,47 @@ from .render import (
     turn_line,
 )
 
-__all__ = ["ESTIMATE_MARGIN", "ORDER_PRESETS", "AssemblyConfig", "assemble", "cut_to_tokens", "paired_turns"]
+__all__ = [
+    "DEPRECATED_ORDER_NAMES",
+    "ESTIMATE_MARGIN",
+    "ORDER_PRESETS",
+    "AssemblyConfig",
+    "assemble",
+    "cut_to_tokens",
+    "order_preset",
+    "paired_turns",
+]
 
 ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
-    # Chronological: background first, the newest turns and the message last.
+    # Chronological: background (summary, key moments, recall) first, then the newest turns,
+    # the message and the reply instruction (the emotional-companion article's order).
     "default": ("system", "constraints", "summary", "key_moments", "recall", "recent", "current", "format"),
-    # Seed 001: summary, key moments, recent turns, current message, then the instruction.
-    "seed001": ("system", "constraints", "summary", "key_moments", "recall", "recent", "current", "format"),
-    # Seed 003: system, constraints, current question, recent turns, summary, reply format.
-    "seed003": ("system", "constraints", "current", "recent", "summary", "key_moments", "recall", "format"),
+    # The question right after the pinned constraints, then the turns and the summary
+    # (the context-manager article's order).
+    "question_first": ("system", "constraints", "current", "recent", "summary", "key_moments", "recall", "format"),
 }
+"""Layer order presets by name (``CONTEXTMODE_ORDER``)."""
+
+DEPRECATED_ORDER_NAMES: dict[str, str] = {"seed001": "default", "seed003": "question_first"}
+"""Old preset names, still accepted for one release with a `DeprecationWarning`."""
+
+
+def order_preset(name: str) -> tuple[LayerName, ...]:
+    """The layer order preset ``name`` (`ConfigError` naming the allowed ones if unknown)."""
+    if name in DEPRECATED_ORDER_NAMES:
+        new = DEPRECATED_ORDER_NAMES[name]
+        warnings.warn(f"layer order {name!r} is deprecated; use {new!r}", DeprecationWarning, stacklevel=3)
+        name = new
+    if name not in ORDER_PRESETS:
+        raise ConfigError(f"unknown layer order preset {name!r} (CONTEXTMODE_ORDER); use one of {sorted(ORDER_PRESETS)}")
+    return ORDER_PRESETS[name]
 
 
 @dataclass(frozen=True, kw_only=True)
 class AssemblyConfig:
     """How the layers are ordered and rendered."""
 
-    order: Sequence[LayerName] | Literal["default", "seed001", "seed003"] = "default"
+    order: Sequence[LayerName] | str = "default"
     """Layer order, or a preset name. In message form the recent turns and the
     current message are always the last messages; the order arranges the rest."""
     format: PromptFormat = "messages"
@@ -61,9 +85,7 @@ class AssemblyConfig:
     """Reply-format instructions (the ``format`` layer), empty for none."""
 
     def resolved_order(self) -> tuple[LayerName, ...]:
-        order = ORDER_PRESETS.get(self.order) if isinstance(self.order, str) else tuple(self.order)
-        if order is None:
-            raise ConfigError(f"unknown layer order preset {self.order!r}; use {sorted(ORDER_PRESETS)}")
+        order = order_preset(self.order) if isinstance(self.order, str) else tuple(self.order)
         missing = set(ORDER_PRESETS["default"]) - set(order)
         if missing:
             raise ConfigError(f"layer order misses {sorted(missing)}")
@@ -315,7 +337,7 @@ def _fill(
                 days.add(cand.day)
         elif name == "recent":
             if not picked and cand.turn is not None:
-                # The newest turn alone is too big: keep its newest part (seed 001).
+                # The newest turn alone is too big: keep its newest part (design article 001).
                 extra = cand.cost - cand.turn.tokens
                 text = cut_to_tokens(cand.line, limit - extra, count)
                 if text:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-from collections.abc import Callable, Coroutine
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,21 +14,32 @@ from rich.console import Console
 
 from ..api import build_engine
 from ..engine import PreparedTurn
-from ..errors import ContextModeError
+from ..errors import ContextModeError, UserError
 from ..settings import EngineSettings
-from .render import prepared_panel, turns_table
+from .render import prepared_panel, trace_panel, turns_table
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="contextmode",
-    help="context-mode: what an LLM chat model should see, inside a token budget.",
+    help="context-mode: what an LLM chat model should see, inside a token budget. "
+    "Installed as the distribution contextmode-engine (pip install contextmode-engine).",
     no_args_is_help=True,
     add_completion=False,
 )
 eval_app = typer.Typer(help="Measure the language layer and recall on public datasets.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
 console = Console()
+_debug = False
+"""``--debug``: let errors show their traceback."""
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors (default: one line).")] = False,
+) -> None:
+    global _debug
+    _debug = debug
 
 for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "locomo"):
     try:
@@ -46,14 +57,15 @@ TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant of the session.
 
 @app.command()
 def demo(
-    store: StoreOpt = None,
+    store: Annotated[str | None, typer.Option("--store", help="Store URL to keep the demo in (default: a temporary in-memory store; your data is never touched).")] = None,
+    session: Annotated[str, typer.Option("--session", "-s", help="Session id of the demo (refused if it already exists in --store).")] = "demo",
     window: Annotated[int, typer.Option(help="Context window in tokens (small, so summaries show).")] = 700,
     messages: Annotated[bool, typer.Option(help="Also print the messages sent.")] = False,
 ) -> None:
     """Replay a sample Chinese conversation and show, per turn, what the model receives."""
     from .demo import run_demo
 
-    asyncio.run(run_demo(console, store=store, window=window, show_messages=messages))
+    asyncio.run(run_demo(console, store=store, session=session, window=window, show_messages=messages))
 
 
 @app.command()
@@ -68,8 +80,9 @@ def serve(
 
         from ..service.settings import ServiceSettings
     except ModuleNotFoundError as exc:
-        raise typer.BadParameter(f"{exc.name} is missing: pip install 'context-mode[service]'") from exc
+        raise typer.BadParameter(f"{exc.name} is missing: pip install 'contextmode-engine[service]'") from exc
     settings = ServiceSettings.from_env()
+    _check_settings()
     uvicorn.run(
         "contextmode.service.app:create_app",
         factory=True,
@@ -102,12 +115,24 @@ def inspect(
     store: StoreOpt = None,
     tenant: TenantOpt = "local",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    turn: Annotated[int | None, typer.Option("--turn", "-t", min=1, help="Show what the model received at this past turn (n = the n-th user message); --json prints the same data as GET /v1/sessions/{id}/turns/{n}/context.")] = None,
 ) -> None:
-    """Show a stored session: its turns, summary, constraints and the layers of the next context."""
+    """Show a stored session: its turns, summary, constraints and the layers of the next context,
+    or with --turn N exactly what the model received at turn N."""
 
     async def run() -> None:
         engine = build_engine(store=store)
         try:
+            if turn is not None:
+                from ..store.base import load_trace
+                from ..trace import trace_to_dict
+
+                trace = await load_trace(engine.store, tenant, session, turn)
+                if as_json:
+                    print(json.dumps(trace_to_dict(trace), ensure_ascii=False))
+                else:
+                    console.print(trace_panel(trace))
+                return
             info = await engine.store.info(tenant, session)
             if info is None:
                 console.print(f"[red]no session {session!r} for tenant {tenant!r}[/red]")
@@ -129,7 +154,7 @@ def inspect(
                 return
             console.print(turns_table(state.turns, state.constraints))
             if state.summary:
-                console.print(f"[cyan]summary (turns 1–{state.summary.covers_seq}, v{state.summary.version}):[/cyan] {state.summary.text}")
+                console.print(f"[cyan]summary (messages 1–{state.summary.covers_seq}, v{state.summary.version}):[/cyan] {state.summary.text}")
             for name, stats in info.jobs.items():
                 console.print(f"job {name}: ok {stats.ok}, failed {stats.failed}" + (f", last error: {stats.last_error}" if stats.last_error else ""))
             console.print(prepared_panel(prepared))
@@ -142,7 +167,7 @@ def inspect(
         finally:
             await engine.close()
 
-    _guard(run)
+    asyncio.run(run())
 
 
 def _recall_reasons(prepared: PreparedTurn, message: str) -> list[dict[str, Any]]:
@@ -175,17 +200,34 @@ def replay(
         from dataclasses import replace
 
         settings = replace(settings, strategy=strategy or settings.strategy, context_window=window or settings.context_window)
-    _guard(lambda: run_replay(console, file, session=session or file.stem, store=store, settings=settings, quiet=quiet))
+    asyncio.run(run_replay(console, file, session=session or file.stem, store=store, settings=settings, quiet=quiet))
 
 
-def _guard(factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    try:
-        asyncio.run(factory())
-    except ContextModeError as exc:
-        console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
-        raise typer.Exit(2) from None
+def _check_settings() -> None:
+    """Read every setting the service will read, so a bad one fails here in one line."""
+    from ..models.factory import model_from_env
+    from ..store import open_store
+
+    EngineSettings.from_env()
+    model_from_env()
+    asyncio.run(open_store().close())  # parses the URL; connects lazily, so nothing is opened
+
+
+def _one_line(exc: ContextModeError) -> str:
+    text = " ".join(str(exc).split())
+    return f"error: {text}" if text else f"error: {type(exc).__name__}"
 
 
 def main() -> None:
-    """Entry point of the ``contextmode`` script."""
-    app()
+    """Entry point of the ``contextmode`` script.
+
+    A configuration or usage error (`UserError`) prints one line and exits 2; any other
+    context-mode error prints one line and exits 1; ``--debug`` shows the traceback instead.
+    """
+    try:
+        app()
+    except ContextModeError as exc:
+        if _debug or "--debug" in sys.argv[1:]:
+            raise
+        print(_one_line(exc), file=sys.stderr)
+        raise SystemExit(2 if isinstance(exc, UserError) else 1) from None

@@ -79,13 +79,13 @@ async def _command(console: Console, engine: Engine, tenant: str, session: str, 
     elif command == "/summary":
         state = await engine.store.load(tenant, session, recent=0)
         if state.summary:
-            console.print(f"[cyan]turns 1–{state.summary.covers_seq} (v{state.summary.version}):[/cyan] {state.summary.text}")
+            console.print(f"[cyan]messages 1–{state.summary.covers_seq} (v{state.summary.version}):[/cyan] {state.summary.text}")
         else:
             console.print("no summary yet")
     elif command == "/constraints":
         state = await engine.store.load(tenant, session, recent=0)
         for c in state.constraints:
-            console.print(f"📌 {c.value}  [bright_black](turn {c.source_seq}, {c.kind}, key {c.key})[/bright_black]")
+            console.print(f"📌 {c.value}  [bright_black](message {c.source_seq}, {c.kind}, key {c.key})[/bright_black]")
         if not state.constraints:
             console.print("no pinned constraints")
     elif command == "/history":

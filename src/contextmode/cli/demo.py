@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from ..api import DEFAULT_COUNTING_MODEL, build_engine
+from ..errors import ConfigError
 from ..models.base import ChatModel
 from ..settings import EngineSettings
 from ..tokens import counter_for_model
@@ -32,7 +33,14 @@ SAMPLE_CONVERSATION: tuple[tuple[str, str], ...] = (
 """(user message, recorded answer) pairs used when no model is configured."""
 
 
-async def run_demo(console: Console, *, store: str | None, window: int, show_messages: bool) -> None:
+async def run_demo(
+    console: Console, *, store: str | None, session: str = "demo", window: int, show_messages: bool
+) -> None:
+    """Play `SAMPLE_CONVERSATION` through a real engine, printing each turn's context.
+
+    Without ``store`` the demo runs in a temporary in-memory store; with one, it
+    refuses a session that already exists there rather than overwrite it.
+    """
     model: ChatModel | None = None
     configured = bool(os.environ.get("CONTEXTMODE_LLM_MODEL"))
     if not configured:
@@ -42,13 +50,17 @@ async def run_demo(console: Console, *, store: str | None, window: int, show_mes
         model = ScriptedModel([answer for _, answer in SAMPLE_CONVERSATION], name="recorded-demo")
     settings = EngineSettings(context_window=window, summary_threshold=4)
     counter = None if configured else counter_for_model(DEFAULT_COUNTING_MODEL)
-    engine = build_engine(store=store, model=model, settings=settings, counter=counter)
-    session = "demo"
+    engine = build_engine(store=store or "memory://", model=model, settings=settings, counter=counter)
     tenant = settings.tenant
-    await engine.store.delete(tenant, session)
+    if await engine.store.info(tenant, session) is not None:
+        await engine.close()
+        raise ConfigError(
+            f"session {session!r} already exists in --store {store}: the demo never overwrites "
+            "a session; pass --session with a new id, or run without --store (temporary store)"
+        )
     console.print(Rule("context-mode demo"))
     console.print(
-        f"store: {type(engine.store).__name__} · tokens: {engine.counter.name}"
+        f"store: {type(engine.store).__name__}{'' if store else ' (temporary)'} · tokens: {engine.counter.name}"
         f"{'' if engine.counter.exact else ' (estimate)'} · model: {engine.model.name} · "
         f"window {window}, strategy {settings.strategy}, offline processors\n"
     )
@@ -65,8 +77,8 @@ async def run_demo(console: Console, *, store: str | None, window: int, show_mes
         console.print(Rule("after the conversation"))
         console.print(turns_table(state.turns, state.constraints))
         for c in state.constraints:
-            console.print(f"📌 [magenta]{c.value}[/magenta]  (turn {c.source_seq}, {c.kind})")
+            console.print(f"📌 [magenta]{c.value}[/magenta]  (from message {c.source_seq}, {c.kind})")
         if state.summary:
-            console.print(f"[cyan]summary of turns 1–{state.summary.covers_seq}:[/cyan] {state.summary.text}")
+            console.print(f"[cyan]summary of messages 1–{state.summary.covers_seq}:[/cyan] {state.summary.text}")
     finally:
         await engine.close()

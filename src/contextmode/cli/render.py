@@ -11,9 +11,10 @@ from rich.text import Text
 
 from ..assembly import Context
 from ..engine import PreparedTurn
+from ..trace import TurnTrace
 from ..types import Constraint, Turn
 
-__all__ = ["context_table", "prepared_panel", "token_bar", "turns_table"]
+__all__ = ["context_table", "prepared_panel", "token_bar", "trace_panel", "turns_table"]
 
 _COLORS = {
     "system": "bright_black",
@@ -95,16 +96,59 @@ def prepared_panel(prepared: PreparedTurn, *, show_messages: bool = False) -> Pa
 def turns_table(turns: Sequence[Turn], constraints: Sequence[Constraint] = ()) -> Table:
     """Stored turns with their tokens and emotion; pinned constraints marked by source turn."""
     pinned = {c.source_seq: c.value for c in constraints}
-    table = Table(title="turns", title_justify="left")
-    for col in ("seq", "role", "tokens", "emotion", "content"):
-        table.add_column(col, justify="right" if col in ("seq", "tokens", "emotion") else "left")
+    table = Table(title="turns (turn n = the n-th user message)", title_justify="left")
+    for col in ("turn", "seq", "role", "tokens", "emotion", "content"):
+        table.add_column(col, justify="right" if col in ("turn", "seq", "tokens", "emotion") else "left")
     for t in turns:
         content = t.content if len(t.content) < 80 else t.content[:77] + "…"
         if t.seq in pinned:
             content += f"  📌 {pinned[t.seq]}"
         if t.partial:
             content += "  (partial)"
+        number = t.metadata.get("turn")
         table.add_row(
-            str(t.seq), "notice" if t.notice else t.role, str(t.tokens), "" if t.emotion is None else f"{t.emotion:.2f}", content
+            str(number) if isinstance(number, int) and number else "", str(t.seq), "notice" if t.notice else t.role, str(t.tokens), "" if t.emotion is None else f"{t.emotion:.2f}", content
         )
     return table
+
+
+def trace_panel(trace: TurnTrace) -> Panel:
+    """A kept turn: what was typed, what was sent, the layers, and the messages received."""
+    head = Text()
+    head.append("typed: ", style="bold")
+    head.append(trace.typed)
+    if trace.sent != trace.typed:
+        head.append("\nsent:  ", style="bold")
+        head.append(trace.sent, style="blue")
+    if trace.rewrite is not None and trace.rewrite.changed:
+        head.append(f"\nrewrite ({trace.rewrite.source}): {trace.rewrite.decision}: {trace.rewrite.text}")
+    if trace.follow_up:
+        head.append(f"\nfollow-up template: {trace.follow_up}")
+    head.append(
+        f"\n{trace.total_tokens} / {trace.input_budget} tokens{'' if trace.exact else ' (estimated)'} · "
+        f"{trace.counter} · {trace.strategy} · {trace.mode} · model {trace.model}"
+    )
+    ttft = "-" if trace.ttft_ms is None else f"{trace.ttft_ms:.1f}"
+    head.append(f"\nprepare {trace.prepare_ms:.1f} ms · first token {ttft} ms · model {trace.model_ms:.1f} ms")
+    if trace.partial:
+        head.append("\nthe answer's stream broke: partial answer", style="red")
+    layers = Table(title="layers", title_justify="left")
+    for col in ("layer", "used/alloc", "", "items", "dropped turns"):
+        layers.add_column(col)
+    for layer in trace.layers:
+        color = _COLORS.get(layer.name, "green")
+        layers.add_row(
+            Text(layer.name, style=_COLORS.get(layer.name, "")), f"{layer.used}/{layer.allocated}",
+            token_bar(layer.used, layer.allocated, color=color), str(layer.items),
+            ", ".join(str(s) for s in layer.dropped_seqs[:8]),
+        )
+    parts: list[object] = [head, layers]
+    for pin in trace.pins:
+        parts.append(Text(f"📌 {pin.value} (from seq {pin.source_seq})", style="magenta"))
+    for hit in trace.recalled:
+        parts.append(Text(f"↩ seq {hit.seq} ({hit.layer}: {hit.why})", style="yellow"))
+    parts.append(Text("messages received:", style="bold"))
+    for m in trace.messages:
+        parts.append(Text(f"[{m.role}] ", style="bold").append(m.content, style=""))
+    title = f"turn {trace.turn} (seq {trace.user_seq}) as the model received it"
+    return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]

@@ -14,7 +14,12 @@ from ..errors import InputError
 from ..settings import EngineSettings
 from .render import prepared_panel
 
-__all__ = ["read_conversation", "run_replay"]
+__all__ = ["ACCEPTED_FORMATS", "read_conversation", "run_replay"]
+
+ACCEPTED_FORMATS = (
+    'JSONL, one object per line: {"role": "user"|"assistant", "content": "..."} '
+    'or {"user": "...", "assistant": "..."}'
+)
 
 
 def read_conversation(path: Path) -> Iterator[tuple[str, str]]:
@@ -26,23 +31,28 @@ def read_conversation(path: Path) -> Iterator[tuple[str, str]]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{number}: not JSON ({exc.msg})") from None
+                raise InputError(f"{path}:{number}: not JSON ({exc.msg}); accepted: {ACCEPTED_FORMATS}") from None
             if not isinstance(record, dict):
-                raise InputError(f"{path}:{number}: expected a JSON object")
+                raise InputError(f"{path}:{number}: expected a JSON object; accepted: {ACCEPTED_FORMATS}")
             if "role" in record:
                 if record["role"] not in ("user", "assistant") or not isinstance(record.get("content"), str):
                     raise InputError(f"{path}:{number}: role must be user or assistant, content a string")
                 yield record["role"], record["content"]
-            else:
+            elif any(isinstance(record.get(role), str) for role in ("user", "assistant")):
                 for role in ("user", "assistant"):
                     if isinstance(record.get(role), str):
                         yield role, record[role]
+            else:
+                keys = ", ".join(sorted(record)[:5]) or "none"
+                raise InputError(f"{path}:{number}: unrecognised line (keys: {keys}); accepted: {ACCEPTED_FORMATS}")
 
 
 async def run_replay(
     console: Console, path: Path, *, session: str, store: str | None, settings: EngineSettings, quiet: bool
 ) -> None:
     turns = list(read_conversation(path))
+    if not turns:
+        raise InputError(f"{path}: no turns found; accepted: {ACCEPTED_FORMATS}")
     engine = build_engine(store=store, settings=settings)
     tenant = settings.tenant
     try:

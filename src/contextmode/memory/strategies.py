@@ -39,8 +39,8 @@ __all__ = [
     "register_strategy",
 ]
 
-# Seed 003's allocations as weights: profile 200, recent 4000, summary 1500.
-_SEED003_SHARES: Mapping[LayerName, float] = {"constraints": 200, "recent": 4000, "summary": 1500}
+# The fixed-layer budget's allocations as weights: profile 200, recent 4000, summary 1500.
+_FIXED_LAYER_SHARES: Mapping[LayerName, float] = {"constraints": 200, "recent": 4000, "summary": 1500}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +136,7 @@ class SlidingSummary:
         return MemoryPlan(
             recent=_uncovered(state, self.recent_turns),
             summary=state.summary,
-            shares=_SEED003_SHARES,
+            shares=_FIXED_LAYER_SHARES,
         )
 
 
@@ -181,7 +181,7 @@ class Hybrid:
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
         uncovered = _uncovered(state, self.recent_turns)
-        # The window is the last N turns (seed 001); an emotional turn older than that is a
+        # The window is the last N turns (design article 001); an emotional turn older than that is a
         # key moment even while the summary lags behind, and is not repeated among the recent.
         window = _tail(state.turns, self.recent_turns)
         first_window = window[0].seq if window else state.last_seq + 1

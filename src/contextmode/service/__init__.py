@@ -8,7 +8,7 @@ settings = ServiceSettings.from_env()          # 127.0.0.1:8000 unless told othe
 uvicorn.run(create_app(settings=settings), host=settings.host, port=settings.port)
 ```
 
-Needs the ``service`` extra (``pip install 'context-mode[service]'``). See docs/service.md.
+Needs the ``service`` extra (``pip install 'contextmode-engine[service]'``). See docs/service.md.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from .responses import error_response, validation_details
 from .routes_openai import router as openai_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
+from .routes_traces import router as traces_router
 from .schemas import Envelope, ErrorEnvelope, HealthOut
 from .settings import ServiceSettings
 from .state import AppState
@@ -242,6 +243,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     _install_handlers(app)
     app.add_middleware(_EdgeMiddleware, state=state)
     app.include_router(sessions_router)
+    app.include_router(traces_router)
     app.include_router(openai_router)
 
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])

@@ -40,6 +40,7 @@ from ..errors import (
     ConfigError,
     ConflictError,
     ContextModeError,
+    EmptyMessage,
     InputError,
     InvalidSessionId,
     LockNotAcquired,
@@ -51,6 +52,7 @@ from ..errors import (
     NoPreviousAnswer,
     SessionNotFound,
     StoreError,
+    TurnNotFound,
     UserError,
 )
 
@@ -120,6 +122,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (MessageTooLong, ErrorCode(code=40002, name="message_too_large", meaning="message too large")),
     (BadImage, ErrorCode(code=40003, name="bad_image", meaning="bad image")),
     (PayloadTooLarge, ErrorCode(code=41301, name="payload_too_large", meaning="request body too large")),
+    (EmptyMessage, ErrorCode(code=40005, name="empty_message", meaning="empty or whitespace-only message")),
     (InvalidSessionId, ErrorCode(code=40004, name="invalid_session_id", meaning="invalid session or tenant id")),
     (Unauthorized, ErrorCode(code=40101, name="unauthorized", meaning="missing or unknown API key")),
     (ConfigError, ErrorCode(code=50001, name="server_misconfigured", meaning="server misconfigured")),
@@ -127,6 +130,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (InputError, ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error")),
     (UserError, ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error")),
     (SessionNotFound, ErrorCode(code=40401, name="session_not_found", meaning="session not found")),
+    (TurnNotFound, ErrorCode(code=40402, name="turn_not_found", meaning="no kept context for that turn")),
     (ConflictError, ErrorCode(code=40901, name="conflict", meaning="a concurrent write won")),
     (LockNotAcquired, ErrorCode(code=40902, name="session_busy", meaning="session busy")),
     (IdempotencyKeyReused, ErrorCode(code=40903, name="idempotency_key_reused", meaning="Idempotency-Key reused")),

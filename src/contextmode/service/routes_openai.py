@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import Engine
 from ..errors import InputError
@@ -63,7 +63,7 @@ class ChatCompletionRequest(BaseModel):
 
     model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
     messages: list[ProxyMessage] = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     user: str | None = Field(default=None, description="Session id when no X-Session-Id header is sent.")
     stream_options: dict[str, Any] | None = None
 

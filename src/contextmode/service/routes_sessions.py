@@ -108,6 +108,7 @@ async def _turn_events(
                         "partial": result.partial,
                         "seq": result.assistant_turn.seq if result.assistant_turn else None,
                         "user_seq": result.user_turn.seq,
+                        "turn": result.user_turn.metadata.get("turn"),
                         "jobs": list(result.jobs),
                         "ttft_ms": result.ttft_ms,
                         "model_ms": result.model_ms,

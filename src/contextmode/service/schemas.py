@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import PreparedTurn, TurnResult
 from ..store.base import SessionInfo
@@ -45,11 +45,11 @@ class MessageRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    message: str = Field(min_length=1, description="The user's new message.")
+    message: str = Field(description="The user's new message (not empty, not only whitespace: 40005).")
     images: list[str] = Field(default_factory=list, description="Images as base64 data URLs (data:image/png;base64,…).")
-    stream: bool = Field(default=False, description="Stream the answer as server-sent events.")
+    stream: StrictBool = Field(default=False, description="Stream the answer as server-sent events (true or false; strings and numbers are refused).")
     mode: Literal["contextual", "decoupled"] | None = Field(
-        default=None, description="contextual: memory in the prompt; decoupled: memory only feeds the rewrite (seed 002)."
+        default=None, description="contextual: memory in the prompt; decoupled: memory only feeds the rewrite of the question."
     )
 
     @model_validator(mode="before")
@@ -224,6 +224,7 @@ class TurnOut(BaseModel):
     answer: str
     partial: bool
     user_seq: int
+    turn: int | None = Field(default=None, description="Exchange number: this is the session's n-th user message.")
     seq: int | None = Field(description="Sequence number of the stored answer (None when nothing arrived).")
     jobs: list[str]
     ttft_ms: float | None
@@ -237,6 +238,7 @@ class TurnOut(BaseModel):
             answer=result.answer,
             partial=result.partial,
             user_seq=result.user_turn.seq,
+            turn=result.user_turn.metadata.get("turn"),
             seq=result.assistant_turn.seq if result.assistant_turn else None,
             jobs=list(result.jobs),
             ttft_ms=None if result.ttft_ms is None else round(result.ttft_ms, 3),

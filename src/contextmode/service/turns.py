@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from ..engine import Engine, TurnEvent, TurnResult
 from ..errors import InputError, ModelError
+from ..types import require_text
 from .codes import MessageTooLong
 from .idempotency import Claim
 from .images import ImageFiles
@@ -45,12 +46,21 @@ __all__ = [
 # C0 controls but tab, newline and carriage return, and DEL: never text a user typed, and
 # PostgreSQL refuses NUL in text, so they are refused here rather than failing in the store.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# A lone UTF-16 surrogate (JSON "\ud800") is no character at all: no store can keep it.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def check_message(message: str, settings: ServiceSettings) -> None:
-    """Raise `MessageTooLong` (40002) or `InputError` (40001) for a message the service refuses."""
+    """Raise `EmptyMessage` (40005), `MessageTooLong` (40002) or `InputError` (40001) for a
+    message the service refuses."""
+    require_text(message)
     if len(message) > settings.max_message_chars:
         raise MessageTooLong(f"the message has {len(message)} characters; at most {settings.max_message_chars}")
+    if found := _SURROGATE.search(message):
+        raise InputError(
+            f"the message contains a lone surrogate U+{ord(found.group()):04X} at position {found.start()}; "
+            "send valid Unicode text"
+        )
     if found := _CONTROL.search(message):
         raise InputError(
             f"the message contains the control character U+{ord(found.group()):04X} at position {found.start()}; "

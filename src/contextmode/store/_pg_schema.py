@@ -165,6 +165,22 @@ async def m006_recall_postings(db: Conn) -> None:
     )
 
 
+async def m006_turn_traces(db: Conn) -> None:
+    # The kept trace of each exchange (what the model received), by exchange number.
+    await db.execute(
+        """
+        CREATE TABLE turn_traces (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            turn integer NOT NULL,
+            created_at timestamptz NOT NULL,
+            body text NOT NULL,
+            PRIMARY KEY (tenant, session_id, turn)
+        )
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
@@ -174,6 +190,7 @@ MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m006_idempotency,
     m_jobs_rejected,
     m006_recall_postings,
+    m006_turn_traces,
 ]
 
 

@@ -4,6 +4,8 @@ Keys of one session (``P`` = namespace + ``tenant/session_id``):
 ``{ns}s:P`` hash of heads and derived records, ``{ns}t:P`` hash seq → turn JSON
 (written once), ``{ns}e:P`` sorted set of emotion scores (member = seq padded to
 12 digits, so ties order by seq), ``{ns}j:P`` hash of job counters.
+Indexes: Kept traces: ``{ns}tr:P`` hash turn → trace JSON, ``{ns}trn:P`` sorted set of
+turn numbers, ``{ns}tra:P`` the same members by creation time (age limit).
 Indexes: ``{ns}ix:tenant`` (session id by updated_at) and ``{ns}idle``
 (``tenant/session_id`` by updated_at). Times are microsecond strings and are
 never turned into Lua numbers for storage (Lua would print them rounded).
@@ -20,6 +22,7 @@ __all__ = [
     "RECORD_JOB",
     "RELEASE_LOCK",
     "SET_EMOTIONS",
+    "TRACE_PUT",
 ]
 
 # KEYS: sess, turns, emo, tenant index, idle index
@@ -183,4 +186,28 @@ return existed
 RELEASE_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# KEYS: sess, traces hash, turn numbers zset, creation times zset
+# ARGV: turn, trace JSON, keep (0 = no count limit), created micros, cutoff ('' = no age limit)
+TRACE_PUT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+local gone = {}
+if tonumber(ARGV[3]) > 0 then
+  local newest = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+  local upto = tonumber(newest[2]) - tonumber(ARGV[3])
+  for _, t in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', upto)) do gone[#gone + 1] = t end
+end
+if ARGV[5] ~= '' then
+  for _, t in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. ARGV[5])) do gone[#gone + 1] = t end
+end
+for _, t in ipairs(gone) do
+  redis.call('HDEL', KEYS[2], t)
+  redis.call('ZREM', KEYS[3], t)
+  redis.call('ZREM', KEYS[4], t)
+end
+return 1
 """

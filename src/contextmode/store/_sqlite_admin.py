@@ -17,6 +17,7 @@ from .base import IdempotencyRecord, JobStats, SessionInfo
 
 __all__ = [
     "WHERE",
+    "Db",
     "acquire_lock",
     "delete_session",
     "list_sessions",
@@ -111,7 +112,7 @@ def list_sessions(db: Db, tenant: str, limit: int, offset: int) -> list[SessionI
 
 
 def _delete(db: Db, key: tuple[str, str]) -> bool:
-    for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index"):
+    for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index", "turn_traces"):
         db.execute(f"DELETE FROM {table} {WHERE}", key)
     return db.execute(f"DELETE FROM sessions {WHERE}", key).rowcount == 1
 

@@ -169,6 +169,23 @@ def m006_recall_postings(db: sqlite3.Connection) -> None:
     )
 
 
+def m006_turn_traces(db: sqlite3.Connection) -> None:
+    # The kept trace of each exchange (what the model received), by exchange number;
+    # ``created_at`` (Unix microseconds) serves the age limit of the retention setting.
+    db.execute(
+        """
+        CREATE TABLE turn_traces (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            body TEXT NOT NULL,
+            PRIMARY KEY (tenant, session_id, turn)
+        ) WITHOUT ROWID
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
@@ -178,6 +195,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m006_idempotency,
     m_jobs_rejected,
     m006_recall_postings,
+    m006_turn_traces,
 ]
 
 

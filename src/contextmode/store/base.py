@@ -15,6 +15,9 @@ whole of one chat turn so concurrent turns of a session never interleave, and
 `IdempotencyRecords`, the per-tenant ``Idempotency-Key`` records that make a
 retried request replay its first result instead of storing the turn twice.
 
+`TraceRecords` is an optional fifth ability (every shipped backend has it,
+`keeps_traces` tells): the kept trace of each exchange, what the model received.
+
 Every call is scoped by ``tenant``; ids are validated with `validate_id`
 before they reach a backend. Turns are never rewritten or deleted except by
 deleting the whole session.
@@ -26,8 +29,10 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, Self, TypeGuard, runtime_checkable
 
+from ..errors import SessionNotFound, TurnNotFound
+from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 
 __all__ = [
@@ -42,8 +47,11 @@ __all__ = [
     "SessionInfo",
     "SessionVersion",
     "Store",
+    "TraceRecords",
     "TurnLocks",
     "TurnLog",
+    "keeps_traces",
+    "load_trace",
 ]
 
 
@@ -293,6 +301,64 @@ class Store(TurnLog, DerivedRecords, SessionAdmin, JobLocks, Protocol):
     async def close(self) -> None:
         """Release connections and files."""
         ...
+
+
+@runtime_checkable
+class TraceRecords(Protocol):
+    """Kept traces of exchanges, one per (session, turn number); deleted with the session."""
+
+    async def put_trace(
+        self,
+        tenant: str,
+        session_id: str,
+        trace: TurnTrace,
+        *,
+        keep: int = 0,
+        older_than: datetime | None = None,
+    ) -> None:
+        """Keep ``trace`` under ``trace.turn`` (replacing a trace with that number).
+
+        Then drop the session's traces beyond the newest ``keep`` turn numbers
+        (0 = no count limit) and those created before ``older_than`` (a backend
+        may look only at its oldest few per call, so each write stays O(1);
+        traces are written in turn order, so nothing old is missed for long).
+        Ignored for an unknown session (a trace never creates one).
+        """
+        ...
+
+    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+        """The trace of exchange ``turn``, or ``None`` (never kept, pruned or deleted)."""
+        ...
+
+    async def delete_traces(self, tenant: str, session_id: str) -> int:
+        """Delete every trace of the session (turns stay); return how many were deleted."""
+        ...
+
+
+def keeps_traces(store: object) -> TypeGuard[TraceRecords]:
+    """True when ``store`` keeps per-turn traces (all shipped backends do)."""
+    return isinstance(store, TraceRecords)
+
+
+async def load_trace(store: Store, tenant: str, session_id: str, turn: int) -> TurnTrace:
+    """The kept trace of exchange ``turn``; `SessionNotFound` / `TurnNotFound` otherwise.
+
+    Shared by the HTTP route and ``contextmode inspect --turn`` so both answer alike.
+    """
+    keeper: object = store
+    if not keeps_traces(keeper):
+        raise TurnNotFound("this store keeps no per-turn context")
+    trace = await keeper.get_trace(tenant, session_id, turn)
+    if trace is not None:
+        return trace
+    info = await store.info(tenant, session_id)
+    if info is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    raise TurnNotFound(
+        f"no kept context for turn {turn} of session {session_id!r}: turns count user messages "
+        "from 1; a turn's context is kept only for live turns, within the retention setting "
+        "(CONTEXTMODE_TRACE_KEEP, CONTEXTMODE_TRACE_MAX_AGE_DAYS)"
+    )
 
 
 class ClosesOnExit:

@@ -98,9 +98,10 @@ def open_store(url: str | None = None, *, env: Mapping[str, str] | None = None) 
                 redis_url, namespace=settings.redis_namespace if namespace is None else namespace
             )
     except ValueError as exc:
-        raise ConfigError(f"invalid store URL {url!r}: {exc}") from exc
+        raise ConfigError(f"invalid store URL {url!r} (CONTEXTMODE_STORE_URL or --store): {exc}") from exc
     raise ConfigError(
-        f"unknown store URL {url!r}: use memory://, sqlite:///path, postgresql://… or redis://…"
+        f"unknown store URL {url!r} (CONTEXTMODE_STORE_URL or --store): "
+        "use memory://, sqlite:///path, postgresql://… or redis://…"
     )
 
 

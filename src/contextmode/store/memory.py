@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ..errors import ConflictError, LockNotAcquired
+from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 from ._codec import check_ids, window_start
 from .base import IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
@@ -31,6 +32,8 @@ class _Session:
     """Emotion index: ``(-emotion, -seq)`` sorted, strongest (then newest) first."""
     last_answer: str | None = None
     jobs: dict[str, JobStats] = field(default_factory=dict)
+    traces: dict[int, TurnTrace] = field(default_factory=dict)
+    """Kept traces by exchange number."""
 
 
 class MemoryStore:
@@ -258,6 +261,40 @@ class MemoryStore:
             for k in idle:
                 del self._sessions[k]
             return len(idle)
+
+    async def put_trace(
+        self,
+        tenant: str,
+        session_id: str,
+        trace: TurnTrace,
+        *,
+        keep: int = 0,
+        older_than: datetime | None = None,
+    ) -> None:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            session = self._sessions.get(key)
+            if session is None:
+                return
+            session.traces[trace.turn] = trace
+            newest = max(session.traces)
+            for turn, kept in list(session.traces.items()):
+                if (keep and turn <= newest - keep) or (older_than and kept.created_at < older_than):
+                    del session.traces[turn]
+
+    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+        session = self._sessions.get(self._key(tenant, session_id))
+        return session.traces.get(turn) if session else None
+
+    async def delete_traces(self, tenant: str, session_id: str) -> int:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            session = self._sessions.get(key)
+            if session is None:
+                return 0
+            count = len(session.traces)
+            session.traces.clear()
+            return count
 
     @asynccontextmanager
     async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
+from ..trace import TurnTrace, trace_from_json, trace_to_json
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 from . import _pg_postings as pg_postings
 from ._codec import (
@@ -392,7 +393,9 @@ class PostgresStore(ClosesOnExit):
         key = check_ids(tenant, session_id)
         async with self._db() as db, db.transaction():
             status = await db.execute(f"DELETE FROM sessions {_W}", *key)
-            for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index"):
+            for table in (
+                "turns", "turn_emotions", "jobs", "recall_postings", "recall_index", "turn_traces"
+            ):
                 await db.execute(f"DELETE FROM {table} {_W}", *key)
         return bool(status == "DELETE 1")
 
@@ -405,13 +408,61 @@ class PostgresStore(ClosesOnExit):
             await db.execute("DELETE FROM job_locks WHERE expires_at < clock_timestamp()")
             tenants = [r["tenant"] for r in gone]
             sids = [r["session_id"] for r in gone]
-            for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index"):
+            for table in (
+                "turns", "turn_emotions", "jobs", "recall_postings", "recall_index", "turn_traces"
+            ):
                 await db.execute(
                     f"DELETE FROM {table} x USING unnest($1::text[], $2::text[]) AS g(t, s)"
                     " WHERE x.tenant = g.t AND x.session_id = g.s",
                     tenants, sids,
                 )
         return len(gone)
+
+    # -- kept traces ------------------------------------------------------------
+
+    async def put_trace(
+        self,
+        tenant: str,
+        session_id: str,
+        trace: TurnTrace,
+        *,
+        keep: int = 0,
+        older_than: datetime | None = None,
+    ) -> None:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db, db.transaction():
+            await db.execute(
+                "INSERT INTO turn_traces (tenant, session_id, turn, created_at, body)"
+                " SELECT $1, $2, $3, $4, $5 FROM sessions WHERE tenant = $1 AND session_id = $2"
+                " ON CONFLICT (tenant, session_id, turn)"
+                " DO UPDATE SET created_at = excluded.created_at, body = excluded.body",
+                *key, trace.turn, _aware(trace.created_at), trace_to_json(trace),
+            )
+            if keep:
+                await db.execute(
+                    f"DELETE FROM turn_traces {_W} AND turn <= "
+                    f"(SELECT MAX(turn) FROM turn_traces {_W}) - $3",
+                    *key, keep,
+                )
+            if older_than is not None:
+                # Oldest traces have the lowest turns: a bounded look keeps each write O(1).
+                await db.execute(
+                    f"DELETE FROM turn_traces {_W} AND created_at < $3 AND turn IN"
+                    f" (SELECT turn FROM turn_traces {_W} ORDER BY turn LIMIT 8)",
+                    *key, _aware(older_than),
+                )
+
+    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            body = await db.fetchval(f"SELECT body FROM turn_traces {_W} AND turn = $3", *key, turn)
+        return trace_from_json(body) if body is not None else None
+
+    async def delete_traces(self, tenant: str, session_id: str) -> int:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            status = await db.execute(f"DELETE FROM turn_traces {_W}", *key)
+        return int(status.split()[-1])
 
     # -- job locks --------------------------------------------------------------
 

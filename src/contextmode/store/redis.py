@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
+from ..trace import TurnTrace, trace_from_json, trace_to_json
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _redis_scripts as lua
 from ._codec import (
@@ -103,6 +104,8 @@ class RedisStore(ClosesOnExit):
             "sess": f"{ns}s:{path}", "turns": f"{ns}t:{path}", "emo": f"{ns}e:{path}",
             "jobs": f"{ns}j:{path}", "ix": f"{ns}ix:{tenant}", "idle": f"{ns}idle",
             "lock": f"{ns}lock:{path}", "member": path,
+            "traces": f"{ns}tr:{path}", "trace_turns": f"{ns}trn:{path}",
+            "trace_ages": f"{ns}tra:{path}",
         }
 
     async def close(self) -> None:
@@ -315,7 +318,12 @@ class RedisStore(ClosesOnExit):
     async def _delete(self, tenant: str, session_id: str, cutoff: int | str) -> bool:
         k = self._keys(tenant, session_id)
         keys = [k["sess"], k["turns"], k["emo"], k["jobs"], k["ix"], k["idle"]]
-        return bool(await self._script("DELETE", keys, [session_id, k["member"], cutoff]))
+        deleted = bool(await self._script("DELETE", keys, [session_id, k["member"], cutoff]))
+        if deleted:
+            # After the session is gone a trace write is refused, so nothing can come back.
+            async with self._guard() as client:
+                await client.delete(k["traces"], k["trace_turns"], k["trace_ages"])
+        return deleted
 
     async def delete(self, tenant: str, session_id: str) -> bool:
         tenant, session_id = check_ids(tenant, session_id)
@@ -331,6 +339,40 @@ class RedisStore(ClosesOnExit):
             # The script re-checks updated_at: a session written since the index read survives.
             purged += await self._delete(tenant, session_id, cutoff)
         return purged
+
+    # -- kept traces ------------------------------------------------------------
+
+    async def put_trace(
+        self,
+        tenant: str,
+        session_id: str,
+        trace: TurnTrace,
+        *,
+        keep: int = 0,
+        older_than: datetime | None = None,
+    ) -> None:
+        k = self._keys(*check_ids(tenant, session_id))
+        cutoff = "" if older_than is None else to_micros(older_than)
+        await self._script(
+            "TRACE_PUT",
+            [k["sess"], k["traces"], k["trace_turns"], k["trace_ages"]],
+            [trace.turn, trace_to_json(trace), keep, to_micros(trace.created_at), cutoff],
+        )
+
+    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+        k = self._keys(*check_ids(tenant, session_id))
+        async with self._guard() as client:
+            body = await client.hget(k["traces"], str(turn))
+        return trace_from_json(body) if body is not None else None
+
+    async def delete_traces(self, tenant: str, session_id: str) -> int:
+        k = self._keys(*check_ids(tenant, session_id))
+        async with self._guard() as client:
+            pipe = client.pipeline(transaction=True)
+            pipe.hlen(k["traces"])
+            pipe.delete(k["traces"], k["trace_turns"], k["trace_ages"])
+            count, _ = await pipe.execute()
+        return int(count)
 
     # -- job locks --------------------------------------------------------------
 

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConflictError, StoreError
+from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _sqlite_admin as admin
 from . import _sqlite_postings as postings
+from . import _sqlite_traces as traces
 from ._codec import (
     check_ids,
     constraints_from_json,
@@ -409,6 +411,26 @@ class SQLiteStore(ClosesOnExit):
 
     async def purge_idle(self, older_than: datetime) -> int:
         return await self._run(admin.purge_idle, to_micros(older_than))
+
+    # -- kept traces ------------------------------------------------------------
+
+    async def put_trace(
+        self,
+        tenant: str,
+        session_id: str,
+        trace: TurnTrace,
+        *,
+        keep: int = 0,
+        older_than: datetime | None = None,
+    ) -> None:
+        cutoff = None if older_than is None else to_micros(older_than)
+        await self._run(traces.put_trace, check_ids(tenant, session_id), trace, keep, cutoff)
+
+    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+        return await self._run(traces.get_trace, check_ids(tenant, session_id), turn)
+
+    async def delete_traces(self, tenant: str, session_id: str) -> int:
+        return await self._run(traces.delete_traces, check_ids(tenant, session_id))
 
     # -- job locks --------------------------------------------------------------
 

@@ -27,8 +27,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
-from ..store.base import IdempotencyRecord, IdempotencyRecords, SessionVersion, Store, TurnLocks
-from ..types import Constraint, NewTurn, Summary
+from ..store.base import (
+    IdempotencyRecord,
+    IdempotencyRecords,
+    SessionVersion,
+    Store,
+    TraceRecords,
+    TurnLocks,
+    keeps_traces,
+)
+from ..trace import TraceLayer, TurnTrace
+from ..types import ChatMessage, Constraint, NewTurn, Summary
 from .ci import ci_required
 
 __all__ = [
@@ -404,6 +413,45 @@ class StoreContract:
         assert await store.turns(_T, "old") == []
         assert await store.purge_idle(cutoff - timedelta(days=1)) == 0
 
+    # -- kept traces --------------------------------------------------------------
+
+    async def test_traces_round_trip_replace_and_stay_in_their_tenant(self, store: Store) -> None:
+        traces = _traces(store)
+        trace = _trace(1)
+        await traces.put_trace(_T, _S, trace)  # unknown session: ignored, nothing created
+        assert await store.info(_T, _S) is None
+        await store.append(_T, _S, new_turns(2))
+        await traces.put_trace(_T, _S, trace)
+        assert await traces.get_trace(_T, _S, 1) == trace
+        assert await traces.get_trace("t2", _S, 1) is None
+        assert await traces.get_trace(_T, _S, 2) is None
+        again = _trace(1, typed="又一次")
+        await traces.put_trace(_T, _S, again)
+        assert await traces.get_trace(_T, _S, 1) == again
+
+    async def test_traces_are_pruned_by_count_and_age_and_deleted_with_the_session(
+        self, store: Store
+    ) -> None:
+        traces = _traces(store)
+        await store.append(_T, _S, new_turns(10))
+        old = datetime(2020, 1, 1, tzinfo=UTC)
+        await traces.put_trace(_T, _S, _trace(1, created_at=old))
+        for turn in range(2, 6):
+            await traces.put_trace(_T, _S, _trace(turn), keep=3)
+        assert [await traces.get_trace(_T, _S, n) is not None for n in range(1, 6)] == [
+            False, False, True, True, True
+        ]
+        await traces.put_trace(_T, _S, _trace(6, created_at=old))
+        await traces.put_trace(_T, _S, _trace(7), older_than=datetime(2021, 1, 1, tzinfo=UTC))
+        assert await traces.get_trace(_T, _S, 6) is None
+        assert await traces.delete_traces(_T, _S) == 4
+        assert await traces.get_trace(_T, _S, 7) is None
+        assert len(await store.turns(_T, _S)) == 10  # the turns stay
+        await traces.put_trace(_T, _S, _trace(8))
+        assert await store.delete(_T, _S)
+        await store.append(_T, _S, new_turns(1))
+        assert await traces.get_trace(_T, _S, 8) is None
+
     # -- job locks ----------------------------------------------------------------
 
     async def test_lock_is_single_flight_with_growing_tokens(self, store: Store) -> None:
@@ -435,6 +483,27 @@ class StoreContract:
                 raise RuntimeError("job failed")
         async with store.lock(_T, _S):
             pass
+
+
+def _traces(store: Store) -> TraceRecords:
+    assert keeps_traces(store), "every shipped backend keeps per-turn traces"
+    return store
+
+
+def _trace(turn: int, *, typed: str = "那家店在哪？", created_at: datetime | None = None) -> TurnTrace:
+    return TurnTrace(
+        turn=turn,
+        user_seq=2 * turn - 1,
+        answer_seq=2 * turn,
+        created_at=created_at or datetime.now(UTC),
+        typed=typed,
+        sent=typed,
+        messages=(ChatMessage(role="system", content="你是助手"), ChatMessage(role="user", content=typed)),
+        layers=(TraceLayer(name="recent", allocated=100, used=20, items=2, dropped_seqs=(1,)),),
+        processors={"detector": "OfflineDetector"},
+        model="stub",
+        ttft_ms=1.5,
+    )
 
 
 async def check_concurrent_writers(stores: list[Store], *, turns_each: int = 200) -> None:

@@ -53,6 +53,9 @@ export const listSessions = () => getJSON("/v1/sessions", { limit: 100 });
 
 export const getSession = (id, limit = 200) => getJSON(`/v1/sessions/${encodeURIComponent(id)}`, { limit });
 
+/** The kept trace of exchange `turn` (1 = the first user message): what the model received. */
+export const getTurnContext = (id, turn) => getJSON(`/v1/sessions/${encodeURIComponent(id)}/turns/${turn}/context`);
+
 export function previewContext(id, message, mode) {
   const params = { message };
   if (mode) params.mode = mode;

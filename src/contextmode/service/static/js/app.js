@@ -5,11 +5,11 @@
 // slow load can never redraw the chat over a turn sent meanwhile. Polling for background jobs
 // runs beside them and only ever redraws the inspector.
 
-import { ApiError, apiKey, getSession, listSessions, previewContext, readAsDataURL, setApiKey, streamMessage } from "./api.js";
+import { ApiError, apiKey, getSession, getTurnContext, listSessions, previewContext, readAsDataURL, setApiKey, streamMessage } from "./api.js";
 import { addError, addUserMessage, highlightTurn, renderHistory, startAnswer } from "./chat.js";
 import { $, clear, el } from "./dom.js";
 import { applyStatic, currentLang, setLang, t } from "./i18n.js";
-import { renderContext, renderSession } from "./inspector.js";
+import { renderContext, renderSession, traceContext } from "./inspector.js";
 
 const POLL_MS = 400;
 const POLL_LIMIT = 40; // ≈16 s of polling while background jobs are pending
@@ -18,11 +18,12 @@ const state = {
   sessionId: null,
   session: null, // GET /v1/sessions/{id} data, or null for a session with no turn yet
   ctx: null, // the last context shown (SSE context event or a preview)
-  source: null, // {kind: "turn", seq} | {kind: "preview"}
+  source: null, // {kind: "turn", turn} (as sent now) | {kind: "past", turn} (kept trace) | {kind: "preview"}
   currentSeq: null, // the user turn of the last streamed answer
   images: [], // data URLs waiting to be sent
   sending: false,
   pollToken: 0, // bumped by every load of the session: an older poll stops
+  view: 0, // bumped when another session is opened: a stream still running for the old one stops drawing
 };
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -129,6 +130,7 @@ async function pollJobs() {
 }
 
 async function openSession(id) {
+  state.view += 1;
   state.sessionId = id;
   state.session = null;
   state.ctx = null;
@@ -174,7 +176,8 @@ function renderAttachments() {
 /** Take the composer's text and images now; stream the turn when its place in the queue comes. */
 function send() {
   const input = $("#message-input");
-  const text = input.value.trim();
+  const draft = input.value;
+  const text = draft.trim();
   if (!text || state.sending) return;
   const images = state.images.slice();
   const mode = $("#mode-select").value || undefined;
@@ -182,42 +185,74 @@ function send() {
   state.images = [];
   renderAttachments();
   setSending(true);
-  serial(() => streamTurn(text, images, mode));
+  // The session is fixed now: switching sessions later never redirects this message.
+  const sessionId = state.sessionId;
+  serial(() => streamTurn(sessionId, { text, draft, images, mode }));
 }
 
-async function streamTurn(text, images, mode) {
+/** A send the server refused before storing anything: the draft comes back to the composer. */
+function restoreDraft(message) {
+  const input = $("#message-input");
+  if (input.value.trim()) return; // the user already typed something new: keep that
+  input.value = message.draft;
+  state.images = message.images;
+  renderAttachments();
+}
+
+async function streamTurn(sessionId, message) {
   state.pollToken += 1; // a poll still running for the previous turn must not redraw mid-stream
-  const user = addUserMessage(text, images);
+  const view = state.view;
+  const shown = () => view === state.view; // false once the user opened another session
+  const user = shown() && state.sessionId === sessionId ? addUserMessage(message.text, message.images) : null;
   let answer = null;
+  let started = false;
   try {
     const expectedSeq = (state.session?.last_seq ?? 0) + 1;
-    for await (const event of streamMessage(state.sessionId, { message: text, images, mode })) {
+    const body = { message: message.text, images: message.images, mode: message.mode };
+    for await (const event of streamMessage(sessionId, body)) {
+      started = true;
+      if (!shown() || !user) continue; // keep reading: the server stores the answer either way
       if (event.type === "context") {
         state.ctx = event;
-        state.source = { kind: "turn", seq: expectedSeq };
+        state.source = { kind: "turn", turn: null };
         state.currentSeq = expectedSeq;
         answer = startAnswer();
         renderInspector();
       } else if (event.type === "delta") {
         answer?.append(event.text);
       } else if (event.type === "done") {
-        user.number(event.user_seq);
+        user.number(event.user_seq, event.turn);
         state.currentSeq = event.user_seq;
-        state.source = { kind: "turn", seq: event.user_seq };
+        state.source = { kind: "turn", turn: event.turn };
         answer?.finish(event, state.ctx?.total_tokens);
       } else if (event.type === "error") {
         answer?.fail(`${event.msg} (${event.code})`, event.partial_answer);
       }
     }
   } catch (error) {
-    if (answer) answer.fail(error.message);
+    if (!started) restoreDraft(message); // nothing was stored: the words are not lost
+    if (answer && shown()) answer.fail(error.message);
     else handleError(error);
+    if (!started) user?.remove();
   } finally {
     setSending(false);
   }
+  if (!shown()) return;
   await refreshSessionList();
   // Constraint extraction, the summary and emotion scoring run after the answer: poll.
   if (await loadSession()) pollJobs();
+}
+
+/** Show what the model received at exchange `turn` (the kept trace), for a past turn. */
+async function openTurn(turn) {
+  const view = state.view;
+  const trace = await getTurnContext(state.sessionId, turn);
+  if (view !== state.view) return;
+  state.ctx = traceContext(trace);
+  state.source = { kind: "past", turn };
+  state.currentSeq = trace.user_seq;
+  renderInspector();
+  $("#context-source")?.focus();
 }
 
 async function preview() {
@@ -228,6 +263,13 @@ async function preview() {
 }
 
 // -- wiring ------------------------------------------------------------------------------
+
+/** Open another session: at once while a reply streams (the stream goes on for its own session,
+ * unseen), else in its place in the queue. */
+function switchSession(task) {
+  if (state.sending) task().catch(handleError);
+  else serial(task);
+}
 
 function applyLanguage() {
   applyStatic();
@@ -262,10 +304,10 @@ function wire() {
   });
   $("#session-select").addEventListener("change", (event) => {
     const id = event.target.value;
-    if (id) serial(() => openSession(id));
+    if (id) switchSession(() => openSession(id));
   });
   $("#new-session").addEventListener("click", () =>
-    serial(async () => {
+    switchSession(async () => {
       state.sessionId = newSessionId();
       await refreshSessionList();
       await openSession(state.sessionId);
@@ -287,6 +329,11 @@ function wire() {
     });
   });
   document.addEventListener("click", (event) => {
+    const opener = event.target.closest?.("[data-open-turn]");
+    if (opener) {
+      serial(() => openTurn(Number(opener.dataset.openTurn)));
+      return;
+    }
     const link = event.target.closest?.(".constraint-source");
     if (!link) return;
     event.preventDefault();

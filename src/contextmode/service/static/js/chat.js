@@ -10,11 +10,21 @@ function scrollToEnd() {
   node.scrollTop = node.scrollHeight;
 }
 
-function bubble(role, seq, ...children) {
+/** The bubble's header: "turn n · role", and for a past user message a button that opens
+ * what the model received for that turn (`data-open-turn`, handled in app.js). */
+function meta(role, exchange) {
+  const label = el("span", { class: "meta-label" }, exchange ? t("turn", exchange, role) : "");
+  const open = role === "user" && exchange
+    ? el("button", { type: "button", class: "open-turn link-button", dataset: { openTurn: exchange }, "aria-label": t("viewTurnLabel", exchange) }, t("viewTurn"))
+    : null;
+  return el("div", { class: "message-meta" }, label, open);
+}
+
+function bubble(role, seq, exchange, ...children) {
   return el(
     "li",
-    { class: `message ${role}`, id: seq != null ? `turn-${seq}` : null, dataset: { role, seq } },
-    el("div", { class: "message-meta" }, seq != null ? t("turn", seq, role) : ""),
+    { class: `message ${role}`, id: seq != null ? `turn-${seq}` : null, dataset: exchange ? { role, seq, turn: exchange } : { role, seq } },
+    meta(role, exchange),
     ...children,
   );
 }
@@ -32,6 +42,7 @@ export function renderHistory(turns) {
       const node = bubble(
         turn.role,
         turn.seq,
+        turn.metadata?.turn || null,
         count ? el("div", { class: "image-note" }, `🖼 ${t("imagesAttached", count)}`) : null,
         el("div", { class: "message-text" }, turn.content),
         turn.partial ? el("div", { class: "muted" }, t("partial")) : null,
@@ -52,16 +63,21 @@ export function addUserMessage(text, images) {
   const node = bubble(
     "user",
     null,
+    null,
     images.length ? el("div", { class: "thumbs" }, images.map((src) => el("img", { src, alt: "" }))) : null,
     el("div", { class: "message-text" }, text),
   );
   list().append(node);
   scrollToEnd();
   return {
-    number(seq) {
+    number(seq, exchange) {
       node.id = `turn-${seq}`;
       node.dataset.seq = seq;
-      node.querySelector(".message-meta").textContent = t("turn", seq, "user");
+      if (exchange) node.dataset.turn = exchange;
+      node.querySelector(".message-meta").replaceWith(meta("user", exchange));
+    },
+    remove() {
+      node.remove();
     },
   };
 }
@@ -69,8 +85,8 @@ export function addUserMessage(text, images) {
 /** Append an empty assistant bubble and return methods to stream into it. */
 export function startAnswer() {
   const text = el("div", { class: "message-text" });
-  const meta = el("div", { class: "turn-meta muted" });
-  const node = bubble("assistant", null, text, meta);
+  const info = el("div", { class: "turn-meta muted" });
+  const node = bubble("assistant", null, null, text, info);
   node.dataset.state = "streaming";
   node.dataset.deltas = "0"; // SSE delta events received: the answer arrived in this many pieces
   node.setAttribute("aria-busy", "true");
@@ -88,11 +104,12 @@ export function startAnswer() {
       if (done.seq != null) {
         node.id = `turn-${done.seq}`;
         node.dataset.seq = done.seq;
-        node.querySelector(".message-meta").textContent = t("turn", done.seq, "assistant");
+        node.querySelector(".message-meta").replaceWith(meta("assistant", done.turn));
       }
       if (done.partial) text.after(el("div", { class: "muted" }, t("partial")));
       const ttft = done.ttft_ms == null ? null : Math.round(done.ttft_ms);
-      meta.textContent = t("turnMeta", { ttft, tokens, jobs: done.jobs });
+      info.textContent = t("turnMeta", { ttft, tokens, jobs: done.jobs });
+      scrollToEnd(); // the lines added below the text must not be left under the fold
     },
     fail(message, partial) {
       node.dataset.state = "error";
@@ -105,13 +122,14 @@ export function startAnswer() {
         text.after(el("div", { class: "muted" }, t("interrupted")));
       }
       text.after(el("div", { class: "error-text" }, `${t("error")}: ${message}`));
+      scrollToEnd();
     },
   };
 }
 
 /** An error that happened before any answer (bad request, auth, store down). */
 export function addError(message) {
-  list().append(el("li", { class: "message error", dataset: { state: "error" } }, el("div", { class: "error-text" }, `${t("error")}: ${message}`)));
+  list().append(el("li", { class: "message error", role: "alert", dataset: { state: "error" } }, el("div", { class: "error-text" }, `${t("error")}: ${message}`)));
   scrollToEnd();
 }
 

@@ -4,6 +4,146 @@
 import { $, clear, el } from "./dom.js";
 import { layerLabel, t } from "./i18n.js";
 
+/** The exchange number of stored turn `seq` (turn n = the n-th user message), from its stamp. */
+export function exchangeOf(session, seq) {
+  const turn = session?.turns.find((candidate) => candidate.seq === seq);
+  return turn?.metadata?.turn || null;
+}
+
+/** A kept trace (GET …/turns/{n}/context) in the shape the context view draws. */
+export function traceContext(trace) {
+  return {
+    message: trace.sent,
+    original_message: trace.typed,
+    mode: trace.mode,
+    strategy: trace.strategy,
+    format: trace.format,
+    locale: trace.locale,
+    input_budget: trace.input_budget,
+    reply_reserve: trace.reply_reserve,
+    total_tokens: trace.total_tokens,
+    exact: trace.exact,
+    counter: trace.counter,
+    layers: trace.layers.map((layer) => ({ ...layer, title: null })),
+    dropped_seqs: [...new Set(trace.layers.flatMap((layer) => layer.dropped_seqs))].sort((a, b) => a - b),
+    detection: { needs_context: trace.needs_context, intent: trace.intent, score: trace.detection_score, reason: trace.detection_reason },
+    rewrite: trace.rewrite,
+    messages: trace.messages,
+    prepare_ms: trace.prepare_ms,
+    trace,
+  };
+}
+
+const TEMPLATE_INTENTS = new Set(["detail", "simplify", "example", "summary"]);
+
+/** What happened to the typed message: "rewrite" (the model got the rewrite), "template" (a
+ * follow-up answered from the last answer: not a rewrite), "hint" (a verified rewrite given
+ * beside the user's words, which the model received verbatim), or "none". */
+function messageFate(ctx) {
+  const changed = ctx.message !== ctx.original_message;
+  if (changed && ctx.rewrite?.changed && ctx.message === ctx.rewrite.text) return "rewrite";
+  if (changed && TEMPLATE_INTENTS.has(ctx.detection?.intent)) return "template";
+  // Contextual mode: the model gets the user's words verbatim and a verified rewrite only
+  // as a labelled hint beside them.
+  if (ctx.rewrite?.changed && !changed) return "hint";
+  return changed ? "template" : "none";
+}
+
+/** Character diff of `a` → `b` as [kind, text] runs (kind: "same" | "del" | "ins"), by LCS;
+ * long texts fall back to the common prefix and suffix. */
+export function diffText(a, b) {
+  const x = [...a];
+  const y = [...b];
+  let start = 0;
+  while (start < x.length && start < y.length && x[start] === y[start]) start += 1;
+  let endX = x.length;
+  let endY = y.length;
+  while (endX > start && endY > start && x[endX - 1] === y[endY - 1]) { endX -= 1; endY -= 1; }
+  const runs = [];
+  const push = (kind, text) => {
+    if (!text) return;
+    const last = runs[runs.length - 1];
+    if (last && last[0] === kind) last[1] += text;
+    else runs.push([kind, text]);
+  };
+  push("same", x.slice(0, start).join(""));
+  const midX = x.slice(start, endX);
+  const midY = y.slice(start, endY);
+  if (midX.length * midY.length > 4_000_000) {
+    push("del", midX.join(""));
+    push("ins", midY.join(""));
+  } else {
+    const n = midX.length;
+    const m = midY.length;
+    const lcs = Array.from({ length: n + 1 }, () => new Uint32Array(m + 1));
+    for (let i = n - 1; i >= 0; i -= 1) {
+      for (let j = m - 1; j >= 0; j -= 1) {
+        lcs[i][j] = midX[i] === midY[j] ? lcs[i + 1][j + 1] + 1 : Math.max(lcs[i + 1][j], lcs[i][j + 1]);
+      }
+    }
+    let i = 0;
+    let j = 0;
+    while (i < n || j < m) {
+      if (i < n && j < m && midX[i] === midY[j]) { push("same", midX[i]); i += 1; j += 1; }
+      else if (j < m && (i === n || lcs[i][j + 1] >= lcs[i + 1][j])) { push("ins", midY[j]); j += 1; }
+      else { push("del", midX[i]); i += 1; }
+    }
+  }
+  push("same", x.slice(endX).join(""));
+  return runs;
+}
+
+/** The message the model received as the user's turn: the last user message sent. */
+function receivedMessage(ctx) {
+  const users = (ctx.messages ?? []).filter((m) => m.role === "user");
+  return users.length ? users[users.length - 1].content : ctx.message;
+}
+
+function diffCard(ctx) {
+  const received = receivedMessage(ctx);
+  const runs = diffText(ctx.original_message, received);
+  const same = runs.every(([kind]) => kind === "same");
+  return el(
+    "section",
+    { class: "card", id: "turn-diff", dataset: { same: same ? "yes" : "no" } },
+    el("h3", {}, t("diffTitle")),
+    el("p", { class: "muted" }, same ? t("diffSame") : t("diffHelp")),
+    el(
+      "p",
+      { class: "quote diff", id: "diff-text" },
+      runs.map(([kind, text]) => (kind === "same" ? el("span", {}, text) : el(kind, { title: t(kind === "ins" ? "diffIns" : "diffDel") }, text))),
+    ),
+  );
+}
+
+function sourceLabel(source) {
+  if (source.kind === "preview") return t("sourcePreview");
+  if (source.kind === "past") return t("sourcePast", source.turn);
+  return source.turn ? t("sourceTurn", source.turn) : t("sourceSending");
+}
+
+function rewriteCard(ctx) {
+  const fate = messageFate(ctx);
+  const shown = {
+    rewrite: [t("standalone"), ctx.message],
+    template: [t("templateTitle", ctx.detection?.intent ?? ""), t("templateNote")],
+    hint: [t("hint"), ctx.rewrite?.text ?? ""],
+    none: [t("standalone"), t("notRewritten")],
+  }[fate];
+  return el(
+    "section",
+    { class: "card", id: "rewrite-card", dataset: { rewritten: fate === "rewrite" ? "yes" : "no", fate } },
+    el("h3", {}, t("rewrite")),
+    el(
+      "div",
+      { class: "rewrite-grid" },
+      el("div", {}, el("h4", {}, t("original")), el("p", { class: "quote", id: "original-message" }, ctx.original_message)),
+      el("div", { class: fate === "rewrite" ? "rewritten" : "same" }, el("h4", {}, shown[0]), el("p", { class: "quote", id: "standalone-message" }, shown[1])),
+    ),
+    el("p", { class: "muted" }, t("detection", ctx.detection), ctx.rewrite?.changed ? ` · ${t("rewriteSource", ctx.rewrite.source)}` : ""),
+  );
+}
+
 const pct = (part, whole) => (whole > 0 ? Math.min(100, (100 * part) / whole) : 0);
 const seqList = (seqs) => [...seqs].sort((a, b) => a - b).map((s) => `#${s}`).join(", ");
 
@@ -34,7 +174,7 @@ function layerRow(layer, ctx, widest) {
   const notes = layer.used === 0 ? [t("emptyLayer")] : [t("items", layer.items)];
   if (layer.truncated) notes.push(t("truncated"));
   if (layer.dropped_seqs.length) notes.push(t("droppedInLayer", seqList(layer.dropped_seqs)));
-  if (layer.name === "current" && ctx.rewrite?.changed && ctx.message !== ctx.original_message) notes.push(t("standalone"));
+  if (layer.name === "current" && messageFate(ctx) === "rewrite") notes.push(t("standalone"));
   const head = el(
     "div",
     { class: "layer-head" },
@@ -89,43 +229,25 @@ export function renderContext(ctx, source) {
     ctx.mode,
     t("prepareMs", ctx.prepare_ms),
   ];
-  // A verified rewrite is sent instead of the message (decoupled mode) or beside it, as a
-  // labelled hint (contextual mode: the model gets the user's words verbatim).
-  const rewritten = Boolean(ctx.rewrite?.changed);
-  const sentInstead = rewritten && ctx.message !== ctx.original_message;
+  const past = source.kind === "past";
   clear(
     root,
-    el("p", { class: `context-source ${source.kind}`, id: "context-source" }, source.kind === "turn" ? t("sourceTurn", source.seq) : t("sourcePreview")),
+    el("p", { class: `context-source ${source.kind}`, id: "context-source", tabindex: "-1", dataset: { turn: source.turn ?? "" } }, sourceLabel(source)),
     el("p", { class: "caption", id: "context-caption", dataset: { total: ctx.total_tokens } }, caption.join(" · ")),
     windowBar(ctx),
     el("h3", {}, t("layers")),
     el("div", { class: "layers", id: "layers" }, ctx.layers.map((layer) => layerRow(layer, ctx, widest))),
-    el(
-      "section",
-      { class: "card", id: "rewrite-card", dataset: { rewritten: rewritten ? "yes" : "no" } },
-      el("h3", {}, t("rewrite")),
-      el(
-        "div",
-        { class: "rewrite-grid" },
-        el("div", {}, el("h4", {}, t("original")), el("p", { class: "quote", id: "original-message" }, ctx.original_message)),
-        el(
-          "div",
-          { class: rewritten ? "rewritten" : "same" },
-          el("h4", {}, t(sentInstead || !rewritten ? "standalone" : "hint")),
-          el("p", { class: "quote", id: "standalone-message" }, rewritten ? ctx.rewrite.text : t("notRewritten")),
-        ),
-      ),
-      el("p", { class: "muted" }, t("detection", ctx.detection), ctx.rewrite ? ` · ${t("rewriteSource", ctx.rewrite.source)}` : ""),
-    ),
+    rewriteCard(ctx),
+    past ? diffCard(ctx) : null,
     ctx.messages?.length
       ? el(
           "details",
-          { class: "card sent-messages", id: "sent-messages" },
-          el("summary", {}, t("messagesSent", ctx.messages.length, ctx.format)),
+          { class: "card sent-messages", id: "sent-messages", open: past },
+          el("summary", {}, past ? t("messagesReceived", ctx.messages.length, ctx.format) : t("messagesSent", ctx.messages.length, ctx.format)),
           el(
             "ol",
             { class: "items" },
-            ctx.messages.map((m) => el("li", {}, el("span", { class: "item-meta" }, m.role), el("span", { class: "item-text" }, m.content))),
+            ctx.messages.map((m) => el("li", { dataset: { role: m.role } }, el("span", { class: "item-meta" }, m.role), el("span", { class: "item-text" }, m.content))),
           ),
         )
       : null,
@@ -140,6 +262,7 @@ export function renderContext(ctx, source) {
 
 function timeline(session, ctx, currentSeq) {
   const roles = new Map(session.turns.map((turn) => [turn.seq, turn.role]));
+  const exchanges = new Map(session.turns.map((turn) => [turn.seq, turn.metadata?.turn || null]));
   const covered = session.stats.summary_covers_seq;
   const dropped = new Set(ctx?.dropped_seqs ?? []);
   const inContext = contextSeqs(ctx);
@@ -159,7 +282,9 @@ function timeline(session, ctx, currentSeq) {
     if (inContext.has(seq)) classes.push("in-context");
     if (pinned.has(seq)) classes.push("pinned");
     if (seq === currentSeq) classes.push("current");
-    cells.push(el("span", { class: classes.join(" "), dataset: { seq }, title: [t("turn", seq, role), ...marks].join(" · ") }, String(seq)));
+    const exchange = exchanges.get(seq);
+    const label = exchange ? t("turn", exchange, role) : `#${seq}`;
+    cells.push(el("span", { class: classes.join(" "), dataset: { seq, turn: exchange ?? "" }, title: [label, ...marks].join(" · ") }, exchange ? String(exchange) : "·"));
   }
   const legend = [
     ["covered", t("legendCovered")],
@@ -182,7 +307,7 @@ function constraintList(session) {
         { dataset: { key: c.key, sourceSeq: c.source_seq }, title: c.quote },
         el("span", { class: "constraint-value" }, c.value),
         el("span", { class: "constraint-key" }, c.key),
-        el("a", { class: "constraint-source", href: `#turn-${c.source_seq}` }, t("fromTurn", c.source_seq)),
+        el("a", { class: "constraint-source", href: `#turn-${c.source_seq}` }, t("fromTurn", exchangeOf(session, c.source_seq) ?? `#${c.source_seq}`)),
       ),
     ),
   );
@@ -227,7 +352,7 @@ export function renderSession(session, ctx, currentSeq) {
       { class: "card", id: "summary-card" },
       el("h3", {}, t("summary")),
       summary
-        ? [el("p", { class: "muted" }, t("summaryCovers", summary.covers_seq, summary.version, summary.tokens)), el("p", { class: "quote summary-text" }, summary.text)]
+        ? [el("p", { class: "muted" }, t("summaryCovers", exchangeOf(session, summary.covers_seq) ?? `#${summary.covers_seq}`, summary.version, summary.tokens)), el("p", { class: "quote summary-text" }, summary.text)]
         : el("p", { class: "muted" }, t("noSummary")),
     ),
     el("section", { class: "card" }, el("h3", {}, t("jobs")), jobList(session)),

@@ -1,0 +1,337 @@
+"""The kept trace of one exchange: exactly what the model received, and why.
+
+A `TurnTrace` is written with the answer (same shielded write, same store) for
+every live turn, numbered by exchange: turn 7 is the session's seventh user
+message. It answers "what did the model see at turn 7?" after the fact, for the
+HTTP route ``GET /v1/sessions/{id}/turns/{n}/context``, ``contextmode inspect
+SESSION --turn N`` and the web inspector. One JSON codec (`trace_to_json` /
+`trace_from_json`) serves every backend; `trace_to_dict` is the public shape
+(the route's ``data`` and the CLI's ``--json`` are the same dictionary).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .types import ChatMessage, Turn, utc_now
+
+if TYPE_CHECKING:
+    from .assembly.context import Context
+    from .engine import PreparedTurn
+    from .processors.base import Rewrite
+    from .types import Constraint
+
+__all__ = [
+    "ExchangeOutcome",
+    "PinUsed",
+    "RecalledTurn",
+    "TraceLayer",
+    "TraceRewrite",
+    "TurnTrace",
+    "build_trace",
+    "cap_trace",
+    "exchange_count",
+    "trace_from_json",
+    "trace_to_dict",
+    "trace_to_json",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceLayer:
+    """Token accounting of one layer as it was for this turn."""
+
+    name: str
+    allocated: int
+    """Tokens the layer could use (after unused budget flowed)."""
+    used: int
+    """Tokens it cost in the rendered input."""
+    items: int = 0
+    dropped_seqs: Sequence[int] = ()
+    """Candidate turns left out for lack of budget."""
+    truncated: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecalledTurn:
+    """An older turn brought back into the context, and why."""
+
+    seq: int
+    layer: str
+    """``recall`` (relevant to the message) or ``key_moments`` (emotional turning point)."""
+    why: str
+    """Short human-readable reason (rank, emotion intensity)."""
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PinUsed:
+    """A pinned constraint that reached the model."""
+
+    key: str
+    value: str
+    source_seq: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceRewrite:
+    """The rewriter's proposal and what the engine did with it."""
+
+    text: str
+    """The standalone question the rewriter proposed."""
+    changed: bool
+    """False when the rewriter kept the message as typed."""
+    source: str
+    """Which rewriter (``offline``, ``llm``)."""
+    decision: str
+    """``used``: the model received the rewrite; ``kept_original``: the rewrite was refused and
+    the model received the message as typed; ``unchanged``: the rewriter changed nothing."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnTrace:
+    """One exchange as sent to the model."""
+
+    turn: int
+    """Exchange number: the n-th user message of the session (1-based)."""
+    user_seq: int
+    """Sequence number of the stored user message."""
+    answer_seq: int | None
+    """Sequence number of the stored answer (``None`` when nothing arrived)."""
+    created_at: datetime
+    typed: str
+    """The message as the user typed it."""
+    sent: str
+    """The current message as the model received it (a rewrite or template expansion)."""
+    follow_up: str | None = None
+    """The follow-up intent answered from the last answer (``detail``, ``example``…), if any."""
+    messages: Sequence[ChatMessage] = ()
+    """Every message the model received, in order."""
+    layers: Sequence[TraceLayer] = ()
+    context_window: int = 0
+    """The model's context window, tokens."""
+    input_budget: int = 0
+    """Tokens available for the input (window minus reply reserve)."""
+    reply_reserve: int = 0
+    total_tokens: int = 0
+    """Tokens of the whole input as counted."""
+    exact: bool = True
+    """True when counted with the model's own tokenizer."""
+    counter: str = ""
+    strategy: str = ""
+    mode: str = ""
+    format: str = "messages"
+    locale: str = ""
+    needs_context: bool = False
+    """The detector's verdict: the message leans on earlier turns."""
+    intent: str | None = None
+    """The follow-up intent the detector found (``pronoun``, ``example``…), if any."""
+    detection_score: float = 0.0
+    """The detector's confidence 0–1 that the message needs context."""
+    detection_reason: str = ""
+    rewrite: TraceRewrite | None = None
+    recalled: Sequence[RecalledTurn] = ()
+    pins: Sequence[PinUsed] = ()
+    processors: Mapping[str, str] = field(default_factory=dict)
+    """Seam name → implementation and version that served this turn."""
+    model: str = ""
+    prepare_ms: float = 0.0
+    """Loading, detection, rewrite and assembly, milliseconds."""
+    ttft_ms: float | None = None
+    """Time to the first token, milliseconds from the start of the turn."""
+    model_ms: float = 0.0
+    """Time spent streaming the answer, milliseconds."""
+    partial: bool = False
+    """True when the answer's stream broke before the end."""
+    cut: bool = False
+    """True when the trace was larger than the size cap and message texts were shortened."""
+
+
+def _plain(trace: TurnTrace) -> dict[str, Any]:
+    """The trace as JSON-ready builtins; by hand, because `dataclasses.asdict` deep-copies
+    every field and this runs on every turn."""
+    data = dict(vars(trace))
+    data["created_at"] = trace.created_at.isoformat()
+    data["messages"] = [{"role": m.role, "content": m.content} for m in trace.messages]
+    data["layers"] = [{**vars(x), "dropped_seqs": list(x.dropped_seqs)} for x in trace.layers]
+    data["recalled"] = [vars(r) for r in trace.recalled]
+    data["pins"] = [vars(p) for p in trace.pins]
+    data["processors"] = dict(trace.processors)
+    data["rewrite"] = vars(trace.rewrite) if trace.rewrite is not None else None
+    return data
+
+
+def trace_to_json(trace: TurnTrace) -> str:
+    """Compact JSON of the trace (what every store keeps); times as ISO 8601 strings."""
+    return json.dumps(_plain(trace), ensure_ascii=False, separators=(",", ":"))
+
+
+def trace_to_dict(trace: TurnTrace) -> dict[str, Any]:
+    """The public JSON shape: exactly `trace_to_json` decoded (lists, strings, numbers)."""
+    data: dict[str, Any] = json.loads(trace_to_json(trace))
+    return data
+
+
+def trace_from_json(text: str) -> TurnTrace:
+    """Inverse of `trace_to_json`; unknown keys (a newer writer) are ignored."""
+    data: dict[str, Any] = json.loads(text)
+    known = set(TurnTrace.__dataclass_fields__)
+    data = {k: v for k, v in data.items() if k in known}
+    data["created_at"] = datetime.fromisoformat(data["created_at"])
+    data["messages"] = tuple(ChatMessage(**m) for m in data.get("messages", ()))
+    data["layers"] = tuple(
+        TraceLayer(**{**x, "dropped_seqs": tuple(x.get("dropped_seqs", ()))}) for x in data.get("layers", ())
+    )
+    data["recalled"] = tuple(RecalledTurn(**r) for r in data.get("recalled", ()))
+    data["pins"] = tuple(PinUsed(**p) for p in data.get("pins", ()))
+    if data.get("rewrite") is not None:
+        data["rewrite"] = TraceRewrite(**data["rewrite"])
+    return TurnTrace(**data)
+
+
+def _shorten(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} characters cut by the trace size cap]"
+
+
+def cap_trace(trace: TurnTrace, max_bytes: int) -> TurnTrace:
+    """``trace`` if its JSON fits ``max_bytes`` (UTF-8), else a copy with long texts shortened.
+
+    Every text (typed, sent, messages, recalled turns) is cut to the same number of
+    characters, halved until the whole fits; the copy says ``cut=True``. Only the
+    accounting fields are never cut. ``max_bytes`` 0 means no cap.
+    """
+    if max_bytes <= 0:
+        return trace
+    texts = [trace.typed, trace.sent, *(m.content for m in trace.messages), *(r.text for r in trace.recalled)]
+    # At most 6 bytes of JSON per character (a \uXXXX escape) plus the fixed fields: most
+    # traces are far below the cap and are not encoded twice.
+    if 6 * sum(map(len, texts)) + 8192 + 256 * len(trace.layers) <= max_bytes:
+        return trace
+    if len(trace_to_json(trace).encode()) <= max_bytes:
+        return trace
+    limit = max_bytes // (4 * max(1, len(trace.messages) + len(trace.recalled) + 2))
+    while True:
+        cut = replace(
+            trace,
+            cut=True,
+            typed=_shorten(trace.typed, limit),
+            sent=_shorten(trace.sent, limit),
+            messages=tuple(replace(m, content=_shorten(m.content, limit)) for m in trace.messages),
+            recalled=tuple(replace(r, text=_shorten(r.text, limit)) for r in trace.recalled),
+        )
+        if limit == 0 or len(trace_to_json(cut).encode()) <= max_bytes:
+            return cut
+        limit //= 2
+
+
+def exchange_count(turns: Sequence[Turn]) -> int | None:
+    """The exchange number of the newest user turn in ``turns`` (a tail of the log).
+
+    ``None`` when the tail does not tell: its newest user turn predates
+    exchange numbering, or it holds no user turn.
+    """
+    for turn in reversed(turns):
+        if turn.role == "user":
+            number = turn.metadata.get("turn")
+            return number if isinstance(number, int) else None
+    return None
+
+
+def _recalled(context: Context) -> tuple[RecalledTurn, ...]:
+    recalled: list[RecalledTurn] = []
+    for name in ("recall", "key_moments"):
+        layer = context.layer(name)
+        for rank, item in enumerate(layer.items if layer else (), start=1):
+            if item.seq is None:
+                continue
+            why = f"relevant to the message (rank {rank})" if name == "recall" else "emotional key moment"
+            recalled.append(RecalledTurn(seq=item.seq, layer=name, why=why, text=item.text))
+    return tuple(recalled)
+
+
+def _pins(context: Context, constraints: Sequence[Constraint]) -> tuple[PinUsed, ...]:
+    layer = context.layer("constraints")
+    lines = [item.text for item in layer.items] if layer else []
+    return tuple(
+        PinUsed(key=c.key, value=c.value, source_seq=c.source_seq)
+        for c in constraints
+        if any(c.value in line for line in lines)
+    )
+
+
+def _rewrite(context: Context, rewrite: Rewrite | None) -> TraceRewrite | None:
+    if rewrite is None:
+        return None
+    if not rewrite.changed:
+        decision = "unchanged"
+    else:
+        decision = "used" if context.message == rewrite.text else "kept_original"
+    return TraceRewrite(text=rewrite.text, changed=rewrite.changed, source=rewrite.source, decision=decision)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExchangeOutcome:
+    """How an exchange ended, as the engine measured it."""
+
+    turn: int
+    """Exchange number."""
+    user_seq: int
+    answer_seq: int | None
+    """``None`` when nothing arrived from the model."""
+    ttft_ms: float | None
+    model_ms: float
+    partial: bool
+
+
+def build_trace(
+    prepared: PreparedTurn, outcome: ExchangeOutcome, *, processors: Mapping[str, str], model: str
+) -> TurnTrace:
+    """The trace of a finished exchange from what the engine prepared and measured."""
+    ctx = prepared.context
+    follow_up = prepared.detection.intent if prepared.detection.intent != "pronoun" else None
+    return TurnTrace(
+        turn=outcome.turn,
+        user_seq=outcome.user_seq,
+        answer_seq=outcome.answer_seq,
+        created_at=utc_now(),
+        typed=ctx.original_message,
+        sent=ctx.message,
+        follow_up=follow_up if ctx.message != ctx.original_message else None,
+        messages=tuple(prepared.messages),
+        layers=tuple(
+            TraceLayer(
+                name=a.name, allocated=a.allocated, used=a.used, items=a.items,
+                dropped_seqs=tuple(a.dropped_seqs), truncated=a.truncated,
+            )
+            for a in ctx.accounts.values()
+        ),
+        context_window=ctx.input_budget + ctx.reply_reserve,
+        input_budget=ctx.input_budget,
+        reply_reserve=ctx.reply_reserve,
+        total_tokens=ctx.total_tokens,
+        exact=ctx.exact,
+        counter=ctx.counter,
+        strategy=ctx.strategy,
+        mode=prepared.mode,
+        format=ctx.format,
+        locale=ctx.locale,
+        needs_context=prepared.detection.needs_context,
+        intent=prepared.detection.intent,
+        detection_score=round(prepared.detection.score, 4),
+        detection_reason=prepared.detection.reason,
+        rewrite=_rewrite(ctx, prepared.rewrite),
+        recalled=_recalled(ctx),
+        pins=_pins(ctx, prepared.state.constraints),
+        processors=dict(processors),
+        model=model,
+        prepare_ms=round(prepared.prepare_ms, 3),
+        ttft_ms=None if outcome.ttft_ms is None else round(outcome.ttft_ms, 3),
+        model_ms=round(outcome.model_ms, 3),
+        partial=outcome.partial,
+    )

@@ -1,0 +1,120 @@
+"""The ``contextmode`` command as a user runs it (a subprocess): one-line errors, the demo's
+temporary store, and ``inspect --turn N --json`` equal to the HTTP route's data."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contextmode.api import build_engine
+from contextmode.testing.models import FunctionModel
+from contextmode.types import NewTurn
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def run_cli(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {
+        k: v for k, v in os.environ.items() if not k.startswith("CONTEXTMODE_") and k != "PYTHONPATH"
+    }
+    environ.update(PYTHONPATH=str(SRC), CONTEXTMODE_HOME=str(home), NO_COLOR="1", COLUMNS="200", **env)
+    return subprocess.run(
+        [sys.executable, "-c", "from contextmode.cli import main; main()", *args],
+        capture_output=True, text=True, env=environ, timeout=300,
+    )
+
+
+def lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+
+
+def test_serve_with_an_unknown_store_url_says_so_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("serve", home=tmp_path, CONTEXTMODE_STORE_URL="foo://nowhere")
+    assert result.returncode == 2
+    out = lines(result)
+    assert len(out) <= 2, out
+    assert "CONTEXTMODE_STORE_URL" in out[0] and "foo://nowhere" in out[0] and "sqlite://" in out[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_bad_budget_setting_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
+    result = run_cli("inspect", "s", home=tmp_path, CONTEXTMODE_CONTEXT_WINDOW="lots")
+    assert result.returncode == 2
+    assert lines(result) == ["error: CONTEXTMODE_CONTEXT_WINDOW must be a whole number, got 'lots'"]
+    debug = run_cli("--debug", "inspect", "s", home=tmp_path, CONTEXTMODE_CONTEXT_WINDOW="lots")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_replay_of_an_unknown_format_fails_and_lists_the_accepted_ones(tmp_path: Path) -> None:
+    odd = tmp_path / "chat.jsonl"
+    odd.write_text('{"question": "你好", "reply": "你好！"}\n', encoding="utf-8")
+    result = run_cli("replay", str(odd), home=tmp_path)
+    assert result.returncode == 2
+    (line,) = lines(result)
+    assert "unrecognised" in line and '"role"' in line and '"user"' in line
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    assert run_cli("replay", str(empty), home=tmp_path).returncode == 2
+
+
+def test_the_demo_never_touches_the_users_store(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    mine = f"sqlite:///{tmp_path / 'mine.db'}"
+
+    async def write_mine() -> None:
+        engine = build_engine(store=mine)
+        await engine.store.append("local", "demo", [NewTurn(role="user", content="我的数据", tokens=3)])
+        await engine.close()
+
+    asyncio.run(write_mine())
+    result = run_cli("demo", home=home, CONTEXTMODE_STORE_URL=mine)
+    assert result.returncode == 0, result.stderr
+    assert "temporary" in result.stdout
+
+    async def read_mine() -> list[str]:
+        engine = build_engine(store=mine)
+        turns = await engine.store.turns("local", "demo")
+        await engine.close()
+        return [t.content for t in turns]
+
+    assert asyncio.run(read_mine()) == ["我的数据"]
+    # Told to use that store, it refuses to overwrite the existing session.
+    refused = run_cli("demo", "--store", mine, home=home)
+    assert refused.returncode == 2 and len(lines(refused)) == 1 and "--session" in lines(refused)[0]
+
+
+def test_inspect_turn_json_is_the_routes_data(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    import httpx
+
+    from contextmode.service import ServiceSettings, create_app
+
+    url = f"sqlite:///{tmp_path / 'cm.db'}"
+
+    async def chat() -> dict[str, Any]:
+        engine = build_engine(store=url, model=FunctionModel(lambda m: f"答：{m[-1].content}"))
+        app = create_app(engine, ServiceSettings(image_dir=tmp_path / "images"))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for text in ("我不吃辣", "推荐一家餐厅", "人均多少钱？"):
+                await client.post("/v1/sessions/demo/messages", json={"message": text})
+            body: dict[str, Any] = (await client.get("/v1/sessions/demo/turns/2/context")).json()
+        await engine.close()
+        return body
+
+    body = chat_body = asyncio.run(chat())
+    assert body["code"] == 0
+    result = run_cli("inspect", "demo", "--turn", "2", "--json", "--store", url, home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == chat_body["data"]
+    table = run_cli("inspect", "demo", "--turn", "2", "--store", url, home=tmp_path)
+    assert "推荐一家餐厅" in table.stdout and "turn 2" in table.stdout
+    missing = run_cli("inspect", "demo", "--turn", "7", "--store", url, home=tmp_path)
+    assert missing.returncode == 1 and len(lines(missing)) == 1

@@ -1,0 +1,169 @@
+"""Kept per-turn traces: numbering by exchange, what the model received, retention, the route."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contextmode.errors import EmptyMessage, ModelUnavailable
+from contextmode.store import MemoryStore
+from contextmode.store.base import load_trace
+from contextmode.testing.models import BrokenStream, FunctionModel
+from contextmode.trace import cap_trace, trace_from_json, trace_to_dict, trace_to_json
+from contextmode.types import ChatMessage
+from test_service import assert_error, client_for, make_engine, make_settings
+
+pytest.importorskip("fastapi")
+
+from contextmode.service import create_app
+
+
+def answer(messages: Sequence[ChatMessage]) -> str:
+    return f"答：{messages[-1].content[:10]}"
+
+
+async def test_each_exchange_keeps_exactly_what_the_model_received() -> None:
+    model = FunctionModel(answer)
+    engine = make_engine(model)
+    for text in ("我不吃辣", "推荐一家餐厅", "它在哪里？", "举个例子"):
+        await engine.turn("local", "s", text)
+    await engine.drain()
+    turns = await engine.store.turns("local", "s")
+    assert [t.metadata.get("turn") for t in turns] == [1, 1, 2, 2, 3, 3, 4, 4]
+    for number, call in enumerate(model.calls, start=1):
+        trace = await load_trace(engine.store, "local", "s", number)
+        assert trace.turn == number
+        assert tuple(trace.messages) == call.messages
+        assert trace.user_seq == 2 * number - 1 and trace.answer_seq == 2 * number
+        assert trace.model == "function-model"
+        assert trace.layers and trace.total_tokens > 0
+        assert {"detector", "rewriter", "counter"} <= set(trace.processors)
+    third = await load_trace(engine.store, "local", "s", 3)
+    assert third.typed == "它在哪里？"
+    # The test rewriter names the last user turn: the model got the rewrite, and the trace says so.
+    assert third.rewrite is not None and third.rewrite.changed
+    assert third.sent == third.rewrite.text != third.typed
+    assert third.rewrite.decision == "used" and third.follow_up is None
+    # A follow-up answered from the last answer is a template expansion, not a rewrite.
+    fourth = await load_trace(engine.store, "local", "s", 4)
+    assert fourth.rewrite is None and fourth.follow_up == "example"
+    assert fourth.typed == "举个例子" and fourth.sent != fourth.typed
+
+
+async def test_numbering_survives_records_and_older_unnumbered_turns() -> None:
+    engine = make_engine()
+    await engine.record("local", "s", "user", "导入的第一句")
+    await engine.record("local", "s", "assistant", "导入的回答")
+    result = await engine.turn("local", "s", "第二句")
+    assert result.user_turn.metadata["turn"] == 2
+    # A session written before numbering existed is counted once, then continues from the stamps.
+    from contextmode.types import NewTurn
+
+    await engine.store.append(
+        "local", "old", [NewTurn(role=r, content=c, tokens=2) for r, c in [("user", "一"), ("assistant", "二")] * 3]
+    )
+    assert (await engine.turn("local", "old", "第四句")).user_turn.metadata["turn"] == 4
+    assert (await engine.turn("local", "old", "第五句")).user_turn.metadata["turn"] == 5
+    await engine.drain()
+
+
+async def test_retention_size_cap_and_off_switch() -> None:
+    engine = make_engine(trace_keep=2)
+    for text in ("一", "二", "三"):
+        await engine.turn("local", "s", text)
+    store = engine.store
+    assert isinstance(store, MemoryStore)
+    assert await store.get_trace("local", "s", 1) is None
+    assert (await store.get_trace("local", "s", 3)) is not None
+
+    off = make_engine(trace_keep=0)
+    await off.turn("local", "s", "一")
+    assert await off.store.get_trace("local", "s", 1) is None  # type: ignore[attr-defined]
+
+    capped = make_engine(trace_max_bytes=2000)
+    await capped.turn("local", "s", "长" * 5000)
+    kept = await capped.store.get_trace("local", "s", 1)  # type: ignore[attr-defined]
+    assert kept is not None and kept.cut
+    assert len(trace_to_json(kept).encode()) <= 2000
+    await engine.drain(), await off.drain(), await capped.drain()
+
+
+async def test_a_broken_stream_still_keeps_the_trace_marked_partial() -> None:
+    engine = make_engine(FunctionModel(lambda m: BrokenStream(chunks=["半句"], error=ModelUnavailable("down"))))
+    with pytest.raises(ModelUnavailable):
+        await engine.turn("local", "s", "你好")
+    trace = await load_trace(engine.store, "local", "s", 1)
+    assert trace.partial and trace.answer_seq == 2
+    await engine.drain()
+
+
+def test_codec_round_trip_and_cap_leave_short_traces_alone() -> None:
+    async def one() -> Any:
+        engine = make_engine()
+        await engine.turn("local", "s", "我不吃辣")
+        await engine.drain()
+        return await load_trace(engine.store, "local", "s", 1)
+
+    import asyncio
+
+    trace = asyncio.run(one())
+    assert trace_from_json(trace_to_json(trace)) == trace
+    assert cap_trace(trace, 1_000_000) is trace
+    assert trace_to_dict(trace)["created_at"] == trace.created_at.isoformat()
+
+
+async def test_empty_messages_are_refused_by_the_engine() -> None:
+    engine = make_engine()
+    for text in ("", "   ", "\n\t"):
+        with pytest.raises(EmptyMessage):
+            await engine.turn("local", "s", text)
+    assert await engine.store.turns("local", "s") == []
+
+
+# -- HTTP ---------------------------------------------------------------------------------
+
+
+async def test_route_returns_the_trace_tenant_scoped(tmp_path: Path) -> None:
+    model = FunctionModel(answer)
+    engine = make_engine(model)
+    settings = make_settings(tmp_path, api_keys={"key-a": "acme", "key-b": "beta"})
+    a = {"Authorization": "Bearer key-a"}
+    b = {"Authorization": "Bearer key-b"}
+    async with client_for(create_app(engine, settings)) as client:
+        for text in ("我不吃辣", "推荐一家餐厅", "那家店在哪？"):
+            r = await client.post("/v1/sessions/s/messages", json={"message": text}, headers=a)
+            assert r.json()["code"] == 0
+        r = await client.get("/v1/sessions/s/turns/2/context", headers=a)
+        body = r.json()
+        assert body["code"] == 0
+        data = body["data"]
+        assert data["turn"] == 2 and data["typed"] == "推荐一家餐厅"
+        assert [dataclasses.asdict(m) for m in model.calls[1].messages] == data["messages"]
+        assert data == trace_to_dict(await load_trace(engine.store, "acme", "s", 2))
+        assert_error(await client.get("/v1/sessions/s/turns/2/context", headers=b), 40401)
+        assert_error(await client.get("/v1/sessions/s/turns/9/context", headers=a), 40402)
+        assert_error(await client.get("/v1/sessions/s/turns/0/context", headers=a), 40001)
+    await engine.drain()
+
+
+async def test_input_rules_at_the_edge(tmp_path: Path) -> None:
+    engine = make_engine()
+    async with client_for(create_app(engine, make_settings(tmp_path))) as client:
+        for text in ("", "   ", "\n"):
+            body = assert_error(await client.post("/v1/sessions/s/messages", json={"message": text}), 40005)
+            assert "empty" in body["msg"]
+        for flag in ("true", 1, "yes", None):
+            r = await client.post("/v1/sessions/s/messages", json={"message": "你好", "stream": flag})
+            assert_error(r, 40001)
+        proxy = {"model": "x", "messages": [{"role": "user", "content": "你好"}], "stream": "true"}
+        r = await client.post("/v1/chat/completions", json=proxy)
+        assert r.status_code == 400
+        r = await client.post(
+            "/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "  "}]}
+        )
+        assert r.status_code == 400
+    assert await engine.store.turns("local", "s") == []

@@ -1,0 +1,211 @@
+"""The inspector page in headless Chromium: past turns opened from their kept trace, and the
+rough edges a new user hits (template card, switching session mid-stream, clipped answers,
+lost drafts, keyboard use, contrast). Same machinery as ``test_web_browser.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from contextmode.service import ServiceSettings, create_app
+from test_web_browser import (
+    WAIT_MS,
+    GatedModel,
+    LiveServer,
+    _engine,
+    browser,
+    model_server,
+    open_page,
+    send,
+    server,
+)
+
+pytestmark = pytest.mark.browser
+__all__ = ["browser", "model_server", "server"]
+
+AXE_JS = Path(os.environ.get("CONTEXTMODE_AXE_JS", Path(__file__).resolve().parents[1] / ".ci" / "node" / "node_modules" / "axe-core" / "axe.min.js"))
+
+
+@pytest.fixture(scope="module")
+def stub_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Any]]:
+    """The service with a real OpenAI client answered by the project's stub server, which
+    records every request it receives."""
+    pytest.importorskip("openai")
+    from contextmode.models.factory import model_from_env
+    from contextmode.testing.stub_server import StubServer
+
+    tmp = tmp_path_factory.mktemp("web-trace")
+    stub = StubServer(chunk_chars=4, chunk_delay=0.002)
+    base_url = stub.start()
+    try:
+        model = model_from_env(
+            {
+                "CONTEXTMODE_LLM_BASE_URL": base_url,
+                "CONTEXTMODE_LLM_MODEL": "stub-model",
+                "CONTEXTMODE_LLM_API_KEY": "stub-key",
+            }
+        )
+        app = create_app(_engine(tmp, model), ServiceSettings(image_dir=tmp / "images"))
+        with LiveServer(app) as live:
+            yield live, stub
+    finally:
+        stub.stop()
+
+
+def open_turn(page: Any, turn: int) -> None:
+    page.click(f".message.user[data-turn='{turn}'] [data-open-turn]")
+    page.wait_for_selector(f"#context-source.past[data-turn='{turn}']", timeout=WAIT_MS)
+
+
+def shown_messages(page: Any) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = page.eval_on_selector_all(
+        "#sent-messages li",
+        "rows => rows.map(r => ({role: r.dataset.role, content: r.querySelector('.item-text').textContent}))",
+    )
+    return rows
+
+
+def test_a_past_turn_shows_exactly_what_the_model_received(
+    browser: Any, stub_server: tuple[LiveServer, Any]
+) -> None:
+    server, stub = stub_server
+    stub.reset()
+    page = open_page(browser, f"{server.url}/#session=web-trace")
+    for text in ("我不吃辣，预算五十以内", "推荐一家餐厅", "它在哪里？"):
+        send(page, text)
+    page.reload()
+    page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    # Turns are numbered by exchange: the second user message is turn 2 (seq 3).
+    assert page.get_attribute(".message.user[data-turn='2']", "data-seq") == "3"
+    open_turn(page, 2)
+    received = stub.chat_requests[1].messages
+    assert [{"role": m["role"], "content": m["content"]} for m in received] == shown_messages(page)
+    assert page.get_attribute("#sent-messages", "open") is not None
+    # Turn 2 went as typed: the diff says so. Turn 3 leaned on turn 2 and was rewritten.
+    assert page.get_attribute("#turn-diff", "data-same") == "yes"
+    open_turn(page, 3)
+    assert shown_messages(page)[-1]["content"] == stub.chat_requests[2].last_user
+    if page.get_attribute("#rewrite-card", "data-fate") == "rewrite":
+        assert page.get_attribute("#turn-diff", "data-same") == "no"
+        assert page.locator("#diff-text ins").count() >= 1
+    assert page.errors == []
+
+
+def test_a_template_follow_up_is_not_called_a_rewrite(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-template")
+    send(page, "介绍一下杭州的西湖")
+    send(page, "举个例子")
+    card = "#rewrite-card"
+    assert page.get_attribute(card, "data-fate") == "template"
+    assert page.get_attribute(card, "data-rewritten") == "no"
+    assert "追问模板" in page.inner_text(card) and "不是改写" in page.inner_text(card)
+    open_turn(page, 2)
+    assert page.get_attribute(card, "data-fate") == "template"
+    assert page.get_attribute("#turn-diff", "data-same") == "no"
+    assert page.errors == []
+
+
+def test_switching_session_while_streaming_keeps_the_views_apart(
+    browser: Any, model_server: tuple[LiveServer, GatedModel]
+) -> None:
+    server, model = model_server
+    page = open_page(browser, f"{server.url}/#session=web-first")
+    page.fill("#message-input", "讲个长故事")
+    page.press("#message-input", "Enter")
+    page.wait_for_selector(".message.assistant[data-state=streaming]", timeout=WAIT_MS)
+    page.click("#new-session")
+    page.wait_for_selector("#messages .empty", timeout=WAIT_MS)
+    other = page.evaluate("location.hash")
+    model.gate.set()
+    page.wait_for_selector("body[data-sending=no]", timeout=WAIT_MS)
+    assert page.evaluate("location.hash") == other
+    assert page.locator("#messages .message").count() == 0
+    assert "第二段" not in page.inner_text("#messages")
+    # The reply went on for its own session and is all there when that session is reopened.
+    page.select_option("#session-select", "web-first")
+    page.wait_for_selector(".message.assistant[data-state=done]", timeout=WAIT_MS)
+    assert "第一段，第二段。" in page.inner_text("#messages")
+    assert page.errors == []
+
+
+def test_the_last_answer_is_not_clipped(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-clip", height=620)
+    for text in ("第一句话", "第二句话，长一些，" * 6, "第三句话"):
+        send(page, text)
+    last = page.locator(".message.assistant").last
+    box = last.bounding_box()
+    area = page.locator("#messages").bounding_box()
+    assert box["y"] + box["height"] <= area["y"] + area["height"] + 1
+    assert box["y"] + box["height"] <= page.viewport_size["height"]
+    assert page.errors == [] or all("503" in e for e in page.errors)
+
+
+def test_a_failed_send_keeps_the_draft(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-draft")
+    envelope = json.dumps({"code": 50301, "msg": "the store is unavailable; try again", "data": None})
+    page.route(
+        "**/v1/sessions/web-draft/messages",
+        lambda route: route.fulfill(status=503, content_type="application/json", body=envelope),
+    )
+    page.fill("#message-input", "这段话不能丢")
+    page.press("#message-input", "Enter")
+    page.wait_for_selector(".message.error", timeout=WAIT_MS)
+    page.wait_for_selector("body[data-sending=no]", timeout=WAIT_MS)
+    assert page.input_value("#message-input") == "这段话不能丢"
+    assert "50301" in page.inner_text(".message.error")
+    assert page.locator(".message.user").count() == 0
+    page.unroute("**/v1/sessions/web-draft/messages")
+    send(page, page.input_value("#message-input"))
+    assert page.locator(".message.user").count() == 1
+
+
+def test_keyboard_only(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-keys")
+    page.focus("#message-input")
+    page.keyboard.type("我不吃辣")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".message.assistant[data-state=done]", timeout=WAIT_MS)
+    page.wait_for_selector("body[data-sending=no][data-jobs=idle]", timeout=WAIT_MS)
+    # Tab reaches the turn's "what the model received" button; Enter opens it; focus follows.
+    page.focus("#session-select")
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.dataset.openTurn") == "1":
+            break
+    else:
+        pytest.fail("Tab never reached the button of turn 1")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#context-source.past[data-turn='1']", timeout=WAIT_MS)
+    assert page.evaluate("document.activeElement.id") == "context-source"
+    outline = page.evaluate(
+        "() => { const b = document.querySelector('#send-button'); b.focus();"
+        " return getComputedStyle(b).outlineStyle; }"
+    )
+    assert outline != "none"
+
+
+def test_no_serious_accessibility_violations(browser: Any, server: LiveServer) -> None:
+    if not AXE_JS.exists():
+        from test_web_browser import _unavailable
+
+        _unavailable(f"axe-core is missing ({AXE_JS}; npm install --prefix .ci/node axe-core)")
+    page = open_page(browser, f"{server.url}/#session=web-axe")
+    send(page, "我不吃辣，预算五十以内")
+    send(page, "举个例子")
+    open_turn(page, 1)
+    # The page's policy refuses inline scripts: axe is evaluated through the driver instead.
+    page.evaluate(AXE_JS.read_text(encoding="utf-8"))
+    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
+    bad = [
+        f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
+        for v in result["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    assert bad == []
