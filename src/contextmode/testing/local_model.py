@@ -190,7 +190,7 @@ class TurnRun:
     context: Mapping[str, Any]
 
 
-def run_conversation(url: str, session: str, messages: Sequence[str], *, timeout_s: float = 120.0) -> list[TurnRun]:
+def run_conversation(url: str, session: str, messages: Sequence[str], *, timeout_s: float = 300.0) -> list[TurnRun]:
     """Send ``messages`` one by one to ``POST /v1/sessions/{session}/messages`` (not streamed)."""
     import httpx
 
