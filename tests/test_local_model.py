@@ -66,7 +66,7 @@ def test_a_real_model_conversation_keeps_every_property(served: str, language: s
     runs = run_conversation(served, session, said[:FOLLOW_UP])
     # The follow-up reaches the model in the user's words.
     context = httpx.get(f"{served}/v1/sessions/{session}/context", params={"message": said[FOLLOW_UP]},
-                        timeout=120).json()["data"]
+                        timeout=300).json()["data"]
     last_user = [m for m in context["messages"] if m["role"] == "user"][-1]["content"]
     assert context["original_message"] == said[FOLLOW_UP]
     if said[FOLLOW_UP] not in last_user:  # rewritten: it may replace pronouns, never drop the user's words

@@ -104,7 +104,7 @@ def llama_server(log_dir: Path, *, n_ctx: int = 4096, timeout_s: float = 120.0) 
 
 @contextmanager
 def service(
-    base_url: str, log_dir: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 120.0
+    base_url: str, log_dir: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 300.0
 ) -> Iterator[WorkerProcess]:
     """Run ``contextmode serve`` with the LLM processors against ``base_url``; yield the process."""
     port = _free_port()
@@ -190,7 +190,7 @@ class TurnRun:
     context: Mapping[str, Any]
 
 
-def run_conversation(url: str, session: str, messages: Sequence[str], *, timeout_s: float = 120.0) -> list[TurnRun]:
+def run_conversation(url: str, session: str, messages: Sequence[str], *, timeout_s: float = 300.0) -> list[TurnRun]:
     """Send ``messages`` one by one to ``POST /v1/sessions/{session}/messages`` (not streamed)."""
     import httpx
 
