@@ -1,0 +1,278 @@
+"""Agent items in assembly: tool calls and their results, kept whole as units.
+
+The invariants (``docs/agents.md``): an assistant turn that made tool calls and
+the ``tool`` turns that answer them form one *unit* that is kept or dropped
+together and in order; a result whose call is not in the window, and a call
+whose results are missing, never reach the model as such (the call's text stays,
+its calls go). Big results of older units are elided to a head/tail excerpt
+with a marker naming the stored turn (the whole result stays in the store,
+reachable by recall); per-tool limits decide how big is big.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ..tokens.base import TokenCounter
+from ..tokens.tools import count_turn, message_overhead
+from ..types import ToolCall, Turn
+
+__all__ = [
+    "DEFAULT_TOOL_RESULT_TOKENS",
+    "AgentItem",
+    "ToolLimits",
+    "agent_units",
+    "elide",
+    "item_cost",
+    "split_step",
+    "tool_sentence",
+]
+
+DEFAULT_TOOL_RESULT_TOKENS = 1000
+"""Tokens an older tool result keeps (head and tail) unless a per-tool limit says otherwise."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolLimits:
+    """How much of an older tool result reaches the model, in tokens."""
+
+    default: int = DEFAULT_TOOL_RESULT_TOKENS
+    """Limit for a tool without its own."""
+    per_tool: Mapping[str, int] = field(default_factory=dict)
+    """Limits by tool (function) name."""
+
+    def limit(self, tool: str | None) -> int:
+        return self.per_tool.get(tool or "", self.default)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentItem:
+    """One turn as it will be shown: its text (possibly elided) and, kept or not, its calls."""
+
+    turn: Turn
+    text: str
+    """The content as sent (an excerpt when ``elided``)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The calls sent with it (empty when its results are missing)."""
+    tool_call_id: str | None = None
+    elided: bool = False
+    group: int = 0
+    """Sequence number of the unit's first turn: a unit is kept or dropped as a whole."""
+
+
+def _is_call(turn: Turn) -> bool:
+    return turn.role == "assistant" and bool(turn.tool_calls)
+
+
+def agent_units(turns: Sequence[Turn]) -> list[list[Turn]]:
+    """Split ``turns`` (oldest first) into units: a plain turn alone, or a call turn with the
+    results that answer it. Results without their call are left out; a call turn whose
+    results are not all there becomes a plain turn (`AgentItem` drops its calls)."""
+    units: list[list[Turn]] = []
+    open_ids: set[str] = set()
+    for turn in turns:
+        if turn.role == "tool":
+            if open_ids and turn.tool_call_id in open_ids:
+                units[-1].append(turn)
+                open_ids.discard(turn.tool_call_id or "")
+            continue  # an orphan result: its call is outside the window or was never made
+        open_ids = {c.id for c in turn.tool_calls} if _is_call(turn) else set()
+        units.append([turn])
+    return units
+
+
+def _complete(unit: Sequence[Turn]) -> bool:
+    head = unit[0]
+    if not _is_call(head):
+        return True
+    answered = {t.tool_call_id for t in unit[1:]}
+    return all(c.id in answered for c in head.tool_calls)
+
+
+def _prefix(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """The longest prefix of ``text`` within ``max_tokens`` (searched in a bounded window)."""
+    window = text[: max(0, max_tokens) * 16]
+    lo, hi, best = 0, len(window), 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if count(window[:mid]) <= max_tokens:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return window[:best]
+
+
+def _suffix(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    window = text[len(text) - max(0, max_tokens) * 16 :] if max_tokens * 16 < len(text) else text
+    lo, hi, best = 0, len(window), len(window)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if count(window[mid:]) <= max_tokens:
+            best, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return window[best:]
+
+
+def elide(text: str, tokens: int, max_tokens: int, count: Callable[[str], int], *, seq: int, zh: bool) -> str:
+    """A head/tail excerpt of ``text`` (``tokens`` long) within ``max_tokens``, with a marker
+    saying how much was left out and which stored turn holds it whole; ``text`` if it fits."""
+    if tokens <= max_tokens:
+        return text
+    marker = (
+        f"\n[…已省略约 {tokens} 个词元中的大部分；完整结果保存在第 {seq} 轮…]\n"
+        if zh
+        else f"\n[… most of {tokens} tokens elided; the whole result is stored as turn {seq} …]\n"
+    )
+    room = max_tokens - count(marker) - 2  # two tokens of slack for the joins
+    if room <= 0:
+        return marker.strip()
+    head = _prefix(text, room * 2 // 3, count)
+    tail = _suffix(text, room - count(head), count)
+    return head + marker + tail
+
+
+def _item(turn: Turn, group: int, keep_calls: bool, limit: int | None, count: Callable[[str], int], zh: bool) -> AgentItem:
+    text = turn.content
+    if limit is not None and turn.role == "tool":
+        text = elide(text, turn.tokens, limit, count, seq=turn.seq, zh=zh)
+    return AgentItem(
+        turn=turn,
+        text=text,
+        tool_calls=turn.tool_calls if keep_calls else (),
+        tool_call_id=turn.tool_call_id,
+        elided=text != turn.content,
+        group=group,
+    )
+
+
+def unit_items(
+    unit: Sequence[Turn], *, limits: ToolLimits | None, count: Callable[[str], int], zh: bool
+) -> list[AgentItem]:
+    """The items of one unit; results elided to ``limits`` (``None`` = whole)."""
+    group = unit[0].seq
+    if not _complete(unit):
+        # Results missing: the call turn alone, without its calls, and only if it said something.
+        head = unit[0]
+        return [_item(head, group, False, None, count, zh)] if head.content.strip() else []
+    tool_names = {c.id: c.name for c in unit[0].tool_calls}
+    items = []
+    for turn in unit:
+        limit = limits.limit(turn.tool_name or tool_names.get(turn.tool_call_id or "")) if limits else None
+        items.append(_item(turn, group, True, limit, count, zh))
+    return items
+
+
+def item_cost(item: AgentItem, counter: TokenCounter, count: Callable[[str], int]) -> int:
+    """Tokens of ``item`` as one chat message, overhead included (stored count when unchanged)."""
+    turn = item.turn
+    overhead = message_overhead(counter, turn.role)
+    if not item.elided and item.tool_calls == turn.tool_calls:
+        return turn.tokens + overhead
+    if turn.role == "tool":
+        return count_turn(_Counting(counter, count), item.text, tool_result=True) + overhead
+    return count_turn(_Counting(counter, count), item.text, tool_calls=item.tool_calls) + overhead
+
+
+class _Counting:
+    """``counter`` with its ``count`` replaced by a cached one (same numbers, fewer calls)."""
+
+    def __init__(self, counter: TokenCounter, count: Callable[[str], int]) -> None:
+        self.name = counter.name
+        self.exact = counter.exact
+        self.message_overhead = counter.message_overhead
+        self.reply_overhead = counter.reply_overhead
+        self._count = count
+
+    def count(self, text: str) -> int:
+        return self._count(text)
+
+
+def split_step(turns: Sequence[Turn]) -> tuple[list[Turn], Turn | None, list[Turn]]:
+    """``(history, latest user turn, agent step)``: the step is what followed the latest
+    user turn (the model's calls and their results) when the log does not end with it."""
+    for i in range(len(turns) - 1, -1, -1):
+        if turns[i].role == "user":
+            return list(turns[:i]), turns[i], list(turns[i + 1 :])
+    return list(turns), None, []
+
+
+def iter_items(
+    units: Sequence[Sequence[Turn]], *, limits: ToolLimits | None, count: Callable[[str], int], zh: bool
+) -> Iterator[AgentItem]:
+    for unit in units:
+        yield from unit_items(unit, limits=limits, count=count, zh=zh)
+
+
+def _arguments_phrase(arguments: str, limit: int = 80) -> str:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments[:limit]
+    if isinstance(value, dict):
+        text = ", ".join(f"{k} {_scalar(v)}" for k, v in value.items())
+    else:
+        text = _scalar(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, str):
+        return f"“{value}”"
+    if isinstance(value, list | dict):
+        return f"{len(value)} items" if isinstance(value, list) else "an object"
+    return str(value)
+
+
+def tool_sentence(turn: Turn, *, zh: bool, result_chars: int = 160, name: str | None = None) -> str:
+    """What an agent item did, as one sentence and never raw JSON: ``Called search with
+    query “x”.`` or ``search returned: <the start of the result>``. Empty for plain turns."""
+    if _is_call(turn):
+        calls = [f"{c.name}({_arguments_phrase(c.arguments)})" for c in turn.tool_calls]
+        said = turn.content.strip()
+        lead = ("调用了 " if zh else "Called ") + ("、" if zh else ", ").join(calls) + ("。" if zh else ".")
+        return f"{said} {lead}".strip() if said else lead
+    if turn.role == "tool":
+        tool = name or turn.tool_name or ("工具" if zh else "the tool")
+        body = " ".join(turn.content.split())
+        if body.startswith(("{", "[")):
+            body = _arguments_phrase(body, result_chars)
+        body = body if len(body) <= result_chars else body[: result_chars - 1] + "…"
+        return f"{tool} 返回：{body}" if zh else f"{tool} returned: {body}"
+    return ""
+
+
+def step_items(
+    step: Sequence[Turn],
+    room: int,
+    *,
+    counter: TokenCounter,
+    count: Callable[[str], int],
+    zh: bool,
+) -> tuple[list[AgentItem], int]:
+    """The current agent step (calls and results after the latest user turn) within ``room``
+    tokens: whole when it fits, else every result cut to the largest common limit that fits
+    (at least a marker each). Returns the items and their cost; the cost may exceed ``room``
+    when not even the markers fit (the caller reports the message as too large)."""
+    units = agent_units(step)
+
+    def build(limit: int | None) -> tuple[list[AgentItem], int]:
+        limits = None if limit is None else ToolLimits(default=limit)
+        items = list(iter_items(units, limits=limits, count=count, zh=zh))
+        return items, sum(item_cost(i, counter, count) for i in items)
+
+    items, cost = build(None)
+    if cost <= room:
+        return items, cost
+    lo, hi = 0, max((t.tokens for t in step if t.role == "tool"), default=0)
+    best = build(0)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        candidate = build(mid)
+        if candidate[1] <= room:
+            best, lo = candidate, mid + 1
+        else:
+            hi = mid - 1
+    return best
