@@ -11,6 +11,7 @@ reachable by recall); per-tool limits decide how big is big.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,34 +92,34 @@ def _complete(unit: Sequence[Turn]) -> bool:
     return all(c.id in answered for c in head.tool_calls)
 
 
-def _prefix(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
-    """The longest prefix of ``text`` within ``max_tokens`` (searched in a bounded window)."""
-    window = text[: max(0, max_tokens) * 16]
-    lo, hi, best = 0, len(window), 0
-    while lo <= hi:
+def _longest(text: str, max_tokens: int, count: Callable[[str], int], *, tail: bool, chars_per_token: float) -> str:
+    """A near-longest prefix (or suffix) of ``text`` within ``max_tokens``: searched in a
+    window sized from the text's own characters per token, to within 2 %."""
+    if max_tokens <= 0:
+        return ""
+    size = min(len(text), int(max_tokens * chars_per_token * 1.5) + 32)
+
+    def part(n: int) -> str:
+        return text[len(text) - n :] if tail else text[:n]
+
+    if count(part(size)) <= max_tokens:
+        return part(size)
+    lo, hi = 0, size  # part(lo) fits, part(hi) does not
+    while hi - lo > max(1, hi // 50):
         mid = (lo + hi) // 2
-        if count(window[:mid]) <= max_tokens:
-            best, lo = mid, mid + 1
+        if count(part(mid)) <= max_tokens:
+            lo = mid
         else:
-            hi = mid - 1
-    return window[:best]
+            hi = mid
+    return part(lo)
 
 
-def _suffix(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
-    window = text[len(text) - max(0, max_tokens) * 16 :] if max_tokens * 16 < len(text) else text
-    lo, hi, best = 0, len(window), len(window)
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if count(window[mid:]) <= max_tokens:
-            best, hi = mid, mid - 1
-        else:
-            lo = mid + 1
-    return window[best:]
-
-
+@functools.lru_cache(maxsize=1024)
 def elide(text: str, tokens: int, max_tokens: int, count: Callable[[str], int], *, seq: int, zh: bool) -> str:
     """A head/tail excerpt of ``text`` (``tokens`` long) within ``max_tokens``, with a marker
-    saying how much was left out and which stored turn holds it whole; ``text`` if it fits."""
+    saying how much was left out and which stored turn holds it whole; ``text`` if it fits.
+
+    Cached: the same old result is elided the same way at every turn."""
     if tokens <= max_tokens:
         return text
     marker = (
@@ -127,10 +128,11 @@ def elide(text: str, tokens: int, max_tokens: int, count: Callable[[str], int], 
         else f"\n[… most of {tokens} tokens elided; the whole result is stored as turn {seq} …]\n"
     )
     room = max_tokens - count(marker) - 2  # two tokens of slack for the joins
-    if room <= 0:
-        return marker.strip()
-    head = _prefix(text, room * 2 // 3, count)
-    tail = _suffix(text, room - count(head), count)
+    if room <= 0:  # no room for an excerpt: the shortest marker that still points at the turn
+        return f"[…已省略 {tokens} 词元，见第 {seq} 轮]" if zh else f"[… {tokens} tokens elided, see turn {seq}]"
+    ratio = max(1.0, len(text) / max(1, tokens))
+    head = _longest(text, room * 2 // 3, count, tail=False, chars_per_token=ratio)
+    tail = _longest(text[len(head) :], room - count(head), count, tail=True, chars_per_token=ratio)
     return head + marker + tail
 
 
@@ -266,13 +268,39 @@ def step_items(
     items, cost = build(None)
     if cost <= room:
         return items, cost
-    lo, hi = 0, max((t.tokens for t in step if t.role == "tool"), default=0)
-    best = build(0)
-    while lo <= hi:
+    floor = build(0)
+    if floor[1] > room:
+        return floor
+    # The largest common limit whose excerpts fit (water-filling on the stored counts), then
+    # checked with the exact counter and lowered by the overshoot until it fits.
+    sizes = sorted(i.turn.tokens for i in items if i.turn.role == "tool")
+    spare = room - sum(item_cost(i, counter, count) - i.turn.tokens for i in items if i.turn.role == "tool") \
+        - sum(item_cost(i, counter, count) for i in items if i.turn.role != "tool")
+    limit = _water_level(sizes, spare)
+    for _ in range(8):
+        if limit <= 0:
+            break
+        candidate = build(limit)
+        if candidate[1] <= room:
+            return candidate
+        limit -= (candidate[1] - room) // max(1, len(sizes)) + 1
+    return floor
+
+
+def _water_level(sizes: Sequence[int], total: int) -> int:
+    """The largest ``level`` with ``sum(min(size, level)) <= total`` (``sizes`` ascending)."""
+    remaining = total
+    for i, size in enumerate(sizes):
+        share = remaining // (len(sizes) - i)
+        if size > share:
+            return max(0, share)
+        remaining -= size
+    return sizes[-1] if sizes else 0
+    while hi - lo > max(8, hi // 50):  # to within 2 % of the largest limit that fits
         mid = (lo + hi) // 2
         candidate = build(mid)
         if candidate[1] <= room:
-            best, lo = candidate, mid + 1
+            best, lo = candidate, mid
         else:
-            hi = mid - 1
+            hi = mid
     return best
