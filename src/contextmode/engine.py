@@ -17,12 +17,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
+from .agent_turn import AgentRequest
 from .assembly import AssemblyConfig, Context, assemble, cut_to_tokens, to_messages
+from .assembly.agent import as_sentence
 from .errors import ModelError, NoPreviousAnswer
 from .jobs import JobRunner, JobSettings
 from .memory.budget import Budget
 from .memory.strategies import Strategy, get_strategy
-from .models.base import ChatModel
+from .models.base import ChatModel, ToolCallDelta
 from .models.offline import OfflineResponder
 from .processors.base import (
     ConstraintExtractor,
@@ -37,7 +39,7 @@ from .processors.intents import build_follow_up_prompt
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .tokens.base import TokenCounter
-from .types import ChatMessage, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
+from .types import ChatMessage, NewTurn, SessionState, Summary, ToolCall, Turn, utc_now, validate_id
 
 __all__ = ["Engine", "PreparedTurn", "TurnEvent", "TurnResult"]
 
@@ -69,13 +71,15 @@ class PreparedTurn:
 class TurnEvent:
     """One event of a streamed turn."""
 
-    kind: Literal["prepared", "delta", "done"]
+    kind: Literal["prepared", "delta", "tool_call", "done"]
     text: str = ""
     """The answer's text delta (``delta``) or the whole answer (``done``)."""
     prepared: PreparedTurn | None = None
     """Set on ``prepared``."""
     result: TurnResult | None = None
     """Set on ``done``."""
+    tool_call: ToolCallDelta | None = None
+    """Set on ``tool_call``: a piece of a tool call the model is making (agent turns)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +100,8 @@ class TurnResult:
     """Time spent streaming the model's answer, milliseconds."""
     error: str | None = None
     """The model error that cut the answer short, if any."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tool calls the model made (agent turns); the client runs them and sends the results."""
 
 
 class Engine:
@@ -175,7 +181,8 @@ class Engine:
         state = await self.load(tenant, session_id, chosen)
         # The offline responder's text describes a request instead of answering it: it must
         # not become the entity a pronoun is resolved to.
-        history = [t for t in state.turns if not t.metadata.get("offline")]
+        # Tool results (often huge JSON) are no antecedents for a pronoun either.
+        history = [t for t in state.turns if not t.metadata.get("offline") and t.role != "tool"]
         detection = await self.detector.detect(message, history) if history else Detection(needs_context=False)
         current = message
         rewrite: Rewrite | None = None
@@ -301,6 +308,16 @@ class Engine:
             model_ms=model_ms,
         )
         yield TurnEvent(kind="done", text=answer, result=result)
+
+    def stream_agent(
+        self, tenant: str, session_id: str, request: AgentRequest, *, mode: Mode | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[TurnEvent]:
+        """One step of an agent loop (a user message or tool results in, text or tool calls
+        out), streamed like `stream`; see `contextmode.agent_turn`."""
+        from .agent_turn import stream_agent_turn
+
+        return stream_agent_turn(self, tenant, session_id, request, mode=mode, metadata=metadata)
 
     async def turn(self, tenant: str, session_id: str, message: str, **kwargs: Any) -> TurnResult:
         """Run one turn and return the whole answer."""
@@ -435,7 +452,7 @@ class Engine:
             turns = await self.store.turns(tenant, session_id, from_seq=start, to_seq=end)
             if not turns:
                 return False
-            result = await self.summarizer.summarize(previous, turns)
+            result = await self.summarizer.summarize(previous, [as_sentence(t) for t in turns])
             summary = Summary(
                 text=result.text,
                 covers_seq=turns[-1].seq,

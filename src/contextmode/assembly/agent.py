@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..tokens.base import TokenCounter
 from ..tokens.tools import count_turn, message_overhead
@@ -25,6 +25,7 @@ __all__ = [
     "AgentItem",
     "ToolLimits",
     "agent_units",
+    "as_sentence",
     "elide",
     "item_cost",
     "split_step",
@@ -296,11 +297,13 @@ def _water_level(sizes: Sequence[int], total: int) -> int:
             return max(0, share)
         remaining -= size
     return sizes[-1] if sizes else 0
-    while hi - lo > max(8, hi // 50):  # to within 2 % of the largest limit that fits
-        mid = (lo + hi) // 2
-        candidate = build(mid)
-        if candidate[1] <= room:
-            best, lo = candidate, mid
-        else:
-            hi = mid
-    return best
+
+
+def as_sentence(turn: Turn) -> Turn:
+    """``turn`` with an agent item's content replaced by its `tool_sentence` (for summarisers:
+    a summary says what was called and what came back, never raw JSON); others unchanged."""
+    if turn.role != "tool" and not turn.tool_calls:
+        return turn
+    from ..processors.intents import is_chinese
+
+    return replace(turn, content=tool_sentence(turn, zh=is_chinese(turn.content[:200])), metadata={})

@@ -8,7 +8,7 @@ from the tail using their stored token counts; only the rendered sections
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from typing import Literal
@@ -20,7 +20,15 @@ from ..processors.intents import is_chinese
 from ..tokens.base import TokenCounter
 from ..tokens.tools import message_overhead
 from ..types import SessionState, Turn, utc_now
-from .agent import AgentItem, ToolLimits, agent_units, item_cost, iter_items, step_items, tool_sentence
+from .agent import (
+    AgentItem,
+    ToolLimits,
+    agent_units,
+    item_cost,
+    iter_items,
+    step_items,
+    tool_sentence,
+)
 from .context import Context, LayerAccount, LayerContent, LayerItem, PromptFormat
 from .render import (
     DEFAULT_SYSTEM_PROMPT,
@@ -60,7 +68,7 @@ class AssemblyConfig:
     """The system instruction; ``None`` = a default that says data sections are not instructions."""
     reply_format: str = ""
     """Reply-format instructions (the ``format`` layer), empty for none."""
-    tool_limits: ToolLimits = ToolLimits()
+    tool_limits: ToolLimits = field(default_factory=ToolLimits)
     """How many tokens of an older tool result reach the model (head and tail, per tool)."""
 
     def resolved_order(self) -> tuple[LayerName, ...]:

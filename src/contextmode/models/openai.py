@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
 from ..types import ChatMessage
+from .base import ModelEvent, TextDelta, ToolCallDelta, ToolChoice, ToolSpec
 from .settings import LLMSettings, check_model_request_allowed
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["ModelUsage", "OpenAIChatModel", "map_openai_error"]
+__all__ = ["ModelUsage", "OpenAIChatModel", "map_openai_error", "wire_message"]
 
 logger = logging.getLogger("contextmode.models.openai")
 
@@ -160,7 +161,7 @@ class OpenAIChatModel:
         check_model_request_allowed(self.base_url)
         request: dict[str, Any] = {
             "model": self.name,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [wire_message(m) for m in messages],
         }
         if max_tokens is not None:
             request["max_tokens"] = max_tokens
@@ -217,6 +218,41 @@ class OpenAIChatModel:
             if finished:  # the answer was complete; only the trailing usage/[DONE] was lost
                 logger.info("model stream broke after its finish_reason: %s", type(exc).__name__)
             else:
+                raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
+        finally:
+            await _close_quietly(stream)
+        if not finished:
+            raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
+
+    async def stream_events(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: ToolChoice | None = None,
+        max_tokens: int | None = None,
+    ) -> AsyncIterator[ModelEvent]:
+        """Like `stream`, with ``tools`` offered: yields text and tool-call deltas."""
+        request = self._request(messages, max_tokens)
+        if tools:
+            request["tools"] = [dict(t) for t in tools]
+        if tool_choice is not None:
+            request["tool_choice"] = tool_choice if isinstance(tool_choice, str) else dict(tool_choice)
+        stream = await self._create(request, stream=True)
+        finished = False
+        try:
+            async for chunk in stream:
+                if getattr(chunk, "usage", None) is not None:
+                    self._record_usage(chunk.usage)
+                for choice in chunk.choices or ():
+                    for event in _delta_events(choice.delta):
+                        yield event
+                    if choice.finish_reason:
+                        finished = True
+        except ModelError:
+            raise
+        except Exception as exc:
+            if not finished:
                 raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
         finally:
             await _close_quietly(stream)
@@ -284,3 +320,37 @@ async def _close_quietly(stream: Any) -> None:
         await close()
     except Exception:  # closing a broken connection may fail again; the first error is the one that counts
         logger.debug("closing the model stream failed", exc_info=True)
+
+
+def wire_message(message: ChatMessage) -> dict[str, Any]:
+    """``message`` in OpenAI's JSON shape, tool calls and the answered call id included."""
+    wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        wire["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+        wire["content"] = message.content or None
+    if message.tool_call_id is not None:
+        wire["tool_call_id"] = message.tool_call_id
+    return wire
+
+
+def _delta_events(delta: Any) -> list[ModelEvent]:
+    if delta is None:
+        return []
+    events: list[ModelEvent] = []
+    text = getattr(delta, "content", None)
+    if text:
+        events.append(TextDelta(text=text))
+    for call in getattr(delta, "tool_calls", None) or ():
+        function = getattr(call, "function", None)
+        events.append(
+            ToolCallDelta(
+                index=int(getattr(call, "index", 0) or 0),
+                id=getattr(call, "id", None),
+                name=getattr(function, "name", None) if function else None,
+                arguments=(getattr(function, "arguments", None) or "") if function else "",
+            )
+        )
+    return events

@@ -41,8 +41,8 @@ def wire_pairing_errors(messages: Sequence[Mapping[str, Any]]) -> list[str]:
             call_id = m.get("tool_call_id")
             if call_id not in answerable:
                 errors.append(f"message {i}: tool result {call_id!r} answers no call of the assistant message before it")
-            answerable.discard(call_id)  # type: ignore[arg-type]
-            waiting.discard(call_id)  # type: ignore[arg-type]
+            answerable.discard(call_id)
+            waiting.discard(call_id)
             continue
         if waiting:
             errors.append(f"message {i}: calls {sorted(waiting)} have no result before a {role} message")
