@@ -141,8 +141,7 @@ def check(turns: list[Turn], next_message: str | None, strategy: str, budget_tok
                        now=T0 + timedelta(days=1), agent_step=step)
     except MessageTooLarge:
         # Only when the message, the system prompt and the step cut to bare markers cannot fit.
-        floor = count_messages(c, [to_messages_floor(message, step)[0], *to_messages_floor(message, step)[1]])  # type: ignore[arg-type]
-        assert floor > budget.input_tokens * 0.5, (floor, budget.input_tokens)
+        assert _floor(message, step, ctx_locale(message, step), fmt) > budget.input_tokens
         return "too_large"
     messages = to_messages(ctx)
     if fmt == "text":
@@ -172,16 +171,21 @@ def _expected_step(step: Sequence[Turn]) -> list[Turn]:
     return [t for unit in agent_units(step) for t in unit] if step else []
 
 
-def to_messages_floor(message: str, step: Sequence[Turn]) -> tuple[object, list[object]]:
+def ctx_locale(message: str, step: Sequence[Turn]) -> str:
+    from contextmode.processors.intents import is_chinese
+
+    return "zh" if is_chinese(message) else "en"
+
+
+def _floor(message: str, step: Sequence[Turn], locale: str, fmt: str) -> int:
+    """The least the request can cost: system prompt, message, and the step cut to bare markers."""
     from contextmode.assembly.render import DEFAULT_SYSTEM_PROMPT
     from contextmode.types import ChatMessage
 
-    sys = ChatMessage(role="system", content=DEFAULT_SYSTEM_PROMPT["en"])
-    rest: list[object] = [ChatMessage(role="user", content=message)]
-    for t in _expected_step(step):
-        rest.append(ChatMessage(role=t.role, content="" if t.role == "tool" else t.content, tool_calls=t.tool_calls,
-                                tool_call_id=t.tool_call_id))
-    return sys, rest
+    c = counter()
+    cut = step_items(step, 0, counter=c, count=_cached_count(c), zh=locale == "zh")[1]  # type: ignore[arg-type]
+    head = [ChatMessage(role="system", content=DEFAULT_SYSTEM_PROMPT[locale]), ChatMessage(role="user", content=message)]
+    return count_messages(c, head) + cut  # type: ignore[arg-type]
 
 
 STRATEGY_NAMES = sorted(STRATEGIES)
