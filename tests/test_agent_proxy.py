@@ -148,3 +148,33 @@ async def test_tool_message_without_call_id_is_a_clear_error(sdk: Any) -> None:
         await sdk.chat.completions.create(
             model="m", user="x", messages=[{"role": "user", "content": "hi"}, {"role": "tool", "content": "r"}],
         )
+
+
+async def test_http_api_and_cli_show_tool_items(stub: StubServer, tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from contextmode.cli.render import turns_table
+
+    model = OpenAIChatModel(model="stub-model", base_url=stub.url, api_key="k", max_retries=0)
+    engine = make_engine(model)
+    app = create_app(engine, make_settings(tmp_path))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        body = {"model": "m", "user": "a1", "tools": TOOLS, "messages": [{"role": "user", "content": "find flights"}]}
+        reply = (await http.post("/v1/chat/completions", json=body)).json()
+        calls = reply["choices"][0]["message"]["tool_calls"]
+        body["messages"] += [reply["choices"][0]["message"],
+                             *({"role": "tool", "tool_call_id": c["id"], "content": f"hit {c['id']}"} for c in calls)]
+        await http.post("/v1/chat/completions", json=body)
+        session = (await http.get("/v1/sessions/a1")).json()["data"]
+        context = (await http.get("/v1/sessions/a1/context", params={"message": "and hotels?"})).json()["data"]
+    turns = session["turns"]
+    assert [c["name"] for c in turns[1]["tool_calls"]] == [c["function"]["name"] for c in calls]
+    assert turns[2]["role"] == "tool" and turns[2]["tool_call_id"] == calls[0]["id"]
+    sent = context["messages"]
+    assert [m["role"] for m in sent[1:5]] == ["user", "assistant", "tool", "tool"]
+    assert sent[2]["tool_calls"][0]["id"] == calls[0]["id"]
+    console = Console(record=True, width=200)
+    console.print(turns_table(await engine.store.turns("t", "a1") or await engine.store.turns("local", "a1")))
+    text = console.export_text()
+    assert "Called search(query “find flights”, part 0)" in text and "returned: hit" in text
+    await engine.close()

@@ -34,6 +34,9 @@ export function renderHistory(turns) {
         turn.seq,
         count ? el("div", { class: "image-note" }, `🖼 ${t("imagesAttached", count)}`) : null,
         el("div", { class: "message-text" }, turn.content),
+        turn.tool_calls?.length
+          ? el("div", { class: "tool-calls muted" }, turn.tool_calls.map((c) => `🔧 ${c.name}(${c.arguments})`).join("\n"))
+          : null,
         turn.partial ? el("div", { class: "muted" }, t("partial")) : null,
       );
       node.dataset.state = turn.partial ? "partial" : "done";
