@@ -195,17 +195,12 @@ def assemble(
     fixed_costs = {name: count(text) + sep_cost for name, text in fixed_sections.items()}
     system_message_overhead = message_overhead(counter, "system") if as_messages else 0
     available = input_budget - current_cost - sum(fixed_costs.values()) - system_message_overhead
-    step, step_cost = _agent_step(
-        agent_step, available - _pins_reserve(state, count, locale, sep_cost, available),
-        counter, count, lang, as_messages, locale,
+    shape = _Shape(counter=counter, count=count, locale=locale, as_messages=as_messages)
+    step, step_cost, current_text = _current_step(
+        agent_step, available, _pins_reserve(state, count, locale, sep_cost, available), shape, sent, current_text
     )
-    if step and step_cost > available:  # not even cut to markers with the pins' room kept aside
-        step, step_cost = _agent_step(agent_step, available, counter, count, lang, as_messages, locale)
     current_cost += step_cost
     available -= step_cost
-    if step and not as_messages:
-        current_text = section_text("current", layer_title("current", locale), [
-            f"{role_label('user', locale)}: {sent}", *(c.line for c in step)])
     if available < 0:
         raise MessageTooLarge(current_cost + sum(fixed_costs.values()), input_budget)
 
@@ -232,7 +227,7 @@ def assemble(
                 continue
             line = turn_line(t, locale, now=now)
             candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t))
-    candidates["recent"] = _recent_candidates(plan.recent, config.tool_limits, counter, count, lang, as_messages, locale)
+    candidates["recent"] = _recent_candidates(plan.recent, config.tool_limits, shape)
 
     section_overheads = {
         name: count(section_text(name, layer_title(name, locale), [""])) + sep_cost
@@ -293,6 +288,43 @@ def assemble(
 # -- agent items (tool calls and results): see assembly/agent.py -----------------
 
 
+def _drop_oldest_unit(chosen: dict[LayerName, list[_Candidate]], dropped: dict[LayerName, list[int]]) -> None:
+    """Drop the oldest recent turn, with the rest of its unit (a call and its results)."""
+    oldest = min(chosen["recent"], key=lambda c: c.seq or 0)
+    gone = [c for c in chosen["recent"] if c is oldest or (c.group is not None and c.group == oldest.group)]
+    chosen["recent"] = [c for c in chosen["recent"] if c not in gone]
+    dropped["recent"] = [*(c.seq for c in gone if c.seq is not None), *dropped["recent"]]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How agent items are costed and shown in this assembly."""
+
+    counter: TokenCounter
+    count: Callable[[str], int]
+    locale: str
+    as_messages: bool
+
+    @property
+    def zh(self) -> bool:
+        return self.locale.startswith("zh")
+
+
+def _current_step(
+    turns: Sequence[Turn], available: int, pins_reserve: int, shape: _Shape, sent: str, current_text: str
+) -> tuple[list[_Candidate], int, str]:
+    """The agent step after the current message, its cost, and the current section (text form)."""
+    if not turns:
+        return [], 0, current_text
+    step, cost = _agent_step(turns, available - pins_reserve, shape)
+    if cost > available:  # not even the markers fit with the pins' room kept aside
+        step, cost = _agent_step(turns, available, shape)
+    if not shape.as_messages:
+        lines = [f"{role_label('user', shape.locale)}: {sent}", *(c.line for c in step)]
+        current_text = section_text("current", layer_title("current", shape.locale), lines)
+    return step, cost, current_text
+
+
 def _pins_reserve(state: SessionState, count: Callable[[str], int], locale: str, sep_cost: int, available: int) -> int:
     """Room an agent step leaves for the pinned constraints: four times what they cost, since
     they may take a quarter of what remains (`allocate`); at most half of ``available``."""
@@ -314,38 +346,29 @@ def _agent_line(item: AgentItem, locale: str) -> str:
     return line
 
 
-def _agent_candidate(item: AgentItem, counter: TokenCounter, count: Callable[[str], int],
-                     as_messages: bool, locale: str) -> _Candidate:
-    if as_messages:
-        return _Candidate(item.text, item_cost(item, counter, count), item.turn.seq, item.turn, item=item, group=item.group)
-    line = _agent_line(item, locale)
-    return _Candidate(item.text, count(line) + 1, item.turn.seq, item.turn, item=item, group=item.group)
+def _agent_candidate(item: AgentItem, shape: _Shape) -> _Candidate:
+    if shape.as_messages:
+        cost = item_cost(item, shape.counter, shape.count)
+        return _Candidate(item.text, cost, item.turn.seq, item.turn, item=item, group=item.group)
+    line = _agent_line(item, shape.locale)
+    return _Candidate(item.text, shape.count(line) + 1, item.turn.seq, item.turn, item=item, group=item.group)
 
 
-def _agent_step(
-    turns: Sequence[Turn], room: int, counter: TokenCounter, count: Callable[[str], int],
-    lang: str, as_messages: bool, locale: str,
-) -> tuple[list[_Candidate], int]:
+def _agent_step(turns: Sequence[Turn], room: int, shape: _Shape) -> tuple[list[_Candidate], int]:
     """The current agent step as candidates, and what it costs (results cut only to fit ``room``)."""
-    if not turns:
-        return [], 0
-    items, _ = step_items(turns, room, counter=counter, count=count, zh=lang == "zh")
-    cands = [_agent_candidate(i, counter, count, as_messages, locale) for i in items]
-    if not as_messages:
-        for c in cands:
-            assert c.item is not None
-            c.line = _agent_line(c.item, locale)
+    items, _ = step_items(turns, room, counter=shape.counter, count=shape.count, zh=shape.zh)
+    cands = [_agent_candidate(i, shape) for i in items]
+    if not shape.as_messages:
+        for c, item in zip(cands, items, strict=True):
+            c.line = _agent_line(item, shape.locale)
     return cands, sum(c.cost for c in cands)
 
 
-def _recent_candidates(
-    turns: Sequence[Turn], limits: ToolLimits, counter: TokenCounter, count: Callable[[str], int],
-    lang: str, as_messages: bool, locale: str,
-) -> list[_Candidate]:
+def _recent_candidates(turns: Sequence[Turn], limits: ToolLimits, shape: _Shape) -> list[_Candidate]:
     """Recent turns newest first, grouped into units (a call with its results); older
     results elided to their tool's limit."""
-    items = list(iter_items(agent_units(turns), limits=limits, count=count, zh=lang == "zh"))
-    return [_agent_candidate(i, counter, count, as_messages, locale) for i in reversed(items)]
+    items = list(iter_items(agent_units(turns), limits=limits, count=shape.count, zh=shape.zh))
+    return [_agent_candidate(i, shape) for i in reversed(items)]
 
 
 def _fill_units(cands: Sequence[_Candidate], limit: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:
@@ -527,10 +550,7 @@ def _render(
         if total <= input_budget or not chosen.get("recent"):
             break
         # Boundary effects made the exact total exceed the budget: drop the oldest unit and redo.
-        oldest = min(chosen["recent"], key=lambda c: c.seq or 0)
-        gone = [c for c in chosen["recent"] if c is oldest or (c.group is not None and c.group == oldest.group)]
-        chosen["recent"] = [c for c in chosen["recent"] if c not in gone]
-        dropped["recent"] = [*(c.seq for c in gone if c.seq is not None), *dropped["recent"]]
+        _drop_oldest_unit(chosen, dropped)
 
     if total > input_budget:
         raise MessageTooLarge(total, input_budget)
