@@ -199,30 +199,9 @@ class OpenAIChatModel:
         self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
     ) -> AsyncIterator[str]:
         """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
-        request = self._request(messages, max_tokens)
-        stream = await self._create(request, stream=True)
-        finished = False
-        try:
-            async for chunk in stream:
-                if getattr(chunk, "usage", None) is not None:
-                    self._record_usage(chunk.usage)
-                for choice in chunk.choices or ():
-                    delta = getattr(choice.delta, "content", None) if choice.delta else None
-                    if delta:
-                        yield delta
-                    if choice.finish_reason:
-                        finished = True
-        except ModelError:
-            raise
-        except Exception as exc:
-            if finished:  # the answer was complete; only the trailing usage/[DONE] was lost
-                logger.info("model stream broke after its finish_reason: %s", type(exc).__name__)
-            else:
-                raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
-        finally:
-            await _close_quietly(stream)
-        if not finished:
-            raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
+        async for event in self.stream_events(messages, max_tokens=max_tokens):
+            if event.kind == "text":
+                yield event.text
 
     async def stream_events(
         self,
@@ -232,7 +211,8 @@ class OpenAIChatModel:
         tool_choice: ToolChoice | None = None,
         max_tokens: int | None = None,
     ) -> AsyncIterator[ModelEvent]:
-        """Like `stream`, with ``tools`` offered: yields text and tool-call deltas."""
+        """Text and tool-call deltas as they arrive (``tools`` offered when given); raise
+        `ModelError` subclasses on failure, including a stream that ends before its finish_reason."""
         request = self._request(messages, max_tokens)
         if tools:
             request["tools"] = [dict(t) for t in tools]
@@ -252,7 +232,9 @@ class OpenAIChatModel:
         except ModelError:
             raise
         except Exception as exc:
-            if not finished:
+            if finished:  # the answer was complete; only the trailing usage/[DONE] was lost
+                logger.info("model stream broke after its finish_reason: %s", type(exc).__name__)
+            else:
                 raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
         finally:
             await _close_quietly(stream)
