@@ -281,3 +281,21 @@ def test_elide_keeps_head_and_tail_within_the_limit() -> None:
     out = elide(text, c.count(text), 200, c.count, seq=9, zh=False)
     assert c.count(out) <= 200 and out.startswith(text[:10]) and out.endswith(text[-10:]) and "turn 9" in out
     assert elide("short", 1, 200, c.count, seq=1, zh=False) == "short"
+
+
+def test_other_adapters_carry_tool_items_as_text() -> None:
+    from contextmode.assembly import to_anthropic, to_text
+
+    call = ToolCall(id="c1", name="search", arguments='{"q": "x"}')
+    turns = [_turn(1, "user", "find x"), _turn(2, "assistant", "", tool_metadata(tool_calls=[call])),
+             _turn(3, "tool", "x is 42", tool_metadata(tool_call_id="c1", tool_name="search")),
+             _turn(4, "assistant", "It is 42.")]
+    state = SessionState(tenant="t", session_id="s", last_seq=4, turns=tuple(turns))
+    ctx = assemble(state, "thanks", counter=counter(), strategy="token_window")  # type: ignore[arg-type]
+    anthropic = to_anthropic(ctx)
+    assert {m["role"] for m in anthropic["messages"]} <= {"user", "assistant"}
+    assert "search" in anthropic["messages"][1]["content"] and "[c1] x is 42" in anthropic["messages"][2]["content"]
+    text_ctx = assemble(state, "thanks", counter=counter(), strategy="token_window",  # type: ignore[arg-type]
+                        config=AssemblyConfig(format="text"))
+    text = to_text(text_ctx)
+    assert "Called search(q “x”)." in text and "Tool result: x is 42" in text
