@@ -165,6 +165,10 @@ async def test_http_api_and_cli_show_tool_items(stub: StubServer, tmp_path: Path
         body["messages"] += [reply["choices"][0]["message"],
                              *({"role": "tool", "tool_call_id": c["id"], "content": f"hit {c['id']}"} for c in calls)]
         await http.post("/v1/chat/completions", json=body)
+        body["messages"] += [{"role": "user", "content": "just answer"}]
+        forced = (await http.post("/v1/chat/completions", json={**body, "tool_choice": "none"})).json()
+        assert stub.chat_requests[-1].body["tool_choice"] == "none"
+        assert forced["choices"][0]["finish_reason"] == "stop" and "tool_calls" not in forced["choices"][0]["message"]
         session = (await http.get("/v1/sessions/a1")).json()["data"]
         context = (await http.get("/v1/sessions/a1/context", params={"message": "and hotels?"})).json()["data"]
     turns = session["turns"]
