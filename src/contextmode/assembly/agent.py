@@ -11,8 +11,9 @@ reachable by recall); per-tool limits decide how big is big.
 
 from __future__ import annotations
 
-import functools
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -115,14 +116,34 @@ def _longest(text: str, max_tokens: int, count: Callable[[str], int], *, tail: b
     return part(lo)
 
 
-@functools.lru_cache(maxsize=1024)
+_EXCERPTS: OrderedDict[tuple[int, int, int, int, int, int, bool], str] = OrderedDict()
+_EXCERPTS_MAX = 4096
+_EXCERPTS_LOCK = threading.Lock()
+
+
 def elide(text: str, tokens: int, max_tokens: int, count: Callable[[str], int], *, seq: int, zh: bool) -> str:
     """A head/tail excerpt of ``text`` (``tokens`` long) within ``max_tokens``, with a marker
     saying how much was left out and which stored turn holds it whole; ``text`` if it fits.
 
-    Cached: the same old result is elided the same way at every turn."""
+    Cached by the text's hash, never the text itself (a 50k-token result is not pinned in
+    memory): the same old result is elided the same way at every turn."""
     if tokens <= max_tokens:
         return text
+    key = (hash(text), len(text), tokens, max_tokens, id(count), seq, zh)
+    with _EXCERPTS_LOCK:
+        cached = _EXCERPTS.get(key)
+        if cached is not None:
+            _EXCERPTS.move_to_end(key)
+            return cached
+    excerpt = _excerpt(text, tokens, max_tokens, count, seq=seq, zh=zh)
+    with _EXCERPTS_LOCK:
+        _EXCERPTS[key] = excerpt
+        if len(_EXCERPTS) > _EXCERPTS_MAX:
+            _EXCERPTS.popitem(last=False)
+    return excerpt
+
+
+def _excerpt(text: str, tokens: int, max_tokens: int, count: Callable[[str], int], *, seq: int, zh: bool) -> str:
     marker = (
         f"\n[…已省略约 {tokens} 个词元中的大部分；完整结果保存在第 {seq} 轮…]\n"
         if zh
