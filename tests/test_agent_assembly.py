@@ -67,10 +67,9 @@ def _result_text(kind: int, zh: bool, variant: int) -> str:
 
 
 def _turn(seq: int, role: str, content: str, meta: dict[str, object] | None = None) -> Turn:
-    c = counter()
     meta = meta or {}
-    probe = Turn(seq=seq, role=role, content=content, tokens=0, created_at=T0, metadata=meta)  # type: ignore[arg-type]
-    tokens = count_turn(c, content, tool_calls=probe.tool_calls, tool_result=role == "tool")  # type: ignore[arg-type]
+    calls = tuple(ToolCall(**c) for c in meta.get("tool_calls", ()))  # type: ignore[attr-defined]
+    tokens = count_turn(counter(), content, tool_calls=calls, tool_result=role == "tool")  # type: ignore[arg-type]
     return Turn(seq=seq, role=role, content=content, tokens=tokens,  # type: ignore[arg-type]
                 created_at=T0 + timedelta(minutes=seq), metadata=meta)
 
@@ -113,7 +112,8 @@ def _state(history: Sequence[Turn], draw_summary: int, pins: int, strategy_recen
     summary = Summary(text="The user asked about flights and logs; search returned prices.",
                       covers_seq=history[covers - 1].seq, tokens=12) if covers else None
     window = list(history[-max(strategy_recent, len(history) - covers, 1):]) if history else []
-    older = [t for t in history if t not in window]
+    first_shown = window[0].seq if window else len(history) + 1
+    older = [t for t in history if t.seq < first_shown]
     return SessionState(
         tenant="t", session_id="s", last_seq=history[-1].seq if history else 0, turns=tuple(window), summary=summary,
         constraints=tuple(Constraint(key=k, value=v, source_seq=1) for k, v in PINS[:pins]),
