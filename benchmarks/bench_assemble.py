@@ -17,6 +17,14 @@ What is timed (median over many calls, milliseconds):
   walk the whole history on every call, so large sizes are skipped when one
   call is predicted to take more than 30 s.
 
+- tool-heavy agent histories (``--tools-only`` runs just these): a log of 100 and
+  of 100,000 items where assistant turns make one to three parallel tool calls
+  and the results come back, one in ten of them a 5k–50k-token dump (a file, a
+  search page); ``assemble()`` with the default strategy, both on a log that
+  ends with a user message and on one that ends inside an agent step (the
+  latest results after the latest user turn). Old big results are elided,
+  units of a call and its results are kept whole.
+
 Turns are realistic mixed Chinese/English chat (short user turns, longer
 answers), counted once with the exact o200k counter during setup, as the
 store keeps them. Each assemble call gets a new message (so the current
@@ -41,11 +49,12 @@ from pathlib import Path
 from typing import Any
 
 from contextmode.assembly import assemble
+from contextmode.assembly.agent import split_step
 from contextmode.memory import Budget, get_strategy
 from contextmode.store.memory import MemoryStore
 from contextmode.store.sqlite import SQLiteStore
-from contextmode.tokens import TokenCounter, counter_for_model
-from contextmode.types import NewTurn, Role, SessionState, Summary
+from contextmode.tokens import TokenCounter, count_turn, counter_for_model
+from contextmode.types import NewTurn, Role, SessionState, Summary, ToolCall, tool_metadata
 
 SIZES = (100, 100_000)
 TENANT, SESSION = "bench", "s1"
@@ -146,6 +155,97 @@ async def time_whole_path(store: Any, counter: TokenCounter, strategy: str, reps
     return median_ms(samples)
 
 
+# -- tool-heavy agent histories -------------------------------------------------------
+
+TOOL_NAMES = ("search", "read_file", "sql")
+
+
+def big_results(counter: TokenCounter, rng: random.Random) -> list[tuple[str, int]]:
+    """A few 5k–50k-token dumps (counted once; the log reuses them, as the store would keep copies)."""
+    out = []
+    for size in (5_000, 20_000, 50_000):
+        for pool in (ZH_ANSWER, EN_ANSWER):
+            text = ""
+            while len(text) < size * 2:
+                text += rng.choice(pool) + f" id={rng.randrange(10**6)}\n"
+            out.append((text, counter.count(text)))
+    return out
+
+
+def make_agent_turns(n: int, rng: random.Random, counter: TokenCounter) -> list[NewTurn]:
+    """``n`` items: user turns, assistant turns with 1–3 parallel tool calls, their results
+    (one in ten a big dump) and answers; counted with the exact counter (cached by content)."""
+    counts: dict[str, int] = {}
+    dumps = big_results(counter, rng)
+    start = NOW - timedelta(minutes=n)
+    turns: list[NewTurn] = []
+
+    def add(role: Role, text: str, meta: dict[str, Any], calls: Sequence[ToolCall] = ()) -> None:
+        key = text if not calls else text + "".join(c.name + c.arguments for c in calls)
+        if key not in counts:
+            counts[key] = count_turn(counter, text, tool_calls=calls, tool_result=role == "tool")
+        turns.append(NewTurn(role=role, content=text, tokens=counts[key], metadata=meta,
+                             created_at=start + timedelta(minutes=len(turns))))
+
+    while len(turns) < n:
+        zh = rng.random() < 0.5
+        add("user", rng.choice(ZH_USER if zh else EN_USER), {})
+        for _ in range(rng.randint(1, 3)):
+            calls = [ToolCall(id=f"call_{len(turns)}_{k}", name=rng.choice(TOOL_NAMES),
+                              arguments=json.dumps({"q": rng.choice(MESSAGES)}, ensure_ascii=False))
+                     for k in range(rng.randint(1, 3))]
+            add("assistant", "", tool_metadata(tool_calls=calls), calls)
+            for call in calls:
+                text = rng.choice(dumps)[0] if rng.random() < 0.1 else rng.choice(ZH_ANSWER if zh else EN_ANSWER)
+                add("tool", text, tool_metadata(tool_call_id=call.id, tool_name=call.name))
+        add("assistant", rng.choice(ZH_ANSWER if zh else EN_ANSWER), {})
+    turns = turns[:n]
+    while turns[-1].role != "tool":  # end inside an agent step: results after the latest user turn
+        turns.pop()
+    return turns
+
+
+def time_agent_assemble(state: SessionState, counter: TokenCounter, reps: int, *, in_step: bool) -> float:
+    """Median ms of ``assemble()`` on a tool-heavy state: a new message, or the step continuing."""
+    budget = Budget()
+    samples = []
+    history, user, step = split_step(state.turns)
+    step_state = SessionState(tenant=state.tenant, session_id=state.session_id, last_seq=state.last_seq,
+                              turns=tuple(history), summary=state.summary)
+    for i in range(reps):
+        t0 = time.perf_counter_ns()
+        if in_step and user is not None:
+            assemble(step_state, user.content, counter=counter, budget=budget, now=NOW, agent_step=step)
+        else:
+            assemble(state, f"{MESSAGES[i % len(MESSAGES)]} {i}", counter=counter, budget=budget, now=NOW)
+        samples.append(time.perf_counter_ns() - t0)
+    return median_ms(samples)
+
+
+async def agent_rows(counter: TokenCounter, reps: int, out: dict[str, Any]) -> list[tuple[str, int, str, str]]:
+    rows: list[tuple[str, int, str, str]] = []
+    log = make_agent_turns(max(SIZES), random.Random(7), counter)
+    medians: dict[tuple[str, int], float] = {}
+    for n in SIZES:
+        # Both sizes end with the same items: only the length of the history differs.
+        items = log[-n:]
+        memory = MemoryStore()
+        await fill(memory, items, counter)
+        state = await load_state(memory, "sliding_summary")
+        for label, in_step in (("new message", False), ("inside a step", True)):
+            ms = time_agent_assemble(state, counter, reps, in_step=in_step)
+            medians[(label, n)] = ms
+            rows.append((f"assemble() tool-heavy, {label}", len(items), f"{ms:.3f}",
+                         f"{sum(t.role == 'tool' for t in items):,} results in the log"))
+    small, big = SIZES
+    for label in ("new message", "inside a step"):
+        key = label.replace(" ", "_")
+        out[f"tools_median_ms_{key}_{small}"] = round(medians[(label, small)], 4)
+        out[f"tools_median_ms_{key}_{big}"] = round(medians[(label, big)], 4)
+        out[f"tools_ratio_{key}"] = round(medians[(label, big)] / medians[(label, small)], 3)
+    return rows
+
+
 # -- other libraries ------------------------------------------------------------------
 
 
@@ -241,11 +341,18 @@ async def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--no-frameworks", action="store_true", help="skip LangChain/LlamaIndex")
+    parser.add_argument("--tools-only", action="store_true", help="only the tool-heavy agent histories")
     args = parser.parse_args(argv)
     reps = 300 if args.quick else 3000
     path_reps = 100 if args.quick else 1000
 
     counter = counter_for_model("gpt-4o")
+    if args.tools_only:
+        tools_out: dict[str, Any] = {}
+        for what, n, shown, note in await agent_rows(counter, reps, tools_out):
+            print(f"{what:48} {n:>8,} {shown:>10}  {note}")
+        print(json.dumps({**tools_out, "counter": counter.name, "python": sys.version.split()[0]}))
+        return
     rng = random.Random(42)
     t0 = time.perf_counter()
     raw = make_turns(max(SIZES), rng)
@@ -275,6 +382,7 @@ async def main(argv: Sequence[str]) -> None:
                     rows.append((f"{label}.load() + assemble() {strategy}", n, f"{ms:.3f}", ""))
             await sqlite.close()
 
+    rows += await agent_rows(counter, reps, out)
     if not args.no_frameworks:
         fw_sizes = {n: histories[100_000][:n] for n in (100, 1_000, 10_000, 100_000)}
         rows += framework_rows(fw_sizes, counter, out)

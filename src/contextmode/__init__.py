@@ -9,6 +9,7 @@ print(cm.context("demo", "推荐一家餐厅").summary_line())
 ```
 """
 
+from .agent_turn import AgentRequest, ToolResult
 from .api import ContextMode, build_engine
 from .assembly import AssemblyConfig, Context, assemble, to_anthropic, to_messages, to_text
 from .engine import Engine, PreparedTurn, TurnEvent, TurnResult
@@ -25,11 +26,21 @@ from .errors import (
 )
 from .memory import Budget, get_strategy
 from .settings import EngineSettings
-from .types import ChatMessage, Constraint, NewTurn, SessionState, Summary, Turn
+from .types import (
+    ChatMessage,
+    Constraint,
+    NewTurn,
+    SessionState,
+    Summary,
+    ToolCall,
+    Turn,
+    tool_metadata,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgentRequest",
     "AssemblyConfig",
     "Budget",
     "ChatMessage",
@@ -50,6 +61,8 @@ __all__ = [
     "SessionState",
     "StoreError",
     "Summary",
+    "ToolCall",
+    "ToolResult",
     "Turn",
     "TurnEvent",
     "TurnResult",
@@ -61,4 +74,5 @@ __all__ = [
     "to_anthropic",
     "to_messages",
     "to_text",
+    "tool_metadata",
 ]

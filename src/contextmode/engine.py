@@ -17,12 +17,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from .agent_turn import AgentRequest
 from .assembly import AssemblyConfig, Context, assemble, cut_to_tokens, to_messages
+from .assembly.agent import as_sentence
 from .errors import ModelError, NoPreviousAnswer
 from .jobs import JobRunner, JobSettings
 from .memory.budget import Budget
 from .memory.strategies import Strategy, get_strategy
-from .models.base import ChatModel
+from .models.base import ChatModel, ToolCallDelta
 from .models.offline import OfflineResponder
 from .processors.base import (
     ConstraintExtractor,
@@ -47,6 +49,7 @@ from .types import (
     NewTurn,
     SessionState,
     Summary,
+    ToolCall,
     Turn,
     require_text,
     utc_now,
@@ -88,13 +91,15 @@ class PreparedTurn:
 class TurnEvent:
     """One event of a streamed turn."""
 
-    kind: Literal["prepared", "delta", "done"]
+    kind: Literal["prepared", "delta", "tool_call", "done"]
     text: str = ""
     """The answer's text delta (``delta``) or the whole answer (``done``)."""
     prepared: PreparedTurn | None = None
     """Set on ``prepared``."""
     result: TurnResult | None = None
     """Set on ``done``."""
+    tool_call: ToolCallDelta | None = None
+    """Set on ``tool_call``: a piece of a tool call the model is making (agent turns)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +120,8 @@ class TurnResult:
     """Time spent streaming the model's answer, milliseconds."""
     error: str | None = None
     """The model error that cut the answer short, if any."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """The tool calls the model made (agent turns); the client runs them and sends the results."""
 
 
 class Engine:
@@ -196,7 +203,8 @@ class Engine:
         # Engine notices (the offline responder's text) describe a request instead of
         # answering it: they never feed memory, the rewrite or the model's history.
         state = _without_notices(state)
-        history = list(state.turns)
+        # Tool results (often huge JSON) are no antecedents for a pronoun either.
+        history = [t for t in state.turns if t.role != "tool"]
         detection = await self.detector.detect(message, history) if history else Detection(needs_context=False)
         current, rewrite, rejected = await self._rewrite_step(state, message, detection, chosen)
         verified_text = rewrite.text if rewrite is not None and rewrite.changed and rewrite.verified else None
@@ -241,7 +249,7 @@ class Engine:
         self, state: SessionState, message: str, detection: Detection, strategy: Strategy
     ) -> tuple[str, Rewrite | None, Rewrite | None]:
         """``(current message, verified rewrite or None, rejected rewrite or None)``: a
-        seed-000 template answers a follow-up intent; otherwise the rewriter's output goes
+        follow-up template (design article 000) answers a follow-up intent; otherwise the rewriter's output goes
         through the verifier (a rewrite is a hint until it accepts it)."""
         if detection.intent in _TEMPLATE_INTENTS:
             if not state.last_answer:
@@ -249,7 +257,7 @@ class Engine:
             return self._follow_up_prompt(detection, state.last_answer, message), None, None
         if not (detection.needs_context and self.settings.rewrite and state.turns):
             return message, None, None
-        recent = list(state.turns)[-max(strategy.recent_turns, 4):]
+        recent = [t for t in state.turns if t.role != "tool"][-max(strategy.recent_turns, 4):]
         summary = state.summary.text if state.summary else None
         rewrite, rejected = await verified(self.rewriter, message, recent, summary=summary)
         return message, rewrite, rejected
@@ -343,6 +351,16 @@ class Engine:
             model_ms=model_ms,
         )
         yield TurnEvent(kind="done", text=answer, result=result)
+
+    def stream_agent(
+        self, tenant: str, session_id: str, request: AgentRequest, *, mode: Mode | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> AsyncIterator[TurnEvent]:
+        """One step of an agent loop (a user message or tool results in, text or tool calls
+        out), streamed like `stream`; see `contextmode.agent_turn`."""
+        from .agent_turn import stream_agent_turn
+
+        return stream_agent_turn(self, tenant, session_id, request, mode=mode, metadata=metadata)
 
     async def turn(self, tenant: str, session_id: str, message: str, **kwargs: Any) -> TurnResult:
         """Run one turn and return the whole answer."""
@@ -567,7 +585,8 @@ class Engine:
             if not turns:
                 return False
             # Engine notices are never summarised; the summary still covers their seqs.
-            remembered = [t for t in turns if not t.notice]
+            # Tool calls and results are summarised as sentences, never raw JSON.
+            remembered = [as_sentence(t) for t in turns if not t.notice]
             if remembered:
                 text = (await self.summarizer.summarize(previous, remembered)).text
             else:

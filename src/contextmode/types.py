@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, Literal
 
 from .errors import EmptyMessage, InvalidSessionId
@@ -25,13 +26,16 @@ __all__ = [
     "Role",
     "SessionState",
     "Summary",
+    "ToolCall",
     "Turn",
     "require_text",
+    "tool_metadata",
     "utc_now",
     "validate_id",
 ]
 
-Role = Literal["user", "assistant", "system"]
+Role = Literal["user", "assistant", "system", "tool"]
+"""``tool`` is the result of one tool call (it answers the call id in ``tool_call_id``)."""
 ConstraintKind = Literal["preference", "constraint", "identity", "fact"]
 
 NOTICE_PREFIXES: tuple[str, ...] = ("（未配置模型）", "(No model configured)")
@@ -62,7 +66,77 @@ def utc_now() -> datetime:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NewTurn:
+class ToolCall:
+    """One tool call an assistant turn asked for (OpenAI's ``tool_calls[i]``)."""
+
+    id: str
+    """The call id a ``tool`` turn answers with ``tool_call_id``."""
+    name: str
+    """The function name."""
+    arguments: str = "{}"
+    """The arguments as the model wrote them (JSON text, kept verbatim)."""
+
+
+_TOOL_CALLS = "tool_calls"
+_TOOL_CALL_ID = "tool_call_id"
+_TOOL_NAME = "tool_name"
+
+
+def tool_metadata(
+    *, tool_calls: Sequence[ToolCall] = (), tool_call_id: str | None = None, tool_name: str | None = None
+) -> dict[str, Any]:
+    """The metadata keys that make a turn an agent item.
+
+    Tool calls and results travel in the turn's JSON metadata, so every store
+    keeps them append-only in the existing turn record, and data stored before
+    they existed reads back unchanged (a turn without these keys is plain text).
+    """
+    meta: dict[str, Any] = {}
+    if tool_calls:
+        meta[_TOOL_CALLS] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in tool_calls]
+    if tool_call_id is not None:
+        meta[_TOOL_CALL_ID] = tool_call_id
+    if tool_name:
+        meta[_TOOL_NAME] = tool_name
+    return meta
+
+
+def _calls_from(metadata: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+    raw = metadata.get(_TOOL_CALLS)
+    if not isinstance(raw, list):
+        return ()
+    return tuple(
+        ToolCall(id=str(c.get("id", "")), name=str(c.get("name", "")), arguments=str(c.get("arguments", "{}")))
+        for c in raw
+        if isinstance(c, Mapping)
+    )
+
+
+class _AgentFields:
+    """Typed views of the agent keys in ``metadata`` (shared by `NewTurn` and `Turn`)."""
+
+    metadata: Mapping[str, Any]
+
+    @cached_property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """Tool calls of an assistant turn, in the order the model made them (empty otherwise)."""
+        return _calls_from(self.metadata)
+
+    @property
+    def tool_call_id(self) -> str | None:
+        """For a ``tool`` turn: the call it answers."""
+        value = self.metadata.get(_TOOL_CALL_ID)
+        return str(value) if value is not None else None
+
+    @property
+    def tool_name(self) -> str | None:
+        """For a ``tool`` turn: the function that produced it, when known."""
+        value = self.metadata.get(_TOOL_NAME)
+        return str(value) if value else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewTurn(_AgentFields):
     """A turn about to be appended; the store gives it its sequence number."""
 
     role: Role
@@ -70,7 +144,8 @@ class NewTurn:
     content: str
     """The text, verbatim."""
     tokens: int
-    """Token count of ``content`` under the session's counter, computed once."""
+    """Token count of the turn under the session's counter, computed once: ``content``
+    plus, for agent items, the tool calls' names and arguments (`contextmode.tokens.count_turn`)."""
     created_at: datetime = field(default_factory=utc_now)
     """When it was said (UTC)."""
     emotion: float | None = None
@@ -80,7 +155,7 @@ class NewTurn:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Turn:
+class Turn(_AgentFields):
     """One stored turn of the append-only log."""
 
     seq: int
@@ -150,6 +225,10 @@ class ChatMessage:
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Assistant messages: the tool calls it made."""
+    tool_call_id: str | None = None
+    """``tool`` messages: the call this result answers."""
 
 
 @dataclass(frozen=True, kw_only=True)

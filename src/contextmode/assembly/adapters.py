@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..types import ChatMessage
-from .context import Context
+from .context import Context, LayerItem
 from .render import SECTION_SEPARATOR
 
 __all__ = ["to_anthropic", "to_messages", "to_text"]
@@ -30,9 +30,19 @@ def to_messages(context: Context) -> list[ChatMessage]:
         messages.append(ChatMessage(role="system", content=system))
     recent = context.layer("recent")
     if recent is not None:
-        messages.extend(ChatMessage(role=item.role or "user", content=item.text) for item in recent.items)
+        messages.extend(_message(item) for item in recent.items)
     messages.append(ChatMessage(role="user", content=context.message))
+    current = context.layer("current")
+    if current is not None:
+        # An agent loop's current step: the calls and results that followed the message.
+        messages.extend(_message(item) for item in current.items[1:])
     return messages
+
+
+def _message(item: LayerItem) -> ChatMessage:
+    return ChatMessage(
+        role=item.role or "user", content=item.text, tool_calls=item.tool_calls, tool_call_id=item.tool_call_id
+    )
 
 
 def to_anthropic(context: Context) -> dict[str, Any]:
@@ -46,10 +56,17 @@ def to_anthropic(context: Context) -> dict[str, Any]:
     for m in messages:
         if m.role == "system":
             continue
-        if turns and turns[-1]["role"] == m.role:
-            turns[-1]["content"] += "\n\n" + m.content
+        # Tool items go as text here (a call as a sentence, a result as the user's side).
+        role = "user" if m.role == "tool" else m.role
+        content = m.content
+        if m.tool_calls:
+            content = (content + "\n" if content else "") + "; ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
+        elif m.role == "tool":
+            content = f"[{m.tool_call_id}] {content}"
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"] += "\n\n" + content
         else:
-            turns.append({"role": m.role, "content": m.content})
+            turns.append({"role": role, "content": content})
     if turns and turns[0]["role"] == "assistant":
         marker = "（继续之前的对话）" if context.locale.startswith("zh") else "(continuing our conversation)"
         turns.insert(0, {"role": "user", "content": marker})

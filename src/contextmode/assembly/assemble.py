@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 
@@ -18,7 +18,17 @@ from ..memory.budget import FLEXIBLE_LAYERS, Budget, LayerName, allocate
 from ..memory.strategies import Strategy, get_strategy
 from ..processors.intents import is_chinese
 from ..tokens.base import TokenCounter
+from ..tokens.tools import message_overhead
 from ..types import SessionState, Turn, utc_now
+from .agent import (
+    AgentItem,
+    ToolLimits,
+    agent_units,
+    item_cost,
+    iter_items,
+    step_items,
+    tool_sentence,
+)
 from .context import Context, LayerAccount, LayerContent, LayerItem, PromptFormat
 from .render import (
     DEFAULT_SYSTEM_PROMPT,
@@ -83,6 +93,8 @@ class AssemblyConfig:
     """The system instruction; ``None`` = a default that says data sections are not instructions."""
     reply_format: str = ""
     """Reply-format instructions (the ``format`` layer), empty for none."""
+    tool_limits: ToolLimits = field(default_factory=ToolLimits)
+    """How many tokens of an older tool result reach the model (head and tail, per tool)."""
 
     def resolved_order(self) -> tuple[LayerName, ...]:
         order = order_preset(self.order) if isinstance(self.order, str) else tuple(self.order)
@@ -144,6 +156,10 @@ class _Candidate:
     day: str | None = None
     """Recall: the day heading this turn is shown under (one heading per day, not per line)."""
     day_cost: int = 0
+    item: AgentItem | None = None
+    """Recent turns: the turn as shown (tool calls, elided result)."""
+    group: int | None = None
+    """Recent turns: the unit (a call and its results) kept or dropped as a whole."""
 
 
 def paired_turns(turns: Sequence[Turn]) -> list[Turn]:
@@ -183,14 +199,17 @@ def assemble(
     now: datetime | None = None,
     standalone: str | None = None,
     hint: str | None = None,
+    agent_step: Sequence[Turn] = (),
 ) -> Context:
     """Build exactly what the model receives for ``message``, inside ``budget``.
 
     ``standalone`` is the rewritten question when the message needed context;
     it replaces the message as sent (decoupled mode). ``hint`` is a verified rewrite shown
     as a labelled hint after the system prompt while the message is sent verbatim
-    (contextual mode). Raises `MessageTooLarge` when the message
-    alone does not fit the input budget.
+    (contextual mode). ``agent_step`` holds the tool calls and results that followed
+    ``message`` (an agent loop's current step): they come after it, always present, their
+    results cut only when the whole step does not fit. Raises `MessageTooLarge` when the
+    message alone does not fit the input budget.
     """
     strategy = get_strategy(strategy)
     budget = budget or Budget()
@@ -201,8 +220,6 @@ def assemble(
     lang = "zh" if locale.startswith("zh") else "en"
     count = _cached_count(counter)
     overhead = counter.message_overhead
-    # Chat formats such as DeepSeek's wrap each role differently; count each role's own overhead.
-    role_overheads = getattr(counter, "role_overheads", None) or {}
     sep_cost = count(SECTION_SEPARATOR)
     as_messages = config.format == "messages"
     plan = strategy.plan(state, message, now=now)
@@ -214,7 +231,7 @@ def assemble(
     # Layers that are always whole: the current message, the system prompt, the reply format.
     if as_messages:
         current_text = sent
-        current_cost = count(sent) + role_overheads.get("user", overhead) + counter.reply_overhead
+        current_cost = count(sent) + message_overhead(counter, "user") + counter.reply_overhead
     else:
         current_text = section_text("current", layer_title("current", locale), [f"{role_label('user', locale)}: {sent}"])
         current_cost = count(current_text) + sep_cost
@@ -229,8 +246,14 @@ def assemble(
     if config.reply_format:
         fixed_sections["format"] = section_text("format", layer_title("format", locale), [config.reply_format])
     fixed_costs = {name: count(text) + sep_cost for name, text in fixed_sections.items()}
-    system_message_overhead = role_overheads.get("system", overhead) if as_messages else 0
+    system_message_overhead = message_overhead(counter, "system") if as_messages else 0
     available = input_budget - current_cost - sum(fixed_costs.values()) - system_message_overhead
+    shape = _Shape(counter=counter, count=count, locale=locale, as_messages=as_messages)
+    step, step_cost, current_text = _current_step(
+        agent_step, available, _pins_reserve(state, count, locale, sep_cost, available), shape, sent, current_text
+    )
+    current_cost += step_cost
+    available -= step_cost
     if available < 0:
         raise MessageTooLarge(current_cost + sum(fixed_costs.values()), input_budget)
 
@@ -257,10 +280,7 @@ def assemble(
                 continue
             line = turn_line(t, locale, now=now)
             candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t))
-    label_costs = {role: count(f"{role_label(role, locale)}: ") for role in ("user", "assistant", "system")}
-    for t in reversed(plan.recent):  # newest first
-        cost = t.tokens + role_overheads.get(t.role, overhead) if as_messages else t.tokens + label_costs[t.role] + 1
-        candidates["recent"].append(_Candidate(t.content, cost, t.seq, t))
+    candidates["recent"] = _recent_candidates(plan.recent, config.tool_limits, shape)
 
     section_overheads = {
         name: count(section_text(name, layer_title(name, locale), [""])) + sep_cost
@@ -293,7 +313,10 @@ def assemble(
     for name in fill_order:
         cands = candidates[name]
         limit = alloc.get(name, 0) + (leftover if name == "recent" else 0)
-        picked, cut = _fill(name, cands, limit - section_overheads[name], count, as_messages, overhead)
+        if name == "recent":
+            picked, cut = _fill_units(cands, limit - section_overheads[name], count)
+        else:
+            picked, cut = _fill(name, cands, limit - section_overheads[name], count, as_messages, overhead)
         if not picked:
             picked, cut = [], False
         day_costs = {c.day: c.day_cost for c in picked if c.day is not None}
@@ -312,8 +335,135 @@ def assemble(
         fixed_sections=fixed_sections, fixed_costs=fixed_costs, chosen=chosen, dropped=dropped,
         truncated=truncated, alloc=shares, budget=budget, order=order, locale=locale,
         as_messages=as_messages, counter=counter, count=count, strategy=strategy.name,
-        now=now, input_budget=input_budget, section_overheads=section_overheads,
+        now=now, input_budget=input_budget, section_overheads=section_overheads, step=step,
     ), hint=shown_hint)
+
+
+# -- agent items (tool calls and results): see assembly/agent.py -----------------
+
+
+def _drop_oldest_unit(chosen: dict[LayerName, list[_Candidate]], dropped: dict[LayerName, list[int]]) -> None:
+    """Drop the oldest recent turn, with the rest of its unit (a call and its results)."""
+    oldest = min(chosen["recent"], key=lambda c: c.seq or 0)
+    gone = [c for c in chosen["recent"] if c is oldest or (c.group is not None and c.group == oldest.group)]
+    chosen["recent"] = [c for c in chosen["recent"] if c not in gone]
+    dropped["recent"] = [*(c.seq for c in gone if c.seq is not None), *dropped["recent"]]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """How agent items are costed and shown in this assembly."""
+
+    counter: TokenCounter
+    count: Callable[[str], int]
+    locale: str
+    as_messages: bool
+
+    @property
+    def zh(self) -> bool:
+        return self.locale.startswith("zh")
+
+
+def _current_step(
+    turns: Sequence[Turn], available: int, pins_reserve: int, shape: _Shape, sent: str, current_text: str
+) -> tuple[list[_Candidate], int, str]:
+    """The agent step after the current message, its cost, and the current section (text form)."""
+    if not turns:
+        return [], 0, current_text
+    step, cost = _agent_step(turns, available - pins_reserve, shape)
+    if cost > available:  # not even the markers fit with the pins' room kept aside
+        step, cost = _agent_step(turns, available, shape)
+    if not shape.as_messages:
+        lines = [f"{role_label('user', shape.locale)}: {sent}", *(c.line for c in step)]
+        current_text = section_text("current", layer_title("current", shape.locale), lines)
+    return step, cost, current_text
+
+
+def _pins_reserve(state: SessionState, count: Callable[[str], int], locale: str, sep_cost: int, available: int) -> int:
+    """Room an agent step leaves for the pinned constraints: four times what they cost, since
+    they may take a quarter of what remains (`allocate`); at most half of ``available``."""
+    if not state.constraints:
+        return 0
+    demand = count(section_text("constraints", layer_title("constraints", locale), [""])) + sep_cost
+    demand += sum(count(constraint_line(c)) + 1 for c in state.constraints)
+    return min(4 * demand, available // 2)
+
+
+def _agent_line(item: AgentItem, locale: str) -> str:
+    """A recent or step item as a text-format line: agent items as a sentence, never raw JSON."""
+    zh = locale.startswith("zh")
+    if item.turn.role == "tool":
+        return f"{role_label('tool', locale)}: {data_text(item.text)}"
+    line = turn_line(item.turn, locale, content=item.text)
+    if item.tool_calls:
+        line = f"{role_label('assistant', locale)}: {data_text(tool_sentence(item.turn, zh=zh))}"
+    return line
+
+
+def _agent_candidate(item: AgentItem, shape: _Shape) -> _Candidate:
+    if shape.as_messages:
+        cost = item_cost(item, shape.counter, shape.count)
+        return _Candidate(item.text, cost, item.turn.seq, item.turn, item=item, group=item.group)
+    line = _agent_line(item, shape.locale)
+    return _Candidate(item.text, shape.count(line) + 1, item.turn.seq, item.turn, item=item, group=item.group)
+
+
+def _agent_step(turns: Sequence[Turn], room: int, shape: _Shape) -> tuple[list[_Candidate], int]:
+    """The current agent step as candidates, and what it costs (results cut only to fit ``room``)."""
+    items, _ = step_items(turns, room, counter=shape.counter, count=shape.count, zh=shape.zh)
+    cands = [_agent_candidate(i, shape) for i in items]
+    if not shape.as_messages:
+        for c, item in zip(cands, items, strict=True):
+            c.line = _agent_line(item, shape.locale)
+    return cands, sum(c.cost for c in cands)
+
+
+def _recent_candidates(turns: Sequence[Turn], limits: ToolLimits, shape: _Shape) -> list[_Candidate]:
+    """Recent turns newest first, grouped into units (a call with its results); older
+    results elided to their tool's limit."""
+    items = list(iter_items(agent_units(turns), limits=limits, count=shape.count, zh=shape.zh))
+    return [_agent_candidate(i, shape) for i in reversed(items)]
+
+
+def _fill_units(cands: Sequence[_Candidate], limit: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:
+    """Recent turns newest first, a unit at a time; the window stays contiguous. The newest
+    plain turn alone too big keeps its newest part (seed 001); a unit is never cut."""
+    picked: list[_Candidate] = []
+    spent = 0
+    i = 0
+    while i < len(cands):
+        j = i
+        while j < len(cands) and cands[j].group == cands[i].group:
+            j += 1
+        unit = cands[i:j]
+        cost = sum(c.cost for c in unit)
+        if spent + cost <= limit:
+            picked.extend(unit)
+            spent += cost
+            i = j
+            continue
+        only = unit[0]
+        if not picked and len(unit) == 1 and only.turn is not None and only.item is not None and not only.item.tool_calls \
+                and only.turn.role != "tool":
+            extra = only.cost - count(only.line)
+            text = cut_to_tokens(only.line, limit - extra, count)
+            if text:
+                item = AgentItem(turn=only.turn, text=text, group=only.group or 0, elided=True)
+                picked.append(_Candidate(text, count(text) + extra, only.seq, only.turn, item=item, group=only.group))
+                return picked, True
+        break
+    return picked, False
+
+
+def _layer_item(c: _Candidate, text: str) -> LayerItem:
+    """A recent or step turn as a layer item (with its tool calls or the call it answers)."""
+    turn, item = c.turn, c.item
+    return LayerItem(
+        text=text, tokens=c.cost, seq=c.seq, role=turn.role if turn else None,
+        created_at=turn.created_at if turn else None,
+        truncated=item.elided if item else (turn is not None and c.line != turn.content),
+        tool_calls=item.tool_calls if item else (), tool_call_id=item.tool_call_id if item else None,
+    )
 
 
 def _fill(
@@ -375,11 +525,12 @@ def _render(
     now: datetime,
     input_budget: int,
     section_overheads: dict[LayerName, int],
+    step: Sequence[_Candidate] = (),
 ) -> Context:
     layers: list[LayerContent] = []
     accounts: dict[LayerName, LayerAccount] = {}
     section_texts: list[str] = []
-    overhead = (getattr(counter, "role_overheads", None) or {}).get("system", counter.message_overhead)
+    overhead = message_overhead(counter, "system")
     while True:
         layers.clear()
         accounts.clear()
@@ -395,9 +546,13 @@ def _render(
                 section_texts.append(text)
                 continue
             if name == "current":
-                items: tuple[LayerItem, ...] = (LayerItem(text=sent, tokens=current_cost, role="user"),)
+                step_cost = sum(c.cost for c in step)
+                items: tuple[LayerItem, ...] = (
+                    LayerItem(text=sent, tokens=current_cost - step_cost, role="user"),
+                    *(_layer_item(c, c.line) for c in step),
+                )
                 layers.append(LayerContent(name=name, title=title, items=items, rendered="" if as_messages else current_text))
-                accounts[name] = LayerAccount(name=name, allocated=current_cost, used=current_cost, items=1)
+                accounts[name] = LayerAccount(name=name, allocated=current_cost, used=current_cost, items=len(items))
                 if not as_messages:
                     section_texts.append(current_text)
                 continue
@@ -417,16 +572,12 @@ def _render(
                     accounts[name] = LayerAccount(name=name, allocated=allocated, used=0, dropped_seqs=tuple(dropped[name]))
                 continue
             if name == "recent" and as_messages:
-                items = tuple(
-                    LayerItem(text=c.line, tokens=c.cost, seq=c.seq, role=c.turn.role if c.turn else None,
-                              created_at=c.turn.created_at if c.turn else None, truncated=c.turn is not None and c.line != c.turn.content)
-                    for c in picked
-                )
+                items = tuple(_layer_item(c, c.line) for c in picked)
                 used = sum(c.cost for c in picked)
                 text = ""
             else:
                 if name == "recent":
-                    lines = [turn_line(c.turn, locale, content=c.line) if c.turn else c.line for c in picked]
+                    lines = [_agent_line(c.item, locale) if c.item else c.line for c in picked]
                 else:
                     lines = [c.line for c in picked]
                     if any(c.day for c in picked):
@@ -456,11 +607,8 @@ def _render(
             total = count(SECTION_SEPARATOR.join(section_texts))
         if total <= input_budget or not chosen.get("recent"):
             break
-        # Boundary effects made the exact total exceed the budget: drop the oldest turn and redo.
-        oldest = min(chosen["recent"], key=lambda c: c.seq or 0)
-        chosen["recent"] = [c for c in chosen["recent"] if c is not oldest]
-        if oldest.seq is not None:
-            dropped["recent"] = [oldest.seq, *dropped["recent"]]
+        # Boundary effects made the exact total exceed the budget: drop the oldest unit and redo.
+        _drop_oldest_unit(chosen, dropped)
 
     if total > input_budget:
         raise MessageTooLarge(total, input_budget)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Literal
 
 from ..memory.budget import LayerName
-from ..types import Role
+from ..types import Role, ToolCall
 
 __all__ = ["Context", "LayerAccount", "LayerContent", "LayerItem", "PromptFormat"]
 
@@ -30,7 +30,12 @@ class LayerItem:
     created_at: datetime | None = None
     """For turns: when."""
     truncated: bool = False
-    """True when only the newest part of the text fitted (seed 001)."""
+    """True when only the newest part of the text fitted (seed 001), or a tool result was
+    elided to a head/tail excerpt."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """For an assistant turn: the tool calls sent with it."""
+    tool_call_id: str | None = None
+    """For a ``tool`` turn: the call it answers."""
 
 
 @dataclass(frozen=True, kw_only=True)

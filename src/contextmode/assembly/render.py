@@ -75,8 +75,8 @@ def rewrite_hint(hint: str, locale: str) -> str:
 
 
 _ROLE_LABELS: dict[str, dict[str, str]] = {
-    "zh": {"user": "用户", "assistant": "助手", "system": "系统"},
-    "en": {"user": "User", "assistant": "Assistant", "system": "System"},
+    "zh": {"user": "用户", "assistant": "助手", "system": "系统", "tool": "工具结果"},
+    "en": {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool result"},
 }
 
 
@@ -142,9 +142,15 @@ def turn_line(
     Dated lines (recalled turns) show the day only: it is what "when did…"
     questions need, and the minutes cost four tokens a line. A turn whose
     metadata names its ``speaker`` (group chats, replayed dialogues) is
-    labelled with that name instead of the role.
+    labelled with that name instead of the role. A tool call or result reads as one
+    sentence (`tool_sentence`).
     """
     body = turn.content if content is None else content
+    if content is None and (turn.role == "tool" or turn.tool_calls):
+        # Agent items read as a sentence (what was called, what came back), never raw JSON.
+        from .agent import tool_sentence
+
+        body = tool_sentence(turn, zh=_lang(locale) == "zh")
     prefix = ""
     if dated:
         prefix = f"[{format_date(turn.created_at)[:10]}] "

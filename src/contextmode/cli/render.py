@@ -10,7 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..assembly import Context
+from ..assembly.agent import tool_sentence
 from ..engine import PreparedTurn
+from ..processors.intents import is_chinese
 from ..trace import TurnTrace
 from ..types import Constraint, Turn
 
@@ -89,7 +91,12 @@ def prepared_panel(prepared: PreparedTurn, *, show_messages: bool = False) -> Pa
     parts.append(context_table(prepared.context))
     if show_messages:
         for m in prepared.messages:
-            parts.append(Text(f"[{m.role}] ", style="bold").append(m.content, style=""))
+            line = Text(f"[{m.role}] ", style="bold").append(m.content, style="")
+            if m.tool_calls:
+                line.append(" → " + ", ".join(f"{c.name}({c.arguments})" for c in m.tool_calls), style="magenta")
+            if m.tool_call_id:
+                line = Text(f"[tool {m.tool_call_id}] ", style="bold").append(m.content[:200], style="")
+            parts.append(line)
     return Panel(Group(*parts), title=f"context for: {prepared.context.original_message[:40]}", title_align="left")  # type: ignore[arg-type]
 
 
@@ -100,7 +107,8 @@ def turns_table(turns: Sequence[Turn], constraints: Sequence[Constraint] = ()) -
     for col in ("turn", "seq", "role", "tokens", "emotion", "content"):
         table.add_column(col, justify="right" if col in ("turn", "seq", "tokens", "emotion") else "left")
     for t in turns:
-        content = t.content if len(t.content) < 80 else t.content[:77] + "…"
+        text = tool_sentence(t, zh=is_chinese(t.content[:200])) if t.tool_calls or t.role == "tool" else t.content
+        content = text if len(text) < 80 else text[:77] + "…"
         if t.seq in pinned:
             content += f"  📌 {pinned[t.seq]}"
         if t.partial:

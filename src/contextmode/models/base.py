@@ -9,11 +9,27 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeGuard, runtime_checkable
 
 from ..types import ChatMessage
 
-__all__ = ["ChatModel", "JsonSchema", "StructuredChatModel"]
+__all__ = [
+    "ChatModel",
+    "JsonSchema",
+    "ModelEvent",
+    "StructuredChatModel",
+    "TextDelta",
+    "ToolCallDelta",
+    "ToolCallingModel",
+    "ToolChoice",
+    "ToolSpec",
+    "calls_tools",
+]
+
+ToolSpec = Mapping[str, object]
+"""One tool definition in OpenAI's shape (``{"type": "function", "function": {...}}``), passed through."""
+ToolChoice = str | Mapping[str, object]
+"""``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``."""
 
 
 @runtime_checkable
@@ -53,3 +69,50 @@ class StructuredChatModel(ChatModel, Protocol):
     ) -> str:
         """The whole answer, asked to fit ``schema`` (the text still needs validating)."""
         ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TextDelta:
+    """A piece of the answer's text."""
+
+    kind: Literal["text"] = "text"
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallDelta:
+    """A piece of one tool call, as OpenAI streams it: the first piece of call ``index``
+    carries its id and name, later ones more of its arguments."""
+
+    kind: Literal["tool_call"] = "tool_call"
+    index: int
+    """Which call of the answer (0-based); parallel calls have different indexes."""
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    """The next characters of the arguments' JSON text."""
+
+
+ModelEvent = TextDelta | ToolCallDelta
+"""What a tool-calling model streams; readers ``match`` on ``kind``."""
+
+
+@runtime_checkable
+class ToolCallingModel(ChatModel, Protocol):
+    """A model that can answer with tool calls (an ability apart from `ChatModel`)."""
+
+    def stream_events(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: ToolChoice | None = None,
+        max_tokens: int | None = None,
+    ) -> AsyncIterator[ModelEvent]:
+        """Yield text and tool-call deltas; raise `ModelError` subclasses on failure."""
+        ...
+
+
+def calls_tools(model: ChatModel) -> TypeGuard[ToolCallingModel]:
+    """True when ``model`` can be given tools and answer with tool calls."""
+    return isinstance(model, ToolCallingModel)

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
 from ..types import ChatMessage
-from .base import JsonSchema
+from .base import JsonSchema, ModelEvent, TextDelta, ToolCallDelta, ToolChoice, ToolSpec
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["ModelUsage", "OpenAIChatModel", "is_looping", "map_openai_error"]
+__all__ = ["ModelUsage", "OpenAIChatModel", "is_looping", "map_openai_error", "wire_message"]
 
 logger = logging.getLogger("contextmode.models.openai")
 
@@ -218,7 +218,7 @@ class OpenAIChatModel:
         check_model_request_allowed(self.base_url)
         request: dict[str, Any] = {
             "model": self.name,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [wire_message(m) for m in messages],
         }
         if max_tokens is not None:
             request["max_tokens"] = max_tokens
@@ -265,7 +265,7 @@ class OpenAIChatModel:
             # A llama.cpp server answers one request at a time and finishes a non-streamed one
             # even after the client gave up; a stream stops when its connection closes, so a
             # call abandoned at its timeout frees the server for the next one.
-            return "".join([delta async for delta in self._stream_request(request)])
+            return "".join([e.text async for e in self._stream_request(request) if e.kind == "text"])
         try:
             async with asyncio.timeout(self.deadline):
                 completion = await self._create(request, stream=False)
@@ -282,11 +282,30 @@ class OpenAIChatModel:
         self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
     ) -> AsyncIterator[str]:
         """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
-        request = self._request(messages, self.reply_max_tokens if max_tokens is None else max_tokens)
-        async for delta in self._stream_request(request):
-            yield delta
+        async for event in self.stream_events(messages, max_tokens=max_tokens):
+            if event.kind == "text":
+                yield event.text
 
-    async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[str]:
+    async def stream_events(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        tool_choice: ToolChoice | None = None,
+        max_tokens: int | None = None,
+    ) -> AsyncIterator[ModelEvent]:
+        """Text and tool-call deltas as they arrive (``tools`` offered when given), bounded
+        like `stream`; raise `ModelError` subclasses on failure, including a stream that ends
+        before its finish_reason."""
+        request = self._request(messages, self.reply_max_tokens if max_tokens is None else max_tokens)
+        if tools:
+            request["tools"] = [dict(t) for t in tools]
+        if tool_choice is not None:
+            request["tool_choice"] = tool_choice if isinstance(tool_choice, str) else dict(tool_choice)
+        async for event in self._stream_request(request):
+            yield event
+
+    async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[ModelEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         self.last_finish_reason = None
@@ -309,9 +328,10 @@ class OpenAIChatModel:
                         raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
                     finished = self._stop_early(f"the {self.deadline} s deadline passed")
                     break
-                for delta in self._deltas(chunk):
-                    text += delta
-                    yield delta
+                for event in self._events(chunk):
+                    if event.kind == "text":
+                        text += event.text
+                    yield event
                 finished = finished or self.last_finish_reason is not None
                 if not finished and len(text) - checked >= _LOOP_CHECK_CHARS:
                     checked = len(text)
@@ -330,15 +350,13 @@ class OpenAIChatModel:
         if not finished:
             raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
 
-    def _deltas(self, chunk: Any) -> list[str]:
-        """A chunk's text deltas; records its usage and its finish reason."""
+    def _events(self, chunk: Any) -> list[ModelEvent]:
+        """A chunk's text and tool-call deltas; records its usage and its finish reason."""
         if getattr(chunk, "usage", None) is not None:
             self._record_usage(chunk.usage)
-        deltas = []
+        deltas: list[ModelEvent] = []
         for choice in chunk.choices or ():
-            delta = getattr(choice.delta, "content", None) if choice.delta else None
-            if delta:
-                deltas.append(delta)
+            deltas.extend(_delta_events(choice.delta))
             if choice.finish_reason:
                 self.last_finish_reason = str(choice.finish_reason)
         return deltas
@@ -424,3 +442,37 @@ async def _close_quietly(stream: Any) -> None:
         await close()
     except Exception:  # closing a broken connection may fail again; the first error is the one that counts
         logger.debug("closing the model stream failed", exc_info=True)
+
+
+def wire_message(message: ChatMessage) -> dict[str, Any]:
+    """``message`` in OpenAI's JSON shape, tool calls and the answered call id included."""
+    wire: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        wire["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+        wire["content"] = message.content or None
+    if message.tool_call_id is not None:
+        wire["tool_call_id"] = message.tool_call_id
+    return wire
+
+
+def _delta_events(delta: Any) -> list[ModelEvent]:
+    if delta is None:
+        return []
+    events: list[ModelEvent] = []
+    text = getattr(delta, "content", None)
+    if text:
+        events.append(TextDelta(text=text))
+    for call in getattr(delta, "tool_calls", None) or ():
+        function = getattr(call, "function", None)
+        events.append(
+            ToolCallDelta(
+                index=int(getattr(call, "index", 0) or 0),
+                id=getattr(call, "id", None),
+                name=getattr(function, "name", None) if function else None,
+                arguments=(getattr(function, "arguments", None) or "") if function else "",
+            )
+        )
+    return events

@@ -21,12 +21,14 @@ from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from ..agent_turn import AgentRequest
 from ..engine import Engine
 from ..errors import InputError
 from ..types import validate_id
 from .codes import code_for_exception, public_message
 from .idempotency import claim
 from .images import ImageFiles, decode_images
+from .openai_tools import agent_request, agent_response
 from .responses import openai_error_body
 from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
@@ -54,6 +56,8 @@ class ProxyMessage(BaseModel):
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="Assistant messages: the calls it made.")
+    tool_call_id: str | None = Field(default=None, description="'tool' messages: the call this result answers.")
 
 
 class ChatCompletionRequest(BaseModel):
@@ -66,6 +70,8 @@ class ChatCompletionRequest(BaseModel):
     stream: StrictBool = False
     user: str | None = Field(default=None, description="Session id when no X-Session-Id header is sent.")
     stream_options: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, description="Tools offered to the model (passed through).")
+    tool_choice: str | dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -175,6 +181,9 @@ async def chat_completions(
     if not session_id:
         raise InputError("name the session: header 'X-Session-Id' or the 'user' field")
     validate_id(session_id)
+    step = agent_request(body.messages, body.tools, body.tool_choice)
+    if step is not None:
+        return await _agent_step(body, step, tenant, session_id, state)
     last_user = next((m for m in reversed(body.messages) if m.role == "user"), None)
     if last_user is None:
         raise InputError("messages must contain a user message")
@@ -182,12 +191,7 @@ async def chat_completions(
     if not message.strip():
         raise InputError("the last user message has no text")
     check_message(message, state.settings)
-    system = next((m for m in body.messages if m.role in ("system", "developer")), None)
-    engine = state.engine
-    if system is not None:
-        # The system prompt is per engine; a shallow copy shares the store, model and job runner.
-        engine = copy.copy(engine)
-        engine.system_prompt = _text_and_images(system.content)[0] or None
+    engine = _with_system_prompt(state.engine, body.messages)
     decoded = decode_images(image_urls, state.settings)
     model = body.model or engine.model.name
     headers = {"x-session-id": session_id}
@@ -234,6 +238,26 @@ async def chat_completions(
     return await serve_turn(
         state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed, headers=headers
     )
+
+
+async def _agent_step(body: ChatCompletionRequest, step: AgentRequest, tenant: str, session_id: str, state: AppState) -> Any:
+    engine = _with_system_prompt(state.engine, body.messages)
+    return await agent_response(
+        engine, tenant, session_id, step, model=body.model or engine.model.name, stream=body.stream,
+        include_usage=bool((body.stream_options or {}).get("include_usage")), metrics=state.metrics,
+        headers={"x-session-id": session_id},
+    )
+
+
+def _with_system_prompt(engine: Engine, messages: list[ProxyMessage]) -> Engine:
+    """The engine with this request's ``system`` (or ``developer``) message as its system prompt."""
+    system = next((m for m in messages if m.role in ("system", "developer")), None)
+    if system is None:
+        return engine
+    # The system prompt is per engine; a shallow copy shares the store, model and job runner.
+    engine = copy.copy(engine)
+    engine.system_prompt = _text_and_images(system.content)[0] or None
+    return engine
 
 
 @router.get("/v1/models", summary="The model behind the proxy (OpenAI shape)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
@@ -9,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import PreparedTurn, TurnResult
 from ..store.base import SessionInfo
-from ..types import Constraint, Summary, Turn
+from ..types import Constraint, Summary, ToolCall, Turn
 
 __all__ = [
     "ConstraintOut",
@@ -97,6 +98,18 @@ class RewriteOut(BaseModel):
     source: str
 
 
+class ToolCallOut(BaseModel):
+    """One tool call of an assistant turn."""
+
+    id: str
+    name: str
+    arguments: str = Field(description="The arguments' JSON text, as the model wrote it.")
+
+    @classmethod
+    def all(cls, calls: Sequence[ToolCall]) -> list[ToolCallOut]:
+        return [cls(id=c.id, name=c.name, arguments=c.arguments) for c in calls]
+
+
 class ItemOut(BaseModel):
     text: str
     tokens: int
@@ -106,6 +119,8 @@ class ItemOut(BaseModel):
     emotion: float | None = Field(
         default=None, description="Key moments: the turn's emotion intensity 0–1 (why it is one)."
     )
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    tool_call_id: str | None = None
 
 
 class LayerOut(BaseModel):
@@ -128,6 +143,8 @@ class LayerOut(BaseModel):
 class MessageOut(BaseModel):
     role: str
     content: str
+    tool_calls: list[ToolCallOut] = Field(default_factory=list)
+    tool_call_id: str | None = None
 
 
 def _key_moment_threshold(strategy: str) -> float | None:
@@ -187,6 +204,7 @@ class ContextOut(BaseModel):
                         ItemOut(
                             text=i.text, tokens=i.tokens, seq=i.seq, role=i.role, truncated=i.truncated,
                             emotion=emotions.get(i.seq) if name == "key_moments" and i.seq is not None else None,
+                            tool_calls=ToolCallOut.all(i.tool_calls), tool_call_id=i.tool_call_id,
                         )
                         for i in (content.items if content else ())
                     ]
@@ -212,7 +230,8 @@ class ContextOut(BaseModel):
             dropped_seqs=list(ctx.dropped_seqs),
             detection=DetectionOut(needs_context=d.needs_context, score=d.score, intent=d.intent, reason=d.reason),
             rewrite=RewriteOut(text=rw.text, changed=rw.changed, source=rw.source) if rw else None,
-            messages=[MessageOut(role=m.role, content=m.content) for m in prepared.messages] if full else None,
+            messages=[MessageOut(role=m.role, content=m.content, tool_calls=ToolCallOut.all(m.tool_calls),
+                                 tool_call_id=m.tool_call_id) for m in prepared.messages] if full else None,
             prepare_ms=round(prepared.prepare_ms, 3),
         )
 
@@ -256,6 +275,8 @@ class TurnRecord(BaseModel):
     emotion: float | None
     partial: bool
     metadata: dict[str, Any]
+    tool_calls: list[ToolCallOut] = Field(default_factory=list, description="Assistant turns: the tool calls made.")
+    tool_call_id: str | None = Field(default=None, description="Tool results: the call answered.")
 
     @classmethod
     def of(cls, turn: Turn) -> TurnRecord:
@@ -268,6 +289,8 @@ class TurnRecord(BaseModel):
             emotion=turn.emotion,
             partial=turn.partial,
             metadata=dict(turn.metadata),
+            tool_calls=ToolCallOut.all(turn.tool_calls),
+            tool_call_id=turn.tool_call_id,
         )
 
 

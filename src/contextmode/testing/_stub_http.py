@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from .stub_server import StubServer
 
-__all__ = ["Fault", "FaultKind", "StubRequest"]
+__all__ = ["Fault", "FaultKind", "StubAnswer", "StubRequest", "StubToolCall"]
 
 FaultKind = Literal["status", "hang", "malformed", "truncate", "unfinished", "reset"]
 
@@ -55,6 +55,25 @@ class StubRequest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StubToolCall:
+    """A tool call the stub model makes."""
+
+    name: str
+    arguments: str = "{}"
+    """JSON text; streamed in pieces of a few characters."""
+    id: str = ""
+    """The call id; empty = one is made up (``call_<n>``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StubAnswer:
+    """A reply with tool calls (a reply function may return this instead of text)."""
+
+    text: str = ""
+    tool_calls: tuple[StubToolCall, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Fault:
     """A failure applied to the next chat-completions request(s)."""
 
@@ -76,6 +95,7 @@ class Fault:
 
 class _Handler(BaseHTTPRequestHandler):
     stub: StubServer
+    _calls: tuple[StubToolCall, ...] = ()
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # small SSE writes must leave at once, not after a delayed ACK
     server_version = "contextmode-stub/1"
@@ -184,10 +204,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(fault.status, {"error": message}, headers)
             return
         try:
-            chunks, finish = stub._answer(request)
+            chunks, finish, calls = stub._answer(request)
         except Exception as exc:  # a broken reply function is a 500, not a dead server thread
             self._send_json(500, {"error": {"message": f"stub reply failed: {exc}", "type": "server_error"}})
             return
+        self._calls = calls
         if request.stream:
             self._stream(request, chunks, finish, fault)
         else:
@@ -200,8 +221,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.stub._sleep(self.stub.first_token_delay + self.stub.chunk_delay * max(0, len(chunks) - 1)):
             return
         answer = "".join(chunks)
+        message: dict[str, Any] = {"role": "assistant", "content": answer}
+        if self._calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self._calls
+            ]
         payload = self._envelope("chat.completion") | {
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": self.stub._usage(request, answer),
         }
         data = json.dumps(payload, ensure_ascii=False).encode()
@@ -226,6 +253,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _event(self, payload: dict[str, Any] | str) -> None:
         text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
         self._write_chunk(f"data: {text}\n\n".encode())
+
+    def _stream_calls(self, base: dict[str, Any]) -> None:
+        """Tool calls as OpenAI streams them: id and name first, then the arguments in pieces."""
+        for index, call in enumerate(self._calls):
+            head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            self._event(base | {"choices": [{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}]})
+            for start in range(0, len(call.arguments), 8):
+                piece = {"index": index, "function": {"arguments": call.arguments[start : start + 8]}}
+                self._event(base | {"choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
 
     def _stream(self, request: StubRequest, chunks: list[str], finish: str, fault: Fault | None) -> None:
         stub = self.stub
@@ -254,6 +290,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault and fault.kind == "malformed" and len(chunks) < 2:
             self._write_chunk(b"data: {not json}\n\n")
+        self._stream_calls(base)
         if not (fault and fault.kind == "unfinished"):
             self._event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         options = request.body.get("stream_options") if isinstance(request.body, dict) else None

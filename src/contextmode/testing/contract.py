@@ -37,7 +37,7 @@ from ..store.base import (
     keeps_traces,
 )
 from ..trace import TraceLayer, TurnTrace
-from ..types import ChatMessage, Constraint, NewTurn, Summary
+from ..types import ChatMessage, Constraint, NewTurn, Summary, ToolCall, tool_metadata
 from .ci import ci_required
 
 __all__ = [
@@ -245,6 +245,22 @@ class StoreContract:
         assert [t.seq for t in await store.turns(_T, _S, from_seq=4, to_seq=6)] == [4, 5, 6]
         assert [t.seq for t in await store.turns(_T, _S, from_seq=9)] == [9, 10]
         assert await store.turns(_T, _S, from_seq=11) == []
+
+    async def test_agent_items_round_trip_append_only(self, store: Store) -> None:
+        calls = (ToolCall(id="call_1", name="search", arguments='{"q": "里斯本"}'), ToolCall(id="call_2", name="read_file"))
+        await store.append(_T, _S, [
+            NewTurn(role="user", content="find flights", tokens=2),
+            NewTurn(role="assistant", content="", tokens=30, metadata=tool_metadata(tool_calls=calls)),
+            NewTurn(role="tool", content='{"price": 120}', tokens=5,
+                    metadata=tool_metadata(tool_call_id="call_1", tool_name="search")),
+            NewTurn(role="tool", content="x" * 5000, tokens=1000, metadata=tool_metadata(tool_call_id="call_2")),
+        ])
+        for turns in ((await store.load(_T, _S, recent=8)).turns, await store.turns(_T, _S)):
+            assert [t.role for t in turns] == ["user", "assistant", "tool", "tool"]
+            assert turns[1].tool_calls == calls and turns[1].tokens == 30
+            assert (turns[2].tool_call_id, turns[2].tool_name, turns[2].content) == ("call_1", "search", '{"price": 120}')
+            assert turns[3].tool_call_id == "call_2" and len(turns[3].content) == 5000
+            assert turns[0].tool_calls == () and turns[0].tool_call_id is None
 
     # -- derived records ----------------------------------------------------------
 

@@ -21,6 +21,7 @@ with ``llamacpp_window`` llama.cpp's ``GET /props`` and ``POST /tokenize``, and 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import signal
 import threading
@@ -28,10 +29,21 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from http.server import ThreadingHTTPServer
 
-from ._stub_http import Fault, FaultKind, StubRequest, _Handler
+from ._stub_http import Fault, FaultKind, StubAnswer, StubRequest, StubToolCall, _Handler
 from .counters import CharTokenCounter
 
-__all__ = ["Fault", "FaultKind", "StubReply", "StubRequest", "StubServer", "echo_reply", "main"]
+__all__ = [
+    "Fault",
+    "FaultKind",
+    "StubAnswer",
+    "StubReply",
+    "StubRequest",
+    "StubServer",
+    "StubToolCall",
+    "echo_reply",
+    "main",
+    "tool_agent_reply",
+]
 
 class _StubHTTPServer(ThreadingHTTPServer):
     # The default listen backlog of 5 resets connections under a load test's burst.
@@ -39,8 +51,9 @@ class _StubHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
 
-StubReply = Callable[[StubRequest], "str | Iterable[str]"]
-"""Computes the answer from the request: a string (split into chunks) or the chunks themselves."""
+StubReply = Callable[[StubRequest], "str | Iterable[str] | StubAnswer"]
+"""Computes the answer from the request: a string (split into chunks), the chunks themselves,
+or a `StubAnswer` with tool calls."""
 
 
 def echo_reply(request: StubRequest) -> str:
@@ -91,6 +104,7 @@ class StubServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._counter = CharTokenCounter()
+        self._call_serial = 0
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -192,10 +206,25 @@ class StubServer:
                 return Fault(kind="status", status=503)
         return None
 
-    def _answer(self, request: StubRequest) -> tuple[list[str], str]:
-        """The reply's chunks and finish reason: ``length`` when ``max_tokens`` cut it
-        (tokens as `CharTokenCounter` counts them)."""
+    def _answer(self, request: StubRequest) -> tuple[list[str], str, tuple[StubToolCall, ...]]:
+        """The reply's chunks, finish reason (``length`` when ``max_tokens`` cut it, tokens as
+        `CharTokenCounter` counts them; ``tool_calls`` when it made calls) and tool calls."""
         answer = self.reply(request)
+        if isinstance(answer, StubAnswer):
+            with self._lock:
+                self._call_serial += len(answer.tool_calls)
+                serial = self._call_serial
+            calls = tuple(
+                c if c.id else StubToolCall(name=c.name, arguments=c.arguments, id=f"call_{serial - len(answer.tool_calls) + i}")
+                for i, c in enumerate(answer.tool_calls)
+            )
+            n = self.chunk_chars
+            chunks = [answer.text[i : i + n] for i in range(0, len(answer.text), n)] or [""]
+            return chunks, "tool_calls" if calls else "stop", calls
+        chunks, finish = self._text_answer(request, answer)
+        return chunks, finish, ()
+
+    def _text_answer(self, request: StubRequest, answer: str | Iterable[str]) -> tuple[list[str], str]:
         n = self.chunk_chars
         chunks = [answer[i : i + n] for i in range(0, len(answer), n)] if isinstance(answer, str) else list(answer)
         body = request.body if isinstance(request.body, dict) else {}
@@ -218,6 +247,34 @@ class StubServer:
     def _sleep(self, seconds: float) -> bool:
         """Sleep unless the server stops first; False when it is stopping."""
         return not (seconds > 0 and self._stopping.wait(seconds)) and not self._stopping.is_set()
+
+
+def tool_agent_reply(tools: Iterable[str] = ("search", "read_file"), *, rounds: int = 2, parallel: int = 2) -> StubReply:
+    """A model that works like an agent: to a user message it answers with ``parallel`` calls
+    of the offered tools (or of ``tools`` when the request offers none), and keeps calling for
+    ``rounds`` rounds of results before it answers in text."""
+    names = tuple(tools)
+
+    def reply(request: StubRequest) -> StubAnswer:
+        body = request.body if isinstance(request.body, dict) else {}
+        offered = [t.get("function", {}).get("name") for t in body.get("tools") or () if isinstance(t, dict)]
+        usable = [n for n in offered if isinstance(n, str)] or list(names)
+        since_user = 0
+        for message in reversed(request.messages):
+            if message.get("role") == "user":
+                break
+            if message.get("role") == "assistant" and message.get("tool_calls"):
+                since_user += 1
+        if since_user >= rounds or body.get("tool_choice") == "none" or not usable:
+            return StubAnswer(text=f"Stub answer after {since_user} tool rounds to: {request.last_user}")
+        query = request.last_user[:40]
+        calls = tuple(
+            StubToolCall(name=usable[i % len(usable)], arguments=json.dumps({"query": query, "part": i}, ensure_ascii=False))
+            for i in range(parallel)
+        )
+        return StubAnswer(tool_calls=calls)
+
+    return reply
 
 
 def _fixed_length_reply(length: int) -> StubReply:

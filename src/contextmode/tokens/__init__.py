@@ -16,6 +16,7 @@ from .registry import (
     encoding_for_model,
 )
 from .tiktoken_counter import TiktokenCounter
+from .tools import count_turn
 
 __all__ = [
     "ENV_TOKENIZER",
@@ -27,6 +28,7 @@ __all__ = [
     "TiktokenCounter",
     "TokenCounter",
     "count_messages",
+    "count_turn",
     "counter_for_encoding",
     "counter_for_model",
     "encoding_for_model",

@@ -47,11 +47,14 @@ class RoleAwareCounter(TokenCounter, Protocol):
 
 
 def count_messages(counter: TokenCounter, messages: Sequence[ChatMessage]) -> int:
-    """Tokens of a whole chat request: contents, per-message overhead, reply priming."""
-    per_role: Mapping[str, int] = getattr(counter, "role_overheads", None) or {}
+    """Tokens of a whole chat request: contents, tool calls and results, per-message
+    overhead, reply priming."""
+    from .tools import count_turn, message_overhead  # tools builds on this module
+
     return (
         sum(
-            counter.count(m.content) + per_role.get(m.role, counter.message_overhead)
+            count_turn(counter, m.content, tool_calls=m.tool_calls, tool_result=m.role == "tool")
+            + message_overhead(counter, m.role)
             for m in messages
         )
         + counter.reply_overhead

@@ -45,6 +45,9 @@ export function renderHistory(turns) {
         turn.metadata?.turn || null,
         count ? el("div", { class: "image-note" }, `🖼 ${t("imagesAttached", count)}`) : null,
         el("div", { class: "message-text" }, turn.content),
+        turn.tool_calls?.length
+          ? el("div", { class: "tool-calls muted" }, turn.tool_calls.map((c) => `🔧 ${c.name}(${c.arguments})`).join("\n"))
+          : null,
         turn.partial ? el("div", { class: "muted" }, t("partial")) : null,
         turn.metadata?.notice ? el("div", { class: "muted notice-note" }, t("notice")) : null,
       );

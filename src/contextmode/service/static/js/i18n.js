@@ -90,7 +90,7 @@ const STRINGS = {
     turnMeta: (m) =>
       [m.ttft != null ? `首字 ${m.ttft} ms` : null, m.tokens != null ? `输入 ${m.tokens} tokens` : null,
         m.jobs?.length ? `后台：${m.jobs.join("、")}` : null].filter(Boolean).join(" · "),
-    turn: (n, role) => `第 ${n} 轮 · ${role === "user" ? "用户" : "助手"}`,
+    turn: (n, role) => `第 ${n} 轮 · ${({ user: "用户", tool: "工具结果" })[role] ?? "助手"}`,
     layer: {
       system: "系统指令", constraints: "约束", summary: "摘要", key_moments: "关键时刻", recall: "召回",
       recent: "近期对话", current: "当前消息", format: "格式要求",

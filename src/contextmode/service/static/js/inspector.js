@@ -247,7 +247,8 @@ export function renderContext(ctx, source) {
           el(
             "ol",
             { class: "items" },
-            ctx.messages.map((m) => el("li", { dataset: { role: m.role } }, el("span", { class: "item-meta" }, m.role), el("span", { class: "item-text" }, m.content))),
+            ctx.messages.map((m) => el("li", { dataset: { role: m.role } }, el("span", { class: "item-meta" }, m.tool_call_id ? `${m.role} ↩ ${m.tool_call_id}` : m.role),
+              el("span", { class: "item-text" }, [m.content, ...(m.tool_calls ?? []).map((c) => `🔧 ${c.name}(${c.arguments})`)].filter(Boolean).join("\n")))),
           ),
         )
       : null,

@@ -1,0 +1,226 @@
+"""An agent turn: the engine's turn when the model may call tools.
+
+The client's agent loop works unchanged: it sends a user message, the model
+answers with tool calls, the client runs them and sends their results as its
+new messages, and the model continues. Every item goes into the append-only
+log (a call as its assistant turn's ``tool_calls``, a result as a ``tool``
+turn); the context is assembled from the log with the latest user turn and the
+current step (the calls and results after it) always present (docs/agents.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .assembly import assemble, to_messages
+from .assembly.agent import split_step
+from .errors import InputError, ModelError
+from .memory.strategies import get_strategy
+from .models.base import ModelEvent, TextDelta, ToolChoice, ToolSpec, calls_tools
+from .processors.base import Detection
+from .tokens.tools import count_turn
+from .types import NewTurn, SessionState, ToolCall, Turn, tool_metadata, validate_id
+
+if TYPE_CHECKING:
+    from .engine import Engine, PreparedTurn, TurnEvent
+    from .settings import Mode
+
+__all__ = ["AgentRequest", "ToolResult", "stream_agent_turn"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolResult:
+    """The result of one tool call, as the client sends it back."""
+
+    call_id: str
+    """The id of the call it answers."""
+    content: str
+    """What the tool returned (text; JSON stays as text)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentRequest:
+    """One step of an agent loop: a new user message, or the results of the last calls."""
+
+    message: str | None = None
+    """A new user message (``None`` when the client only sends tool results)."""
+    tool_results: Sequence[ToolResult] = ()
+    """Results of the model's last tool calls, in the client's order."""
+    tools: Sequence[ToolSpec] = ()
+    """The tools offered to the model (OpenAI's shape, passed through)."""
+    tool_choice: ToolChoice | None = None
+
+    def __post_init__(self) -> None:
+        if self.message is None and not self.tool_results:
+            raise InputError("an agent step needs a user message or tool results")
+
+
+def _answered_and_named(turns: Sequence[Turn]) -> tuple[set[str], dict[str, str]]:
+    answered = {t.tool_call_id for t in turns if t.role == "tool" and t.tool_call_id}
+    names = {c.id: c.name for t in turns for c in t.tool_calls}
+    return answered, names
+
+
+async def _store_results(engine: Engine, tenant: str, session_id: str, results: Sequence[ToolResult]) -> list[Turn]:
+    """Append the results not stored yet (a client resending its history stores nothing twice)."""
+    state = await engine.store.load(tenant, session_id, recent=64, max_uncovered=64)
+    answered, names = _answered_and_named(state.turns)
+    fresh = [r for r in results if r.call_id not in answered]
+    if not fresh:
+        return []
+    new = [
+        NewTurn(
+            role="tool",
+            content=r.content,
+            tokens=count_turn(engine.counter, r.content, tool_result=True),
+            metadata=tool_metadata(tool_call_id=r.call_id, tool_name=names.get(r.call_id)),
+        )
+        for r in fresh
+    ]
+    stored = await engine.store.append(tenant, session_id, new)
+    engine._observe(tenant, session_id, stored)
+    return stored
+
+
+async def _latest_user(engine: Engine, tenant: str, session_id: str, state: SessionState) -> tuple[list[Turn], Turn, list[Turn]]:
+    history, user, step = split_step(state.turns)
+    if user is not None:
+        return history, user, step
+    # A long step pushed the user turn out of the loaded window: look further back.
+    end = state.turns[0].seq - 1 if state.turns else state.last_seq
+    while end >= 1:
+        older = await engine.store.turns(tenant, session_id, from_seq=max(1, end - 199), to_seq=end)
+        _, found, rest = split_step(older)
+        if found is not None:
+            return [], found, [*rest, *state.turns]
+        end -= 200
+    raise InputError("tool results need a user message before them in this session")
+
+
+async def prepare_step(
+    engine: Engine, tenant: str, session_id: str, *, mode: Mode, now: datetime | None = None
+) -> PreparedTurn:
+    """The context for continuing an agent step: the latest user turn, then its calls and results."""
+    from .engine import PreparedTurn
+
+    started = time.perf_counter()
+    chosen = get_strategy(engine.settings.strategy)
+    state = await engine.load(tenant, session_id, chosen)
+    history, user, step = await _latest_user(engine, tenant, session_id, state)
+    context = assemble(
+        replace(state, turns=tuple(history)), user.content, counter=engine.counter, strategy=chosen,
+        budget=engine._budget(), config=engine._config(), now=now, agent_step=step,
+    )
+    return PreparedTurn(
+        state=state, detection=Detection(needs_context=False), rewrite=None, context=context,
+        messages=to_messages(context), mode=mode, prepare_ms=(time.perf_counter() - started) * 1000,
+    )
+
+
+@dataclass
+class _Answer:
+    """The model's answer as it streams: text and the calls assembled from their deltas."""
+
+    pieces: list[str]
+    calls: dict[int, dict[str, str]]
+
+    def add(self, event: ModelEvent) -> None:
+        match event.kind:
+            case "text":
+                self.pieces.append(event.text)
+            case "tool_call":
+                call = self.calls.setdefault(event.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = event.id or call["id"]
+                call["name"] = event.name or call["name"]
+                call["arguments"] += event.arguments
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"] or "{}")
+            for i, c in sorted(self.calls.items())
+        )
+
+
+async def _events(engine: Engine, prepared: PreparedTurn, request: AgentRequest) -> AsyncIterator[ModelEvent]:
+    model = engine.model
+    if request.tools and calls_tools(model):
+        async for event in model.stream_events(prepared.messages, tools=request.tools, tool_choice=request.tool_choice):
+            yield event
+        return
+    async for text in model.stream(prepared.messages):
+        yield TextDelta(text=text)
+
+
+async def stream_agent_turn(
+    engine: Engine,
+    tenant: str,
+    session_id: str,
+    request: AgentRequest,
+    *,
+    mode: Mode | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> AsyncIterator[TurnEvent]:
+    """`Engine.stream` for an agent step: ``prepared``, then ``delta`` and ``tool_call`` events,
+    then ``done`` whose result carries the answer's tool calls. The answer (text and calls) is
+    stored in a ``finally`` shielded from cancellation; a broken stream stores its text as
+    partial and none of its calls (a half-received call is never stored as made)."""
+    from .engine import TurnEvent, TurnResult
+
+    validate_id(tenant, "tenant")
+    validate_id(session_id)
+    mode = mode or engine.settings.mode
+    await _store_results(engine, tenant, session_id, request.tool_results)
+    new_user: Turn | None = None
+    if request.message is not None:
+        prepared = await engine.prepare(tenant, session_id, request.message, mode=mode)
+        new_user = (await engine.store.append(tenant, session_id, [
+            NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
+                    metadata=dict(metadata or {}))]))[0]
+        engine._observe(tenant, session_id, [new_user])
+        user_turn = new_user
+    else:
+        prepared = await prepare_step(engine, tenant, session_id, mode=mode)
+        user_turn = (await _latest_user(engine, tenant, session_id, prepared.state))[1]
+    yield TurnEvent(kind="prepared", prepared=prepared)
+    answer = _Answer(pieces=[], calls={})
+    error: ModelError | None = None
+    completed = False
+    started = time.perf_counter()
+    try:
+        async for event in _events(engine, prepared, request):
+            answer.add(event)
+            yield TurnEvent(kind="delta", text=event.text) if event.kind == "text" else TurnEvent(kind="tool_call", tool_call=event)
+        completed = True
+    except ModelError as exc:
+        error = exc
+    finally:
+        text = "".join(answer.pieces)
+        calls = answer.tool_calls() if completed else ()
+        stored = await asyncio.shield(_store_answer(engine, tenant, session_id, user_turn, text, calls, completed))
+        jobs = engine._schedule_jobs(tenant, session_id, new_user, prepared) if new_user is not None else []
+    if error is not None:
+        raise error
+    result = TurnResult(
+        answer=text, partial=False, user_turn=user_turn, assistant_turn=stored, prepared=prepared, jobs=jobs,
+        model_ms=(time.perf_counter() - started) * 1000, tool_calls=calls,
+    )
+    yield TurnEvent(kind="done", text=text, result=result)
+
+
+async def _store_answer(
+    engine: Engine, tenant: str, session_id: str, user_turn: Turn, text: str, calls: tuple[ToolCall, ...], completed: bool
+) -> Turn | None:
+    if not text and not calls:
+        return None
+    meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": engine.model.name, **tool_metadata(tool_calls=calls)}
+    if not completed:
+        meta["partial"] = True
+    stored = await engine.store.append(tenant, session_id, [
+        NewTurn(role="assistant", content=text, tokens=count_turn(engine.counter, text, tool_calls=calls), metadata=meta)])
+    engine._observe(tenant, session_id, stored)
+    return stored[0]

@@ -1,0 +1,153 @@
+"""The OpenAI-compatible proxy's agent side: ``tools``, ``tool_choice``, assistant
+``tool_calls`` and ``role: "tool"`` messages, streamed tool-call deltas included.
+
+A request is an agent step when it offers ``tools`` or ends with ``tool``
+messages. Its new items are the trailing ``tool`` messages (results of the
+model's last calls; results already stored are not stored twice) or else the
+last ``user`` message; the rest of ``messages`` is the client's copy of the
+history, which the session already holds. The answer is a ``chat.completion``
+whose message may carry ``tool_calls`` (``finish_reason: "tool_calls"``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from fastapi.responses import JSONResponse
+
+from ..agent_turn import AgentRequest, ToolResult
+from ..engine import Engine, TurnResult
+from ..errors import InputError
+from .metrics import ServiceMetrics
+from .sse import DONE, SSEResponse, sse_event
+
+__all__ = ["agent_request", "agent_response"]
+
+
+class _Message(Protocol):
+    role: str
+    content: Any
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p for p in content if isinstance(p, Mapping)]
+        if any(p.get("type") != "text" for p in parts):
+            raise InputError("agent steps take text content only (no images)")
+        return "\n".join(str(p.get("text", "")) for p in parts)
+    raise InputError("message content must be a string or a list of text parts")
+
+
+def agent_request(
+    messages: Sequence[_Message], tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any
+) -> AgentRequest | None:
+    """The agent step a request carries, or ``None`` for a plain chat turn."""
+    if not tools and messages[-1].role != "tool":
+        return None
+    results: list[ToolResult] = []
+    for m in reversed(messages):
+        if m.role != "tool":
+            break
+        call_id = getattr(m, "tool_call_id", None)
+        if not isinstance(call_id, str) or not call_id:
+            raise InputError("a 'tool' message needs its 'tool_call_id'")
+        results.append(ToolResult(call_id=call_id, content=_text(m.content)))
+    results.reverse()
+    message = None
+    if not results:
+        last_user = next((m for m in reversed(messages) if m.role == "user"), None)
+        if last_user is None:
+            raise InputError("messages must contain a user message")
+        message = _text(last_user.content)
+        if not message.strip():
+            raise InputError("the last user message has no text")
+    if tool_choice is not None and not isinstance(tool_choice, str | Mapping):
+        raise InputError("tool_choice must be a string or an object")
+    return AgentRequest(message=message, tool_results=tuple(results), tools=tuple(tools or ()), tool_choice=tool_choice)
+
+
+def _wire_calls(result: TurnResult) -> list[dict[str, Any]]:
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in result.tool_calls
+    ]
+
+
+def _usage(engine: Engine, result: TurnResult) -> dict[str, int]:
+    prompt = result.prepared.context.total_tokens
+    completion = result.assistant_turn.tokens if result.assistant_turn else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def agent_response(
+    engine: Engine, tenant: str, session_id: str, step: AgentRequest, *,
+    model: str, stream: bool, include_usage: bool, metrics: ServiceMetrics, headers: dict[str, str],
+) -> Any:
+    """Run the step and answer in OpenAI's shape (a completion, or a chunk stream)."""
+    events = engine.stream_agent(tenant, session_id, step, mode=engine.settings.mode)
+    if not stream:
+        result: TurnResult | None = None
+        async for event in events:
+            if event.kind == "done":
+                result = event.result
+        assert result is not None
+        metrics.observe_turn(result, outcome="ok")
+        message: dict[str, Any] = {"role": "assistant", "content": result.answer or None}
+        if result.tool_calls:
+            message["tool_calls"] = _wire_calls(result)
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": message,
+                             "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
+                "usage": _usage(engine, result),
+            },
+            headers=headers,
+        )
+    first = await anext(events)  # prepared: errors found while preparing answer as errors
+    assert first.kind == "prepared"
+    return SSEResponse(
+        _chunks(events, engine, model, include_usage, metrics), on_close=events.aclose,  # type: ignore[attr-defined]
+        headers=headers,
+    )
+
+
+async def _chunks(
+    events: AsyncIterator[Any], engine: Engine, model: str, include_usage: bool, metrics: ServiceMetrics
+) -> AsyncIterator[bytes]:
+    from .codes import code_for_exception, public_message
+    from .routes_openai import _chunk, openai_error_body
+
+    completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
+    try:
+        async for event in events:
+            if event.kind == "delta":
+                yield _chunk(completion_id, created, model, {"content": event.text}, None)
+            elif event.kind == "tool_call" and event.tool_call is not None:
+                call = event.tool_call
+                piece: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
+                if call.id:
+                    piece["id"], piece["type"] = call.id, "function"
+                if call.name:
+                    piece["function"]["name"] = call.name
+                yield _chunk(completion_id, created, model, {"tool_calls": [piece]}, None)
+            elif event.kind == "done" and event.result is not None:
+                result: TurnResult = event.result
+                metrics.observe_turn(result, outcome="ok")
+                yield _chunk(completion_id, created, model, {}, "tool_calls" if result.tool_calls else "stop")
+                if include_usage:
+                    yield sse_event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                                     "model": model, "choices": [], "usage": _usage(engine, result)})
+    except Exception as exc:
+        row = code_for_exception(exc)
+        yield sse_event(openai_error_body(row.code, row.name, public_message(exc, row)))
+    yield DONE
