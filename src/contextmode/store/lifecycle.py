@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, TypeGuard, runtime_checkable
 
+from .base import Store
+
 __all__ = [
     "REDIS_SESSION_KEYS",
     "SQL_SESSION_TABLES",
@@ -31,6 +33,7 @@ __all__ = [
     "DeletionRecord",
     "Erasure",
     "Lifecycle",
+    "LifecycleStore",
     "RedisKind",
     "Restore",
     "Scope",
@@ -199,6 +202,11 @@ class Lifecycle(UserDirectory, Erasure, DeletionLog, Restore, Protocol):
     """Every lifecycle ability; all four shipped stores have them."""
 
 
-def is_lifecycle_store(store: object) -> TypeGuard[Lifecycle]:
+@runtime_checkable
+class LifecycleStore(Store, Lifecycle, Protocol):
+    """A `Store` with every lifecycle ability."""
+
+
+def is_lifecycle_store(store: object) -> TypeGuard[LifecycleStore]:
     """True when ``store`` can list users, erase with an audit record and restore."""
     return isinstance(store, Lifecycle)
