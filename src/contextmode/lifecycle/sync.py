@@ -12,7 +12,7 @@ is dropped from every local cache. The service polls every
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Protocol
 
 from ..store.base import Store
@@ -20,6 +20,8 @@ from ..store.lifecycle import merge_counts
 from .forget import lifecycle_store
 
 __all__ = ["CacheHolder", "ForgetWatcher"]
+
+_EVERYTHING = datetime.min.replace(tzinfo=UTC)
 
 
 class CacheHolder(Protocol):
@@ -49,7 +51,9 @@ class ForgetWatcher:
             records = await self.store.deletions(since_id=cursor, limit=500)
             for record in records:
                 first = started.get(record.tenant)
-                started[record.tenant] = min(first, record.started_at) if first else record.started_at
+                # Retention may prune turns of a session that stays: drop all of the tenant's.
+                since = _EVERYTHING if record.scope == "retention" else record.started_at
+                started[record.tenant] = min(first, since) if first else since
             # An unfinished forget is looked at again next time: more of it may be gone then.
             pending = [r.id for r in records if r.pending]
             cursor = (min(pending) - 1) if pending else (records[-1].id if records else cursor)
@@ -65,7 +69,8 @@ class ForgetWatcher:
             if since is None:
                 continue
             probe = await self.store.version(tenant, session_id)
-            if probe.last_seq == 0 or (probe.created_at is not None and probe.created_at >= since):
+            if since == _EVERYTHING or probe.last_seq == 0 or (
+                    probe.created_at is not None and probe.created_at >= since):
                 merge_counts(self.dropped, self.holder.forget_local(tenant, session_id))
                 dropped += 1
         return dropped

@@ -26,11 +26,13 @@ from ..engine import Engine
 from ..errors import ContextModeError, StoreError
 from .auth import ApiKeys
 from .codes import ErrorCode, code_for_exception, code_for_status, http_status, public_message
+from .lifecycle_tasks import lifecycle_tasks
 from .metrics import MeteredJobs, ServiceMetrics
 from .routes_openai import openai_error_body
 from .routes_openai import router as openai_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
+from .routes_users import router as users_router
 from .schemas import Envelope, ErrorEnvelope, HealthOut
 from .settings import ServiceSettings
 from .state import AppState
@@ -196,7 +198,8 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with lifecycle_tasks(state):
+            yield
         if state.owns_engine:
             await state.engine.close()
 
@@ -215,6 +218,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     app.add_middleware(_EdgeMiddleware, state=state)
     app.include_router(sessions_router)
     app.include_router(openai_router)
+    app.include_router(users_router)
 
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])
     async def healthz(request: Request) -> Any:

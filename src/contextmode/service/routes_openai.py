@@ -71,7 +71,10 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
     messages: list[ProxyMessage] = Field(min_length=1)
     stream: bool = False
-    user: str | None = Field(default=None, description="Session id when no X-Session-Id header is sent.")
+    user: str | None = Field(
+        default=None,
+        description="The end user: names the session's user, and is the session id when no X-Session-Id header is sent.",
+    )
     stream_options: dict[str, Any] | None = None
 
 
@@ -160,6 +163,7 @@ async def chat_completions(
     if not session_id:
         raise InputError("name the session: header 'X-Session-Id' or the 'user' field")
     validate_id(session_id)
+    user_id = validate_id(body.user, "user id") if body.user else None
     last_user = next((m for m in reversed(body.messages) if m.role == "user"), None)
     if last_user is None:
         raise InputError("messages must contain a user message")
@@ -176,7 +180,9 @@ async def chat_completions(
     images = ImageFiles.write(decode_images(image_urls, state.settings), state.settings.image_dir)
     model = body.model or engine.model.name
     headers = {"x-session-id": session_id}
-    turn: dict[str, Any] = {"mode": engine.settings.mode, "images": images, "metrics": state.metrics}
+    turn: dict[str, Any] = {
+        "mode": engine.settings.mode, "images": images, "metrics": state.metrics, "user_id": user_id,
+    }
     if not body.stream:
         result = await run_turn(engine, tenant, session_id, message, **turn)
         prompt = result.prepared.context.total_tokens

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from ..errors import ModelError, SessionNotFound
+from ..lifecycle.forget import forget
 from ..types import validate_id
 from .codes import SUCCESS, code_for_exception, public_message
 from .images import ImageFiles, decode_images
@@ -119,9 +120,10 @@ async def _turn_events(started: StartedStream, session_id: str, metrics: Service
 async def post_message(session_id: SessionId, body: MessageRequest, tenant: Tenant, state: State) -> Any:
     _session(session_id)
     check_message(body.message, state.settings)
+    user_id = validate_id(body.user_id, "user id") if body.user_id is not None else None
     images = ImageFiles.write(decode_images(body.images, state.settings), state.settings.image_dir)
     mode = body.mode or state.engine.settings.mode
-    turn: dict[str, Any] = {"mode": mode, "images": images, "metrics": state.metrics}
+    turn: dict[str, Any] = {"mode": mode, "images": images, "metrics": state.metrics, "user_id": user_id}
     if not body.stream:
         result = await run_turn(state.engine, tenant, session_id, body.message, **turn)
         return envelope(TurnOut.of(session_id, result))
@@ -200,9 +202,15 @@ async def get_session(
 )
 async def delete_session(session_id: SessionId, tenant: Tenant, state: State) -> Any:
     _session(session_id)
-    if not await state.engine.store.delete(tenant, session_id):
+    if await state.engine.store.info(tenant, session_id) is None:
         raise SessionNotFound(f"no session {session_id!r}")
-    return envelope(DeletedOut(session_id=session_id, deleted=True))
+    record = await forget(
+        state.engine.store, tenant, "session", session_id, actor=f"api:{tenant}",
+        caches=[state.engine], image_dir=state.settings.image_dir,
+    )
+    state.metrics.count_erased("forget", record.counts)
+    return envelope(DeletedOut(session_id=session_id, deleted=True, counts=dict(record.counts),
+                               deletion_id=record.id))
 
 
 @router.get("", response_model=Envelope[SessionListOut], responses=_ERRORS, summary="The tenant's sessions, newest first")
@@ -211,8 +219,11 @@ async def list_sessions(
     state: State,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
+    user_id: Annotated[str | None, Query(description="Only this user's sessions.")] = None,
 ) -> Any:
-    infos = await state.engine.store.list_sessions(tenant, limit=limit, offset=offset)
+    if user_id is not None:
+        validate_id(user_id, "user id")
+    infos = await state.engine.store.list_sessions(tenant, limit=limit, offset=offset, user_id=user_id)
     data = SessionListOut(sessions=[SessionSummaryOut.of(i) for i in infos], limit=limit, offset=offset)
     return envelope(data)
 

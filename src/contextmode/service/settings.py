@@ -12,6 +12,7 @@
 | ``CONTEXTMODE_MAX_MESSAGE_CHARS`` | ``32000``                      | characters per message                       |
 | ``CONTEXTMODE_MAX_BODY_BYTES``    | ``33554432`` (32 MiB)          | bytes per request body                       |
 | ``CONTEXTMODE_IMAGE_DIR``         | ``<tmp>/contextmode-images``   | where image temp files live while a turn runs |
+| ``CONTEXTMODE_FORGET_SYNC_S``     | ``1``                          | seconds between checks for sessions another worker erased (0 = off) |
 
 No key configured means one local tenant (``local``) and no authentication:
 keep the service on loopback then.
@@ -92,6 +93,9 @@ class ServiceSettings:
     """Bytes per request body (checked on ``Content-Length`` and while reading)."""
     image_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "contextmode-images")
     """Dedicated folder for image temp files; they exist only while their turn runs."""
+    forget_sync_s: float = 1.0
+    """Seconds between two reads of the deletion log, to drop this worker's copies of
+    sessions another worker erased (0 = never; docs/lifecycle.md)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
@@ -138,4 +142,18 @@ class ServiceSettings:
             max_message_chars=env_int(env, "CONTEXTMODE_MAX_MESSAGE_CHARS", defaults.max_message_chars, 1),
             max_body_bytes=env_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
             image_dir=Path(image_dir).expanduser() if image_dir else defaults.image_dir,
+            forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be 0 or more, got {raw!r}")
+    return value

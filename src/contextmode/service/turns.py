@@ -54,11 +54,14 @@ class TurnOutcome:
 
 
 async def run_turn(
-    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles, metrics: ServiceMetrics
+    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles,
+    metrics: ServiceMetrics, user_id: str | None = None,
 ) -> TurnResult:
     """The whole turn; the images are deleted before this returns or raises."""
     try:
-        result = await engine.turn(tenant, session_id, message, mode=mode, metadata=images.metadata())
+        result = await engine.turn(
+            tenant, session_id, message, mode=mode, metadata=images.metadata(), user_id=user_id
+        )
     except ModelError:
         metrics.count_turn(mode, "error")
         raise
@@ -82,12 +85,15 @@ class StartedStream:
 
 
 async def start_stream(
-    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles, metrics: ServiceMetrics
+    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles,
+    metrics: ServiceMetrics, user_id: str | None = None,
 ) -> StartedStream:
     """Prepare the turn; on failure delete the images and raise (the caller answers with an error)."""
     stream: Any = None
     try:
-        stream = engine.stream(tenant, session_id, message, mode=mode, metadata=images.metadata())
+        stream = engine.stream(
+            tenant, session_id, message, mode=mode, metadata=images.metadata(), user_id=user_id
+        )
         first = await anext(stream)
     except BaseException:
         try:
