@@ -235,7 +235,9 @@ async def test_list_and_delete_sessions(client: httpx.AsyncClient) -> None:
     listed = (await client.get("/v1/sessions")).json()["data"]
     assert sorted(s["session_id"] for s in listed["sessions"]) == ["a", "b"]
     r = await client.delete("/v1/sessions/a")
-    assert r.json() == {"code": 0, "msg": "success", "data": {"session_id": "a", "deleted": True}}
+    data = r.json()["data"]
+    assert (data["session_id"], data["deleted"]) == ("a", True)
+    assert data["counts"]["sessions"] == 1 and data["counts"]["turns"] == 2
     assert_error(await client.get("/v1/sessions/a"), 40401)
     assert_error(await client.delete("/v1/sessions/a"), 40401)
     assert [s["session_id"] for s in (await client.get("/v1/sessions")).json()["data"]["sessions"]] == ["b"]
