@@ -436,7 +436,7 @@ async def test_openapi_schema_lists_routes_and_envelopes(client: httpx.AsyncClie
     assert {"400", "401", "404", "422", "502", "504"} <= set(post["responses"])
     components = schema["components"]["schemas"]
     assert {"MessageRequest", "ErrorEnvelope", "ContextOut", "TurnOut"} <= set(components)
-    assert set(components["MessageRequest"]["properties"]) == {"message", "images", "stream", "mode"}
+    assert set(components["MessageRequest"]["properties"]) == {"message", "images", "stream", "mode", "user_id"}
     assert "bearer" in json.dumps(schema["components"].get("securitySchemes", {})).lower()
 
 
