@@ -34,7 +34,6 @@ from contextmode.store import open_store
 from contextmode.store.base import Store
 from contextmode.testing.backends import Backend, fresh_store_url
 
-
 _PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode()
 _PER_MESSAGE = 10
 
@@ -72,7 +71,7 @@ def _strings_in(root: object) -> set[str]:
         elif callable(obj) and getattr(obj, "__closure__", None):
             todo.extend(cell.cell_contents for cell in obj.__closure__ or ())
         elif hasattr(obj, "dtype"):
-            if getattr(obj, "dtype", None) == object:
+            if getattr(getattr(obj, "dtype", None), "kind", "") == "O":
                 todo.extend(obj.tolist())  # type: ignore[attr-defined]
         elif hasattr(obj, "__dict__"):
             todo.extend(vars(obj).values())
