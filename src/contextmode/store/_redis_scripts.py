@@ -179,7 +179,8 @@ return 1
 
 # KEYS: sess, tenant index, idle index, users index, then one key per registered kind
 # ARGV: session id, idle member, cutoff ('' = unconditionally), user index prefix,
-#       deletion record key ('' = none), then the kinds' names (same order as the keys)
+#       deletion record key ('' = none), then per key "kind|field prefix" (the prefix, if
+#       any, counts only the hash fields starting with it)
 # Returns {kind, count, kind, count, ...}; an idle check that fails returns {}.
 ERASE = """
 if ARGV[3] ~= '' then
@@ -195,14 +196,20 @@ local out = {'sessions', redis.call('EXISTS', KEYS[1]),
              'pins', h[2] and #cjson.decode(h[2]) or 0}
 for i = 5, #KEYS do
   local kind = redis.call('TYPE', KEYS[i])['ok']
+  local sep = string.find(ARGV[i + 1], '|', 1, true)
+  local name, fields = string.sub(ARGV[i + 1], 1, sep - 1), string.sub(ARGV[i + 1], sep + 1)
   local n = 0
-  if kind == 'hash' then n = redis.call('HLEN', KEYS[i])
+  if kind == 'hash' and fields ~= '' then
+    for _, field in ipairs(redis.call('HKEYS', KEYS[i])) do
+      if string.sub(field, 1, #fields) == fields then n = n + 1 end
+    end
+  elseif kind == 'hash' then n = redis.call('HLEN', KEYS[i])
   elseif kind == 'zset' then n = redis.call('ZCARD', KEYS[i])
   elseif kind == 'set' then n = redis.call('SCARD', KEYS[i])
   elseif kind == 'list' then n = redis.call('LLEN', KEYS[i])
   elseif kind ~= 'none' then n = 1 end
   redis.call('DEL', KEYS[i])
-  out[#out + 1] = ARGV[i + 1]
+  out[#out + 1] = name
   out[#out + 1] = n
 end
 redis.call('DEL', KEYS[1])

@@ -69,6 +69,8 @@ class RedisKind:
     """Name in the counts a forget returns."""
     prefix: str
     """Key prefix after the namespace (``t`` for ``cm:t:tenant/session``)."""
+    count_fields: str = ""
+    """For a hash holding several fields per record: count only fields starting with this."""
 
 
 # -- the registry: one line per derived record kind -------------------------------
@@ -87,7 +89,7 @@ SQL_SESSION_TABLES: tuple[SqlKind, ...] = (
 REDIS_SESSION_KEYS: tuple[RedisKind, ...] = (
     RedisKind(kind="turns", prefix="t"),
     RedisKind(kind="emotion_scores", prefix="e"),
-    RedisKind(kind="job_stats", prefix="j"),
+    RedisKind(kind="job_stats", prefix="j", count_fields="run:"),
     # store-side recall postings, traces, idempotency records: one RedisKind each.
 )
 

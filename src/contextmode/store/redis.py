@@ -109,7 +109,7 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         keys = [k["sess"], k["ix"], k["idle"], k["users"],
                 *(f"{self.namespace}{kind.prefix}:{path}" for kind in REDIS_SESSION_KEYS)]
         args = [session_id, path, cutoff, k["user_prefix"], record,
-                *(kind.kind for kind in REDIS_SESSION_KEYS)]
+                *(f"{kind.kind}|{kind.count_fields}" for kind in REDIS_SESSION_KEYS)]
         flat = await self._script("ERASE", keys, args)
         return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
