@@ -142,12 +142,58 @@ async def _converse(clients: list[httpx.AsyncClient], session: str, user: str, s
         assert r.status_code == 200, r.text
 
 
+async def _plant(clients: list[httpx.AsyncClient], engines: list[Engine], alice: dict[str, list[str]],
+                 bob: list[str], image_dir: Path) -> None:
+    for session, strings in alice.items():
+        await _converse(clients, session, "alice", strings, image=True)
+    await _converse(clients, "bob-1", "bob", bob, image=False)
+    for engine in engines:
+        await engine.drain()
+    alice_all = [s for strings in alice.values() for s in strings]
+    # Both workers hold alice's words before the forget (so the cache check means something).
+    for engine in engines:
+        assert _hits(alice_all, _cache_text(engine)), "worker caches were never filled"
+    # A crash left one image temp file behind: the turn's metadata names it.
+    first = (await engines[0].store.turns("local", "alice-0", from_seq=1, to_seq=1))[0]
+    leftover = Path(first.metadata["images"][0]["path"])
+    assert leftover.parent == image_dir
+    leftover.write_bytes(alice_all[0].encode())
+    users = (await clients[1].get("/v1/users")).json()["data"]["users"]
+    assert {(u["user_id"], u["sessions"]) for u in users} == {("alice", 3), ("bob", 1)}
+    mine = (await clients[0].get("/v1/sessions", params={"user_id": "alice"})).json()["data"]
+    assert sorted(s["session_id"] for s in mine["sessions"]) == sorted(alice)
+
+
+async def _forget_alice(clients: list[httpx.AsyncClient], engines: list[Engine]) -> None:
+    r = await clients[0].delete("/v1/users/alice")
+    assert r.status_code == 200, r.text
+    counts = r.json()["data"]["counts"]
+    assert (counts["sessions"], counts["turns"], counts["images"]) == (3, 150, 1)
+    assert counts["emotion_scores"] >= 75 and counts["recall_cache"] >= 1
+    # The other worker learns of it from the deletion log.
+    assert await ForgetWatcher(engines[1].store, engines[1]).poll() >= 1
+    for engine in engines:
+        await engine.drain()
+
+
+async def _assert_only_bob_left(backend: Backend, url: str, engines: list[Engine], image_dir: Path,
+                                alice_all: list[str], bob: list[str]) -> None:
+    text = await _store_text(backend, url)
+    assert _hits(alice_all, text) == []
+    assert _hits(bob, text) == bob
+    for engine in engines:
+        assert _hits(alice_all, _cache_text(engine)) == []
+    files = b"".join(p.read_bytes() for p in image_dir.glob("*")) if image_dir.exists() else b""
+    assert _hits(alice_all, files.decode("utf-8", "replace")) == []
+    bob_turns = await engines[1].store.turns("local", "bob-1")
+    assert _hits(bob, " ".join(t.content for t in bob_turns)) == bob
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgres", "redis"])
 async def test_forget_user_leaves_no_trace_anywhere(backend: Backend, tmp_path: Path) -> None:
-    rng = random.Random(7)
-    planted = _planted(1000, rng)
+    planted = _planted(1000, random.Random(7))
     alice = {f"alice-{k}": planted[k * 250 : (k + 1) * 250] for k in range(3)}
-    bob = planted[750:]
+    alice_all, bob = planted[:750], planted[750:]
     image_dir = tmp_path / "images"
     settings = ServiceSettings(image_dir=image_dir, forget_sync_s=0)
     engine_settings = replace(EngineSettings(), strategy="hybrid_recall")
@@ -156,47 +202,9 @@ async def test_forget_user_leaves_no_trace_anywhere(backend: Backend, tmp_path: 
         clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(e, settings)),
                                      base_url="http://test", timeout=60) for e in engines]
         try:
-            for session, strings in alice.items():
-                await _converse(clients, session, "alice", strings, image=True)
-            await _converse(clients, "bob-1", "bob", bob, image=False)
-            for engine in engines:
-                await engine.drain()
-            alice_all = [s for strings in alice.values() for s in strings]
-            # Both workers hold alice's words before the forget (so the cache check means something).
-            for engine in engines:
-                assert _hits(alice_all, _cache_text(engine)), "worker caches were never filled"
-            # A crash left one image temp file behind: the turn's metadata names it.
-            first = (await engines[0].store.turns("local", "alice-0", from_seq=1, to_seq=1))[0]
-            leftover = Path(first.metadata["images"][0]["path"])
-            leftover.write_bytes(alice_all[0].encode())
-            assert leftover.parent == image_dir
-
-            users = (await clients[1].get("/v1/users")).json()["data"]["users"]
-            assert {(u["user_id"], u["sessions"]) for u in users} == {("alice", 3), ("bob", 1)}
-            mine = (await clients[0].get("/v1/sessions", params={"user_id": "alice"})).json()["data"]
-            assert sorted(s["session_id"] for s in mine["sessions"]) == sorted(alice)
-
-            r = await clients[0].delete("/v1/users/alice")
-            assert r.status_code == 200, r.text
-            counts = r.json()["data"]["counts"]
-            assert counts["sessions"] == 3 and counts["turns"] == 150 and counts["images"] == 1
-            assert counts["emotion_scores"] >= 75 and counts["recall_cache"] >= 1
-            # The other worker learns of it from the deletion log.
-            watcher = ForgetWatcher(engines[1].store, engines[1])
-            assert await watcher.poll() >= 1
-            for engine in engines:
-                await engine.drain()
-
-            text = await _store_text(backend, url)
-            assert _hits(alice_all, text) == []
-            assert _hits(bob, text) == bob
-            for engine in engines:
-                assert _hits(alice_all, _cache_text(engine)) == []
-            files = b"".join(p.read_bytes() for p in image_dir.glob("*")) if image_dir.exists() else b""
-            assert _hits(alice_all, files.decode("utf-8", "replace")) == []
-            bob_turns = await engines[1].store.turns("local", "bob-1")
-            assert _hits(bob, " ".join(t.content for t in bob_turns)) == bob
-
+            await _plant(clients, engines, alice, bob, image_dir)
+            await _forget_alice(clients, engines)
+            await _assert_only_bob_left(backend, url, engines, image_dir, alice_all, bob)
             # Idempotent: again, nothing left to erase; the audit log has both, no content.
             again = (await clients[1].delete("/v1/users/alice")).json()["data"]
             assert again["counts"].get("sessions", 0) == 0 and again["counts"].get("turns", 0) == 0
