@@ -268,3 +268,12 @@ def test_cli_forget_export_import(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     r = runner.invoke(cli_app, ["import", str(tmp_path / "e.jsonl"), "--store", "memory://", "--quiet"])
     assert r.exit_code == 0 and json.loads(r.stdout)["sessions"] == 0
+
+
+async def test_import_refuses_a_session_with_erased_turns() -> None:
+    source = MemoryStore()
+    await source.append("t", "s", new_turns(6))
+    await source.erase_turns_before("t", "s", 4)
+    records = export_records(source)
+    with pytest.raises(InputError, match="jumps to turn 4"):
+        await import_records(MemoryStore(), records)

@@ -220,6 +220,12 @@ class _Importer:
         if record["seq"] <= target.last_seq:
             self.report.skipped_turns += 1
             return
+        expected = target.last_seq + len(target.buffer) + 1
+        if record["seq"] != expected:
+            # Appends number turns without gaps: turns a retention policy erased cannot be
+            # re-created, and renumbering would break summaries and reply_to links.
+            raise ValueError(f"session {target.session_id!r} jumps to turn {record['seq']} "
+                             f"where {expected} was expected (turns erased by retention?)")
         emotion = record.get("emotion")
         target.buffer.append(NewTurn(
             role=record["role"], content=record["content"], tokens=int(record["tokens"]),
