@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from ..errors import ModelError, SessionNotFound
 from ..lifecycle.forget import forget
+from ..store.lifecycle import is_lifecycle_store
 from ..types import validate_id
 from .codes import SUCCESS, code_for_exception, public_message
 from .images import ImageFiles, decode_images
@@ -202,8 +203,14 @@ async def get_session(
 )
 async def delete_session(session_id: SessionId, tenant: Tenant, state: State) -> Any:
     _session(session_id)
-    if await state.engine.store.info(tenant, session_id) is None:
+    store = state.engine.store
+    if await store.info(tenant, session_id) is None:
         raise SessionNotFound(f"no session {session_id!r}")
+    if not is_lifecycle_store(store):  # a custom store without the lifecycle abilities
+        state.engine.forget_local(tenant, session_id)
+        if not await store.delete(tenant, session_id):
+            raise SessionNotFound(f"no session {session_id!r}")
+        return envelope(DeletedOut(session_id=session_id, deleted=True))
     record = await forget(
         state.engine.store, tenant, "session", session_id, actor=f"api:{tenant}",
         caches=[state.engine], image_dir=state.settings.image_dir,
