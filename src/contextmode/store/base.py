@@ -11,7 +11,8 @@ A store is four small protocols in one object:
 
 Every call is scoped by ``tenant``; ids are validated with `validate_id`
 before they reach a backend. Turns are never rewritten or deleted except by
-deleting the whole session.
+erasing the whole session or by a retention policy's turn limit (the lifecycle
+abilities in `store.lifecycle`, docs/lifecycle.md).
 """
 
 from __future__ import annotations
