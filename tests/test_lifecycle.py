@@ -277,3 +277,66 @@ async def test_import_refuses_a_session_with_erased_turns() -> None:
     records = export_records(source)
     with pytest.raises(InputError, match="jumps to turn 4"):
         await import_records(MemoryStore(), records)
+
+
+class _Holder:
+    """A stand-in for an engine's caches: which sessions it holds and what it dropped."""
+
+    def __init__(self, held: set[tuple[str, str]]) -> None:
+        self.held = held
+        self.dropped: list[tuple[str, str]] = []
+
+    def cached_sessions(self) -> set[tuple[str, str]]:
+        return set(self.held)
+
+    def forget_local(self, tenant: str, session_id: str) -> dict[str, int]:
+        self.held.discard((tenant, session_id))
+        self.dropped.append((tenant, session_id))
+        return {"recall_cache": 1}
+
+
+async def test_forget_watcher_drops_only_erased_sessions_and_revisits_unfinished_forgets() -> None:
+    from contextmode.lifecycle import ForgetWatcher
+
+    store = MemoryStore()
+    for sid in ("a", "b", "c"):
+        await store.append("t", sid, new_turns(2), user_id="u" if sid != "c" else "v")
+    holder = _Holder({("t", "a"), ("t", "b"), ("t", "c"), ("other", "a")})
+    watcher = ForgetWatcher(store, holder)
+    assert await watcher.poll() == 0  # nothing erased yet
+    record = await store.open_deletion("t", "user", "u", actor="test")
+    await store.erase_session("t", "a", record_id=record.id)  # another worker, mid-forget
+    assert await watcher.poll() == 1 and holder.dropped == [("t", "a")]
+    await store.erase_session("t", "b", record_id=record.id)
+    await store.finish_deletion(record.id, {})
+    assert await watcher.poll() == 1 and holder.dropped[-1] == ("t", "b")
+    assert await watcher.poll() == 0 and watcher.cursor == record.id
+    # A retention run may have pruned turns of a session that stays: the tenant's caches go.
+    retention = await store.open_deletion("t", "retention", "*", actor="retention")
+    await store.finish_deletion(retention.id, {})
+    assert await watcher.poll() == 1 and holder.held == {("other", "a")}
+
+
+async def test_service_user_routes_and_a_session_never_changes_users(tmp_path: Path) -> None:
+    import httpx
+
+    from contextmode.service import ServiceSettings, create_app
+
+    engine = build_engine(store=MemoryStore())
+    app = create_app(engine, ServiceSettings(image_dir=tmp_path / "img"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        r = await client.post("/v1/sessions/s1/messages", json={"message": "你好", "user_id": "u1"})
+        assert r.status_code == 200
+        r = await client.post("/v1/sessions/s1/messages", json={"message": "我是别人", "user_id": "u2"})
+        assert r.status_code == 400 and r.json()["code"] == 40001 and "another user" in r.json()["msg"]
+        r = await client.post("/v1/sessions/s1/messages", json={"message": "x", "user_id": "../u"})
+        assert r.status_code == 400
+        r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                            "user": "u3"}, headers={"x-session-id": "p1"})
+        assert r.status_code == 200
+        users = (await client.get("/v1/users")).json()["data"]["users"]
+        assert sorted(u["user_id"] for u in users) == ["u1", "u3"]
+        r = await client.delete("/v1/users/u3")
+        assert r.json()["data"]["counts"]["sessions"] == 1
+        assert [s["session_id"] for s in (await client.get("/v1/sessions")).json()["data"]["sessions"]] == ["s1"]
+        await engine.drain()
