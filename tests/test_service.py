@@ -237,7 +237,9 @@ async def test_list_and_delete_sessions(client: httpx.AsyncClient) -> None:
     listed = (await client.get("/v1/sessions")).json()["data"]
     assert sorted(s["session_id"] for s in listed["sessions"]) == ["a", "b"]
     r = await client.delete("/v1/sessions/a")
-    assert r.json() == {"code": 0, "msg": "success", "data": {"session_id": "a", "deleted": True}}
+    data = r.json()["data"]
+    assert (data["session_id"], data["deleted"]) == ("a", True)
+    assert data["counts"]["sessions"] == 1 and data["counts"]["turns"] == 2
     assert_error(await client.get("/v1/sessions/a"), 40401)
     assert_error(await client.delete("/v1/sessions/a"), 40401)
     assert [s["session_id"] for s in (await client.get("/v1/sessions")).json()["data"]["sessions"]] == ["b"]
@@ -437,7 +439,7 @@ async def test_openapi_schema_lists_routes_and_envelopes(client: httpx.AsyncClie
     assert {"400", "401", "404", "422", "502", "504"} <= set(post["responses"])
     components = schema["components"]["schemas"]
     assert {"MessageRequest", "ErrorEnvelope", "ContextOut", "TurnOut"} <= set(components)
-    assert set(components["MessageRequest"]["properties"]) == {"message", "images", "stream", "mode"}
+    assert set(components["MessageRequest"]["properties"]) == {"message", "images", "stream", "mode", "user_id"}
     assert "bearer" in json.dumps(schema["components"].get("securitySchemes", {})).lower()
 
 

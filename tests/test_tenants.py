@@ -142,6 +142,7 @@ async def world(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[
                 TENANT_A, sid,
                 [NewTurn(role="user", content=f"{MARKER} in {sid}", tokens=5),
                  NewTurn(role="assistant", content=f"{MARKER} answer", tokens=3)],
+                user_id=sid,  # B's DELETE /v1/users/{id} must not reach A's users either
             )
             await store.commit_summary(
                 TENANT_A, sid, Summary(text=f"{MARKER} summary", covers_seq=2, tokens=3, created_at=utc_now()),
@@ -186,7 +187,7 @@ ATTACK_IDS = [
 def requests_for(method: str, path: str, sid: str) -> list[tuple[str, str, dict[str, Any]]]:
     """The requests that exercise ``method path`` against session ``sid``."""
     quoted = quote(sid, safe="")
-    url = path.replace("{session_id}", quoted).replace("{turn}", "1")  # A's first turn has a kept trace
+    url = path.replace("{session_id}", quoted).replace("{turn}", "1").replace("{user_id}", quoted)  # A's first turn has a kept trace
     table: dict[tuple[str, str], list[dict[str, Any]]] = {
         ("POST", "/v1/sessions/{session_id}/messages"): [
             {"json": {"message": "show me everything you remember"}},
@@ -196,7 +197,10 @@ def requests_for(method: str, path: str, sid: str) -> list[tuple[str, str, dict[
         ("GET", "/v1/sessions/{session_id}"): [{}, {"params": {"limit": 500}}, {"params": {"before": 3}}],
         ("GET", "/v1/sessions/{session_id}/turns/{turn}/context"): [{}],
         ("DELETE", "/v1/sessions/{session_id}"): [{}],
-        ("GET", "/v1/sessions"): [{}, {"params": {"limit": 1000, "offset": 0}}],
+        ("GET", "/v1/sessions"): [{}, {"params": {"limit": 1000, "offset": 0}}, {"params": {"user_id": sid}}],
+        ("GET", "/v1/users"): [{}],
+        ("DELETE", "/v1/users/{user_id}"): [{}],
+        ("GET", "/v1/deletions"): [{}],
         ("POST", "/v1/chat/completions"): [
             {"json": {"messages": [{"role": "user", "content": "repeat our history"}]}, "headers": {"x-session-id": sid}},
             {"json": {"messages": [{"role": "user", "content": "repeat"}], "user": sid, "stream": True}},
@@ -233,14 +237,17 @@ async def test_tenant_b_cannot_reach_tenant_a_on_any_route(world: World) -> None
                     tried += 1
                     assert response.status_code < 500, (m, url, response.text[:300])
                     assert MARKER not in response.text, f"{m} {url} leaked A's data to B"
-                    if m == "DELETE" and sid in A_SESSIONS:
+                    if m == "DELETE" and sid in A_SESSIONS and "{user_id}" in path:
+                        # forgetting a user is idempotent: B's tenant has no such user, nothing goes
+                        assert response.status_code == 200 and response.json()["data"]["counts"].get("sessions", 0) == 0
+                    elif m == "DELETE" and sid in A_SESSIONS:
                         assert response.status_code == 404 and response.json()["code"] == 40401
                     if m == "GET" and path == "/v1/sessions/{session_id}" and sid in A_SESSIONS:
                         # B never wrote there before this route came up, or wrote only its own turns
                         data = response.json().get("data") or {}
                         assert all(MARKER not in t["content"] for t in data.get("turns", []))
-            if "{" not in path:
-                break  # routes without a session id: once is enough
+            if "{" not in path and path != "/v1/sessions":
+                break  # routes without a session or user id: once is enough
     await world.engine.drain()
     assert tried > 200
     assert await a_snapshot(store) == before, "tenant A's sessions changed"

@@ -4,11 +4,12 @@
 from contextmode import ContextMode
 
 cm = ContextMode()                                  # SQLite under CONTEXTMODE_HOME, offline processors
-cm.chat("demo", "我不吃辣，预算五十以内")
+cm.chat("demo", "我不吃辣，预算五十以内", user_id="u42")  # user_id: optional owner
 reply = cm.chat("demo", "推荐一家餐厅吧")             # offline responder unless a model is configured
 print(reply.answer)
 ctx = cm.context("demo", "那家店在哪?")               # what the model would receive, per layer
 print(ctx.summary_line())
+cm.forget(user_id="u42")                            # erase the user everywhere (counts per kind)
 ```
 """
 
@@ -28,6 +29,7 @@ from .errors import ConfigError
 from .models.base import ChatModel
 from .settings import EngineSettings, Mode
 from .store.base import Store
+from .store.lifecycle import DeletionRecord
 from .tokens.base import TokenCounter
 
 __all__ = ["ContextMode", "build_engine"]
@@ -217,6 +219,20 @@ class ContextMode:
         """Exactly what the model would receive for ``message``, per layer with tokens."""
         return (await self.aprepare(session_id, message, **kwargs)).context
 
+    async def aforget(
+        self, *, user_id: str | None = None, session_id: str | None = None, tenant: bool = False
+    ) -> DeletionRecord:
+        """Erase one user (all their sessions), one session, or (``tenant=True``) this whole
+        tenant, with every derived record; returns the deletion record with counts per kind."""
+        from .lifecycle.forget import forget
+
+        named = [(scope, value) for scope, value in (("user", user_id), ("session", session_id)) if value]
+        if len(named) + tenant != 1:
+            raise ConfigError("forget exactly one of: user_id=..., session_id=..., tenant=True")
+        scope, target = named[0] if named else ("tenant", self.tenant)
+        return await forget(self.engine.store, self.tenant, scope, target,  # type: ignore[arg-type]
+                            actor="library", caches=[self.engine])
+
     async def aclose(self) -> None:
         await self.engine.close()
 
@@ -240,6 +256,12 @@ class ContextMode:
     def context(self, session_id: str, message: str, **kwargs: Any) -> Context:
         """Sync `acontext`."""
         return self._run(self.acontext(session_id, message, **kwargs))
+
+    def forget(
+        self, *, user_id: str | None = None, session_id: str | None = None, tenant: bool = False
+    ) -> DeletionRecord:
+        """Sync `aforget`."""
+        return self._run(self.aforget(user_id=user_id, session_id=session_id, tenant=tenant))
 
     def drain(self) -> None:
         """Wait for the background jobs (summaries, constraints, emotions) to finish."""

@@ -283,8 +283,12 @@ class Engine:
         mode: Mode | None = None,
         strategy: str | Strategy | None = None,
         metadata: dict[str, Any] | None = None,
+        user_id: str | None = None,
     ) -> AsyncIterator[TurnEvent]:
         """Run one turn, yielding ``prepared``, then ``delta`` events, then ``done``.
+
+        ``user_id`` names the session's user (stored with the session by the
+        first message that gives one; see docs/lifecycle.md).
 
         The user turn is stored before the model is called. The answer is
         stored in a ``finally`` shielded from cancellation, marked ``partial``
@@ -312,6 +316,7 @@ class Engine:
                 tenant,
                 session_id,
                 [NewTurn(role="user", content=message, tokens=self.counter.count(message), metadata=meta)],
+                user_id=user_id,
             )
         )[0]
         self._observe(tenant, session_id, [user_turn])
@@ -467,6 +472,7 @@ class Engine:
     async def record(
         self, tenant: str, session_id: str, role: Literal["user", "assistant"], content: str,
         *, metadata: dict[str, Any] | None = None, created_at: datetime | None = None,
+        user_id: str | None = None,
     ) -> Turn:
         """Append one turn without calling the model (imports, replays) and schedule the
         same background jobs a live turn would. ``created_at`` dates an imported turn
@@ -477,11 +483,34 @@ class Engine:
             role=role, content=content, tokens=self.counter.count(content), metadata=meta,
             created_at=created_at or utc_now(),
         )
-        turn = (await self.store.append(tenant, session_id, [new]))[0]
+        turn = (await self.store.append(tenant, session_id, [new], user_id=user_id))[0]
         self._observe(tenant, session_id, [turn])
         if role == "user":
             self._schedule_jobs(tenant, session_id, turn, None)
         return turn
+
+    def cached_sessions(self) -> set[tuple[str, str]]:
+        """Sessions this process holds anything of in memory (recall index, pending summary, jobs)."""
+        held = {key for key in self._uncommitted}
+        if self.recaller is not None and hasattr(self.recaller, "cached_sessions"):
+            held.update(self.recaller.cached_sessions())
+        held.update(self.jobs.sessions())
+        return held
+
+    def forget_local(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Drop everything this process holds of the session (its data is being erased).
+
+        Returns counts: ``recall_cache`` (indexes dropped), ``pending_jobs``
+        (jobs cancelled) and ``summary_cache`` (computed, uncommitted summaries).
+        """
+        dropped_index = 0
+        if self.recaller is not None and hasattr(self.recaller, "forget"):
+            dropped_index = int(bool(self.recaller.forget(tenant, session_id)))
+        return {
+            "recall_cache": dropped_index,
+            "pending_jobs": self.jobs.cancel(tenant, session_id),
+            "summary_cache": int(self._uncommitted.pop((tenant, session_id), None) is not None),
+        }
 
     def _observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
         """Keep the recall index current: O(new turns), never a re-index."""

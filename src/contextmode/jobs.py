@@ -144,6 +144,22 @@ class JobRunner:
         running = [queue.running] if queue.running else []
         return running + [name for name, _ in queue.waiting]
 
+    def sessions(self) -> list[tuple[str, str]]:
+        """``(tenant, session_id)`` of every session with a running or waiting job."""
+        return list(self._queues)
+
+    def cancel(self, tenant: str, session_id: str) -> int:
+        """Drop the session's waiting jobs and cancel its running one (its data is being
+        erased: a job must not hold the user's words or write them back). Returns how many."""
+        queue = self._queues.pop((tenant, session_id), None)
+        if queue is None:
+            return 0
+        dropped = len(queue.waiting) + (queue.running is not None)
+        queue.waiting.clear()
+        if queue.task is not None:
+            queue.task.cancel()
+        return dropped
+
     async def drain(self) -> None:
         """Wait until every scheduled job (and any it schedules) has finished."""
         while self._queues:

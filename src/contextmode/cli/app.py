@@ -50,6 +50,9 @@ for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "loc
 
 
 importlib.import_module("contextmode.cli.index").register(app)
+from .lifecycle import register as _register_lifecycle  # noqa: E402 - after the eval sub-app
+
+_register_lifecycle(app)
 
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URL (default: CONTEXTMODE_STORE_URL or SQLite under CONTEXTMODE_HOME).")]
 TenantOpt = Annotated[str, typer.Option("--tenant", help="Tenant of the session.")]

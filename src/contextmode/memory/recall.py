@@ -165,10 +165,15 @@ class Recaller:
         self._entries.move_to_end(key)
         return entry
 
-    def forget(self, tenant: str, session_id: str) -> None:
-        """Drop a session's index (after the session is deleted)."""
-        self._entries.pop((tenant, session_id), None)
+    def forget(self, tenant: str, session_id: str) -> bool:
+        """Drop a session's index and stored-index caches (after the session is deleted);
+        True if this process held an index of it."""
         self._stored.forget(tenant, session_id)
+        return self._entries.pop((tenant, session_id), None) is not None
+
+    def cached_sessions(self) -> list[tuple[str, str]]:
+        """``(tenant, session_id)`` of every index held in this process."""
+        return list(self._entries)
 
     async def index(
         self, store: TurnSource, tenant: str, session_id: str, *, last_seq: int

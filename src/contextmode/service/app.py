@@ -26,14 +26,22 @@ from ..engine import Engine
 from ..errors import ContextModeError, StoreError
 from .auth import ApiKeys
 from .bodyscan import JsonShape
-from .codes import ErrorCode, Unauthorized, code_for_exception, code_for_status, public_message
+from .codes import (
+    ErrorCode,
+    Unauthorized,
+    code_for_exception,
+    code_for_status,
+    public_message,
+)
 from .gate import SessionGate
+from .lifecycle_tasks import lifecycle_tasks
 from .metrics import MeteredJobs, ServiceMetrics
 from .responses import error_response, validation_details
 from .routes_openai import router as openai_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
 from .routes_traces import router as traces_router
+from .routes_users import router as users_router
 from .schemas import Envelope, ErrorEnvelope, HealthOut
 from .settings import ServiceSettings
 from .state import AppState
@@ -225,7 +233,8 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with lifecycle_tasks(state):
+            yield
         if state.owns_engine:
             await state.engine.close()
 
@@ -245,6 +254,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     app.include_router(sessions_router)
     app.include_router(traces_router)
     app.include_router(openai_router)
+    app.include_router(users_router)
 
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])
     async def healthz(request: Request) -> Any:

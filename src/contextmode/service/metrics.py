@@ -12,11 +12,14 @@
 | ``contextmode_active_streams``               | gauge     |                        |
 | ``contextmode_http_requests_total``          | counter   | ``method``, ``route``, ``status`` |
 | ``contextmode_http_request_seconds``         | histogram | ``method``, ``route``  |
+| ``contextmode_erased_records_total``         | counter   | ``source`` (forget, retention, sync), ``kind`` |
+| ``contextmode_retention_runs_total``         | counter   | ``outcome`` (ok, error) |
+| ``contextmode_retention_last_run_timestamp_seconds`` | gauge | (Unix time of the last finished run) |
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ..engine import TurnResult
@@ -60,6 +63,21 @@ class ServiceMetrics:
         self.http_seconds = Histogram(
             "contextmode_http_request_seconds", "HTTP request duration", ["method", "route"], buckets=_SECONDS_BUCKETS, registry=r
         )
+
+        self.erased = Counter(
+            "contextmode_erased_records", "Records erased by forgets, retention and cache sync",
+            ["source", "kind"], registry=r,
+        )
+        self.retention_runs = Counter("contextmode_retention_runs", "Retention job runs", ["outcome"], registry=r)
+        self.retention_last_run = Gauge(
+            "contextmode_retention_last_run_timestamp_seconds", "When the last retention run finished", registry=r
+        )
+
+    def count_erased(self, source: str, counts: Mapping[str, int]) -> None:
+        """Add a forget's, retention run's or cache sync's counts per kind."""
+        for kind, count in counts.items():
+            if count:
+                self.erased.labels(source=source, kind=kind).inc(count)
 
     def observe_turn(self, result: TurnResult, *, outcome: str) -> None:
         """Count a finished turn and its token accounting."""

@@ -68,7 +68,10 @@ class ChatCompletionRequest(BaseModel):
     model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
     messages: list[ProxyMessage] = Field(min_length=1)
     stream: StrictBool = False
-    user: str | None = Field(default=None, description="Session id when no X-Session-Id header is sent.")
+    user: str | None = Field(
+        default=None,
+        description="The end user: names the session's user, and is the session id when no X-Session-Id header is sent.",
+    )
     stream_options: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, description="Tools offered to the model (passed through).")
     tool_choice: str | dict[str, Any] | None = None
@@ -181,6 +184,7 @@ async def chat_completions(
     if not session_id:
         raise InputError("name the session: header 'X-Session-Id' or the 'user' field")
     validate_id(session_id)
+    user_id = validate_id(body.user, "user id") if body.user else None
     step = agent_request(body.messages, body.tools, body.tool_choice)
     if step is not None:
         return await _agent_step(body, step, tenant, session_id, state)
@@ -203,7 +207,7 @@ async def chat_completions(
 
     def turn() -> dict[str, Any]:
         images = ImageFiles.write(decoded, state.settings.image_dir)
-        return {"mode": engine.settings.mode, "images": images, "metrics": state.metrics}
+        return {"mode": engine.settings.mode, "images": images, "metrics": state.metrics, "user_id": user_id}
 
     async def whole() -> Response:
         try:

@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from ..errors import ModelError, SessionNotFound
+from ..lifecycle.forget import forget
+from ..store.lifecycle import is_lifecycle_store
 from ..types import validate_id
 from .codes import SUCCESS, code_for_exception, public_message
 from .idempotency import claim
@@ -153,13 +155,14 @@ async def post_message(
     )
     if replay is not None:
         return replay
+    user_id = validate_id(body.user_id, "user id") if body.user_id is not None else None
     decoded = decode_images(body.images, state.settings)
     mode = body.mode or state.engine.settings.mode
     path = f"/v1/sessions/{session_id}/messages"
 
     def turn() -> dict[str, Any]:
         images = ImageFiles.write(decoded, state.settings.image_dir)
-        return {"mode": mode, "images": images, "metrics": state.metrics}
+        return {"mode": mode, "images": images, "metrics": state.metrics, "user_id": user_id}
 
     async def whole() -> Response:
         try:
@@ -250,9 +253,21 @@ async def get_session(
 )
 async def delete_session(session_id: SessionId, tenant: Tenant, state: State) -> Any:
     _session(session_id)
-    if not await state.engine.store.delete(tenant, session_id):
+    store = state.engine.store
+    if await store.info(tenant, session_id) is None:
         raise SessionNotFound(f"no session {session_id!r}")
-    return envelope(DeletedOut(session_id=session_id, deleted=True))
+    if not is_lifecycle_store(store):  # a custom store without the lifecycle abilities
+        state.engine.forget_local(tenant, session_id)
+        if not await store.delete(tenant, session_id):
+            raise SessionNotFound(f"no session {session_id!r}")
+        return envelope(DeletedOut(session_id=session_id, deleted=True))
+    record = await forget(
+        state.engine.store, tenant, "session", session_id, actor=f"api:{tenant}",
+        caches=[state.engine], image_dir=state.settings.image_dir,
+    )
+    state.metrics.count_erased("forget", record.counts)
+    return envelope(DeletedOut(session_id=session_id, deleted=True, counts=dict(record.counts),
+                               deletion_id=record.id))
 
 
 @router.get("", response_model=Envelope[SessionListOut], responses=_ERRORS, summary="The tenant's sessions, newest first")
@@ -261,8 +276,11 @@ async def list_sessions(
     state: State,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
+    user_id: Annotated[str | None, Query(description="Only this user's sessions.")] = None,
 ) -> Any:
-    infos = await state.engine.store.list_sessions(tenant, limit=limit, offset=offset)
+    if user_id is not None:
+        validate_id(user_id, "user id")
+    infos = await state.engine.store.list_sessions(tenant, limit=limit, offset=offset, user_id=user_id)
     data = SessionListOut(sessions=[SessionSummaryOut.of(i) for i in infos], limit=limit, offset=offset)
     return envelope(data)
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import PreparedTurn, TurnResult
 from ..store.base import SessionInfo
+from ..store.lifecycle import DeletionRecord
 from ..types import Constraint, Summary, ToolCall, Turn
 
 __all__ = [
@@ -51,6 +52,11 @@ class MessageRequest(BaseModel):
     stream: StrictBool = Field(default=False, description="Stream the answer as server-sent events (true or false; strings and numbers are refused).")
     mode: Literal["contextual", "decoupled"] | None = Field(
         default=None, description="contextual: memory in the prompt; decoupled: memory only feeds the rewrite of the question."
+    )
+    user_id: str | None = Field(
+        default=None,
+        description="The user this session belongs to (kept from the first message that names one); "
+        "lets DELETE /v1/users/{user_id} erase all their sessions.",
     )
 
     @model_validator(mode="before")
@@ -355,6 +361,7 @@ class SessionSummaryOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     summary_covers_seq: int
+    user_id: str | None = None
 
     @classmethod
     def of(cls, info: SessionInfo) -> SessionSummaryOut:
@@ -364,6 +371,7 @@ class SessionSummaryOut(BaseModel):
             created_at=info.created_at,
             updated_at=info.updated_at,
             summary_covers_seq=info.summary_covers_seq,
+            user_id=info.user_id,
         )
 
 
@@ -376,9 +384,44 @@ class SessionListOut(BaseModel):
 class DeletedOut(BaseModel):
     session_id: str
     deleted: bool
+    counts: dict[str, int] = Field(default_factory=dict, description="Records erased per kind.")
+    deletion_id: int | None = Field(default=None, description="The audit record of this deletion.")
 
 
 class HealthOut(BaseModel):
     status: str
     store: str
     model: str
+
+
+class UserOut(BaseModel):
+    user_id: str
+    sessions: int
+    updated_at: datetime
+
+
+class UserListOut(BaseModel):
+    users: list[UserOut]
+    limit: int
+    offset: int
+
+
+class DeletionOut(BaseModel):
+    """A deletion record: who asked, when, what, how much went (never content)."""
+
+    id: int
+    scope: str
+    target: str
+    actor: str
+    started_at: datetime
+    finished_at: datetime | None
+    counts: dict[str, int]
+
+    @classmethod
+    def of(cls, record: DeletionRecord) -> DeletionOut:
+        return cls(id=record.id, scope=record.scope, target=record.target, actor=record.actor,
+                   started_at=record.started_at, finished_at=record.finished_at, counts=dict(record.counts))
+
+
+class DeletionListOut(BaseModel):
+    deletions: list[DeletionOut]

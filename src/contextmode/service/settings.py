@@ -18,6 +18,7 @@
 | ``CONTEXTMODE_STREAM_FLUSH_MS``   | ``50``                         | streamed deltas are sent at most this often  |
 | ``CONTEXTMODE_STREAM_FLUSH_BYTES`` | ``2048``                      | ...or once this many bytes wait              |
 | ``CONTEXTMODE_SSE_PING_S``        | ``15``                         | keep-alive comment on an idle stream         |
+| ``CONTEXTMODE_FORGET_SYNC_S``     | ``1``                          | seconds between checks for sessions another worker erased (0 = off) |
 
 No key configured means one local tenant (``local``) and no authentication:
 keep the service on loopback then.
@@ -110,6 +111,9 @@ class ServiceSettings:
     """...or as soon as this many bytes of text are waiting."""
     sse_ping_s: int = 15
     """A ``: ping`` comment line on an idle stream every this many seconds (proxies keep it open)."""
+    forget_sync_s: float = 1.0
+    """Seconds between two reads of the deletion log, to drop this worker's copies of
+    sessions another worker erased (0 = never; docs/lifecycle.md)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
@@ -162,4 +166,18 @@ class ServiceSettings:
             stream_flush_ms=env_int(env, "CONTEXTMODE_STREAM_FLUSH_MS", defaults.stream_flush_ms, 0),
             stream_flush_bytes=env_int(env, "CONTEXTMODE_STREAM_FLUSH_BYTES", defaults.stream_flush_bytes, 1),
             sse_ping_s=env_int(env, "CONTEXTMODE_SSE_PING_S", defaults.sse_ping_s, 1),
+            forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
         )
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must be 0 or more, got {raw!r}")
+    return value

@@ -92,7 +92,8 @@ class Interrupted(Exception):
 
 
 async def run_turn(
-    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles, metrics: ServiceMetrics
+    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles,
+    metrics: ServiceMetrics, user_id: str | None = None,
 ) -> TurnResult:
     """The whole turn; the images are deleted before this returns or raises.
 
@@ -103,7 +104,9 @@ async def run_turn(
     stored = False
     pieces: list[str] = []
     try:
-        async for event in engine.stream(tenant, session_id, message, mode=mode, metadata=images.metadata()):
+        async for event in engine.stream(
+            tenant, session_id, message, mode=mode, metadata=images.metadata(), user_id=user_id
+        ):
             if event.kind == "prepared":
                 stored = True  # the engine stores the user turn as soon as this event is taken
             elif event.kind == "delta":
@@ -205,12 +208,15 @@ class StartedStream:
 
 
 async def start_stream(
-    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles, metrics: ServiceMetrics
+    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles,
+    metrics: ServiceMetrics, user_id: str | None = None,
 ) -> StartedStream:
     """Prepare the turn; on failure delete the images and raise (the caller answers with an error)."""
     stream: Any = None
     try:
-        stream = engine.stream(tenant, session_id, message, mode=mode, metadata=images.metadata())
+        stream = engine.stream(
+            tenant, session_id, message, mode=mode, metadata=images.metadata(), user_id=user_id
+        )
         first = await anext(stream)
     except BaseException:
         try:

@@ -14,11 +14,14 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ..errors import InputError
 from ..types import Constraint, NewTurn, Summary, validate_id
 
 __all__ = [
     "being_cancelled",
     "check_ids",
+    "check_owner",
+    "check_user",
     "constraints_from_json",
     "constraints_to_json",
     "dumps",
@@ -27,6 +30,7 @@ __all__ = [
     "loads_mapping",
     "metadata_json",
     "now_micros",
+    "owner_error",
     "summary_fields",
     "to_micros",
     "window_start",
@@ -79,6 +83,22 @@ def summary_fields(summary: Summary) -> tuple[str, int, int, int]:
 def check_ids(tenant: str, session_id: str) -> tuple[str, str]:
     """Validate both ids before they reach a backend."""
     return validate_id(tenant, "tenant"), validate_id(session_id)
+
+
+def check_owner(stored: str | None, given: str | None, session_id: str) -> None:
+    """Raise `InputError` when ``given`` names another user than the session's ``stored`` one."""
+    if given is not None and stored is not None and given != stored:
+        raise owner_error(session_id)
+
+
+def owner_error(session_id: str) -> InputError:
+    """The error for a message naming another user than the session's."""
+    return InputError(f"session {session_id!r} belongs to another user; a session never changes users")
+
+
+def check_user(user_id: str | None) -> str | None:
+    """Validate a user id (same rules as session ids) or pass ``None`` through."""
+    return None if user_id is None else validate_id(user_id, "user id")
 
 
 def last_answer(turns: Sequence[NewTurn]) -> str | None:

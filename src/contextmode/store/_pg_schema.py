@@ -181,6 +181,35 @@ async def m006_turn_traces(db: Conn) -> None:
     )
 
 
+async def m006_session_users(db: Conn) -> None:
+    # The user a session belongs to, so a user can be listed and forgotten across sessions.
+    await db.execute(
+        """
+        ALTER TABLE sessions ADD COLUMN user_id text;
+        CREATE INDEX sessions_user ON sessions (tenant, user_id, updated_at DESC)
+            WHERE user_id IS NOT NULL;
+        """
+    )
+
+
+async def m007_deletions(db: Conn) -> None:
+    # The audit log of forgets (no content); finished_at NULL = a forget to resume.
+    await db.execute(
+        """
+        CREATE TABLE deletions (
+            id bigserial PRIMARY KEY,
+            tenant text NOT NULL,
+            scope text NOT NULL,
+            target text NOT NULL,
+            actor text NOT NULL,
+            started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+            finished_at timestamptz,
+            counts jsonb NOT NULL DEFAULT '{}'
+        );
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
@@ -191,6 +220,8 @@ MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m_jobs_rejected,
     m006_recall_postings,
     m006_turn_traces,
+    m006_session_users,
+    m007_deletions,
 ]
 
 

@@ -4,10 +4,13 @@ Keys of one session (``P`` = namespace + ``tenant/session_id``):
 ``{ns}s:P`` hash of heads and derived records, ``{ns}t:P`` hash seq → turn JSON
 (written once), ``{ns}e:P`` sorted set of emotion scores (member = seq padded to
 12 digits, so ties order by seq), ``{ns}j:P`` hash of job counters.
-Indexes: Kept traces: ``{ns}tr:P`` hash turn → trace JSON, ``{ns}trn:P`` sorted set of
+Kept traces: ``{ns}tr:P`` hash turn → trace JSON, ``{ns}trn:P`` sorted set of
 turn numbers, ``{ns}tra:P`` the same members by creation time (age limit).
-Indexes: ``{ns}ix:tenant`` (session id by updated_at) and ``{ns}idle``
-(``tenant/session_id`` by updated_at). Times are microsecond strings and are
+Indexes: ``{ns}ix:tenant`` (session id by updated_at), ``{ns}idle``
+(``tenant/session_id`` by updated_at), ``{ns}u:tenant/user`` (a user's session
+ids by updated_at) and ``{ns}users:tenant`` (user ids by last activity).
+Deletion records: ``{ns}del:ID`` hashes, ``{ns}deletions`` (ids), ``{ns}del:seq``
+and ``{ns}del:open:tenant/scope/target`` (the unfinished record of a forget). Times are microsecond strings and are
 never turned into Lua numbers for storage (Lua would print them rounded).
 """
 
@@ -17,20 +20,26 @@ __all__ = [
     "APPEND",
     "COMMIT_CONSTRAINTS",
     "COMMIT_SUMMARY",
-    "DELETE",
+    "ERASE",
+    "ERASE_BEFORE",
+    "FINISH_DELETION",
     "LOAD",
+    "OPEN_DELETION",
     "RECORD_JOB",
     "RELEASE_LOCK",
     "SET_EMOTIONS",
     "TRACE_PUT",
 ]
 
-# KEYS: sess, turns, emo, tenant index, idle index
+# KEYS: sess, turns, emo, tenant index, idle index, users index
 # ARGV: expected ('' = none), now, session id, idle member, answer index (0 = none), n,
-#       then per turn: json, emotion ('' = none), content
+#       user id ('' = none), user index prefix, then per turn: json, emotion ('' = none), content
+# Returns {1, last} (appended), {0, last} (compare-and-set lost), {2, last} (another user's).
 APPEND = """
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq') or '0')
 if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= last then return {0, last} end
+local owner = redis.call('HGET', KEYS[1], 'user_id')
+if ARGV[7] ~= '' and owner and owner ~= ARGV[7] then return {2, last} end
 local n = tonumber(ARGV[6])
 if n == 0 then return {1, last} end
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -39,8 +48,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
              'constraints', '[]', 'last_answer_seq', 0)
 end
 local scored = 0
+if not owner and ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'user_id', ARGV[7])
+  owner = ARGV[7]
+end
 for i = 1, n do
-  local base = 6 + (i - 1) * 3
+  local base = 8 + (i - 1) * 3
   local seq = last + i
   redis.call('HSET', KEYS[2], seq, ARGV[base + 1])
   if ARGV[base + 2] ~= '' then
@@ -51,12 +64,16 @@ end
 redis.call('HSET', KEYS[1], 'last_seq', last + n, 'updated_at', ARGV[2])
 local answer = tonumber(ARGV[5])
 if answer > 0 then
-  redis.call('HSET', KEYS[1], 'last_answer', ARGV[6 + (answer - 1) * 3 + 3],
+  redis.call('HSET', KEYS[1], 'last_answer', ARGV[8 + (answer - 1) * 3 + 3],
              'last_answer_seq', last + answer)
 end
 if scored == 1 then redis.call('HINCRBY', KEYS[1], 'emotions_version', 1) end
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[4])
+if owner then
+  redis.call('ZADD', ARGV[8] .. owner, ARGV[2], ARGV[3])
+  redis.call('ZADD', KEYS[6], ARGV[2], owner)
+end
 return {1, last}
 """
 
@@ -165,21 +182,94 @@ redis.call('HSET', KEYS[2], 'run:' .. job, ARGV[4])
 return 1
 """
 
-# KEYS: sess, turns, emo, jobs, tenant index, idle index
-# ARGV: session id, idle member, cutoff ('' = delete unconditionally)
-DELETE = """
+# KEYS: sess, tenant index, idle index, users index, then one key per registered kind
+# ARGV: session id, idle member, cutoff ('' = unconditionally), user index prefix,
+#       deletion record key ('' = none), then per key "kind|field prefix" (the prefix, if
+#       any, counts only the hash fields starting with it)
+# Returns {kind, count, kind, count, ...}; an idle check that fails returns {}.
+ERASE = """
 if ARGV[3] ~= '' then
   local updated = redis.call('HGET', KEYS[1], 'updated_at')
   if not updated or tonumber(updated) >= tonumber(ARGV[3]) then
-    if not updated then redis.call('ZREM', KEYS[6], ARGV[2]) end
-    return 0
+    if not updated then redis.call('ZREM', KEYS[3], ARGV[2]) end
+    return {}
   end
 end
-local existed = redis.call('DEL', KEYS[1])
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('ZREM', KEYS[6], ARGV[2])
-return existed
+local h = redis.call('HMGET', KEYS[1], 'summary_version', 'constraints', 'user_id')
+local out = {'sessions', redis.call('EXISTS', KEYS[1]),
+             'summaries', (h[1] and tonumber(h[1]) > 0) and 1 or 0,
+             'pins', h[2] and #cjson.decode(h[2]) or 0}
+for i = 5, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  local sep = string.find(ARGV[i + 1], '|', 1, true)
+  local name, fields = string.sub(ARGV[i + 1], 1, sep - 1), string.sub(ARGV[i + 1], sep + 1)
+  local n = 0
+  if kind == 'hash' and fields ~= '' then
+    for _, field in ipairs(redis.call('HKEYS', KEYS[i])) do
+      if string.sub(field, 1, #fields) == fields then n = n + 1 end
+    end
+  elseif kind == 'hash' then n = redis.call('HLEN', KEYS[i])
+  elseif kind == 'zset' then n = redis.call('ZCARD', KEYS[i])
+  elseif kind == 'set' then n = redis.call('SCARD', KEYS[i])
+  elseif kind == 'list' then n = redis.call('LLEN', KEYS[i])
+  elseif kind ~= 'none' then n = 1 end
+  redis.call('DEL', KEYS[i])
+  out[#out + 1] = name
+  out[#out + 1] = n
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+if h[3] then
+  local mine = ARGV[4] .. h[3]
+  redis.call('ZREM', mine, ARGV[1])
+  if redis.call('ZCARD', mine) == 0 then redis.call('ZREM', KEYS[4], h[3]) end
+end
+if ARGV[5] ~= '' then
+  for i = 1, #out, 2 do redis.call('HINCRBY', ARGV[5], 'c:' .. out[i], out[i + 1]) end
+end
+return out
+"""
+
+# KEYS: sess, turns, emo; ARGV: erase turns with seq < this, deletion record key ('' = none)
+# Returns {turns erased, emotion scores erased}.
+ERASE_BEFORE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0} end
+local from = tonumber(redis.call('HGET', KEYS[1], 'pruned_before') or '1')
+local upto = math.min(tonumber(ARGV[1]), tonumber(redis.call('HGET', KEYS[1], 'last_seq')) + 1)
+local turns, scores = 0, 0
+for seq = from, upto - 1 do
+  turns = turns + redis.call('HDEL', KEYS[2], seq)
+  scores = scores + redis.call('ZREM', KEYS[3], string.format('%012d', seq))
+end
+if upto > from then redis.call('HSET', KEYS[1], 'pruned_before', upto) end
+if ARGV[2] ~= '' then
+  redis.call('HINCRBY', ARGV[2], 'c:turns', turns)
+  redis.call('HINCRBY', ARGV[2], 'c:emotion_scores', scores)
+end
+return {turns, scores}
+"""
+
+# KEYS: id counter, open-record key, deletions index
+# ARGV: record key prefix, tenant, scope, target, actor, now
+OPEN_DELETION = """
+local open = redis.call('GET', KEYS[2])
+if open then return tonumber(open) end
+local id = redis.call('INCR', KEYS[1])
+redis.call('HSET', ARGV[1] .. id, 'tenant', ARGV[2], 'scope', ARGV[3], 'target', ARGV[4],
+           'actor', ARGV[5], 'started_at', ARGV[6])
+redis.call('SET', KEYS[2], id)
+redis.call('ZADD', KEYS[3], id, id)
+return id
+"""
+
+# KEYS: record, open-record key; ARGV: id, now, then kind, count pairs
+FINISH_DELETION = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for i = 3, #ARGV, 2 do redis.call('HINCRBY', KEYS[1], 'c:' .. ARGV[i], ARGV[i + 1]) end
+redis.call('HSETNX', KEYS[1], 'finished_at', ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+return 1
 """
 
 # KEYS: lock; ARGV: token

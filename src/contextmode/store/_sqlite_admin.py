@@ -12,14 +12,18 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import LockNotAcquired
-from ._codec import from_micros
+from ._codec import dumps, from_micros, loads_mapping
 from .base import IdempotencyRecord, JobStats, SessionInfo
+from .lifecycle import SQL_SESSION_TABLES, merge_counts
 
 __all__ = [
     "WHERE",
     "Db",
     "acquire_lock",
+    "add_to_record",
+    "checkpoint",
     "delete_session",
+    "erase",
     "list_sessions",
     "purge_idle",
     "read",
@@ -34,7 +38,7 @@ Db = sqlite3.Connection
 WHERE = "WHERE tenant = ? AND session_id = ?"
 _INFO_SELECT = (
     "SELECT session_id, last_seq, created_at, updated_at, summary_covers_seq,"
-    " summary_version, constraints_version FROM sessions"
+    " summary_version, constraints_version, user_id FROM sessions"
 )
 
 
@@ -87,6 +91,7 @@ def _infos(db: Db, tenant: str, rows: list[Any]) -> list[SessionInfo]:
             summary_version=r[5],
             constraints_version=r[6],
             jobs=jobs.get(r[0], {}),
+            user_id=r[7],
         )
         for r in rows
     ]
@@ -100,25 +105,67 @@ def session_info(db: Db, key: tuple[str, str]) -> SessionInfo | None:
     return read(db, body)
 
 
-def list_sessions(db: Db, tenant: str, limit: int, offset: int) -> list[SessionInfo]:
+def list_sessions(
+    db: Db, tenant: str, limit: int, offset: int, user_id: str | None = None
+) -> list[SessionInfo]:
     def body() -> list[SessionInfo]:
+        mine = "" if user_id is None else " AND user_id = ?"
         rows = db.execute(
-            f"{_INFO_SELECT} WHERE tenant = ? ORDER BY updated_at DESC, session_id LIMIT ? OFFSET ?",
-            (tenant, limit, offset),
+            f"{_INFO_SELECT} WHERE tenant = ?{mine} ORDER BY updated_at DESC, session_id"
+            " LIMIT ? OFFSET ?",
+            (tenant, *(() if user_id is None else (user_id,)), limit, offset),
         ).fetchall()
         return _infos(db, tenant, rows)
 
     return read(db, body)
 
 
+def add_to_record(db: Db, record_id: int | None, counts: dict[str, int]) -> None:
+    """Add ``counts`` to deletion record ``record_id`` (inside the caller's transaction)."""
+    if record_id is None:
+        return
+    row = db.execute("SELECT counts FROM deletions WHERE id = ?", (record_id,)).fetchone()
+    if row is not None:
+        merged = merge_counts({k: int(v) for k, v in loads_mapping(row[0]).items()}, counts)
+        db.execute("UPDATE deletions SET counts = ? WHERE id = ?", (dumps(merged), record_id))
+
+
+def erase(db: Db, key: tuple[str, str], record_id: int | None = None) -> dict[str, int]:
+    """Delete the session and every registered derived kind; counts per kind (in a transaction)."""
+    row = db.execute(
+        f"SELECT summary_version, json_array_length(constraints) FROM sessions {WHERE}", key
+    ).fetchone()
+    counts = {"sessions": int(row is not None), "summaries": int(bool(row and row[0])),
+              "pins": int(row[1]) if row else 0}
+    for kind in SQL_SESSION_TABLES:
+        counts[kind.kind] = db.execute(f"DELETE FROM {kind.table} {WHERE}", key).rowcount
+    db.execute(f"DELETE FROM sessions {WHERE}", key)
+    add_to_record(db, record_id, counts)
+    return counts
+
+
 def _delete(db: Db, key: tuple[str, str]) -> bool:
-    for table in ("turns", "turn_emotions", "jobs", "recall_postings", "recall_index", "turn_traces"):
-        db.execute(f"DELETE FROM {table} {WHERE}", key)
-    return db.execute(f"DELETE FROM sessions {WHERE}", key).rowcount == 1
+    return erase(db, key)["sessions"] == 1
 
 
 def delete_session(db: Db, key: tuple[str, str]) -> bool:
-    return write(db, lambda: _delete(db, key))
+    deleted = write(db, lambda: _delete(db, key))
+    checkpoint(db)
+    return deleted
+
+
+def checkpoint(db: Db, attempts: int = 20) -> bool:
+    """Copy the WAL into the file and truncate it to zero bytes; False if readers kept it busy.
+
+    With ``secure_delete`` on, erased rows are zeroed in the pages the checkpoint
+    writes back, and the truncated WAL no longer holds their older copies.
+    """
+    for attempt in range(attempts):
+        busy = db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        if not busy:
+            return True
+        time.sleep(0.01 * (attempt + 1))
+    return False
 
 
 def purge_idle(db: Db, cutoff_micros: int) -> int:
@@ -131,7 +178,10 @@ def purge_idle(db: Db, cutoff_micros: int) -> int:
         db.execute("DELETE FROM job_locks WHERE expires_at < ?", (time.time(),))
         return sum(_delete(db, (t, s)) for t, s in idle)
 
-    return write(db, body)
+    purged = write(db, body)
+    if purged:
+        checkpoint(db)
+    return purged
 
 
 def acquire_lock(db: Db, key: str, ttl_s: float) -> int:

@@ -186,6 +186,34 @@ def m006_turn_traces(db: sqlite3.Connection) -> None:
     )
 
 
+def m006_session_users(db: sqlite3.Connection) -> None:
+    # The user a session belongs to (named by its first message), so a user can be
+    # listed and forgotten across sessions without scanning them.
+    db.execute("ALTER TABLE sessions ADD COLUMN user_id TEXT")
+    db.execute(
+        "CREATE INDEX sessions_user ON sessions (tenant, user_id, updated_at) WHERE user_id IS NOT NULL"
+    )
+
+
+def m007_deletions(db: sqlite3.Connection) -> None:
+    # The audit log of forgets (who, when, scope, counts; never content). A row with
+    # no ``finished_at`` is a forget cut off mid-way: the work list to resume.
+    db.execute(
+        """
+        CREATE TABLE deletions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            tenant TEXT NOT NULL,
+            scope TEXT NOT NULL,
+            target TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            started_at INTEGER NOT NULL,
+            finished_at INTEGER,
+            counts TEXT NOT NULL DEFAULT '{}'
+        )
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
@@ -196,6 +224,8 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m_jobs_rejected,
     m006_recall_postings,
     m006_turn_traces,
+    m006_session_users,
+    m007_deletions,
 ]
 
 

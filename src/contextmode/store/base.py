@@ -20,7 +20,8 @@ retried request replay its first result instead of storing the turn twice.
 
 Every call is scoped by ``tenant``; ids are validated with `validate_id`
 before they reach a backend. Turns are never rewritten or deleted except by
-deleting the whole session.
+erasing the whole session or by a retention policy's turn limit (the lifecycle
+abilities in `store.lifecycle`, docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class SessionInfo:
     constraints_version: int = 0
     jobs: Mapping[str, JobStats] = field(default_factory=dict)
     """Job name (``summary``, ``constraints``, ``emotion``) → outcome counters."""
+    user_id: str | None = None
+    """The user the session belongs to, if one was named."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +126,7 @@ class TurnLog(Protocol):
         turns: Sequence[NewTurn],
         *,
         expected_last_seq: int | None = None,
+        user_id: str | None = None,
     ) -> list[Turn]:
         """Append ``turns`` atomically after the session's last turn and return them numbered.
 
@@ -131,6 +135,9 @@ class TurnLog(Protocol):
         the session if needed. Appending an assistant turn also sets the
         session's last answer. An empty ``turns`` writes nothing and returns
         ``[]`` (the compare-and-set is still checked).
+
+        ``user_id`` names the session's user: the first one given sticks, and a
+        different one later raises `InputError` (a session never changes hands).
         """
         ...
 
@@ -217,9 +224,9 @@ class SessionAdmin(Protocol):
         ...
 
     async def list_sessions(
-        self, tenant: str, *, limit: int = 100, offset: int = 0
+        self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
-        """The tenant's sessions, most recently updated first."""
+        """The tenant's sessions (only ``user_id``'s when given), most recently updated first."""
         ...
 
     async def delete(self, tenant: str, session_id: str) -> bool:

@@ -13,8 +13,9 @@ from datetime import datetime
 from ..errors import ConflictError, LockNotAcquired
 from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
-from ._codec import check_ids, window_start
+from ._codec import check_ids, check_owner, check_user, window_start
 from .base import IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
 
 __all__ = ["MemoryStore"]
 
@@ -34,6 +35,12 @@ class _Session:
     jobs: dict[str, JobStats] = field(default_factory=dict)
     traces: dict[int, TurnTrace] = field(default_factory=dict)
     """Kept traces by exchange number."""
+    user_id: str | None = None
+
+
+def _kept(turns: list[Turn]) -> list[Turn]:
+    """``turns`` without the placeholders of turns a retention policy erased."""
+    return [t for t in turns if not t.metadata.get("erased")]
 
 
 class MemoryStore:
@@ -45,6 +52,7 @@ class MemoryStore:
         self._locks: dict[str, tuple[int, float]] = {}
         self._fence = 0
         self._idempotency: dict[tuple[str, str], tuple[IdempotencyRecord, float]] = {}
+        self._deletions: list[DeletionRecord] = []
 
     def _key(self, tenant: str, session_id: str) -> tuple[str, str]:
         return check_ids(tenant, session_id)
@@ -56,8 +64,10 @@ class MemoryStore:
         turns: Sequence[NewTurn],
         *,
         expected_last_seq: int | None = None,
+        user_id: str | None = None,
     ) -> list[Turn]:
         key = self._key(tenant, session_id)
+        user_id = check_user(user_id)
         async with self._guard:
             now = utc_now()
             session = self._sessions.get(key)
@@ -66,10 +76,12 @@ class MemoryStore:
                 raise ConflictError(
                     f"session {session_id!r} is at seq {last_seq}, expected {expected_last_seq}"
                 )
+            check_owner(session.user_id if session else None, user_id, session_id)
             if not turns:
                 return []
             if session is None:
                 session = self._sessions[key] = _Session(created_at=now, updated_at=now)
+            session.user_id = session.user_id or user_id
             stored = [
                 Turn(
                     seq=last_seq + i,
@@ -109,7 +121,7 @@ class MemoryStore:
             return SessionState(tenant=tenant, session_id=session_id)
         covers = session.summary.covers_seq if session.summary else 0
         last_seq = len(session.turns)
-        tail = session.turns[window_start(last_seq, covers, recent, max_uncovered) - 1 :]
+        tail = _kept(session.turns[window_start(last_seq, covers, recent, max_uncovered) - 1 :])
         moments: list[Turn] = []
         if key_moments > 0:
             first_tail = tail[0].seq if tail else last_seq + 1
@@ -141,7 +153,7 @@ class MemoryStore:
         if session is None:
             return []
         end = len(session.turns) if to_seq is None else min(to_seq, len(session.turns))
-        return session.turns[max(0, from_seq - 1) : max(0, end)]
+        return _kept(session.turns[max(0, from_seq - 1) : max(0, end)])
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
         session = self._sessions.get(self._key(tenant, session_id))
@@ -235,6 +247,7 @@ class MemoryStore:
             summary_version=session.summary.version if session.summary else 0,
             constraints_version=session.constraints_version,
             jobs=dict(session.jobs),
+            user_id=session.user_id,
         )
 
     async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
@@ -243,10 +256,13 @@ class MemoryStore:
         return self._info(key, session) if session else None
 
     async def list_sessions(
-        self, tenant: str, *, limit: int = 100, offset: int = 0
+        self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
         validate_id(tenant, "tenant")
-        mine = [(k, s) for k, s in self._sessions.items() if k[0] == tenant]
+        mine = [
+            (k, s) for k, s in self._sessions.items()
+            if k[0] == tenant and (user_id is None or s.user_id == user_id)
+        ]
         mine.sort(key=lambda ks: ks[1].updated_at, reverse=True)
         return [self._info(k, s) for k, s in mine[offset : offset + limit]]
 
@@ -295,6 +311,110 @@ class MemoryStore:
             count = len(session.traces)
             session.traces.clear()
             return count
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def list_users(self, tenant: str, *, limit: int = 100, offset: int = 0) -> list[UserInfo]:
+        validate_id(tenant, "tenant")
+        users: dict[str, list[_Session]] = {}
+        for (t, _), session in self._sessions.items():
+            if t == tenant and session.user_id is not None:
+                users.setdefault(session.user_id, []).append(session)
+        infos = [
+            UserInfo(tenant=tenant, user_id=u, sessions=len(ss),
+                     updated_at=max(s.updated_at for s in ss))
+            for u, ss in users.items()
+        ]
+        infos.sort(key=lambda i: (i.updated_at, i.user_id), reverse=True)
+        return infos[offset : offset + limit]
+
+    async def list_tenants(self) -> list[str]:
+        return sorted({t for t, _ in self._sessions})
+
+    def _add_to_record(self, record_id: int | None, counts: Mapping[str, int]) -> None:
+        for i, record in enumerate(self._deletions):
+            if record.id == record_id:
+                merged = merge_counts(dict(record.counts), counts)
+                self._deletions[i] = replace(record, counts=merged)
+
+    async def erase_session(
+        self, tenant: str, session_id: str, *, record_id: int | None = None
+    ) -> dict[str, int]:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            session = self._sessions.pop(key, None)
+            counts = {"sessions": 0, "turns": 0, "summaries": 0, "pins": 0,
+                      "emotion_scores": 0, "job_stats": 0, "traces": 0}
+            if session is not None:
+                counts.update(
+                    sessions=1, turns=len(session.turns), summaries=int(session.summary is not None),
+                    pins=len(session.constraints), emotion_scores=len(session.strength),
+                    job_stats=len(session.jobs), traces=len(session.traces),
+                )
+            self._add_to_record(record_id, counts)
+            return counts
+
+    async def erase_turns_before(
+        self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
+    ) -> dict[str, int]:
+        key = self._key(tenant, session_id)
+        async with self._guard:
+            session = self._sessions.get(key)
+            counts = {"turns": 0, "emotion_scores": 0}
+            if session is not None:
+                # Turns stay addressable by seq: erased ones become empty placeholders
+                # that `turns()` and `load()` skip.
+                for i, turn in enumerate(session.turns[: max(0, seq - 1)]):
+                    if turn.metadata.get("erased"):
+                        continue
+                    counts["turns"] += 1
+                    if turn.emotion is not None:
+                        counts["emotion_scores"] += 1
+                        session.strength.remove((-turn.emotion, -turn.seq))
+                    session.turns[i] = replace(
+                        turn, content="", tokens=0, emotion=None, metadata={"erased": True}
+                    )
+            self._add_to_record(record_id, counts)
+            return counts
+
+    async def compact(self) -> None:
+        return None
+
+    async def open_deletion(
+        self, tenant: str, scope: Scope, target: str, *, actor: str
+    ) -> DeletionRecord:
+        for record in self._deletions:
+            if record.pending and (record.tenant, record.scope, record.target) == (
+                    tenant, scope, target):
+                return record
+        record = DeletionRecord(id=len(self._deletions) + 1, tenant=tenant, scope=scope,
+                                target=target, actor=actor, started_at=utc_now())
+        self._deletions.append(record)
+        return record
+
+    async def finish_deletion(self, record_id: int, extra: Mapping[str, int]) -> DeletionRecord:
+        self._add_to_record(record_id, extra)
+        record = self._deletions[record_id - 1]
+        if record.finished_at is None:
+            record = self._deletions[record_id - 1] = replace(record, finished_at=utc_now())
+        return record
+
+    async def deletions(
+        self, *, since_id: int = 0, pending_only: bool = False, limit: int = 100
+    ) -> list[DeletionRecord]:
+        found = [r for r in self._deletions if r.id > since_id and (r.pending or not pending_only)]
+        return found[:limit]
+
+    async def restore_session(
+        self, tenant: str, session_id: str, *, user_id: str | None,
+        created_at: datetime, updated_at: datetime,
+    ) -> bool:
+        session = self._sessions.get(self._key(tenant, session_id))
+        if session is None:
+            return False
+        session.user_id = check_user(user_id)
+        session.created_at, session.updated_at = created_at, updated_at
+        return True
 
     @asynccontextmanager
     async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:

@@ -24,14 +24,18 @@ from . import _pg_postings as pg_postings
 from ._codec import (
     being_cancelled,
     check_ids,
+    check_owner,
+    check_user,
     constraints_from_json,
     constraints_to_json,
     last_answer,
     window_start,
 )
 from ._codec import metadata_json as _meta
+from ._pg_lifecycle import PostgresLifecycle, erase
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
 from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .lifecycle import SQL_SESSION_TABLES
 from .postings import IndexStats, analyze_texts
 
 __all__ = ["PostgresStore"]
@@ -72,7 +76,7 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-class PostgresStore(ClosesOnExit):
+class PostgresStore(PostgresLifecycle, ClosesOnExit):
     """A `Store` in PostgreSQL; ``schema`` names the schema holding its tables."""
 
     def __init__(
@@ -138,8 +142,10 @@ class PostgresStore(ClosesOnExit):
         turns: Sequence[NewTurn],
         *,
         expected_last_seq: int | None = None,
+        user_id: str | None = None,
     ) -> list[Turn]:
         key = check_ids(tenant, session_id)
+        user_id = check_user(user_id)
         turns = list(turns)
         # Analysed before the transaction: the write lock is held only to write.
         analyzed = analyze_texts([t.content for t in turns] + [
@@ -149,17 +155,21 @@ class PostgresStore(ClosesOnExit):
         async with self._db() as db, db.transaction():
             if turns:
                 await db.execute(
-                    "INSERT INTO sessions (tenant, session_id, created_at, updated_at)"
-                    " VALUES ($1, $2, $3, $3) ON CONFLICT DO NOTHING",
-                    *key, now,
+                    "INSERT INTO sessions (tenant, session_id, created_at, updated_at, user_id)"
+                    " VALUES ($1, $2, $3, $3, $4) ON CONFLICT DO NOTHING",
+                    *key, now, user_id,
                 )
-            last = await db.fetchval(f"SELECT last_seq FROM sessions {_W} FOR UPDATE", *key) or 0
+            head = await db.fetchrow(f"SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE", *key)
+            last = head["last_seq"] if head else 0
             if expected_last_seq is not None and expected_last_seq != last:
                 raise ConflictError(
                     f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
                 )
+            check_owner(head["user_id"] if head else None, user_id, session_id)
             if not turns:
                 return []
+            if head["user_id"] is None and user_id is not None:
+                await db.execute(f"UPDATE sessions SET user_id = $3 {_W}", *key, user_id)
             seqs = list(range(last + 1, last + 1 + len(turns)))
             await db.execute(
                 "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
@@ -351,7 +361,7 @@ class PostgresStore(ClosesOnExit):
 
     _INFO = (
         "SELECT session_id, last_seq, created_at, updated_at, summary_covers_seq,"
-        " summary_version, constraints_version FROM sessions"
+        " summary_version, constraints_version, user_id FROM sessions"
     )
 
     async def _infos(self, db: Any, tenant: str, rows: list[Any]) -> list[SessionInfo]:
@@ -378,26 +388,23 @@ class PostgresStore(ClosesOnExit):
         return infos[0] if infos else None
 
     async def list_sessions(
-        self, tenant: str, *, limit: int = 100, offset: int = 0
+        self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
         tenant, _ = check_ids(tenant, "x")
+        user_id = check_user(user_id)
         async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
             rows = await db.fetch(
-                f"{self._INFO} WHERE tenant = $1 ORDER BY updated_at DESC, session_id"
-                " LIMIT $2 OFFSET $3",
-                tenant, limit, offset,
+                f"{self._INFO} WHERE tenant = $1 AND ($4::text IS NULL OR user_id = $4)"
+                " ORDER BY updated_at DESC, session_id LIMIT $2 OFFSET $3",
+                tenant, limit, offset, user_id,
             )
             return await self._infos(db, tenant, rows)
 
     async def delete(self, tenant: str, session_id: str) -> bool:
         key = check_ids(tenant, session_id)
         async with self._db() as db, db.transaction():
-            status = await db.execute(f"DELETE FROM sessions {_W}", *key)
-            for table in (
-                "turns", "turn_emotions", "jobs", "recall_postings", "recall_index", "turn_traces"
-            ):
-                await db.execute(f"DELETE FROM {table} {_W}", *key)
-        return bool(status == "DELETE 1")
+            counts = await erase(db, key, None)
+        return counts["sessions"] == 1
 
     async def purge_idle(self, older_than: datetime) -> int:
         async with self._db() as db, db.transaction():
@@ -408,9 +415,7 @@ class PostgresStore(ClosesOnExit):
             await db.execute("DELETE FROM job_locks WHERE expires_at < clock_timestamp()")
             tenants = [r["tenant"] for r in gone]
             sids = [r["session_id"] for r in gone]
-            for table in (
-                "turns", "turn_emotions", "jobs", "recall_postings", "recall_index", "turn_traces"
-            ):
+            for table in (kind.table for kind in SQL_SESSION_TABLES):
                 await db.execute(
                     f"DELETE FROM {table} x USING unnest($1::text[], $2::text[]) AS g(t, s)"
                     " WHERE x.tenant = g.t AND x.session_id = g.s",

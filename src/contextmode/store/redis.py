@@ -25,14 +25,18 @@ from . import _redis_scripts as lua
 from ._codec import (
     being_cancelled,
     check_ids,
+    check_user,
     constraints_from_json,
     constraints_to_json,
     dumps,
     from_micros,
     now_micros,
+    owner_error,
     to_micros,
 )
+from ._redis_lifecycle import RedisLifecycle
 from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .lifecycle import REDIS_SESSION_KEYS
 
 __all__ = ["RedisStore"]
 
@@ -51,7 +55,7 @@ def _decode(seq: int, doc: str, score: str | None) -> Turn:
                 emotion=float(score) if score else None)
 
 
-class RedisStore(ClosesOnExit):
+class RedisStore(RedisLifecycle, ClosesOnExit):
     """A `Store` in Redis; ``namespace`` prefixes every key (default ``cm:``)."""
 
     def __init__(self, url: str, *, namespace: str = "cm:") -> None:
@@ -97,13 +101,27 @@ class RedisStore(ClosesOnExit):
         async with self._guard():
             return await self._scripts[name](keys=keys, args=args)
 
+    async def _erase(
+        self, tenant: str, session_id: str, cutoff: int | str, record: str = ""
+    ) -> dict[str, int]:
+        """Run the ERASE script: the session and every registered kind; counts ({} = kept)."""
+        k = self._keys(tenant, session_id)
+        path = k["member"]
+        keys = [k["sess"], k["ix"], k["idle"], k["users"],
+                *(f"{self.namespace}{kind.prefix}:{path}" for kind in REDIS_SESSION_KEYS)]
+        args = [session_id, path, cutoff, k["user_prefix"], record,
+                *(f"{kind.kind}|{kind.count_fields}" for kind in REDIS_SESSION_KEYS)]
+        flat = await self._script("ERASE", keys, args)
+        return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
     def _keys(self, tenant: str, session_id: str) -> dict[str, str]:
         path = f"{tenant}/{session_id}"
         ns = self.namespace
         return {
             "sess": f"{ns}s:{path}", "turns": f"{ns}t:{path}", "emo": f"{ns}e:{path}",
             "jobs": f"{ns}j:{path}", "ix": f"{ns}ix:{tenant}", "idle": f"{ns}idle",
-            "lock": f"{ns}lock:{path}", "member": path,
+            "lock": f"{ns}lock:{path}", "member": path, "users": f"{ns}users:{tenant}",
+            "user_prefix": f"{ns}u:{tenant}/",
             "traces": f"{ns}tr:{path}", "trace_turns": f"{ns}trn:{path}",
             "trace_ages": f"{ns}tra:{path}",
         }
@@ -122,21 +140,25 @@ class RedisStore(ClosesOnExit):
         turns: Sequence[NewTurn],
         *,
         expected_last_seq: int | None = None,
+        user_id: str | None = None,
     ) -> list[Turn]:
         tenant, session_id = check_ids(tenant, session_id)
+        user_id = check_user(user_id)
         k = self._keys(tenant, session_id)
         turns = list(turns)
         answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
         args: list[Any] = [
             "" if expected_last_seq is None else expected_last_seq, now_micros(), session_id,
-            k["member"], answer, len(turns),
+            k["member"], answer, len(turns), user_id or "", k["user_prefix"],
         ]
         for turn in turns:
             args += [_encode(turn), "" if turn.emotion is None else repr(float(turn.emotion)),
                      turn.content]
         ok, last = await self._script(
-            "APPEND", [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"]], args
+            "APPEND", [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"], k["users"]], args
         )
+        if ok == 2:
+            raise owner_error(session_id)
         if not ok:
             raise ConflictError(
                 f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
@@ -177,12 +199,13 @@ class RedisStore(ClosesOnExit):
             session_id=session_id,
             last_seq=int(last_seq),
             turns=tuple(_decode(first + i, doc, score)
-                        for i, (doc, score) in enumerate(zip(tail, tail_scores, strict=True))),
+                        for i, (doc, score) in enumerate(zip(tail, tail_scores, strict=True))
+                        if doc),  # a turn a retention policy erased is skipped
             summary=summary,
             constraints=constraints_from_json(constraints),
             constraints_version=int(constraints_version or 0),
             key_moments=tuple(_decode(int(seq), doc, score) for seq, doc, score
-                              in zip(moment_seqs, moment_docs, moment_scores, strict=True)),
+                              in zip(moment_seqs, moment_docs, moment_scores, strict=True) if doc),
             last_answer=answer,
             created_at=from_micros(int(created)),
             updated_at=from_micros(int(updated)),
@@ -272,7 +295,7 @@ class RedisStore(ClosesOnExit):
                 k = self._keys(tenant, sid)
                 pipe.hmget(k["sess"], ["last_seq", "created_at", "updated_at",
                                        "summary_covers_seq", "summary_version",
-                                       "constraints_version"])
+                                       "constraints_version", "user_id"])
                 pipe.hgetall(k["jobs"])
             replies = await pipe.execute()
         infos = []
@@ -294,7 +317,7 @@ class RedisStore(ClosesOnExit):
                 tenant=tenant, session_id=sid, last_seq=int(row[0]),
                 created_at=from_micros(int(row[1])), updated_at=from_micros(int(row[2])),
                 summary_covers_seq=int(row[3] or 0), summary_version=int(row[4] or 0),
-                constraints_version=int(row[5] or 0), jobs=jobs,
+                constraints_version=int(row[5] or 0), jobs=jobs, user_id=row[6],
             ))
         return infos
 
@@ -305,29 +328,21 @@ class RedisStore(ClosesOnExit):
         return infos[0] if infos else None
 
     async def list_sessions(
-        self, tenant: str, *, limit: int = 100, offset: int = 0
+        self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
         tenant, _ = check_ids(tenant, "x")
+        user_id = check_user(user_id)
         if limit <= 0:
             return []
+        index = (f"{self.namespace}ix:{tenant}" if user_id is None
+                 else f"{self.namespace}u:{tenant}/{user_id}")
         async with self._guard() as client:
-            sids = await client.zrevrange(f"{self.namespace}ix:{tenant}", offset,
-                                          offset + limit - 1)
+            sids = await client.zrevrange(index, offset, offset + limit - 1)
             return await self._infos(client, tenant, list(sids))
-
-    async def _delete(self, tenant: str, session_id: str, cutoff: int | str) -> bool:
-        k = self._keys(tenant, session_id)
-        keys = [k["sess"], k["turns"], k["emo"], k["jobs"], k["ix"], k["idle"]]
-        deleted = bool(await self._script("DELETE", keys, [session_id, k["member"], cutoff]))
-        if deleted:
-            # After the session is gone a trace write is refused, so nothing can come back.
-            async with self._guard() as client:
-                await client.delete(k["traces"], k["trace_turns"], k["trace_ages"])
-        return deleted
 
     async def delete(self, tenant: str, session_id: str) -> bool:
         tenant, session_id = check_ids(tenant, session_id)
-        return await self._delete(tenant, session_id, "")
+        return (await self._erase(tenant, session_id, "")).get("sessions", 0) == 1
 
     async def purge_idle(self, older_than: datetime) -> int:
         cutoff = to_micros(older_than)
@@ -337,7 +352,7 @@ class RedisStore(ClosesOnExit):
         for member in members:
             tenant, _, session_id = member.partition("/")
             # The script re-checks updated_at: a session written since the index read survives.
-            purged += await self._delete(tenant, session_id, cutoff)
+            purged += (await self._erase(tenant, session_id, cutoff)).get("sessions", 0)
         return purged
 
     # -- kept traces ------------------------------------------------------------

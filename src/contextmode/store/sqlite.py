@@ -28,6 +28,8 @@ from . import _sqlite_postings as postings
 from . import _sqlite_traces as traces
 from ._codec import (
     check_ids,
+    check_owner,
+    check_user,
     constraints_from_json,
     constraints_to_json,
     from_micros,
@@ -39,6 +41,7 @@ from ._codec import (
     to_micros,
     window_start,
 )
+from ._sqlite_lifecycle import SQLiteLifecycle
 from ._sqlite_schema import migrate
 from .base import ClosesOnExit, IdempotencyRecord, LockHandle, SessionInfo, SessionVersion
 from .postings import IndexStats, analyze_texts
@@ -80,7 +83,7 @@ def _summary(row: Sequence[Any]) -> Summary | None:
     )
 
 
-class SQLiteStore(ClosesOnExit):
+class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
     """A `Store` in one SQLite file; safe for many processes on one host.
 
     ``synchronous`` is SQLite's ``PRAGMA synchronous``: ``NORMAL`` (default)
@@ -115,6 +118,8 @@ class SQLiteStore(ClosesOnExit):
         )
         try:
             db.execute("PRAGMA journal_mode=WAL")
+            # Erased rows are overwritten with zeros, not just unlinked (docs/lifecycle.md).
+            db.execute("PRAGMA secure_delete=ON")
             db.execute(f"PRAGMA synchronous={self._synchronous}")
             migrate(db)
         except BaseException:
@@ -158,8 +163,10 @@ class SQLiteStore(ClosesOnExit):
         turns: Sequence[NewTurn],
         *,
         expected_last_seq: int | None = None,
+        user_id: str | None = None,
     ) -> list[Turn]:
         key = check_ids(tenant, session_id)
+        user_id = check_user(user_id)
         turns = list(turns)
         # Analysed before the transaction: the write lock is held only to write.
         analyzed = analyze_texts([t.content for t in turns] + [
@@ -169,20 +176,23 @@ class SQLiteStore(ClosesOnExit):
         answer = last_answer(turns)
 
         def body(db: Db) -> tuple[int, list[Turn]]:
-            row = db.execute(f"SELECT last_seq FROM sessions {admin.WHERE}", key).fetchone()
+            row = db.execute(f"SELECT last_seq, user_id FROM sessions {admin.WHERE}", key).fetchone()
             last = row[0] if row else 0
             if expected_last_seq is not None and expected_last_seq != last:
                 raise ConflictError(
                     f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
                 )
+            check_owner(row[1] if row else None, user_id, session_id)
             if not turns:
                 return last, []
             if row is None:
                 db.execute(
-                    "INSERT INTO sessions (tenant, session_id, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (*key, now, now),
+                    "INSERT INTO sessions (tenant, session_id, created_at, updated_at, user_id)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (*key, now, now, user_id),
                 )
+            elif row[1] is None and user_id is not None:
+                db.execute(f"UPDATE sessions SET user_id = ? {admin.WHERE}", (user_id, *key))
             db.executemany(
                 "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
                 " metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -401,10 +411,10 @@ class SQLiteStore(ClosesOnExit):
         return await self._run(admin.session_info, check_ids(tenant, session_id))
 
     async def list_sessions(
-        self, tenant: str, *, limit: int = 100, offset: int = 0
+        self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
         tenant, _ = check_ids(tenant, "x")
-        return await self._run(admin.list_sessions, tenant, limit, offset)
+        return await self._run(admin.list_sessions, tenant, limit, offset, check_user(user_id))
 
     async def delete(self, tenant: str, session_id: str) -> bool:
         return await self._run(admin.delete_session, check_ids(tenant, session_id))
