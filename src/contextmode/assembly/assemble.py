@@ -7,7 +7,9 @@ from the tail using their stored token counts; only the rendered sections
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -110,11 +112,38 @@ ESTIMATE_MARGIN = 0.05
 _COUNT_CACHES: dict[int, tuple[TokenCounter, Callable[[str], int]]] = {}
 
 
+_LONG_TEXT = 2048
+"""Texts longer than this (characters) are cached by hash and length, never pinned in memory."""
+
+
 def _cached_count(counter: TokenCounter) -> Callable[[str], int]:
-    """``counter.count`` behind an LRU cache (sections repeat from turn to turn)."""
+    """``counter.count`` behind an LRU cache (sections repeat from turn to turn).
+
+    Short texts are cached by value; a long one (a tool result of 50k tokens) by its hash
+    and length, so the cache never holds megabytes of old results alive."""
     entry = _COUNT_CACHES.get(id(counter))
     if entry is None or entry[0] is not counter:
-        entry = (counter, lru_cache(maxsize=8192)(counter.count))
+        short = lru_cache(maxsize=8192)(counter.count)
+        long_counts: OrderedDict[tuple[int, int], int] = OrderedDict()
+        lock = threading.Lock()
+
+        def count(text: str) -> int:
+            if len(text) <= _LONG_TEXT:
+                return short(text)
+            key = (hash(text), len(text))
+            with lock:
+                known = long_counts.get(key)
+                if known is not None:
+                    long_counts.move_to_end(key)
+                    return known
+            tokens = counter.count(text)
+            with lock:
+                long_counts[key] = tokens
+                if len(long_counts) > 1024:
+                    long_counts.popitem(last=False)
+            return tokens
+
+        entry = (counter, count)
         _COUNT_CACHES[id(counter)] = entry
     return entry[1]
 
