@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from contextmode.engine import Engine
 from contextmode.jobs import JobRunner, JobSettings
+from contextmode.memory import get_strategy
 from contextmode.processors.base import ConstraintUpdate, Detection, Rewrite, SummaryResult
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
@@ -18,6 +19,9 @@ from contextmode.testing import CharTokenCounter, FunctionModel
 from contextmode.types import ChatMessage, Constraint, NewTurn, Summary, Turn
 
 T, S = "t", "s"
+
+COVERS = 20 - get_strategy(EngineSettings().strategy).recent_turns
+"""What a summary covers after 20 turns: all but the default strategy's recent window."""
 
 
 class CountingSummarizer:
@@ -84,8 +88,8 @@ async def test_an_attempt_cut_off_in_its_commit_is_not_summarised_again() -> Non
     await engine.drain()
     info = await store.info(T, S)
     assert info is not None and info.summary_version == 1
-    assert info.summary_covers_seq == 12  # 20 turns, 8 kept verbatim
-    assert summarizer.calls == [(1, 12)], "the summary computed before the stall was thrown away"
+    assert info.summary_covers_seq == COVERS  # 20 turns, the default's recent window kept verbatim
+    assert summarizer.calls == [(1, COVERS)], "the summary computed before the stall was thrown away"
     assert info.jobs["summary"].ok == 1
 
 
@@ -101,4 +105,4 @@ async def test_two_workers_on_one_store_summarise_each_range_once() -> None:
         engine.jobs.schedule(T, S, "summary", lambda e=engine: e.summarize_now(T, S))  # type: ignore[misc]
     await asyncio.gather(*(engine.drain() for engine in workers))
     info = await store.info(T, S)
-    assert info is not None and info.summary_version == 1 and summarizer.calls == [(1, 12)]
+    assert info is not None and info.summary_version == 1 and summarizer.calls == [(1, COVERS)]
