@@ -10,6 +10,7 @@ workers) for at most ``session_wait_ms`` and then fails with `SessionBusy`
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -18,6 +19,8 @@ from ..errors import LockNotAcquired
 from ..store.base import LockHandle, Store, TurnLocks
 
 __all__ = ["SessionBusy", "SessionGate"]
+
+log = logging.getLogger("contextmode.service")
 
 _POLL_S = (0.01, 0.02, 0.05, 0.1)
 """Back-off between tries of the store's lock; the last step repeats."""
@@ -35,6 +38,7 @@ class SessionGate:
         self.wait_s = wait_ms / 1000
         self.ttl_s = ttl_s
         self._local: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+        self._orphans: dict[tuple[str, str], LockHandle] = {}
 
     @asynccontextmanager
     async def hold(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -65,13 +69,19 @@ class SessionGate:
         if not isinstance(self.store, TurnLocks):
             yield
             return
+        orphan = self._orphans.pop((tenant, session_id), None)
+        if orphan is not None:  # our own lock, left when the store was unreachable at release
+            try:
+                await self.store.release_turn_lock(orphan)
+            except Exception:
+                self._orphans[(tenant, session_id)] = orphan
         step = 0
         while True:
             held: AbstractAsyncContextManager[LockHandle] = self.store.turn_lock(
                 tenant, session_id, ttl_s=self.ttl_s
             )
             try:
-                await held.__aenter__()
+                handle = await held.__aenter__()
             except LockNotAcquired:
                 pause = _POLL_S[min(step, len(_POLL_S) - 1)]
                 if time.monotonic() + pause > deadline:
@@ -82,11 +92,15 @@ class SessionGate:
             break
         try:
             yield
-        except BaseException as exc:
-            await held.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        else:
-            await held.__aexit__(None, None, None)
+        finally:
+            try:
+                await held.__aexit__(None, None, None)
+            except Exception as exc:
+                # The turn is done; only the release failed (the store dropped). Remember the
+                # handle: the next turn of this session here releases it first, and elsewhere
+                # it expires after ``ttl_s``.
+                log.warning("turn lock of session %s not released: %s", session_id, type(exc).__name__)
+                self._orphans[(tenant, session_id)] = handle
 
 
 def _busy(session_id: str) -> str:

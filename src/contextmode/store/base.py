@@ -265,6 +265,10 @@ class TurnLocks(Protocol):
         """
         ...
 
+    async def release_turn_lock(self, handle: LockHandle) -> None:
+        """Release a turn lock whose context exit could not reach the store (fencing-checked)."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class IdempotencyRecord:

@@ -443,6 +443,10 @@ class MemoryStore:
         tenant, session_id = self._key(tenant, session_id)
         return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
 
+    async def release_turn_lock(self, handle: LockHandle) -> None:
+        if self._locks.get(handle.key, (None,))[0] == handle.token:
+            del self._locks[handle.key]
+
     # -- idempotency records ----------------------------------------------------
 
     async def claim_idempotency(

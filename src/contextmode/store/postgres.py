@@ -531,6 +531,10 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         tenant, session_id = check_ids(tenant, session_id)
         return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
 
+    async def release_turn_lock(self, handle: LockHandle) -> None:
+        async with self._db() as db:
+            await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", handle.key, handle.token)
+
     # -- idempotency records ----------------------------------------------------
 
     async def claim_idempotency(

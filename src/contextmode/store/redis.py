@@ -416,6 +416,10 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         path = f"{tenant}/{session_id}"
         return self._hold(f"{self.namespace}turnlock:{path}", f"{path}#turn", ttl_s)
 
+    async def release_turn_lock(self, handle: LockHandle) -> None:
+        path = handle.key.removesuffix("#turn")
+        await self._script("RELEASE_LOCK", [f"{self.namespace}turnlock:{path}"], [handle.token])
+
     # -- idempotency records (one string key each, expiring by itself) -----------
 
     def _idempotency_key(self, tenant: str, key: str) -> str:

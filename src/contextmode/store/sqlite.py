@@ -489,6 +489,9 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         tenant, session_id = check_ids(tenant, session_id)
         return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
 
+    async def release_turn_lock(self, handle: LockHandle) -> None:
+        await self._run(admin.release_lock, handle.key, handle.token)
+
     # -- idempotency records ----------------------------------------------------
 
     async def claim_idempotency(
