@@ -65,6 +65,9 @@ ENV = {
     "CONTEXTMODE_JOB_BASE_DELAY_S": "0.05",
     "CONTEXTMODE_JOB_TIMEOUT_S": "8",
     "CONTEXTMODE_JOB_LOCK_TTL_S": str(LOCK_TTL_S),
+    # A turn lock the killed worker held frees its session within a waiting turn's patience
+    # (10 s), as a shorter-lived deployment would configure it.
+    "CONTEXTMODE_SESSION_LOCK_TTL_S": "8",
 }
 
 

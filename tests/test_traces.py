@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,13 @@ from contextmode.errors import EmptyMessage, ModelUnavailable
 from contextmode.store import MemoryStore
 from contextmode.store.base import load_trace
 from contextmode.testing.models import BrokenStream, FunctionModel
-from contextmode.trace import cap_trace, trace_from_json, trace_to_dict, trace_to_json
+from contextmode.trace import (
+    cap_trace,
+    message_to_dict,
+    trace_from_json,
+    trace_to_dict,
+    trace_to_json,
+)
 from contextmode.types import ChatMessage
 from test_service import assert_error, client_for, make_engine, make_settings
 
@@ -44,10 +49,11 @@ async def test_each_exchange_keeps_exactly_what_the_model_received() -> None:
         assert {"detector", "rewriter", "counter"} <= set(trace.processors)
     third = await load_trace(engine.store, "local", "s", 3)
     assert third.typed == "它在哪里？"
-    # The test rewriter names the last user turn: the model got the rewrite, and the trace says so.
+    # The test rewriter names the last user turn; in contextual mode the model got the user's
+    # words and the verified rewrite only as a hint, and the trace says so.
     assert third.rewrite is not None and third.rewrite.changed
-    assert third.sent == third.rewrite.text != third.typed
-    assert third.rewrite.decision == "used" and third.follow_up is None
+    assert third.sent == third.typed != third.rewrite.text
+    assert third.rewrite.decision == "hint" and third.follow_up is None
     # A follow-up answered from the last answer is a template expansion, not a rewrite.
     fourth = await load_trace(engine.store, "local", "s", 4)
     assert fourth.rewrite is None and fourth.follow_up == "example"
@@ -142,7 +148,7 @@ async def test_route_returns_the_trace_tenant_scoped(tmp_path: Path) -> None:
         assert body["code"] == 0
         data = body["data"]
         assert data["turn"] == 2 and data["typed"] == "推荐一家餐厅"
-        assert [dataclasses.asdict(m) for m in model.calls[1].messages] == data["messages"]
+        assert [message_to_dict(m) for m in model.calls[1].messages] == data["messages"]
         assert data == trace_to_dict(await load_trace(engine.store, "acme", "s", 2))
         assert_error(await client.get("/v1/sessions/s/turns/2/context", headers=b), 40401)
         assert_error(await client.get("/v1/sessions/s/turns/9/context", headers=a), 40402)

@@ -168,7 +168,8 @@ def browser() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     tmp = tmp_path_factory.mktemp("web")
-    app = create_app(_engine(tmp), ServiceSettings(image_dir=tmp / "images"))
+    # Deltas sent as they come (no coalescing): the page must render a stream piece by piece.
+    app = create_app(_engine(tmp), ServiceSettings(image_dir=tmp / "images", stream_flush_ms=0))
     with LiveServer(app) as live:
         yield live
 
@@ -228,7 +229,7 @@ def openai_server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 "CONTEXTMODE_LLM_API_KEY": "stub-key",
             }
         )
-        app = create_app(_engine(tmp, model), ServiceSettings(image_dir=tmp / "images"))
+        app = create_app(_engine(tmp, model), ServiceSettings(image_dir=tmp / "images", stream_flush_ms=0))
         with LiveServer(app) as live:
             yield live
 

@@ -98,7 +98,9 @@ def test_a_past_turn_shows_exactly_what_the_model_received(
     assert page.errors == []
 
 
-def test_a_template_follow_up_is_not_called_a_rewrite(browser: Any, server: LiveServer) -> None:
+def test_a_template_follow_up_is_not_called_a_rewrite(browser: Any, stub_server: tuple[LiveServer, Any]) -> None:
+    # A real answer first: an engine notice (the offline responder) is no answer to expand.
+    server, _ = stub_server
     page = open_page(browser, f"{server.url}/#session=web-template")
     send(page, "介绍一下杭州的西湖")
     send(page, "举个例子")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .types import ChatMessage, Turn, utc_now
+from .types import ChatMessage, ToolCall, Turn, utc_now
 
 if TYPE_CHECKING:
     from .assembly.context import Context
@@ -88,8 +88,10 @@ class TraceRewrite:
     source: str
     """Which rewriter (``offline``, ``llm``)."""
     decision: str
-    """``used``: the model received the rewrite; ``kept_original``: the rewrite was refused and
-    the model received the message as typed; ``unchanged``: the rewriter changed nothing."""
+    """``used``: the model received the rewrite instead of the message (decoupled mode);
+    ``hint``: the model received the message as typed and the verified rewrite as a labelled
+    hint (contextual mode); ``kept_original``: the rewrite was not given to the model;
+    ``unchanged``: the rewriter changed nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,12 +153,32 @@ class TurnTrace:
     """True when the trace was larger than the size cap and message texts were shortened."""
 
 
+def message_to_dict(message: ChatMessage) -> dict[str, Any]:
+    """A message as kept in a trace: role and content, plus tool calls or the answered call
+    id when it has them (the shape of OpenAI's messages)."""
+    data: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        data["tool_calls"] = [vars(c) for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        data["tool_call_id"] = message.tool_call_id
+    return data
+
+
+def message_from_dict(data: dict[str, Any]) -> ChatMessage:
+    """Inverse of `message_to_dict`."""
+    return ChatMessage(
+        role=data["role"], content=data["content"],
+        tool_calls=tuple(ToolCall(**c) for c in data.get("tool_calls", ())),
+        tool_call_id=data.get("tool_call_id"),
+    )
+
+
 def _plain(trace: TurnTrace) -> dict[str, Any]:
     """The trace as JSON-ready builtins; by hand, because `dataclasses.asdict` deep-copies
     every field and this runs on every turn."""
     data = dict(vars(trace))
     data["created_at"] = trace.created_at.isoformat()
-    data["messages"] = [{"role": m.role, "content": m.content} for m in trace.messages]
+    data["messages"] = [message_to_dict(m) for m in trace.messages]
     data["layers"] = [{**vars(x), "dropped_seqs": list(x.dropped_seqs)} for x in trace.layers]
     data["recalled"] = [vars(r) for r in trace.recalled]
     data["pins"] = [vars(p) for p in trace.pins]
@@ -182,7 +204,7 @@ def trace_from_json(text: str) -> TurnTrace:
     known = set(TurnTrace.__dataclass_fields__)
     data = {k: v for k, v in data.items() if k in known}
     data["created_at"] = datetime.fromisoformat(data["created_at"])
-    data["messages"] = tuple(ChatMessage(**m) for m in data.get("messages", ()))
+    data["messages"] = tuple(message_from_dict(m) for m in data.get("messages", ()))
     data["layers"] = tuple(
         TraceLayer(**{**x, "dropped_seqs": tuple(x.get("dropped_seqs", ()))}) for x in data.get("layers", ())
     )
@@ -271,7 +293,11 @@ def _rewrite(context: Context, rewrite: Rewrite | None) -> TraceRewrite | None:
     if not rewrite.changed:
         decision = "unchanged"
     else:
-        decision = "used" if context.message == rewrite.text else "kept_original"
+        decision = (
+            "used" if context.message == rewrite.text
+            else "hint" if context.hint == rewrite.text
+            else "kept_original"
+        )
     return TraceRewrite(text=rewrite.text, changed=rewrite.changed, source=rewrite.source, decision=decision)
 
 

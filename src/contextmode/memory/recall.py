@@ -168,12 +168,13 @@ class Recaller:
     def forget(self, tenant: str, session_id: str) -> bool:
         """Drop a session's index and stored-index caches (after the session is deleted);
         True if this process held an index of it."""
-        self._stored.forget(tenant, session_id)
-        return self._entries.pop((tenant, session_id), None) is not None
+        stored = self._stored.forget(tenant, session_id)
+        return (self._entries.pop((tenant, session_id), None) is not None) or stored
 
     def cached_sessions(self) -> list[tuple[str, str]]:
-        """``(tenant, session_id)`` of every index held in this process."""
-        return list(self._entries)
+        """``(tenant, session_id)`` of every index (or cached block of a stored index) held
+        in this process."""
+        return list(dict.fromkeys([*self._entries, *self._stored.sessions()]))
 
     async def index(
         self, store: TurnSource, tenant: str, session_id: str, *, last_seq: int

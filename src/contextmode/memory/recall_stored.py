@@ -43,8 +43,13 @@ class StoredPostings:
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[tuple[str, str], _Cached] = OrderedDict()
 
-    def forget(self, tenant: str, session_id: str) -> None:
-        self._sessions.pop((tenant, session_id), None)
+    def forget(self, tenant: str, session_id: str) -> bool:
+        """Drop a session's cached blocks; True if there were any."""
+        return self._sessions.pop((tenant, session_id), None) is not None
+
+    def sessions(self) -> list[tuple[str, str]]:
+        """``(tenant, session_id)`` of every session whose blocks are cached here."""
+        return list(self._sessions)
 
     def _cached(self, tenant: str, session_id: str, created_at: datetime | None) -> _Cached:
         key = (tenant, session_id)

@@ -228,7 +228,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
         keys=ApiKeys(settings.api_keys, local_tenant=settings.local_tenant),
         metrics=metrics,
         owns_engine=owns_engine,
-        gate=SessionGate(engine.store, wait_ms=settings.session_wait_ms),
+        gate=SessionGate(engine.store, wait_ms=settings.session_wait_ms, ttl_s=settings.session_lock_ttl_s),
     )
 
     @asynccontextmanager

@@ -13,6 +13,7 @@
 | ``CONTEXTMODE_MAX_BODY_BYTES``    | ``33554432`` (32 MiB)          | bytes per request body                       |
 | ``CONTEXTMODE_IMAGE_DIR``         | ``<tmp>/contextmode-images``   | where image temp files live while a turn runs |
 | ``CONTEXTMODE_SESSION_WAIT_MS``   | ``10000``                      | wait for a session's previous turn, then 40902 |
+| ``CONTEXTMODE_SESSION_LOCK_TTL_S`` | ``300``                       | a dead worker's turn lock frees its session after this |
 | ``CONTEXTMODE_MAX_JSON_ITEMS``    | ``20000``                      | keys + array items per JSON body             |
 | ``CONTEXTMODE_MAX_JSON_DEPTH``    | ``32``                         | nesting depth per JSON body                  |
 | ``CONTEXTMODE_STREAM_FLUSH_MS``   | ``50``                         | streamed deltas are sent at most this often  |
@@ -100,6 +101,9 @@ class ServiceSettings:
     image_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "contextmode-images")
     """Dedicated folder for image temp files; they exist only while their turn runs."""
     session_wait_ms: int = 10_000
+    session_lock_ttl_s: int = 300
+    """Expiry of a session's turn lock: how long a worker that died mid-turn keeps its session
+    busy. Keep it above the longest turn (the reply deadline, `CONTEXTMODE_LLM_DEADLINE_S`)."""
     """How long a turn waits for the previous turn of its session before `40902` (session busy)."""
     max_json_items: int = 20_000
     """Keys plus array items per JSON body (counted before validation); more is refused with 40001."""
@@ -161,6 +165,7 @@ class ServiceSettings:
             max_body_bytes=env_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
             image_dir=Path(image_dir).expanduser() if image_dir else defaults.image_dir,
             session_wait_ms=env_int(env, "CONTEXTMODE_SESSION_WAIT_MS", defaults.session_wait_ms, 0),
+            session_lock_ttl_s=env_int(env, "CONTEXTMODE_SESSION_LOCK_TTL_S", defaults.session_lock_ttl_s, 1),
             max_json_items=env_int(env, "CONTEXTMODE_MAX_JSON_ITEMS", defaults.max_json_items, 16),
             max_json_depth=env_int(env, "CONTEXTMODE_MAX_JSON_DEPTH", defaults.max_json_depth, 4),
             stream_flush_ms=env_int(env, "CONTEXTMODE_STREAM_FLUSH_MS", defaults.stream_flush_ms, 0),
