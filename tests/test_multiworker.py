@@ -22,7 +22,6 @@ import asyncio
 import random
 import re
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from typing import Any
 import pytest
 
 from contextmode.memory.strategies import get_strategy
-from contextmode.testing.contract import service_url, skip_or_fail
+from contextmode.testing.backends import fresh_store_url
 from contextmode.testing.worker import (
     Cluster,
     Conversation,
@@ -45,8 +44,6 @@ from contextmode.testing.worker import (
 
 pytestmark = pytest.mark.slow
 
-PG_DSN = service_url("CONTEXTMODE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = service_url("CONTEXTMODE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 USERS, TURNS, WORKERS = 30, 20, 3
 THRESHOLD = 4
@@ -74,53 +71,11 @@ ENV = {
 # -- backends -------------------------------------------------------------------------
 
 
-async def _postgres() -> AsyncIterator[str]:
-    try:
-        import asyncpg
-    except ImportError:
-        skip_or_fail("asyncpg is not installed (extra 'postgres')")
-    try:
-        conn = await asyncpg.connect(PG_DSN, timeout=3)
-    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
-        skip_or_fail(f"PostgreSQL is not reachable at {PG_DSN}: {exc}")
-    schema = f"cm_mw_{uuid.uuid4().hex[:12]}"
-    sep = "&" if "?" in PG_DSN else "?"
-    try:
-        yield f"{PG_DSN}{sep}schema={schema}"
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await conn.close()
-
-
-async def _redis() -> AsyncIterator[str]:
-    try:
-        import redis.asyncio as aioredis
-        from redis.exceptions import RedisError
-    except ImportError:
-        skip_or_fail("redis is not installed (extra 'redis')")
-    client = aioredis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
-    try:
-        await client.ping()
-    except (OSError, RedisError) as exc:
-        await client.aclose()
-        skip_or_fail(f"Redis is not reachable at {REDIS_URL}: {exc}")
-    namespace = f"cmmw:{uuid.uuid4().hex[:12]}:"
-    sep = "&" if "?" in REDIS_URL else "?"
-    try:
-        yield f"{REDIS_URL}{sep}namespace={namespace}"
-    finally:
-        keys = [key async for key in client.scan_iter(match=f"{namespace}*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
-
-
 @pytest.fixture(
     params=[pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("redis", marks=pytest.mark.redis)]
 )
-async def store_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    source = _postgres() if request.param == "postgres" else _redis()
-    async for url in source:
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    async with fresh_store_url(request.param, tmp_path) as url:
         yield url
 
 
