@@ -6,7 +6,8 @@ serve alice. After ``DELETE /v1/users/alice`` on one worker and a deletion-log
 poll on the other, none of alice's strings may be found anywhere: any table
 or key of the store (SQLite: also the raw database and WAL bytes), either
 worker's recall index, pending jobs or summary cache, or the image folder;
-every one of bob's strings must still be there.
+every one of bob's strings must still be there. Every message is sent with an
+``Idempotency-Key``, so the stored responses are scanned (and erased) too.
 """
 
 from __future__ import annotations
@@ -138,7 +139,10 @@ async def _converse(clients: list[httpx.AsyncClient], session: str, user: str, s
         body: dict[str, Any] = {"message": f"记住这些 {chunk}", "user_id": user}
         if image and i == 0:
             body["images"] = [f"data:image/png;base64,{_PNG}"]
-        r = await clients[(i // _PER_MESSAGE) % len(clients)].post(f"/v1/sessions/{session}/messages", json=body)
+        # Every turn is sent with an Idempotency-Key: its stored response must go with the session.
+        r = await clients[(i // _PER_MESSAGE) % len(clients)].post(
+            f"/v1/sessions/{session}/messages", json=body, headers={"Idempotency-Key": f"{session}-{i}"}
+        )
         assert r.status_code == 200, r.text
 
 
@@ -169,6 +173,7 @@ async def _forget_alice(clients: list[httpx.AsyncClient], engines: list[Engine])
     assert r.status_code == 200, r.text
     counts = r.json()["data"]["counts"]
     assert (counts["sessions"], counts["turns"], counts["images"]) == (3, 150, 1)
+    assert counts["idempotency"] == 75  # one record per message sent
     assert counts["emotion_scores"] >= 75 and counts["recall_cache"] >= 1
     # The other worker learns of it from the deletion log.
     assert await ForgetWatcher(engines[1].store, engines[1]).poll() >= 1

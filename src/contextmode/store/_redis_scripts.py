@@ -185,7 +185,8 @@ return 1
 # KEYS: sess, tenant index, idle index, users index, then one key per registered kind
 # ARGV: session id, idle member, cutoff ('' = unconditionally), user index prefix,
 #       deletion record key ('' = none), then per key "kind|field prefix" (the prefix, if
-#       any, counts only the hash fields starting with it)
+#       any, counts only the hash fields starting with it; "kind|*" marks a set listing key
+#       names: each listed key whose JSON names this session id is deleted and counted)
 # Returns {kind, count, kind, count, ...}; an idle check that fails returns {}.
 ERASE = """
 if ARGV[3] ~= '' then
@@ -204,7 +205,12 @@ for i = 5, #KEYS do
   local sep = string.find(ARGV[i + 1], '|', 1, true)
   local name, fields = string.sub(ARGV[i + 1], 1, sep - 1), string.sub(ARGV[i + 1], sep + 1)
   local n = 0
-  if kind == 'hash' and fields ~= '' then
+  if string.sub(fields, 1, 1) == '*' then
+    for _, listed in ipairs(redis.call('SMEMBERS', KEYS[i])) do
+      local raw = redis.call('GET', listed)
+      if raw and cjson.decode(raw)['session_id'] == ARGV[1] then n = n + redis.call('DEL', listed) end
+    end
+  elseif kind == 'hash' and fields ~= '' then
     for _, field in ipairs(redis.call('HKEYS', KEYS[i])) do
       if string.sub(field, 1, #fields) == fields then n = n + 1 end
     end
