@@ -438,7 +438,7 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
             for _ in range(3):  # a record read as live may lapse before the next command
                 if await client.set(name, running, nx=True, px=max(1, int(lease_s * 1000))):
                     # The session's list of record keys, for erasure; it outlives its records.
-                    await self._list_idempotency(client, listed, name, lease_s)
+                    await self._list_idempotency(listed, name, lease_s)
                     return None
                 raw = await client.get(name)
                 if raw is not None:
@@ -447,15 +447,9 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
                                              response=held["response"])
         raise StoreError(f"idempotency record {key!r} changed three times while being claimed")
 
-    @staticmethod
-    async def _list_idempotency(client: Any, listed: str, name: str, ttl_s: float) -> None:
+    async def _list_idempotency(self, listed: str, name: str, ttl_s: float) -> None:
         """Add ``name`` to the session's set ``listed``, which lives at least ``ttl_s`` more."""
-        ttl_ms = max(1, int(ttl_s * 1000))
-        async with client.pipeline(transaction=True) as pipe:
-            pipe.sadd(listed, name)
-            pipe.pexpire(listed, ttl_ms, nx=True)
-            pipe.pexpire(listed, ttl_ms, gt=True)
-            await pipe.execute()
+        await self._scripts["LIST_KEY"](keys=[listed], args=[name, max(1, int(ttl_s * 1000))])
 
     async def finish_idempotency(
         self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
@@ -467,7 +461,7 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
                 record = {**json.loads(raw), "status": status, "response": response}
                 if await client.set(name, json.dumps(record), xx=True, px=max(1, int(ttl_s * 1000))):
                     listed = self._keys(tenant, record["session_id"])["idempotency"]
-                    await self._list_idempotency(client, listed, name, ttl_s)
+                    await self._list_idempotency(listed, name, ttl_s)
 
     async def release_idempotency(self, tenant: str, key: str) -> None:
         async with self._guard() as client:
