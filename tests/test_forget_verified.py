@@ -6,7 +6,8 @@ serve alice. After ``DELETE /v1/users/alice`` on one worker and a deletion-log
 poll on the other, none of alice's strings may be found anywhere: any table
 or key of the store (SQLite: also the raw database and WAL bytes), either
 worker's recall index, pending jobs or summary cache, or the image folder;
-every one of bob's strings must still be there.
+every one of bob's strings must still be there. Every message is sent with an
+``Idempotency-Key``, so the stored responses are scanned (and erased) too.
 """
 
 from __future__ import annotations
@@ -139,7 +140,10 @@ async def _converse(clients: list[httpx.AsyncClient], session: str, user: str, s
         body: dict[str, Any] = {"message": f"记住这些 {chunk}", "user_id": user}
         if image and i == 0:
             body["images"] = [f"data:image/png;base64,{_PNG}"]
-        r = await clients[(i // _PER_MESSAGE) % len(clients)].post(f"/v1/sessions/{session}/messages", json=body)
+        # Every turn is sent with an Idempotency-Key: its stored response must go with the session.
+        r = await clients[(i // _PER_MESSAGE) % len(clients)].post(
+            f"/v1/sessions/{session}/messages", json=body, headers={"Idempotency-Key": f"{session}-{i}"}
+        )
         assert r.status_code == 200, r.text
 
 
@@ -219,6 +223,7 @@ async def test_forget_user_leaves_no_trace_anywhere(backend: Backend, tmp_path: 
             assert again["counts"].get("sessions", 0) == 0 and again["counts"].get("turns", 0) == 0
             log = (await clients[0].get("/v1/deletions")).json()["data"]["deletions"]
             assert [d["target"] for d in log] == ["alice", "alice"]
+            assert log[0]["counts"]["idempotency"] == 75  # one stored response per message sent
             assert all(d["finished_at"] for d in log)
         finally:
             for client in clients:

@@ -9,7 +9,9 @@ in the store (`IdempotencyRecords`, per tenant); a retry then gets
 - ``409`` / 40904 while the first request still runs, or
 - ``409`` / 40903 when the key was first used with another body or session.
 
-A finished request's record is kept `TTL_S` (24 h). When a request fails
+A finished request's record is kept `TTL_S` (24 h), tied to its session:
+erasing the session (a forget, retention) erases the record with it, so a
+retry after a forget never replays the forgotten text. When a request fails
 before it stored anything (validation, session busy, the store down) the key is
 released so the retry runs normally; when the model failed after the user turn
 was stored, the error response (with its partial answer) is what is replayed.
@@ -91,10 +93,12 @@ def fingerprint(parts: Sequence[str]) -> str:
 
 
 async def claim(
-    store: Store, tenant: str, header: str | None, parts: Sequence[str]
+    store: Store, tenant: str, header: str | None, parts: Sequence[str], *, session_id: str
 ) -> tuple[Claim | None, Response | None]:
     """Claim ``header``'s key for this request: ``(claim, None)`` to run it,
     ``(None, response)`` to replay, ``(None, None)`` without a key (or a store without records).
+
+    The record is tied to ``session_id``: erasing the session erases it.
 
     Raises `IdempotencyKeyReused` (40903) or `RequestInProgress` (40904).
     """
@@ -104,7 +108,7 @@ async def claim(
         raise InputError("Idempotency-Key must be 1-255 printable ASCII characters without spaces")
     key = hashlib.sha256(header.encode()).hexdigest()
     wanted = fingerprint(parts)
-    record = await store.claim_idempotency(tenant, key, wanted, lease_s=LEASE_S)
+    record = await store.claim_idempotency(tenant, key, wanted, session_id=session_id, lease_s=LEASE_S)
     if record is None:
         return Claim(store=store, tenant=tenant, key=key), None
     if record.fingerprint != wanted:

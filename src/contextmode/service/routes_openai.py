@@ -200,7 +200,8 @@ async def chat_completions(
     model = body.model or engine.model.name
     headers = {"x-session-id": session_id}
     held, replay = await claim(
-        state.engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()]
+        state.engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()],
+        session_id=session_id,
     )
     if replay is not None:
         return replay

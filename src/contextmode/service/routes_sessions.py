@@ -151,7 +151,8 @@ async def post_message(
     _session(session_id)
     check_message(body.message, state.settings)
     held, replay = await claim(
-        state.engine.store, tenant, idempotency_key, ["sessions", session_id, body.model_dump_json()]
+        state.engine.store, tenant, idempotency_key, ["sessions", session_id, body.model_dump_json()],
+        session_id=session_id,
     )
     if replay is not None:
         return replay

@@ -117,12 +117,14 @@ async def m005_locks(db: Conn) -> None:
 
 async def m006_idempotency(db: Conn) -> None:
     # Idempotency-Key records (docs/service.md): per tenant, the first request's
-    # fingerprint and, once it finished, its response.
+    # fingerprint and, once it finished, its response. ``session_id`` ties a record
+    # to its session: erasing the session erases it.
     await db.execute(
         """
         CREATE TABLE idempotency (
             tenant text NOT NULL,
             key text NOT NULL,
+            session_id text NOT NULL,
             fingerprint text NOT NULL,
             status integer NOT NULL,
             response text NOT NULL,
@@ -130,6 +132,7 @@ async def m006_idempotency(db: Conn) -> None:
             PRIMARY KEY (tenant, key)
         );
         CREATE INDEX idempotency_expiry ON idempotency (expires_at);
+        CREATE INDEX idempotency_session ON idempotency (tenant, session_id);
         """
     )
 

@@ -10,7 +10,9 @@ Indexes: ``{ns}ix:tenant`` (session id by updated_at), ``{ns}idle``
 (``tenant/session_id`` by updated_at), ``{ns}u:tenant/user`` (a user's session
 ids by updated_at) and ``{ns}users:tenant`` (user ids by last activity).
 Deletion records: ``{ns}del:ID`` hashes, ``{ns}deletions`` (ids), ``{ns}del:seq``
-and ``{ns}del:open:tenant/scope/target`` (the unfinished record of a forget). Times are microsecond strings and are
+and ``{ns}del:open:tenant/scope/target`` (the unfinished record of a forget).
+Idempotency records: ``{ns}idem:tenant:digest`` strings, listed per session in
+the set ``{ns}idk:P`` (ERASE deletes the listed ones naming the session). Times are microsecond strings and are
 never turned into Lua numbers for storage (Lua would print them rounded).
 """
 
@@ -23,6 +25,7 @@ __all__ = [
     "ERASE",
     "ERASE_BEFORE",
     "FINISH_DELETION",
+    "LIST_KEY",
     "LOAD",
     "OPEN_DELETION",
     "RECORD_JOB",
@@ -185,7 +188,8 @@ return 1
 # KEYS: sess, tenant index, idle index, users index, then one key per registered kind
 # ARGV: session id, idle member, cutoff ('' = unconditionally), user index prefix,
 #       deletion record key ('' = none), then per key "kind|field prefix" (the prefix, if
-#       any, counts only the hash fields starting with it)
+#       any, counts only the hash fields starting with it; "kind|*" marks a set listing key
+#       names: each listed key whose JSON names this session id is deleted and counted)
 # Returns {kind, count, kind, count, ...}; an idle check that fails returns {}.
 ERASE = """
 if ARGV[3] ~= '' then
@@ -204,7 +208,12 @@ for i = 5, #KEYS do
   local sep = string.find(ARGV[i + 1], '|', 1, true)
   local name, fields = string.sub(ARGV[i + 1], 1, sep - 1), string.sub(ARGV[i + 1], sep + 1)
   local n = 0
-  if kind == 'hash' and fields ~= '' then
+  if string.sub(fields, 1, 1) == '*' then
+    for _, listed in ipairs(redis.call('SMEMBERS', KEYS[i])) do
+      local raw = redis.call('GET', listed)
+      if raw and cjson.decode(raw)['session_id'] == ARGV[1] then n = n + redis.call('DEL', listed) end
+    end
+  elseif kind == 'hash' and fields ~= '' then
     for _, field in ipairs(redis.call('HKEYS', KEYS[i])) do
       if string.sub(field, 1, #fields) == fields then n = n + 1 end
     end
@@ -273,6 +282,14 @@ return 1
 """
 
 # KEYS: lock; ARGV: token
+# KEYS: a set listing key names; ARGV: a key name, ms the set must live at least
+# (its expiry only grows: a fresh set has none, PTTL -1). Works on any Redis version.
+LIST_KEY = """
+redis.call('SADD', KEYS[1], ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"""
+
 RELEASE_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0

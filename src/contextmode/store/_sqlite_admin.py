@@ -209,8 +209,10 @@ def release_lock(db: Db, key: str, token: int) -> None:
     db.execute("DELETE FROM job_locks WHERE key = ? AND token = ?", (key, token))
 
 
-def claim_idempotency(db: Db, tenant: str, key: str, fingerprint: str, lease_s: float) -> IdempotencyRecord | None:
-    """Insert a running record for ``key`` unless a live one exists; return the live one."""
+def claim_idempotency(
+    db: Db, tenant: str, key: str, fingerprint: str, session_id: str, lease_s: float
+) -> IdempotencyRecord | None:
+    """Insert a running record for ``key`` (of ``session_id``) unless a live one exists; return the live one."""
 
     def body() -> IdempotencyRecord | None:
         now = time.time()
@@ -222,9 +224,9 @@ def claim_idempotency(db: Db, tenant: str, key: str, fingerprint: str, lease_s: 
         if row is not None:
             return IdempotencyRecord(fingerprint=row[0], status=row[1], response=row[2])
         db.execute(
-            "INSERT INTO idempotency (tenant, key, fingerprint, status, response, expires_at)"
-            " VALUES (?, ?, ?, 0, '', ?)",
-            (tenant, key, fingerprint, now + lease_s),
+            "INSERT INTO idempotency (tenant, key, session_id, fingerprint, status, response, expires_at)"
+            " VALUES (?, ?, ?, ?, 0, '', ?)",
+            (tenant, key, session_id, fingerprint, now + lease_s),
         )
         return None
 

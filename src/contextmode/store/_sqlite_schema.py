@@ -118,11 +118,13 @@ def m005_locks(db: sqlite3.Connection) -> None:
 def m006_idempotency(db: sqlite3.Connection) -> None:
     # Idempotency-Key records (docs/service.md): per tenant, the first request's
     # fingerprint and, once it finished, its response; ``expires_at`` in Unix seconds.
+    # ``session_id`` ties a record to its session: erasing the session erases it.
     db.execute(
         """
         CREATE TABLE idempotency (
             tenant TEXT NOT NULL,
             key TEXT NOT NULL,
+            session_id TEXT NOT NULL,
             fingerprint TEXT NOT NULL,
             status INTEGER NOT NULL,
             response TEXT NOT NULL,
@@ -132,6 +134,7 @@ def m006_idempotency(db: sqlite3.Connection) -> None:
         """
     )
     db.execute("CREATE INDEX idempotency_expiry ON idempotency (expires_at)")
+    db.execute("CREATE INDEX idempotency_session ON idempotency (tenant, session_id)")
 
 
 def m_jobs_rejected(db: sqlite3.Connection) -> None:

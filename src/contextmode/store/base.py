@@ -285,10 +285,13 @@ class IdempotencyRecord:
 @runtime_checkable
 class IdempotencyRecords(Protocol):
     async def claim_idempotency(
-        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+        self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        """Record ``key`` as running and return ``None``; or return the live record it has.
+        """Record ``key`` as running for ``session_id`` and return ``None``; or return the live record it has.
 
+        Keys are per tenant: ``session_id`` does not scope the key, it ties the
+        record (which holds the session's text once finished) to the session, so
+        erasing the session (`store.lifecycle.Erasure`) erases the record too.
         A running record lapses after ``lease_s`` (its worker died), a finished one
         at the ``ttl_s`` given to `finish_idempotency`; a lapsed record counts as absent.
         """

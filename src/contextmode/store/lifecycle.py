@@ -71,6 +71,10 @@ class RedisKind:
     """Key prefix after the namespace (``t`` for ``cm:t:tenant/session``)."""
     count_fields: str = ""
     """For a hash holding several fields per record: count only fields starting with this."""
+    lists_keys: bool = False
+    """A set whose members are names of keys holding this session's records (kept
+    apart, e.g. per tenant): erasing deletes each listed key whose JSON value names
+    this ``session_id`` and counts those keys, then the set."""
 
 
 # -- the registry: one line per derived record kind -------------------------------
@@ -85,6 +89,7 @@ SQL_SESSION_TABLES: tuple[SqlKind, ...] = (
     SqlKind(kind="recall_postings", table="recall_postings"),
     SqlKind(kind="recall_index", table="recall_index"),
     SqlKind(kind="traces", table="turn_traces"),
+    SqlKind(kind="idempotency", table="idempotency"),
 )
 REDIS_SESSION_KEYS: tuple[RedisKind, ...] = (
     RedisKind(kind="turns", prefix="t"),
@@ -93,6 +98,7 @@ REDIS_SESSION_KEYS: tuple[RedisKind, ...] = (
     RedisKind(kind="traces", prefix="tr"),
     RedisKind(kind="trace_turns", prefix="trn"),
     RedisKind(kind="trace_ages", prefix="tra"),
+    RedisKind(kind="idempotency", prefix="idk", lists_keys=True),
 )
 
 

@@ -51,7 +51,8 @@ class MemoryStore:
         self._guard = asyncio.Lock()
         self._locks: dict[str, tuple[int, float]] = {}
         self._fence = 0
-        self._idempotency: dict[tuple[str, str], tuple[IdempotencyRecord, float]] = {}
+        self._idempotency: dict[tuple[str, str], tuple[IdempotencyRecord, float, str]] = {}
+        """Per (tenant, key): the record, when it lapses (monotonic) and its session id."""
         self._deletions: list[DeletionRecord] = []
 
     def _key(self, tenant: str, session_id: str) -> tuple[str, str]:
@@ -269,6 +270,7 @@ class MemoryStore:
     async def delete(self, tenant: str, session_id: str) -> bool:
         key = self._key(tenant, session_id)
         async with self._guard:
+            self._erase_idempotency(*key)
             return self._sessions.pop(key, None) is not None
 
     async def purge_idle(self, older_than: datetime) -> int:
@@ -276,6 +278,7 @@ class MemoryStore:
             idle = [k for k, s in self._sessions.items() if s.updated_at < older_than]
             for k in idle:
                 del self._sessions[k]
+                self._erase_idempotency(*k)
             return len(idle)
 
     async def put_trace(
@@ -351,6 +354,7 @@ class MemoryStore:
                     pins=len(session.constraints), emotion_scores=len(session.strength),
                     job_stats=len(session.jobs), traces=len(session.traces),
                 )
+            counts["idempotency"] = self._erase_idempotency(*key)
             self._add_to_record(record_id, counts)
             return counts
 
@@ -450,15 +454,15 @@ class MemoryStore:
     # -- idempotency records ----------------------------------------------------
 
     async def claim_idempotency(
-        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+        self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        validate_id(tenant, "tenant")
+        tenant, session_id = check_ids(tenant, session_id)
         now = time.monotonic()
         held = self._idempotency.get((tenant, key))
         if held is not None and held[1] > now:
             return held[0]
         record = IdempotencyRecord(fingerprint=fingerprint, status=0, response="")
-        self._idempotency[(tenant, key)] = (record, now + lease_s)
+        self._idempotency[(tenant, key)] = (record, now + lease_s, session_id)
         return None
 
     async def finish_idempotency(
@@ -467,7 +471,14 @@ class MemoryStore:
         held = self._idempotency.get((tenant, key))
         if held is not None:
             record = replace(held[0], status=status, response=response)
-            self._idempotency[(tenant, key)] = (record, time.monotonic() + ttl_s)
+            self._idempotency[(tenant, key)] = (record, time.monotonic() + ttl_s, held[2])
+
+    def _erase_idempotency(self, tenant: str, session_id: str) -> int:
+        """Drop the session's idempotency records (lapsed ones too); how many went."""
+        mine = [k for k, held in self._idempotency.items() if k[0] == tenant and held[2] == session_id]
+        for k in mine:
+            del self._idempotency[k]
+        return len(mine)
 
     async def release_idempotency(self, tenant: str, key: str) -> None:
         self._idempotency.pop((tenant, key), None)

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
 from ..trace import TurnTrace, trace_from_json, trace_to_json
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
 from . import _pg_postings as pg_postings
 from ._codec import (
     being_cancelled,
@@ -538,18 +538,19 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     # -- idempotency records ----------------------------------------------------
 
     async def claim_idempotency(
-        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+        self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        validate_id(tenant, "tenant")
+        tenant, session_id = check_ids(tenant, session_id)
         async with self._db() as db:
             for _ in range(3):  # a record read as live may lapse before the next statement
                 taken = await db.fetchval(
-                    "INSERT INTO idempotency (tenant, key, fingerprint, status, response, expires_at)"
-                    " VALUES ($1, $2, $3, 0, '', clock_timestamp() + make_interval(secs => $4))"
+                    "INSERT INTO idempotency (tenant, key, session_id, fingerprint, status, response,"
+                    " expires_at) VALUES ($1, $2, $5, $3, 0, '', clock_timestamp() + make_interval(secs => $4))"
                     " ON CONFLICT (tenant, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint,"
+                    " session_id = EXCLUDED.session_id,"
                     " status = 0, response = '', expires_at = EXCLUDED.expires_at"
                     " WHERE idempotency.expires_at <= clock_timestamp() RETURNING 1",
-                    tenant, key, fingerprint, float(lease_s),
+                    tenant, key, fingerprint, float(lease_s), session_id,
                 )
                 if taken is not None:
                     return None

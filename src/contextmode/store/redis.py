@@ -110,7 +110,8 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         keys = [k["sess"], k["ix"], k["idle"], k["users"],
                 *(f"{self.namespace}{kind.prefix}:{path}" for kind in REDIS_SESSION_KEYS)]
         args = [session_id, path, cutoff, k["user_prefix"], record,
-                *(f"{kind.kind}|{kind.count_fields}" for kind in REDIS_SESSION_KEYS)]
+                *(f"{kind.kind}|{'*' if kind.lists_keys else ''}{kind.count_fields}"
+                  for kind in REDIS_SESSION_KEYS)]
         flat = await self._script("ERASE", keys, args)
         return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
@@ -123,7 +124,7 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
             "lock": f"{ns}lock:{path}", "member": path, "users": f"{ns}users:{tenant}",
             "user_prefix": f"{ns}u:{tenant}/",
             "traces": f"{ns}tr:{path}", "trace_turns": f"{ns}trn:{path}",
-            "trace_ages": f"{ns}tra:{path}",
+            "trace_ages": f"{ns}tra:{path}", "idempotency": f"{ns}idk:{path}",
         }
 
     async def close(self) -> None:
@@ -426,18 +427,29 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         return f"{self.namespace}idem:{validate_id(tenant, 'tenant')}:{key}"
 
     async def claim_idempotency(
-        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+        self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
+        tenant, session_id = check_ids(tenant, session_id)
         name = self._idempotency_key(tenant, key)
-        running = json.dumps({"fingerprint": fingerprint, "status": 0, "response": ""})
+        listed = self._keys(tenant, session_id)["idempotency"]
+        running = json.dumps({"fingerprint": fingerprint, "status": 0, "response": "",
+                              "session_id": session_id})
         async with self._guard() as client:
             for _ in range(3):  # a record read as live may lapse before the next command
                 if await client.set(name, running, nx=True, px=max(1, int(lease_s * 1000))):
+                    # The session's list of record keys, for erasure; it outlives its records.
+                    await self._list_idempotency(listed, name, lease_s)
                     return None
                 raw = await client.get(name)
                 if raw is not None:
-                    return IdempotencyRecord(**json.loads(raw))
+                    held = json.loads(raw)
+                    return IdempotencyRecord(fingerprint=held["fingerprint"], status=held["status"],
+                                             response=held["response"])
         raise StoreError(f"idempotency record {key!r} changed three times while being claimed")
+
+    async def _list_idempotency(self, listed: str, name: str, ttl_s: float) -> None:
+        """Add ``name`` to the session's set ``listed``, which lives at least ``ttl_s`` more."""
+        await self._scripts["LIST_KEY"](keys=[listed], args=[name, max(1, int(ttl_s * 1000))])
 
     async def finish_idempotency(
         self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
@@ -447,7 +459,9 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
             raw = await client.get(name)
             if raw is not None:
                 record = {**json.loads(raw), "status": status, "response": response}
-                await client.set(name, json.dumps(record), xx=True, px=max(1, int(ttl_s * 1000)))
+                if await client.set(name, json.dumps(record), xx=True, px=max(1, int(ttl_s * 1000))):
+                    listed = self._keys(tenant, record["session_id"])["idempotency"]
+                    await self._list_idempotency(listed, name, ttl_s)
 
     async def release_idempotency(self, tenant: str, key: str) -> None:
         async with self._guard() as client:

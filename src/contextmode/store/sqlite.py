@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from ..errors import ConflictError, StoreError
 from ..trace import TurnTrace
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
+from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 from . import _sqlite_admin as admin
 from . import _sqlite_postings as postings
 from . import _sqlite_traces as traces
@@ -495,10 +495,10 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
     # -- idempotency records ----------------------------------------------------
 
     async def claim_idempotency(
-        self, tenant: str, key: str, fingerprint: str, *, lease_s: float
+        self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        validate_id(tenant, "tenant")
-        return await self._run(admin.claim_idempotency, tenant, key, fingerprint, lease_s)
+        tenant, session_id = check_ids(tenant, session_id)
+        return await self._run(admin.claim_idempotency, tenant, key, fingerprint, session_id, lease_s)
 
     async def finish_idempotency(
         self, tenant: str, key: str, *, status: int, response: str, ttl_s: float

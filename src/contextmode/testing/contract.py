@@ -109,19 +109,21 @@ class StoreContract:
     async def test_idempotency_records_claim_finish_release(self, store: Store) -> None:
         if not isinstance(store, IdempotencyRecords):
             return  # an optional protocol: the service then ignores Idempotency-Key
-        assert await store.claim_idempotency(_T, "k1", "first", lease_s=60) is None
+        assert await store.claim_idempotency(_T, "k1", "first", session_id=_S, lease_s=60) is None
         running = IdempotencyRecord(fingerprint="first", status=0, response="")
-        assert await store.claim_idempotency(_T, "k1", "second", lease_s=60) == running
-        assert await store.claim_idempotency("tenant-b", "k1", "other", lease_s=60) is None  # per tenant
+        assert await store.claim_idempotency(_T, "k1", "second", session_id=_S, lease_s=60) == running
+        # Keys are per tenant, not per session: another session sees the same record.
+        assert await store.claim_idempotency(_T, "k1", "second", session_id="session-2", lease_s=60) == running
+        assert await store.claim_idempotency("tenant-b", "k1", "other", session_id=_S, lease_s=60) is None  # per tenant
         await store.finish_idempotency(_T, "k1", status=200, response='{"answer": "好"}', ttl_s=60)
         done = IdempotencyRecord(fingerprint="first", status=200, response='{"answer": "好"}')
-        assert await store.claim_idempotency(_T, "k1", "first", lease_s=60) == done
+        assert await store.claim_idempotency(_T, "k1", "first", session_id=_S, lease_s=60) == done
         await store.release_idempotency(_T, "k1")
-        assert await store.claim_idempotency(_T, "k1", "third", lease_s=60) is None
+        assert await store.claim_idempotency(_T, "k1", "third", session_id=_S, lease_s=60) is None
         # A running record whose worker died lapses with its lease.
-        assert await store.claim_idempotency(_T, "k2", "first", lease_s=0.05) is None
+        assert await store.claim_idempotency(_T, "k2", "first", session_id=_S, lease_s=0.05) is None
         await asyncio.sleep(0.3)
-        assert await store.claim_idempotency(_T, "k2", "retry", lease_s=60) is None
+        assert await store.claim_idempotency(_T, "k2", "retry", session_id=_S, lease_s=60) is None
 
     # -- the append-only log ------------------------------------------------------
 

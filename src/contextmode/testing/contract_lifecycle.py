@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from ..errors import InputError
-from ..store.base import Store
+from ..store.base import IdempotencyRecord, IdempotencyRecords, Store
 from ..store.lifecycle import LifecycleStore, is_lifecycle_store
 from ..types import Constraint, Summary
 from .contract import new_turns
@@ -70,6 +70,29 @@ class LifecycleContract:
         finished = await life.finish_deletion(record.id, {"images": 1})
         assert finished.counts["turns"] == 4 and finished.counts["images"] == 1
         assert not finished.pending
+
+    async def test_erase_session_erases_its_idempotency_records(self, store: Store) -> None:
+        life = _lifecycle(store)
+        if not isinstance(store, IdempotencyRecords):
+            return  # an optional protocol
+        answer = '{"answer": "不要辣"}'
+        for session, key in (("s1", "k1"), ("s2", "k2")):
+            await store.append(_T, session, new_turns(2), user_id="u1")
+            assert await store.claim_idempotency(_T, key, "fp", session_id=session, lease_s=60) is None
+            await store.finish_idempotency(_T, key, status=200, response=answer, ttl_s=60)
+        assert await store.claim_idempotency(_T, "k0", "fp", session_id="s1", lease_s=60) is None  # running
+        await store.release_idempotency(_T, "k0")  # released: not counted
+        record = await life.open_deletion(_T, "session", "s1", actor="test")
+        counts = await life.erase_session(_T, "s1", record_id=record.id)
+        assert counts["idempotency"] == 1
+        assert (await life.finish_deletion(record.id, {})).counts["idempotency"] == 1
+        # The key is fresh again: a retry runs anew instead of replaying the erased text.
+        assert await store.claim_idempotency(_T, "k1", "fp", session_id="s1", lease_s=60) is None
+        kept = IdempotencyRecord(fingerprint="fp", status=200, response=answer)
+        assert await store.claim_idempotency(_T, "k2", "fp", session_id="s2", lease_s=60) == kept
+        assert (await life.erase_session(_T, "s1"))["idempotency"] == 1  # the new running claim
+        assert (await life.erase_session(_T, "s1"))["idempotency"] == 0
+        assert (await life.erase_session(_T, "s2"))["idempotency"] == 1
 
     async def test_deletion_log_reuses_the_unfinished_record(self, store: Store) -> None:
         life = _lifecycle(store)
