@@ -193,7 +193,9 @@ def test_keyboard_only(browser: Any, server: LiveServer) -> None:
     assert outline != "none"
 
 
-def test_no_serious_accessibility_violations(browser: Any, server: LiveServer) -> None:
+def test_no_serious_accessibility_violations(browser: Any, stub_server: tuple[LiveServer, Any]) -> None:
+    # A real answer first: the follow-up template expands it (an engine notice is no answer).
+    server, _ = stub_server
     if not AXE_JS.exists():
         from test_web_browser import _unavailable
 
