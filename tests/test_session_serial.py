@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from contextmode.store.factory import open_store
+from contextmode.testing.backends import fresh_store_url
 from contextmode.testing.worker import Cluster
-from test_multiworker import _postgres, _redis
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +33,7 @@ POSTS = 10
     ]
 )
 async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'serial.db'}"
-        return
-    source = _postgres() if request.param == "postgres" else _redis()
-    async for url in source:
+    async with fresh_store_url(request.param, tmp_path) as url:
         yield url
 
 
