@@ -30,6 +30,7 @@ from .models.base import ChatModel
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
+from .types import Turn
 from .tokens.base import TokenCounter
 
 __all__ = ["ContextMode", "build_engine"]
@@ -219,6 +220,19 @@ class ContextMode:
         """Exactly what the model would receive for ``message``, per layer with tokens."""
         return (await self.aprepare(session_id, message, **kwargs)).context
 
+    async def arecord(
+        self, session_id: str, role: Literal["user", "assistant"], content: str,
+        *, metadata: dict[str, Any] | None = None, user_id: str | None = None,
+    ) -> Turn:
+        """Store one turn the application already has (its own model answered, an import)
+        without calling the model; summaries, pins and recall see it like a live turn."""
+        return await self.engine.record(self.tenant, session_id, role, content,
+                                        metadata=metadata, user_id=user_id)
+
+    async def aturns(self, session_id: str) -> list[Turn]:
+        """Every stored turn of the session, oldest first (empty for an unknown session)."""
+        return await self.engine.store.turns(self.tenant, session_id)
+
     async def aforget(
         self, *, user_id: str | None = None, session_id: str | None = None, tenant: bool = False
     ) -> DeletionRecord:
@@ -256,6 +270,17 @@ class ContextMode:
     def context(self, session_id: str, message: str, **kwargs: Any) -> Context:
         """Sync `acontext`."""
         return self._run(self.acontext(session_id, message, **kwargs))
+
+    def record(
+        self, session_id: str, role: Literal["user", "assistant"], content: str,
+        *, metadata: dict[str, Any] | None = None, user_id: str | None = None,
+    ) -> Turn:
+        """Sync `arecord`."""
+        return self._run(self.arecord(session_id, role, content, metadata=metadata, user_id=user_id))
+
+    def turns(self, session_id: str) -> list[Turn]:
+        """Sync `aturns`."""
+        return self._run(self.aturns(session_id))
 
     def forget(
         self, *, user_id: str | None = None, session_id: str | None = None, tenant: bool = False
