@@ -37,6 +37,7 @@ from .gate import SessionGate
 from .lifecycle_tasks import lifecycle_tasks
 from .metrics import MeteredJobs, ServiceMetrics
 from .responses import error_response, validation_details
+from .routes_anthropic import router as anthropic_router
 from .routes_openai import router as openai_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
@@ -254,6 +255,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     app.include_router(sessions_router)
     app.include_router(traces_router)
     app.include_router(openai_router)
+    app.include_router(anthropic_router)
     app.include_router(users_router)
 
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])

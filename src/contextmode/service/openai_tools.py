@@ -28,8 +28,10 @@ __all__ = ["agent_request", "agent_response"]
 
 
 class _Message(Protocol):
-    role: str
-    content: Any
+    @property
+    def role(self) -> str: ...
+    @property
+    def content(self) -> Any: ...
 
 
 def _text(content: Any) -> str:

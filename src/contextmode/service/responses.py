@@ -1,7 +1,8 @@
 """Error responses in the caller's shape, written once for the app, the routes and replays.
 
 Under ``/v1/chat/completions`` and ``/v1/models`` an error takes OpenAI's shape
-``{"error": {...}}`` (what the openai SDK parses); everywhere else it is the
+``{"error": {...}}`` (what the openai SDK parses), under ``/v1/messages``
+Anthropic's ``{"type": "error", "error": {...}}``; everywhere else it is the
 ``{code, msg, data}`` envelope.
 """
 
@@ -13,9 +14,11 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from .anthropic_wire import anthropic_error_body
 from .codes import ErrorCode, code_for_exception, http_status, public_message
 
 __all__ = [
+    "ANTHROPIC_PATHS",
     "MAX_ERROR_BYTES",
     "OPENAI_PATHS",
     "error_response",
@@ -25,6 +28,7 @@ __all__ = [
 ]
 
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+ANTHROPIC_PATHS = ("/v1/messages",)
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -47,11 +51,13 @@ def openai_error_body(code: int, name: str, message: str, data: Any = None) -> d
 
 
 def error_response(path: str, row: ErrorCode, msg: str, data: Any = None) -> JSONResponse:
-    """The error ``row`` as the response for ``path`` (envelope, or OpenAI's shape)."""
+    """The error ``row`` as the response for ``path`` (envelope, or OpenAI's or Anthropic's shape)."""
     status = http_status(row.code)
     headers = {"www-authenticate": "Bearer"} if status == 401 else None
     if path.startswith(OPENAI_PATHS):
         return JSONResponse(openai_error_body(row.code, row.name, msg, data), status_code=status, headers=headers)
+    if path.startswith(ANTHROPIC_PATHS):
+        return JSONResponse(anthropic_error_body(row.code, row.name, msg, data), status_code=status, headers=headers)
     return JSONResponse({"code": row.code, "msg": msg, "data": data}, status_code=status, headers=headers)
 
 

@@ -11,7 +11,6 @@ ending with ``data: [DONE]``). Errors take OpenAI's shape ``{"error": {...}}``.
 
 from __future__ import annotations
 
-import copy
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,6 +40,7 @@ from .turns import (
     run_turn,
     serve_turn,
     start_stream,
+    with_system_prompt,
 )
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
@@ -259,10 +259,7 @@ def _with_system_prompt(engine: Engine, messages: list[ProxyMessage]) -> Engine:
     system = next((m for m in messages if m.role in ("system", "developer")), None)
     if system is None:
         return engine
-    # The system prompt is per engine; a shallow copy shares the store, model and job runner.
-    engine = copy.copy(engine)
-    engine.system_prompt = _text_and_images(system.content)[0] or None
-    return engine
+    return with_system_prompt(engine, _text_and_images(system.content)[0] or None)
 
 
 @router.get("/v1/models", summary="The model behind the proxy (OpenAI shape)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -41,6 +42,7 @@ __all__ = [
     "run_turn",
     "serve_turn",
     "start_stream",
+    "with_system_prompt",
 ]
 
 # C0 controls but tab, newline and carriage return, and DEL: never text a user typed, and
@@ -66,6 +68,16 @@ def check_message(message: str, settings: ServiceSettings) -> None:
             f"the message contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
             "only tab, newline and carriage return are allowed"
         )
+
+def with_system_prompt(engine: Engine, text: str | None) -> Engine:
+    """``engine`` with ``text`` as this request's system prompt (the proxies' ``system`` message).
+
+    The system prompt is per engine; a shallow copy shares the store, model and job runner.
+    """
+    engine = copy.copy(engine)
+    engine.system_prompt = text
+    return engine
+
 
 Outcome = Literal["ok", "partial", "error", "client_gone"]
 

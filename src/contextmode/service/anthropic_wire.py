@@ -1,0 +1,337 @@
+"""Anthropic's Messages API on the wire: the request the proxy reads, the message it answers,
+its stream events and its error shape (``POST /v1/messages``, see `routes_anthropic`).
+
+Only the shapes live here; the turn itself runs on the same machinery as the
+OpenAI-compatible proxy (`turns`, `openai_tools.agent_request`, the engine's
+``stream`` / ``stream_agent``). Content blocks are read as follows:
+
+- ``text`` blocks are joined with newlines; ``image`` blocks (base64 source, or a
+  ``data:`` URL) go through the service's image checks like the OpenAI proxy's
+  ``image_url`` parts;
+- a ``tool_result`` block in a user message is the result of the model's call
+  ``tool_use_id`` (an ``is_error`` result is stored with a ``[tool error]`` prefix);
+- ``tool_use`` and ``thinking`` blocks of the client's assistant messages are its
+  copy of the history, which the session already holds: they are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from ..engine import Engine, TurnEvent, TurnResult
+from ..errors import InputError
+from .codes import code_for_exception, public_message
+
+__all__ = [
+    "AnthropicMessage",
+    "MessagesRequest",
+    "WireItem",
+    "anthropic_error_body",
+    "message_body",
+    "message_events",
+    "openai_tool_choice",
+    "openai_tools",
+    "wire_items",
+]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(code: int, name: str, message: str, data: Any = None) -> dict[str, Any]:
+    """Anthropic's error shape ``{"type": "error", "error": {"type", "message"}}``, with the
+    service's code name, envelope code (and any ``data``) alongside."""
+    status = code // 100
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    error: dict[str, Any] = {"type": kind, "message": message, "code": name, "contextmode_code": code}
+    if data is not None:
+        error["contextmode_data"] = data
+    return {"type": "error", "error": error}
+
+
+class AnthropicMessage(BaseModel):
+    """One message of the request: a string, or a list of content blocks."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class MessagesRequest(BaseModel):
+    """The subset of Anthropic's request the proxy reads; other fields are accepted and ignored
+    (``max_tokens``, ``temperature``, ``stop_sequences``: the engine's model settings apply)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
+    max_tokens: int | None = Field(default=None, description="Accepted; the engine's reply reserve applies.")
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = Field(default=None, description="This turn's system prompt.")
+    metadata: dict[str, Any] | None = Field(
+        default=None,
+        description="metadata.user_id names the session's user, and is the session id when no X-Session-Id header is sent.",
+    )
+    stream: StrictBool = False
+    tools: list[dict[str, Any]] | None = Field(default=None, description="Tools offered to the model.")
+    tool_choice: dict[str, Any] | None = None
+
+    def user_id(self) -> str | None:
+        value = (self.metadata or {}).get("user_id")
+        return value if isinstance(value, str) and value else None
+
+
+@dataclass(frozen=True)
+class WireItem:
+    """One message in the OpenAI proxy's terms (what `agent_request` reads)."""
+
+    role: str
+    content: str
+    tool_call_id: str | None = None
+    images: tuple[str, ...] = field(default=())
+
+
+def _text_of(content: Any) -> str:
+    """A tool result's content: a string, or a list of text blocks."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = [b for b in content if isinstance(b, Mapping)]
+        if any(b.get("type") != "text" for b in parts):
+            raise InputError("tool_result content takes text blocks only")
+        return "\n".join(str(b.get("text", "")) for b in parts)
+    raise InputError("tool_result content must be a string or a list of text blocks")
+
+
+def _image_url(block: Mapping[str, Any]) -> str:
+    source = block.get("source")
+    if not isinstance(source, Mapping):
+        raise InputError("an image block needs a 'source'")
+    if source.get("type") == "base64":
+        return f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
+    # A URL source: only data: URLs pass the image checks (the service fetches nothing).
+    return str(source.get("url", ""))
+
+
+def _user_items(blocks: Sequence[Mapping[str, Any]]) -> list[WireItem]:
+    texts: list[str] = []
+    images: list[str] = []
+    results: list[WireItem] = []
+    for block in blocks:
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "image":
+            images.append(_image_url(block))
+        elif kind == "tool_result":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise InputError("a tool_result block needs its 'tool_use_id'")
+            text = _text_of(block.get("content"))
+            if block.get("is_error"):
+                text = f"[tool error] {text}"
+            results.append(WireItem(role="tool", content=text, tool_call_id=call_id))
+        else:
+            raise InputError(f"unsupported content block type {kind!r} (text, image and tool_result are)")
+    if results:
+        if texts or images:
+            raise InputError("send tool_result blocks without text or images in the same message")
+        return results
+    return [WireItem(role="user", content="\n".join(texts), images=tuple(images))]
+
+
+def wire_items(messages: Sequence[AnthropicMessage]) -> list[WireItem]:
+    """The request's messages as the OpenAI proxy's items (``tool_result`` blocks → ``tool`` items)."""
+    items: list[WireItem] = []
+    for message in messages:
+        if isinstance(message.content, str):
+            items.append(WireItem(role=message.role, content=message.content))
+        elif message.role == "user":
+            items.extend(_user_items(message.content))
+        else:
+            text = "\n".join(str(b.get("text", "")) for b in message.content if b.get("type") == "text")
+            items.append(WireItem(role="assistant", content=text))
+    return items
+
+
+def system_text(system: str | list[dict[str, Any]] | None) -> str | None:
+    """The system prompt: a string or text blocks (``cache_control`` and the like are ignored)."""
+    if system is None or isinstance(system, str):
+        return system or None
+    return "\n".join(str(b.get("text", "")) for b in system if b.get("type") == "text") or None
+
+
+def openai_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Anthropic's tool definitions (``name``, ``description``, ``input_schema``) as OpenAI's."""
+    if not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise InputError("every tool needs a 'name'")
+        function: dict[str, Any] = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def openai_tool_choice(choice: Mapping[str, Any] | None) -> str | dict[str, Any] | None:
+    """``{"type": "auto" | "any" | "none" | "tool", "name"}`` as OpenAI's ``tool_choice``."""
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return str(kind)
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise InputError("tool_choice must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}")
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the object a ``tool_use`` block carries (raw text kept if not one)."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError:
+        return {"arguments": arguments}
+    return parsed if isinstance(parsed, dict) else {"arguments": parsed}
+
+
+def output_tokens(engine: Engine, result: TurnResult) -> int:
+    return result.assistant_turn.tokens if result.assistant_turn else engine.counter.count(result.answer)
+
+
+def _stop_reason(result: TurnResult) -> str:
+    return "tool_use" if result.tool_calls else "end_turn"
+
+
+def message_body(engine: Engine, result: TurnResult, model: str) -> dict[str, Any]:
+    """A finished turn as Anthropic's ``message`` object."""
+    content: list[dict[str, Any]] = []
+    if result.answer or not result.tool_calls:
+        content.append({"type": "text", "text": result.answer})
+    content.extend(
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _tool_input(c.arguments)} for c in result.tool_calls
+    )
+    return {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": _stop_reason(result),
+        "stop_sequence": None,
+        "usage": {"input_tokens": result.prepared.context.total_tokens, "output_tokens": output_tokens(engine, result)},
+    }
+
+
+def sse(name: str, payload: Mapping[str, Any]) -> bytes:
+    """One named event (``event:`` then ``data:``), as Anthropic streams them."""
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+@dataclass
+class _Blocks:
+    """The content blocks opened so far while a stream runs."""
+
+    count: int = 0
+    open: tuple[str, int] | None = None
+    """``("text", -1)`` or ``("tool_use", call index)`` of the block being streamed."""
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        self.count += 1
+        return [sse("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})]
+
+    def start(self, key: tuple[str, int], block: dict[str, Any]) -> list[bytes]:
+        out = self.close()
+        self.open = key
+        out.append(sse("content_block_start", {"type": "content_block_start", "index": self.count, "content_block": block}))
+        return out
+
+    def delta(self, delta: dict[str, Any]) -> bytes:
+        return sse("content_block_delta", {"type": "content_block_delta", "index": self.count, "delta": delta})
+
+
+def _event_bytes(event: TurnEvent, blocks: _Blocks) -> list[bytes]:
+    """The stream events for one text or tool-call event of the turn."""
+    out: list[bytes] = []
+    if event.kind == "delta":
+        if blocks.open != ("text", -1):
+            out += blocks.start(("text", -1), {"type": "text", "text": ""})
+        out.append(blocks.delta({"type": "text_delta", "text": event.text}))
+    elif event.kind == "tool_call" and event.tool_call is not None:
+        call = event.tool_call
+        if blocks.open != ("tool_use", call.index):
+            block = {"type": "tool_use", "id": call.id or f"call_{call.index}", "name": call.name or "", "input": {}}
+            out += blocks.start(("tool_use", call.index), block)
+        if call.arguments:
+            out.append(blocks.delta({"type": "input_json_delta", "partial_json": call.arguments}))
+    return out
+
+
+async def message_events(
+    events: AsyncIterator[TurnEvent], engine: Engine, *, model: str, input_tokens: int,
+    on_done: Callable[[TurnResult], None], on_error: Callable[[], None],
+) -> AsyncIterator[bytes]:
+    """A turn's events (after ``prepared``) as Anthropic's stream: ``message_start``, ``ping``,
+    the content blocks, ``message_delta`` (stop reason, output tokens), ``message_stop``;
+    a failure mid-stream is an ``error`` event."""
+    message: dict[str, Any] = {
+        "id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    }
+    yield sse("message_start", {"type": "message_start", "message": message})
+    yield sse("ping", {"type": "ping"})
+    blocks = _Blocks()
+    pieces: list[str] = []
+    try:
+        async for event in events:
+            if event.kind == "done" and event.result is not None:
+                result = event.result
+                on_done(result)
+                if blocks.count == 0 and blocks.open is None and not result.tool_calls:
+                    for chunk in blocks.start(("text", -1), {"type": "text", "text": ""}):
+                        yield chunk
+                for chunk in blocks.close():
+                    yield chunk
+                yield sse("message_delta", {
+                    "type": "message_delta", "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
+                    "usage": {"output_tokens": output_tokens(engine, result)},
+                })
+                yield sse("message_stop", {"type": "message_stop"})
+            else:
+                if event.kind == "delta":
+                    pieces.append(event.text)
+                for chunk in _event_bytes(event, blocks):
+                    yield chunk
+    except Exception as exc:
+        on_error()
+        row = code_for_exception(exc)
+        partial = {"partial_answer": "".join(pieces), "interrupted": True}
+        yield sse("error", anthropic_error_body(row.code, row.name, public_message(exc, row), partial))
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,184 @@
+"""``POST /v1/messages``: an Anthropic-compatible memory proxy.
+
+An app using the anthropic SDK points its ``base_url`` at context-mode and sends
+its new message (the last ``user`` message of ``messages``) with a session id
+(header ``X-Session-Id``, else ``metadata.user_id``). ``system`` becomes the
+system prompt of that turn. Memory is applied exactly as in the OpenAI-compatible
+proxy (`routes_openai`): the same turn runner, session lock, ``Idempotency-Key``
+replays, image checks, metrics and agent steps; only the wire shapes differ
+(`anthropic_wire`): the reply is a ``message`` (or its event stream:
+``message_start``, ``ping``, ``content_block_start`` / ``_delta`` / ``_stop``,
+``message_delta``, ``message_stop``), errors are ``{"type": "error", "error": {...}}``.
+
+With ``tools`` (or a last user message of ``tool_result`` blocks) the request is
+an agent step: the model may answer with ``tool_use`` blocks (``stop_reason:
+"tool_use"``), streamed as ``input_json_delta`` pieces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header
+from fastapi.responses import JSONResponse, Response
+
+from ..agent_turn import AgentRequest
+from ..engine import Engine, TurnResult
+from ..errors import InputError
+from ..types import validate_id
+from .anthropic_wire import (
+    MessagesRequest,
+    WireItem,
+    message_body,
+    message_events,
+    openai_tool_choice,
+    openai_tools,
+    system_text,
+    wire_items,
+)
+from .idempotency import claim
+from .images import ImageFiles, decode_images
+from .openai_tools import agent_request
+from .sse import SSEResponse
+from .state import AppState, Tenant, app_state
+from .turns import (
+    Interrupted,
+    StartedStream,
+    check_message,
+    coalesce,
+    interrupted_response,
+    run_turn,
+    serve_turn,
+    start_stream,
+    with_system_prompt,
+)
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["anthropic-compatible"])
+
+State = Annotated[AppState, Depends(app_state)]
+PATH = "/v1/messages"
+
+
+def _session(body: MessagesRequest, header: str | None) -> tuple[str, str | None]:
+    user = body.user_id()
+    session_id = header or user
+    if not session_id:
+        raise InputError("name the session: header 'X-Session-Id' or metadata.user_id")
+    validate_id(session_id)
+    return session_id, validate_id(user, "user id") if user else None
+
+
+def _last_user(items: list[WireItem]) -> WireItem:
+    if items[-1].role == "assistant":
+        raise InputError("the last message must be the user's (a prefilled assistant message is not supported)")
+    last_user = next((i for i in reversed(items) if i.role == "user"), None)
+    if last_user is None:
+        raise InputError("messages must contain a user message")
+    return last_user
+
+
+@router.post(
+    PATH,
+    summary="Anthropic-compatible messages with context-mode's memory",
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+)
+async def create_message(
+    body: MessagesRequest,
+    tenant: Tenant,
+    state: State,
+    x_session_id: Annotated[str | None, Header(description="The session this message belongs to.")] = None,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
+    ] = None,
+) -> Any:
+    session_id, user_id = _session(body, x_session_id)
+    items = wire_items(body.messages)
+    last_user = _last_user(items) if items[-1].role != "tool" else None
+    engine = state.engine if body.system is None else with_system_prompt(state.engine, system_text(body.system))
+    model = body.model or engine.model.name
+    headers = {"x-session-id": session_id}
+    step = agent_request(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
+    if step is not None:
+        if last_user is not None and last_user.images:
+            raise InputError("agent steps take text content only (no images)")
+        return await _agent_step(engine, tenant, session_id, step, model=model, stream=body.stream,
+                                 state=state, headers=headers)
+    assert last_user is not None
+    message = last_user.content
+    if not message.strip():
+        raise InputError("the last user message has no text")
+    check_message(message, state.settings)
+    decoded = decode_images(list(last_user.images), state.settings)
+    held, replay = await claim(
+        state.engine.store, tenant, idempotency_key, ["messages", session_id, body.model_dump_json()],
+        session_id=session_id,
+    )
+    if replay is not None:
+        return replay
+
+    def turn() -> dict[str, Any]:
+        images = ImageFiles.write(decoded, state.settings.image_dir)
+        return {"mode": engine.settings.mode, "images": images, "metrics": state.metrics, "user_id": user_id}
+
+    async def whole() -> Response:
+        try:
+            result = await run_turn(engine, tenant, session_id, message, **turn())
+        except Interrupted as stop:
+            return interrupted_response(PATH, stop)
+        return JSONResponse(message_body(engine, result, model), headers=headers)
+
+    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
+        started = await start_stream(engine, tenant, session_id, message, **turn())
+        assert started.first.prepared is not None
+        settings = state.settings
+
+        def finished(result: TurnResult) -> None:
+            started.outcome.finished(result, state.metrics)
+
+        def failed() -> None:
+            started.outcome.outcome = "error"
+
+        events = message_events(
+            coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes),
+            engine, model=model, input_tokens=started.first.prepared.context.total_tokens,
+            on_done=finished, on_error=failed,
+        )
+        return started, events
+
+    return await serve_turn(
+        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed, headers=headers
+    )
+
+
+async def _agent_step(
+    engine: Engine, tenant: str, session_id: str, step: AgentRequest, *,
+    model: str, stream: bool, state: AppState, headers: dict[str, str],
+) -> Any:
+    """Run an agent step as the OpenAI proxy does (`openai_tools.agent_response`), in Anthropic's shape."""
+    metrics = state.metrics
+    events = engine.stream_agent(tenant, session_id, step, mode=engine.settings.mode)
+    if not stream:
+        result: TurnResult | None = None
+        async for event in events:
+            if event.kind == "done":
+                result = event.result
+        assert result is not None
+        metrics.observe_turn(result, outcome="ok")
+        return JSONResponse(message_body(engine, result, model), headers=headers)
+    first = await anext(events)  # prepared: errors found while preparing answer as errors
+    assert first.kind == "prepared" and first.prepared is not None
+
+    def finished(result: TurnResult) -> None:
+        metrics.observe_turn(result, outcome="ok")
+
+    def failed() -> None:
+        metrics.count_turn(engine.settings.mode, "error")
+
+    body = message_events(
+        events, engine, model=model, input_tokens=first.prepared.context.total_tokens,
+        on_done=finished, on_error=failed,
+    )
+    return SSEResponse(body, on_close=events.aclose, headers=headers)  # type: ignore[attr-defined]
