@@ -1,0 +1,6 @@
+"""``python -m contextmode``: the ``contextmode`` command."""
+
+from .cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The MCP server with the official mcp SDK's own client: in process, over stdio
+(``python -m contextmode mcp`` as a subprocess) and over streamable HTTP."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+from contextmode.api import ContextMode
+from contextmode.integrations.mcp_server import build_server
+from contextmode.settings import EngineSettings
+from contextmode.testing.models import FunctionModel
+from test_service_http import serving
+
+TOOLS = {"remember", "get_context", "search_memory", "list_pins", "remove_pin", "get_trace"}
+FILLER = ["What's a good name for a cat?", "Maybe Mochi.", "How long do cats sleep?", "Around 15 hours a day."]
+
+
+@pytest.fixture
+async def memory() -> AsyncIterator[ContextMode]:
+    cm = ContextMode(store="memory://", model=FunctionModel(lambda messages: ["好的"]),
+                     settings=EngineSettings(context_window=1200, reply_reserve=200))
+    yield cm
+    await cm.aclose()
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> Any:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    content = result.structured_content
+    return content["result"] if set(content) == {"result"} else content
+
+
+async def error_of(client: Client, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error
+    return " ".join(getattr(part, "text", "") for part in result.content)
+
+
+async def test_memory_tools_in_process(memory: ContextMode) -> None:
+    async with Client(build_server(memory)) as client:
+        listed = (await client.list_tools()).tools
+        assert {t.name for t in listed} == TOOLS
+        assert all(t.description and t.output_schema for t in listed)
+
+        stored = await call(client, "remember", session_id="trip", role="user", content="我不吃辣，预算五十以内")
+        assert (stored["seq"], stored["turn"], stored["role"]) == (1, 1, "user")
+        await call(client, "remember", session_id="trip", role="assistant", content="好的，记住了")
+        await call(client, "remember", session_id="trip", role="user",
+                   content="I'm flying to Lisbon on May 3rd, remind me to pack sunscreen")
+        for n in range(30):  # a long conversation: the early turns leave the recent window
+            await call(client, "remember", session_id="trip", role="user" if n % 2 == 0 else "assistant",
+                       content=FILLER[n % len(FILLER)])
+
+        pins = await call(client, "list_pins", session_id="trip")
+        assert {p["key"]: p["value"] for p in pins}["spice"] == "不吃辣"
+
+        hits = await call(client, "search_memory", session_id="trip", query="when is the Lisbon flight", limit=3)
+        assert hits[0]["seq"] == 3 and "Lisbon" in hits[0]["content"] and hits[0]["score"] > 0
+        assert len(hits) <= 3
+
+        context = await call(client, "get_context", session_id="trip", message="推荐一家餐厅")
+        layers = {layer["name"]: layer for layer in context["layers"]}
+        assert "不吃辣" in layers["constraints"]["rendered"]
+        assert layers["summary"]["used"] > 0 and layers["recent"]["dropped_seqs"] == []
+        assert context["total_tokens"] <= context["input_budget"]
+        system = context["messages"][0]["content"]
+        assert "不吃辣" in system and context["messages"][-1]["content"].endswith("推荐一家餐厅")
+
+        removed = await call(client, "remove_pin", session_id="trip", key="spice")
+        assert removed["removed"] is True and "spice" not in {p["key"] for p in removed["pins"]}
+        assert "spice" not in {p["key"] for p in await call(client, "list_pins", session_id="trip")}
+        again = await call(client, "remove_pin", session_id="trip", key="spice")
+        assert again["removed"] is False
+        context = await call(client, "get_context", session_id="trip", message="推荐一家餐厅")
+        pinned = {layer["name"]: layer for layer in context["layers"]}["constraints"]["rendered"]
+        assert "预算" in pinned and "不吃辣" not in pinned  # unpinned; the turn itself stays in the history
+
+        # A live turn keeps its trace; the tool reads it by exchange number.
+        result = await memory.achat("trip", "那就订葡萄牙菜吧")
+        number = result.user_turn.metadata["turn"]
+        trace = await call(client, "get_trace", session_id="trip", turn=number)
+        assert trace["turn"] == number and trace["messages"][-1]["content"].endswith("那就订葡萄牙菜吧")
+
+        assert "no kept context" in await error_of(client, "get_trace", session_id="trip", turn=1)
+        assert "invalid session id" in await error_of(client, "list_pins", session_id="bad id!")
+        assert "no session" in await error_of(client, "get_trace", session_id="nobody", turn=1)
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "CONTEXTMODE_HOME": str(tmp_path / "home")}
+
+
+async def test_stdio_server_subprocess(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'memory.db'}"
+    params = StdioServerParameters(command=sys.executable, args=["-m", "contextmode", "mcp", "--store", store],
+                                   env=_env(tmp_path))
+    async with Client(params) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+        for role, content in [("user", "The weather is nice today."), ("user", "My locker code is 4417."),
+                              ("assistant", "Noted.")]:
+            await call(client, "remember", session_id="s", role=role, content=content)
+        hits = await call(client, "search_memory", session_id="s", query="locker code")
+        assert hits[0]["content"] == "My locker code is 4417."
+        assert all(h["score"] < hits[0]["score"] for h in hits[1:])
+    # The process closed its store on exit: the turns are on disk for the next server.
+    reopened = ContextMode(store=store)
+    try:
+        assert [t.content for t in await reopened.aturns("s")][1] == "My locker code is 4417."
+    finally:
+        await reopened.aclose()
+
+
+async def test_streamable_http(memory: ContextMode) -> None:
+    app = build_server(memory).streamable_http_app(streamable_http_path="/mcp")
+    with serving(app) as base:
+        async with Client(f"{base}/mcp") as client:
+            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+            await call(client, "remember", session_id="h", role="user", content="我叫小明，我对花生过敏")
+            context = await call(client, "get_context", session_id="h", message="我叫什么?")
+            assert "小明" in " ".join(m["content"] for m in context["messages"])
