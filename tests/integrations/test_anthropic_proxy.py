@@ -14,11 +14,15 @@ import httpx
 import httpx2
 import pytest
 
+from contextmode.api import build_engine
 from contextmode.errors import ModelError
 from contextmode.models.openai import OpenAIChatModel
 from contextmode.service import create_app
+from contextmode.settings import EngineSettings
+from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
 from contextmode.testing.stub_server import StubRequest, StubServer, tool_agent_reply
+from contextmode.tokens import count_messages
 from test_service import make_engine, make_settings, sse_events
 from test_service_http import serving
 
@@ -241,3 +245,36 @@ async def test_idempotency_key_replays_the_first_answer(app: Any, model: Functio
         reused = await c.post("/v1/messages", json={**body, "messages": [{"role": "user", "content": "别的"}]},
                               headers=headers)
         assert reused.status_code == 409 and reused.json()["error"]["code"] == "idempotency_key_reused"
+
+
+async def test_thirty_turns_reach_the_model_as_summary_pins_and_recall_within_budget(tmp_path: Path) -> None:
+    window, reserve = 900, 200
+    model = FunctionModel(lambda messages: ["Answer to: ", messages[-1].content[:40]])
+    engine = build_engine(store="memory://", model=model, counter=CharTokenCounter(),
+                          settings=EngineSettings(context_window=window, reply_reserve=reserve))
+    app = create_app(engine, make_settings(tmp_path))
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test")
+    sdk = anthropic.AsyncAnthropic(base_url="http://test", api_key="k", http_client=http, max_retries=0)
+    said = ["我不吃辣，预算五十以内", "My locker code at the gym is 4417, please remember it."]
+    said += [f"How many minutes are in {n + 2} hours, and how many seconds?" for n in range(27)]
+    said.append("What was my locker code at the gym?")
+    for n, text in enumerate(said):
+        kwargs: dict[str, Any] = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": text}],
+                                  "metadata": {"user_id": "long"}}
+        if n % 2:
+            async with sdk.messages.stream(**kwargs) as stream:
+                await stream.get_final_message()
+        else:
+            await sdk.messages.create(**kwargs)
+        await engine.drain()  # summaries and pins of this turn, before the next
+    assert len(model.calls) == 30
+    last = model.calls[-1].messages
+    system = last[0].content
+    assert "<summary>" in system  # the early turns, summarised
+    assert "不吃辣" in system  # pinned
+    assert "4417" in system  # recalled from turn 2, long out of the recent window
+    assert last[-1].content.endswith("What was my locker code at the gym?")
+    for call in model.calls:
+        assert count_messages(CharTokenCounter(), call.messages) <= window - reserve
+    await sdk.close()
+    await engine.close()
