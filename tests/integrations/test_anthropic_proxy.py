@@ -245,6 +245,13 @@ async def test_idempotency_key_replays_the_first_answer(app: Any, model: Functio
         reused = await c.post("/v1/messages", json={**body, "messages": [{"role": "user", "content": "别的"}]},
                               headers=headers)
         assert reused.status_code == 409 and reused.json()["error"]["code"] == "idempotency_key_reused"
+        # An agent step (tools offered) is kept and replayed the same way.
+        step = {**body, "tools": TOOLS, "messages": [{"role": "user", "content": "用工具"}]}
+        calls = len(model.calls)
+        first = await c.post("/v1/messages", json=step, headers={**headers, "Idempotency-Key": "k-3"})
+        again = await c.post("/v1/messages", json=step, headers={**headers, "Idempotency-Key": "k-3"})
+        assert first.status_code == 200 and again.json() == first.json()
+        assert again.headers["idempotent-replayed"] == "true" and len(model.calls) == calls + 1
 
 
 async def test_thirty_turns_reach_the_model_as_summary_pins_and_recall_within_budget(tmp_path: Path) -> None:

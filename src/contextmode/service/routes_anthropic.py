@@ -11,20 +11,22 @@ replays, image checks, metrics and agent steps; only the wire shapes differ
 ``message_delta``, ``message_stop``), errors are ``{"type": "error", "error": {...}}``.
 
 With ``tools`` (or a last user message of ``tool_result`` blocks) the request is
-an agent step: the model may answer with ``tool_use`` blocks (``stop_reason:
-"tool_use"``), streamed as ``input_json_delta`` pieces.
+an agent step (`Engine.stream_agent`): the model may answer with ``tool_use`` blocks
+(``stop_reason: "tool_use"``), streamed as ``input_json_delta`` pieces. Agent steps
+too run under the session's turn lock and honour ``Idempotency-Key``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse, Response
 
 from ..agent_turn import AgentRequest
-from ..engine import Engine, TurnResult
+from ..engine import Engine, TurnEvent, TurnResult
 from ..errors import InputError
 from ..types import validate_id
 from .anthropic_wire import (
@@ -38,13 +40,13 @@ from .anthropic_wire import (
     wire_items,
 )
 from .idempotency import claim
-from .images import ImageFiles, decode_images
+from .images import DecodedImage, ImageFiles, decode_images
 from .openai_tools import agent_request
-from .sse import SSEResponse
 from .state import AppState, Tenant, app_state
 from .turns import (
     Interrupted,
     StartedStream,
+    TurnOutcome,
     check_message,
     coalesce,
     interrupted_response,
@@ -80,6 +82,37 @@ def _last_user(items: list[WireItem]) -> WireItem:
     return last_user
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Call:
+    """What both kinds of request (a chat turn, an agent step) answer with."""
+
+    engine: Engine
+    tenant: str
+    session_id: str
+    model: str
+    state: AppState
+    headers: dict[str, str]
+
+    def body(self, started: StartedStream, events: AsyncIterator[TurnEvent]) -> AsyncIterator[bytes]:
+        """The stream of a started turn in Anthropic's events, its outcome counted."""
+        assert started.first.prepared is not None
+        metrics = self.state.metrics
+
+        def finished(result: TurnResult) -> None:
+            started.outcome.finished(result, metrics)
+
+        def failed() -> None:
+            started.outcome.outcome = "error"
+
+        return message_events(
+            events, self.engine, model=self.model, input_tokens=started.first.prepared.context.total_tokens,
+            on_done=finished, on_error=failed,
+        )
+
+    def json(self, result: TurnResult) -> Response:
+        return JSONResponse(message_body(self.engine, result, self.model), headers=self.headers)
+
+
 @router.post(
     PATH,
     summary="Anthropic-compatible messages with context-mode's memory",
@@ -98,26 +131,39 @@ async def create_message(
     items = wire_items(body.messages)
     last_user = _last_user(items) if items[-1].role != "tool" else None
     engine = state.engine if body.system is None else with_system_prompt(state.engine, system_text(body.system))
-    model = body.model or engine.model.name
-    headers = {"x-session-id": session_id}
+    call = _Call(engine=engine, tenant=tenant, session_id=session_id, model=body.model or engine.model.name,
+                 state=state, headers={"x-session-id": session_id})
     step = agent_request(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
     if step is not None:
         if last_user is not None and last_user.images:
             raise InputError("agent steps take text content only (no images)")
-        return await _agent_step(engine, tenant, session_id, step, model=model, stream=body.stream,
-                                 state=state, headers=headers)
-    assert last_user is not None
-    message = last_user.content
-    if not message.strip():
-        raise InputError("the last user message has no text")
-    check_message(message, state.settings)
-    decoded = decode_images(list(last_user.images), state.settings)
+        whole, streamed = _agent_step(call, step)
+    else:
+        assert last_user is not None
+        if not last_user.content.strip():
+            raise InputError("the last user message has no text")
+        check_message(last_user.content, state.settings)
+        decoded = decode_images(list(last_user.images), state.settings)
+        whole, streamed = _chat_turn(call, last_user.content, decoded, user_id)
     held, replay = await claim(
         state.engine.store, tenant, idempotency_key, ["messages", session_id, body.model_dump_json()],
         session_id=session_id,
     )
     if replay is not None:
         return replay
+    return await serve_turn(
+        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed,
+        headers=call.headers,
+    )
+
+
+Whole = Callable[[], Awaitable[Response]]
+Streamed = Callable[[], Awaitable[tuple[StartedStream, AsyncIterator[bytes]]]]
+
+
+def _chat_turn(call: _Call, message: str, decoded: list[DecodedImage], user_id: str | None) -> tuple[Whole, Streamed]:
+    """A chat turn, run as the OpenAI proxy runs it (`run_turn`, `start_stream`)."""
+    engine, state = call.engine, call.state
 
     def turn() -> dict[str, Any]:
         images = ImageFiles.write(decoded, state.settings.image_dir)
@@ -125,60 +171,54 @@ async def create_message(
 
     async def whole() -> Response:
         try:
-            result = await run_turn(engine, tenant, session_id, message, **turn())
+            result = await run_turn(engine, call.tenant, call.session_id, message, **turn())
         except Interrupted as stop:
             return interrupted_response(PATH, stop)
-        return JSONResponse(message_body(engine, result, model), headers=headers)
+        return call.json(result)
 
     async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        started = await start_stream(engine, tenant, session_id, message, **turn())
-        assert started.first.prepared is not None
+        started = await start_stream(engine, call.tenant, call.session_id, message, **turn())
         settings = state.settings
+        events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
+        return started, call.body(started, events)
 
-        def finished(result: TurnResult) -> None:
-            started.outcome.finished(result, state.metrics)
-
-        def failed() -> None:
-            started.outcome.outcome = "error"
-
-        events = message_events(
-            coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes),
-            engine, model=model, input_tokens=started.first.prepared.context.total_tokens,
-            on_done=finished, on_error=failed,
-        )
-        return started, events
-
-    return await serve_turn(
-        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed, headers=headers
-    )
+    return whole, streamed
 
 
-async def _agent_step(
-    engine: Engine, tenant: str, session_id: str, step: AgentRequest, *,
-    model: str, stream: bool, state: AppState, headers: dict[str, str],
-) -> Any:
-    """Run an agent step as the OpenAI proxy does (`openai_tools.agent_response`), in Anthropic's shape."""
-    metrics = state.metrics
-    events = engine.stream_agent(tenant, session_id, step, mode=engine.settings.mode)
-    if not stream:
+def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
+    """An agent step (`Engine.stream_agent`), like the OpenAI proxy's (`openai_tools.agent_response`),
+    under the same session lock and ``Idempotency-Key`` as a chat turn."""
+    engine, metrics = call.engine, call.state.metrics
+    mode = engine.settings.mode
+
+    async def whole() -> Response:
         result: TurnResult | None = None
-        async for event in events:
+        async for event in engine.stream_agent(call.tenant, call.session_id, step, mode=mode):
             if event.kind == "done":
                 result = event.result
         assert result is not None
         metrics.observe_turn(result, outcome="ok")
-        return JSONResponse(message_body(engine, result, model), headers=headers)
-    first = await anext(events)  # prepared: errors found while preparing answer as errors
-    assert first.kind == "prepared" and first.prepared is not None
+        return call.json(result)
 
-    def finished(result: TurnResult) -> None:
-        metrics.observe_turn(result, outcome="ok")
+    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
+        events = engine.stream_agent(call.tenant, call.session_id, step, mode=mode)
+        try:
+            first = await anext(events)  # prepared: errors found while preparing answer as errors
+        except BaseException:
+            await events.aclose()  # type: ignore[attr-defined]
+            raise
+        outcome = TurnOutcome(mode=mode)
+        metrics.active_streams.inc()
 
-    def failed() -> None:
-        metrics.count_turn(engine.settings.mode, "error")
+        async def close() -> None:
+            try:
+                await events.aclose()  # type: ignore[attr-defined]
+            finally:
+                metrics.active_streams.dec()
+                if outcome.outcome in ("client_gone", "error"):
+                    metrics.count_turn(mode, outcome.outcome)
 
-    body = message_events(
-        events, engine, model=model, input_tokens=first.prepared.context.total_tokens,
-        on_done=finished, on_error=failed,
-    )
-    return SSEResponse(body, on_close=events.aclose, headers=headers)  # type: ignore[attr-defined]
+        started = StartedStream(first=first, events=events, outcome=outcome, close=close)
+        return started, call.body(started, events)
+
+    return whole, streamed
