@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import socket
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +21,6 @@ from contextmode.api import ContextMode
 from contextmode.integrations.mcp_server import build_server
 from contextmode.settings import EngineSettings
 from contextmode.testing.models import FunctionModel
-from test_service_http import serving
 
 TOOLS = {"remember", "get_context", "search_memory", "list_pins", "remove_pin", "get_trace"}
 FILLER = ["What's a good name for a cat?", "Maybe Mochi.", "How long do cats sleep?", "Around 15 hours a day."]
@@ -120,11 +124,28 @@ async def test_stdio_server_subprocess(tmp_path: Path) -> None:
         await reopened.aclose()
 
 
-async def test_streamable_http(memory: ContextMode) -> None:
-    app = build_server(memory).streamable_http_app(streamable_http_path="/mcp")
-    with serving(app) as base:
-        async with Client(f"{base}/mcp") as client:
+async def test_streamable_http_server_subprocess(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a free port for the server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = f"sqlite:///{tmp_path / 'memory.db'}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "contextmode", "mcp", "--http", "--port", str(port), "--store", store],
+        env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as s, contextlib.suppress(OSError):
+                s.connect(("127.0.0.1", port))
+                break
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read() if server.stderr else ""
+            await asyncio.sleep(0.1)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
             assert {t.name for t in (await client.list_tools()).tools} == TOOLS
             await call(client, "remember", session_id="h", role="user", content="我叫小明，我对花生过敏")
             context = await call(client, "get_context", session_id="h", message="我叫什么?")
             assert "小明" in " ".join(m["content"] for m in context["messages"])
+    finally:
+        server.terminate()
+        assert server.wait(timeout=30) == 0  # a clean shutdown closes the store

@@ -21,7 +21,9 @@ Built on the official ``mcp`` SDK (``mcp.server.mcpserver.MCPServer``; the ``mcp
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Annotated, Any, Literal
@@ -226,9 +228,30 @@ async def serve(
         if transport == "stdio":
             await server.run_stdio_async()
         else:
-            import uvicorn
-
             app = server.streamable_http_app(streamable_http_path=path, host=host)
-            await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+            await _http_server(app, host, port).serve()
     finally:
         await memory.aclose()
+
+
+def _http_server(app: Any, host: str, port: int) -> Any:
+    """uvicorn for the streamable-HTTP app; SIGINT and SIGTERM stop it gracefully.
+
+    (uvicorn re-raises a caught signal once it has shut down, which would end the process
+    before the memory is closed and its background jobs finish.)
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    return Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
