@@ -36,6 +36,7 @@ from contextmode.types import Constraint, NewTurn, Summary, utc_now
 KEY_A, KEY_B = "fuzz-key-tenant-a-0001", "fuzz-key-tenant-b-0002"
 VICTIM = "victim"
 OPENAI_PREFIXES = ("/v1/chat/", "/v1/models")
+ANTHROPIC_PREFIXES = ("/v1/messages",)
 MIN_REQUESTS = 2000
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
@@ -138,10 +139,14 @@ def check(h: Harness, path: str, response: httpx.Response) -> None:
     kind = response.headers.get("content-type", "")
     if status >= 400:
         body = response.json()
-        if path.startswith(OPENAI_PREFIXES):
+        served = response.request.url.path  # the client resolves dot segments ("/v1/sessions/../messages")
+        if served.startswith(OPENAI_PREFIXES):
             error = body["error"]
             assert isinstance(error["message"], str) and error["message"]
             assert error["contextmode_code"] // 100 == status
+        elif served.startswith(ANTHROPIC_PREFIXES):
+            assert body["type"] == "error" and isinstance(body["error"]["message"], str) and body["error"]["message"]
+            assert body["error"]["contextmode_code"] // 100 == status
         else:
             assert set(body) == {"code", "msg", "data"}, body
             assert body["code"] // 100 == status and isinstance(body["msg"], str) and body["msg"]
@@ -188,7 +193,7 @@ def paths(draw: st.DrawFn) -> str:
         st.sampled_from(
             [
                 "/v1/sessions/{id}/messages", "/v1/sessions/{id}/context", "/v1/sessions/{id}", "/v1/sessions",
-                "/v1/chat/completions", "/v1/models", "/healthz", "/metrics", "/", "/openapi.json",
+                "/v1/chat/completions", "/v1/models", "/v1/messages", "/healthz", "/metrics", "/", "/openapi.json",
                 "/static/{id}", "/v1/{id}", "/{id}", "/v1/sessions/{id}/{id}",
             ]
         )
@@ -279,6 +284,33 @@ openai_bodies = st.fixed_dictionaries(
     },
 )
 
+anthropic_blocks = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": messages}),
+    st.fixed_dictionaries({"type": st.just("image"), "source": st.one_of(
+        st.fixed_dictionaries({"type": st.just("base64"), "media_type": st.sampled_from(["image/png", "text/plain"]),
+                               "data": st.one_of(st.just(base64.b64encode(PNG).decode()), st.text(max_size=20))}),
+        json_values,
+    )}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": st.one_of(st.text(max_size=10), json_values)},
+                          optional={"content": st.one_of(messages, json_values), "is_error": json_values}),
+    st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+)
+anthropic_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "messages": st.one_of(st.lists(st.fixed_dictionaries(
+            {"role": st.one_of(st.sampled_from(["user", "assistant"]), json_values)},
+            optional={"content": st.one_of(messages, st.lists(anthropic_blocks, max_size=3))},
+        ), max_size=4), json_values),
+        "system": st.one_of(messages, json_values),
+        "metadata": st.one_of(st.fixed_dictionaries({"user_id": session_ids}), json_values),
+        "stream": st.one_of(st.booleans(), json_values),
+        "tools": st.one_of(st.just([{"name": "search", "input_schema": {"type": "object"}}]), json_values),
+        "tool_choice": json_values,
+        "max_tokens": json_values,
+    },
+)
+
 
 def deep(depth: int) -> bytes:
     return b'{"message":' + b"[" * depth + b"]" * depth + b"}"
@@ -290,6 +322,7 @@ raw_bodies = st.one_of(
     st.builds(lambda v: json.dumps(v).encode(), json_values),
     st.builds(lambda b: json.dumps(b, ensure_ascii=False).encode(), message_bodies),
     st.builds(lambda b: json.dumps(b).encode(), openai_bodies),
+    st.builds(lambda b: json.dumps(b).encode(), anthropic_bodies),
     st.sampled_from(
         [
             b'{"message": "hi"',  # truncated JSON
@@ -382,3 +415,13 @@ def test_openai_proxy_bodies(harness: Harness, body: dict[str, Any], sid: str | 
         headers["x-session-id"] = sid.encode("utf-8", "surrogatepass")
     content = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
     _send(harness, "POST", "/v1/chat/completions", {}, headers, content)
+
+
+@fuzz(300)
+@given(body=anthropic_bodies, sid=st.one_of(st.none(), session_ids), auth=auth_headers)
+def test_anthropic_proxy_bodies(harness: Harness, body: dict[str, Any], sid: str | None, auth: dict[str, Any]) -> None:
+    headers: dict[str, Any] = {"content-type": "application/json", **auth}
+    if sid is not None:
+        headers["x-session-id"] = sid.encode("utf-8", "surrogatepass")
+    content = json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    _send(harness, "POST", "/v1/messages", {}, headers, content)
