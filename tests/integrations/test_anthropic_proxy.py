@@ -285,3 +285,18 @@ async def test_thirty_turns_reach_the_model_as_summary_pins_and_recall_within_bu
         assert count_messages(CharTokenCounter(), call.messages) <= window - reserve
     await sdk.close()
     await engine.close()
+
+
+async def test_count_tokens_is_the_context_a_turn_would_send(sdk: anthropic.AsyncAnthropic, model: FunctionModel) -> None:
+    await sdk.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "我不吃辣，预算五十以内"}],
+                              metadata={"user_id": "count"})
+    counted = await sdk.messages.count_tokens(model="m", messages=[{"role": "user", "content": "推荐一家餐厅"}],
+                                              extra_headers={"X-Session-Id": "count"})
+    fresh = await sdk.messages.count_tokens(model="m", messages=[{"role": "user", "content": "推荐一家餐厅"}],
+                                            extra_headers={"X-Session-Id": "empty"})
+    assert counted.input_tokens > fresh.input_tokens > 0  # the session's memory is in the count
+    calls = len(model.calls)
+    reply = await sdk.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "推荐一家餐厅"}],
+                                      metadata={"user_id": "count"})
+    assert len(model.calls) == calls + 1  # counting called no model and stored nothing
+    assert reply.usage.input_tokens == counted.input_tokens

@@ -222,3 +222,26 @@ def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
         return started, call.body(started, events)
 
     return whole, streamed
+
+
+@router.post(
+    f"{PATH}/count_tokens",
+    summary="Tokens of the context context-mode would send for this message (writes nothing)",
+)
+async def count_tokens(
+    body: MessagesRequest,
+    tenant: Tenant,
+    state: State,
+    x_session_id: Annotated[str | None, Header(description="The session this message belongs to.")] = None,
+) -> Any:
+    """``input_tokens``: the assembled context for the last user message (summary, pins, recall,
+    recent turns, the message), counted as the model would receive it; tool definitions are not counted."""
+    session_id, _ = _session(body, x_session_id)
+    items = wire_items(body.messages)
+    if items[-1].role == "tool":
+        raise InputError("count_tokens counts a user text message, not tool results")
+    message = _last_user(items).content
+    check_message(message, state.settings)
+    engine = state.engine if body.system is None else with_system_prompt(state.engine, system_text(body.system))
+    prepared = await engine.prepare(tenant, session_id, message)
+    return JSONResponse({"input_tokens": prepared.context.total_tokens}, headers={"x-session-id": session_id})
