@@ -14,6 +14,9 @@ With ``tools`` (or a last user message of ``tool_result`` blocks) the request is
 an agent step (`Engine.stream_agent`): the model may answer with ``tool_use`` blocks
 (``stop_reason: "tool_use"``), streamed as ``input_json_delta`` pieces. Agent steps
 too run under the session's turn lock and honour ``Idempotency-Key``.
+
+``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}`` for the context a turn
+with the last user message would send now (``Engine.prepare``: nothing written).
 """
 
 from __future__ import annotations
