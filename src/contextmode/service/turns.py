@@ -69,6 +69,7 @@ def check_message(message: str, settings: ServiceSettings) -> None:
             "only tab, newline and carriage return are allowed"
         )
 
+
 def with_system_prompt(engine: Engine, text: str | None) -> Engine:
     """``engine`` with ``text`` as this request's system prompt (the proxies' ``system`` message).
 
