@@ -48,7 +48,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from contextmode.assembly import assemble
+from contextmode.assembly import CurrentTurn, assemble
 from contextmode.assembly.agent import split_step
 from contextmode.memory import Budget, get_strategy
 from contextmode.store.memory import MemoryStore
@@ -215,7 +215,7 @@ def time_agent_assemble(state: SessionState, counter: TokenCounter, reps: int, *
     for i in range(reps):
         t0 = time.perf_counter_ns()
         if in_step and user is not None:
-            assemble(step_state, user.content, counter=counter, budget=budget, now=NOW, agent_step=step)
+            assemble(step_state, user.content, counter=counter, budget=budget, now=NOW, current=CurrentTurn(agent_step=step))
         else:
             assemble(state, f"{MESSAGES[i % len(MESSAGES)]} {i}", counter=counter, budget=budget, now=NOW)
         samples.append(time.perf_counter_ns() - t0)

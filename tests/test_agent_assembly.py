@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextmode.assembly import AssemblyConfig, assemble, to_messages
+from contextmode.assembly import AssemblyConfig, CurrentTurn, assemble, to_messages
 from contextmode.assembly.agent import agent_units, elide, split_step, step_items, tool_sentence
 from contextmode.assembly.assemble import _cached_count
 from contextmode.errors import MessageTooLarge
@@ -151,7 +151,7 @@ def check(turns: list[Turn], next_message: str | None, strategy: str, budget_tok
     config = AssemblyConfig(format=fmt)  # type: ignore[arg-type]
     try:
         ctx = assemble(state, message, counter=c, strategy=chosen, budget=budget, config=config,  # type: ignore[arg-type]
-                       now=T0 + timedelta(days=1), agent_step=step)
+                       now=T0 + timedelta(days=1), current=CurrentTurn(agent_step=step))
     except MessageTooLarge:
         # Only when the message, the system prompt and the step cut to bare markers cannot fit.
         assert _floor(message, step, ctx_locale(message, step), fmt) > budget.input_tokens
@@ -248,7 +248,7 @@ def test_old_big_results_are_elided_with_a_marker_and_the_latest_step_is_whole()
     config = AssemblyConfig(tool_limits=__import__("contextmode.assembly.agent", fromlist=["ToolLimits"]).ToolLimits(
         per_tool={"read_file": 300}))
     ctx = assemble(state, "what timed out?", counter=counter(), strategy="token_window",  # type: ignore[arg-type]
-                   budget=Budget(context_window=100_000, reply_reserve=1000), config=config, agent_step=step)
+                   budget=Budget(context_window=100_000, reply_reserve=1000), config=config, current=CurrentTurn(agent_step=step))
     messages = to_messages(ctx)
     tool_msgs = [m for m in messages if m.role == "tool"]
     assert "stored as turn 3" in tool_msgs[0].content
@@ -265,7 +265,7 @@ def test_latest_result_is_cut_only_when_the_budget_demands() -> None:
             _turn(3, "tool", big, tool_metadata(tool_call_id="c1"))]
     state = SessionState(tenant="t", session_id="s", last_seq=1, turns=())
     ctx = assemble(state, "查一下", counter=counter(), strategy="window",  # type: ignore[arg-type]
-                   budget=Budget(context_window=4000, reply_reserve=500), agent_step=step)
+                   budget=Budget(context_window=4000, reply_reserve=500), current=CurrentTurn(agent_step=step))
     messages = to_messages(ctx)
     assert "第 3 轮" in messages[-1].content
     assert count_messages(counter(), messages) == ctx.total_tokens <= 3500  # type: ignore[arg-type]

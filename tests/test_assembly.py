@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from contextmode.assembly import (
     AssemblyConfig,
     Context,
+    CurrentTurn,
     assemble,
     cut_to_tokens,
     to_anthropic,
@@ -111,7 +112,7 @@ def test_message_that_fits_alone_but_not_with_the_fixed_layers() -> None:
 
 def test_standalone_rewrite_is_what_is_sent() -> None:
     ctx = assemble(make_state(conversation(2)), "它呢？", counter=COUNTER, now=NOW,
-                   standalone="睡前散步有什么好处？")
+                   current=CurrentTurn(standalone="睡前散步有什么好处？"))
     assert (ctx.message, ctx.original_message) == ("睡前散步有什么好处？", "它呢？")
     assert to_messages(ctx)[-1].content == "睡前散步有什么好处？"
     assert ctx.total_tokens == exact_total(ctx)

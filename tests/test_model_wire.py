@@ -14,7 +14,7 @@ from contextmode.api import build_engine
 from contextmode.engine import Engine
 from contextmode.errors import ConfigError, OutputRejected
 from contextmode.jobs import JobRunner, JobSettings
-from contextmode.models import LLMSettings, OpenAIChatModel
+from contextmode.models import LLMSettings, OpenAIChatModel, OpenAIOptions
 from contextmode.models.openai import is_looping
 from contextmode.models.server import probe_server
 from contextmode.settings import EngineSettings
@@ -26,7 +26,8 @@ T, S = "t", "s"
 
 
 def _model(url: str, **options: object) -> OpenAIChatModel:
-    return OpenAIChatModel(model="stub-model", base_url=url, max_retries=0, timeout=5, **options)  # type: ignore[arg-type]
+    return OpenAIChatModel(model="stub-model", base_url=url, max_retries=0, timeout=5,
+                           options=OpenAIOptions(**options))  # type: ignore[arg-type]
 
 
 def _constraint_reply(item: dict[str, str]) -> object:

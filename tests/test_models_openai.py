@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("openai")
 
 from contextmode.errors import ConfigError, ModelError, ModelTimeout, ModelUnavailable
-from contextmode.models import ModelUsage, OpenAIChatModel, map_openai_error
+from contextmode.models import ModelUsage, OpenAIChatModel, OpenAIOptions, map_openai_error
 from contextmode.testing.stub_server import StubServer
 from contextmode.types import ChatMessage
 
@@ -33,7 +33,7 @@ def server() -> Iterator[StubServer]:
 async def model(server: StubServer) -> AsyncIterator[OpenAIChatModel]:
     chat_model = OpenAIChatModel(
         model="stub-model", base_url=server.url, api_key=SECRET, timeout=2, max_retries=0,
-        extra_headers={"X-Trace": "t-1"},
+        options=OpenAIOptions(extra_headers={"X-Trace": "t-1"}),
     )
     yield chat_model
     await chat_model.aclose()

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from contextmode.testing.stub_server import StubRequest, StubServer
+from contextmode.testing.stub_server import StubOptions, StubRequest, StubServer
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_admin_endpoints_queue_faults_and_list_requests(server: StubServer) -> N
 
 def test_error_rate_is_reproducible_with_a_seed() -> None:
     def run() -> list[int]:
-        with StubServer(error_rate=0.5, seed=7) as url:
+        with StubServer(options=StubOptions(error_rate=0.5, seed=7)) as url:
             return [_post(url, "/v1/chat/completions", _chat(False)).status for _ in range(8)]
 
     first = run()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .assembly import assemble, to_messages
+from .assembly import CurrentTurn, assemble, to_messages
 from .assembly.agent import split_step
 from .errors import InputError, ModelError
 from .memory.strategies import get_strategy
@@ -114,7 +114,7 @@ async def prepare_step(
     history, user, step = await _latest_user(engine, tenant, session_id, state)
     context = assemble(
         replace(state, turns=tuple(history)), user.content, counter=engine.counter, strategy=chosen,
-        budget=engine._budget(), config=engine._config(), now=now, agent_step=step,
+        budget=engine._budget(), config=engine._config(), now=now, current=CurrentTurn(agent_step=step),
     )
     return PreparedTurn(
         state=state, detection=Detection(needs_context=False), rewrite=None, context=context,

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .agent_turn import AgentRequest
-from .assembly import AssemblyConfig, Context, assemble, cut_to_tokens, to_messages
+from .assembly import AssemblyConfig, Context, CurrentTurn, assemble, cut_to_tokens, to_messages
 from .assembly.agent import as_sentence
 from .errors import ModelError, NoPreviousAnswer
 from .jobs import JobRunner, JobSettings
@@ -231,8 +231,10 @@ class Engine:
             budget=self._budget(),
             config=self._config(),
             now=now,
-            standalone=current if current != message else None,
-            hint=verified_text if mode != "decoupled" and current == message else None,
+            current=CurrentTurn(
+                standalone=current if current != message else None,
+                hint=verified_text if mode != "decoupled" and current == message else None,
+            ),
         )
         return PreparedTurn(
             state=state,

@@ -193,7 +193,8 @@ class JobRunner:
 
     def _delay(self, attempt: int) -> float:
         s = self.settings
-        delay = min(s.max_delay_s, s.base_delay_s * 2 ** (attempt - 1))
+        growth: float = 2 ** (attempt - 1)
+        delay = min(s.max_delay_s, s.base_delay_s * growth)
         return delay * random.uniform(1 - s.jitter, 1 + s.jitter)
 
     async def _run(self, key: tuple[str, str], name: str, factory: JobFactory) -> None:

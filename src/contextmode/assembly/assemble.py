@@ -10,14 +10,14 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 
 from ..errors import ConfigError, MessageTooLarge
 from ..memory.budget import FLEXIBLE_LAYERS, Budget, LayerName, allocate
-from ..memory.strategies import Strategy, get_strategy
+from ..memory.strategies import MemoryPlan, Strategy, get_strategy
 from ..processors.intents import is_chinese
 from ..tokens.base import TokenCounter
 from ..tokens.tools import message_overhead
@@ -49,6 +49,7 @@ __all__ = [
     "ESTIMATE_MARGIN",
     "ORDER_PRESETS",
     "AssemblyConfig",
+    "CurrentTurn",
     "assemble",
     "cut_to_tokens",
     "order_preset",
@@ -217,6 +218,21 @@ def paired_turns(turns: Sequence[Turn]) -> list[Turn]:
     return result
 
 
+@dataclass(frozen=True, kw_only=True)
+class CurrentTurn:
+    """What the current layer holds beside the user's message (each part optional)."""
+
+    standalone: str | None = None
+    """The rewritten question when the message needed context: it replaces the message as
+    sent (decoupled mode)."""
+    hint: str | None = None
+    """A verified rewrite shown as a labelled hint after the system prompt while the message
+    is sent verbatim (contextual mode)."""
+    agent_step: Sequence[Turn] = ()
+    """The tool calls and results that followed the message (an agent loop's current step):
+    they come after it, always present, their results cut only when the whole step does not fit."""
+
+
 def assemble(
     state: SessionState,
     message: str,
@@ -226,67 +242,133 @@ def assemble(
     budget: Budget | None = None,
     config: AssemblyConfig | None = None,
     now: datetime | None = None,
-    standalone: str | None = None,
-    hint: str | None = None,
-    agent_step: Sequence[Turn] = (),
+    current: CurrentTurn | None = None,
 ) -> Context:
     """Build exactly what the model receives for ``message``, inside ``budget``.
 
-    ``standalone`` is the rewritten question when the message needed context;
-    it replaces the message as sent (decoupled mode). ``hint`` is a verified rewrite shown
-    as a labelled hint after the system prompt while the message is sent verbatim
-    (contextual mode). ``agent_step`` holds the tool calls and results that followed
-    ``message`` (an agent loop's current step): they come after it, always present, their
-    results cut only when the whole step does not fit. Raises `MessageTooLarge` when the
-    message alone does not fit the input budget.
+    ``current`` adds what the current layer holds beside the message: the standalone
+    rewrite sent in its place, a rewrite hint, an agent step (`CurrentTurn`). Raises
+    `MessageTooLarge` when the message alone does not fit the input budget.
+
+    The steps: settle the frame (format, locale, counting, input budget), the layers that
+    are always whole, each flexible layer's candidates, the allocation, the choice within
+    it, and the rendering of each layer.
     """
     strategy = get_strategy(strategy)
     budget = budget or Budget()
     config = config or AssemblyConfig()
-    order = config.resolved_order()
+    current = current or CurrentTurn()
     now = now or utc_now()
-    locale = _locale(config, message, state)
-    lang = "zh" if locale.startswith("zh") else "en"
-    count = _cached_count(counter)
-    overhead = counter.message_overhead
-    sep_cost = count(SECTION_SEPARATOR)
-    as_messages = config.format == "messages"
+    frame = _frame(state, message, counter, budget, config)
     plan = strategy.plan(state, message, now=now)
-    sent = standalone or message
+    sent = current.standalone or message
+    fixed = _fixed_layers(state, frame, config, sent, current)
+    candidates = _candidates(state, plan, frame, now, config.tool_limits)
+    allocation = _allocate(candidates, frame, fixed.available, budget.shares or plan.shares)
+    selection = _select(candidates, allocation, fixed.available, frame)
+    hint = current.hint
+    return _render(_RenderContext(
+        frame=frame, message=message, sent=sent, strategy=strategy.name, fixed=fixed,
+        selection=selection, allocated=allocation.shown,
+        hint=hint.strip() if hint and hint.strip() != sent.strip() else None,
+    ))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Frame:
+    """What one assembly settles before it looks at memory: format, locale, counting, budget."""
+
+    counter: TokenCounter
+    count: Callable[[str], int]
+    locale: str
+    as_messages: bool
+    order: tuple[LayerName, ...]
+    budget: Budget
+    input_budget: int
+    sep_cost: int
+
+    @property
+    def shape(self) -> _Shape:
+        return _Shape(counter=self.counter, count=self.count, locale=self.locale, as_messages=self.as_messages)
+
+
+def _frame(state: SessionState, message: str, counter: TokenCounter, budget: Budget, config: AssemblyConfig) -> _Frame:
+    order = config.resolved_order()
+    count = _cached_count(counter)
     # An estimate can be a few per cent low (docs/tokens.md: Chinese sums −2.6…−4.6 %):
     # keep a margin so the real count stays inside the window too.
     input_budget = budget.input_tokens if counter.exact else int(budget.input_tokens * (1 - ESTIMATE_MARGIN))
+    return _Frame(
+        counter=counter, count=count, locale=_locale(config, message, state), as_messages=config.format == "messages",
+        order=order, budget=budget, input_budget=input_budget, sep_cost=count(SECTION_SEPARATOR),
+    )
 
-    # Layers that are always whole: the current message, the system prompt, the reply format.
-    if as_messages:
-        current_text = sent
-        current_cost = count(sent) + message_overhead(counter, "user") + counter.reply_overhead
-    else:
-        current_text = section_text("current", layer_title("current", locale), [f"{role_label('user', locale)}: {sent}"])
-        current_cost = count(current_text) + sep_cost
-    if current_cost > input_budget:
-        raise MessageTooLarge(current_cost, input_budget)
+
+@dataclass(frozen=True, kw_only=True)
+class _Fixed:
+    """The layers that are always whole (the current message and its agent step, the system
+    prompt, the reply format) and what they leave for the flexible layers."""
+
+    current_text: str
+    """The current section (text form)."""
+    current_cost: int
+    """The current message with its agent step, overhead included."""
+    step: Sequence[_Candidate]
+    sections: dict[LayerName, str]
+    costs: dict[LayerName, int]
+    available: int
+    """Tokens left for the flexible layers."""
+
+
+def _current_section(frame: _Frame, sent: str) -> tuple[str, int]:
+    """The current message as sent (a section in text form) and what it costs."""
+    counter = frame.counter
+    if frame.as_messages:
+        return sent, frame.count(sent) + message_overhead(counter, "user") + counter.reply_overhead
+    locale = frame.locale
+    text = section_text("current", layer_title("current", locale), [f"{role_label('user', locale)}: {sent}"])
+    return text, frame.count(text) + frame.sep_cost
+
+
+def _instruction_sections(frame: _Frame, config: AssemblyConfig, sent: str, hint: str | None) -> dict[LayerName, str]:
+    """The system prompt (with the rewrite hint) and the reply format, when not empty."""
+    locale = frame.locale
+    lang = "zh" if locale.startswith("zh") else "en"
     system_text = DEFAULT_SYSTEM_PROMPT[lang] if config.system_prompt is None else config.system_prompt
-    fixed_sections: dict[LayerName, str] = {}
+    sections: dict[LayerName, str] = {}
     if hint and hint.strip() != sent.strip():
         system_text = "\n\n".join(p for p in (system_text, rewrite_hint(hint, locale)) if p)
     if system_text:
-        fixed_sections["system"] = section_text("system", "", [system_text])
+        sections["system"] = section_text("system", "", [system_text])
     if config.reply_format:
-        fixed_sections["format"] = section_text("format", layer_title("format", locale), [config.reply_format])
-    fixed_costs = {name: count(text) + sep_cost for name, text in fixed_sections.items()}
-    system_message_overhead = message_overhead(counter, "system") if as_messages else 0
-    available = input_budget - current_cost - sum(fixed_costs.values()) - system_message_overhead
-    shape = _Shape(counter=counter, count=count, locale=locale, as_messages=as_messages)
-    step, step_cost, current_text = _current_step(
-        agent_step, available, _pins_reserve(state, count, locale, sep_cost, available), shape, sent, current_text
-    )
+        sections["format"] = section_text("format", layer_title("format", locale), [config.reply_format])
+    return sections
+
+
+def _fixed_layers(state: SessionState, frame: _Frame, config: AssemblyConfig, sent: str, current: CurrentTurn) -> _Fixed:
+    """The whole layers; `MessageTooLarge` when they alone exceed the input budget."""
+    current_text, current_cost = _current_section(frame, sent)
+    if current_cost > frame.input_budget:
+        raise MessageTooLarge(current_cost, frame.input_budget)
+    sections = _instruction_sections(frame, config, sent, current.hint)
+    costs = {name: frame.count(text) + frame.sep_cost for name, text in sections.items()}
+    system_message_overhead = message_overhead(frame.counter, "system") if frame.as_messages else 0
+    available = frame.input_budget - current_cost - sum(costs.values()) - system_message_overhead
+    reserve = _pins_reserve(state, frame.count, frame.locale, frame.sep_cost, available)
+    step, step_cost, current_text = _current_step(current.agent_step, available, reserve, frame.shape, sent, current_text)
     current_cost += step_cost
     available -= step_cost
     if available < 0:
-        raise MessageTooLarge(current_cost + sum(fixed_costs.values()), input_budget)
+        raise MessageTooLarge(current_cost + sum(costs.values()), frame.input_budget)
+    return _Fixed(current_text=current_text, current_cost=current_cost, step=step, sections=sections, costs=costs,
+                  available=available)
 
-    # Candidates and their costs, per flexible layer.
+
+def _candidates(
+    state: SessionState, plan: MemoryPlan, frame: _Frame, now: datetime, limits: ToolLimits
+) -> dict[LayerName, list[_Candidate]]:
+    """Each flexible layer's candidates and their costs, in priority order."""
+    count, locale = frame.count, frame.locale
     candidates: dict[LayerName, list[_Candidate]] = {name: [] for name in FLEXIBLE_LAYERS}
     for c in reversed(state.constraints):  # newest first: they win when space is short
         line = constraint_line(c)
@@ -294,58 +376,86 @@ def assemble(
     if plan.summary is not None and plan.summary.text.strip():
         text = data_text(plan.summary.text.strip())
         candidates["summary"].append(_Candidate(text, count(text) + 1, None))
-    dated_layers: tuple[tuple[LayerName, Sequence[Turn], bool], ...] = (
-        ("key_moments", plan.key_moments, False),
-        ("recall", plan.recall, True),
-    )
-    for name, turns, dated in dated_layers:
-        for t in turns:
-            if dated:
-                # Recalled turns are grouped under one "[2023-05-08]" heading per day:
-                # the date is paid once a day instead of on every line (docs/quality.md).
-                line = turn_line(t, locale)
-                day = f"[{t.created_at:%Y-%m-%d}]"
-                candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t, day, count(day) + 1))
-                continue
-            line = turn_line(t, locale, now=now)
-            candidates[name].append(_Candidate(line, count(line) + 1, t.seq, t))
-    candidates["recent"] = _recent_candidates(plan.recent, config.tool_limits, shape)
+    for t in plan.key_moments:
+        line = turn_line(t, locale, now=now)
+        candidates["key_moments"].append(_Candidate(line, count(line) + 1, t.seq, t))
+    for t in plan.recall:
+        # Recalled turns are grouped under one "[2023-05-08]" heading per day:
+        # the date is paid once a day instead of on every line (docs/quality.md).
+        line = turn_line(t, locale)
+        day = f"[{t.created_at:%Y-%m-%d}]"
+        candidates["recall"].append(_Candidate(line, count(line) + 1, t.seq, t, day, count(day) + 1))
+    candidates["recent"] = _recent_candidates(plan.recent, limits, frame.shape)
+    return candidates
 
+
+@dataclass(frozen=True, kw_only=True)
+class _Allocation:
+    """Each flexible layer's tokens, its share as shown in the accounting, its section's overhead."""
+
+    tokens: dict[LayerName, int]
+    shown: dict[LayerName, int]
+    """Each layer's nominal share (every layer hungry) or more: a layer shows its share even
+    when it needed less and gave the rest away."""
+    section_overheads: dict[LayerName, int]
+
+
+def _allocate(
+    candidates: dict[LayerName, list[_Candidate]], frame: _Frame, available: int, weights: Mapping[LayerName, float]
+) -> _Allocation:
+    """Split ``available`` among the flexible layers by what their candidates cost."""
+    count, locale = frame.count, frame.locale
     section_overheads = {
-        name: count(section_text(name, layer_title(name, locale), [""])) + sep_cost
+        name: count(section_text(name, layer_title(name, locale), [""])) + frame.sep_cost
         for name in FLEXIBLE_LAYERS
-        if name != "recent" or not as_messages
+        if name != "recent" or not frame.as_messages
     }
     section_overheads.setdefault("recent", 0)
     demands = {
         name: (section_overheads[name] + sum(c.cost for c in cands)) if cands else 0
         for name, cands in candidates.items()
     }
-    caps = {n: v for n, v in budget.allocations.items() if n in FLEXIBLE_LAYERS} or None
-    weights = budget.shares or plan.shares
-    alloc = allocate(available, demands, caps=caps, weights=weights)
-    # Each layer's nominal share (every layer hungry), for the accounting: a layer shows
-    # its share even when it needed less and gave the rest away.
+    caps = {n: v for n, v in frame.budget.allocations.items() if n in FLEXIBLE_LAYERS} or None
+    tokens = allocate(available, demands, caps=caps, weights=weights)
     nominal = allocate(
         available,
         {n: (d if n == "constraints" else available) for n, d in demands.items()},
         caps=caps,
         weights=weights,
     )
-    shares = {n: max(alloc[n], nominal.get(n, 0)) for n in alloc}
+    shown = {n: max(tokens[n], nominal.get(n, 0)) for n in tokens}
+    return _Allocation(tokens=tokens, shown=shown, section_overheads=section_overheads)
 
+
+@dataclass(frozen=True, kw_only=True)
+class _Selection:
+    """The candidates chosen per flexible layer, those left out (by seq), and which layers were cut."""
+
+    chosen: dict[LayerName, list[_Candidate]]
+    dropped: dict[LayerName, list[int]]
+    truncated: dict[LayerName, bool]
+
+
+_FILL_ORDER: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall", "recent")
+"""Flexible layers in the order they are filled; the recent turns take what the others left."""
+
+
+def _select(
+    candidates: dict[LayerName, list[_Candidate]], allocation: _Allocation, available: int, frame: _Frame
+) -> _Selection:
+    """Fill each flexible layer within its allocation."""
+    alloc, section_overheads, count = allocation.tokens, allocation.section_overheads, frame.count
     chosen: dict[LayerName, list[_Candidate]] = {}
     dropped: dict[LayerName, list[int]] = {}
     truncated: dict[LayerName, bool] = {}
     leftover = available - sum(alloc.values())
-    fill_order: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall", "recent")
-    for name in fill_order:
+    for name in _FILL_ORDER:
         cands = candidates[name]
-        limit = alloc.get(name, 0) + (leftover if name == "recent" else 0)
+        limit = alloc.get(name, 0) + (leftover if name == "recent" else 0) - section_overheads[name]
         if name == "recent":
-            picked, cut = _fill_units(cands, limit - section_overheads[name], count)
+            picked, cut = _fill_units(cands, limit, count)
         else:
-            picked, cut = _fill(name, cands, limit - section_overheads[name], count, as_messages, overhead)
+            picked, cut = _fill(name, cands, limit, count, frame.as_messages, frame.counter.message_overhead)
         if not picked:
             picked, cut = [], False
         day_costs = {c.day: c.day_cost for c in picked if c.day is not None}
@@ -357,15 +467,7 @@ def assemble(
         # By seq, not identity: a turn cut to fit is a new candidate but was not dropped.
         picked_seqs = {c.seq for c in picked}
         dropped[name] = [c.seq for c in cands if c.seq not in picked_seqs and c.seq is not None and name != "constraints"]
-
-    shown_hint = hint.strip() if hint and hint.strip() != sent.strip() else None
-    return replace(_render(
-        state=state, message=message, sent=sent, current_text=current_text, current_cost=current_cost,
-        fixed_sections=fixed_sections, fixed_costs=fixed_costs, chosen=chosen, dropped=dropped,
-        truncated=truncated, alloc=shares, budget=budget, order=order, locale=locale,
-        as_messages=as_messages, counter=counter, count=count, strategy=strategy.name,
-        now=now, input_budget=input_budget, section_overheads=section_overheads, step=step,
-    ), hint=shown_hint)
+    return _Selection(chosen=chosen, dropped=dropped, truncated=truncated)
 
 
 # -- agent items (tool calls and results): see assembly/agent.py -----------------
@@ -531,128 +633,164 @@ def _fill(
     return picked, False
 
 
-def _render(
-    *,
-    state: SessionState,
-    message: str,
-    sent: str,
-    current_text: str,
-    current_cost: int,
-    fixed_sections: dict[LayerName, str],
-    fixed_costs: dict[LayerName, int],
-    chosen: dict[LayerName, list[_Candidate]],
-    dropped: dict[LayerName, list[int]],
-    truncated: dict[LayerName, bool],
-    alloc: dict[LayerName, int],
-    budget: Budget,
-    order: Sequence[LayerName],
-    locale: str,
-    as_messages: bool,
-    counter: TokenCounter,
-    count: Callable[[str], int],
-    strategy: str,
-    now: datetime,
-    input_budget: int,
-    section_overheads: dict[LayerName, int],
-    step: Sequence[_Candidate] = (),
-) -> Context:
-    layers: list[LayerContent] = []
-    accounts: dict[LayerName, LayerAccount] = {}
-    section_texts: list[str] = []
-    overhead = message_overhead(counter, "system")
-    while True:
-        layers.clear()
-        accounts.clear()
-        section_texts.clear()
-        total = 0
-        for name in order:
-            title = layer_title(name, locale)
-            if name in fixed_sections:
-                text = fixed_sections[name]
-                used = count(text) + count(SECTION_SEPARATOR)
-                layers.append(LayerContent(name=name, title=title, items=(LayerItem(text=text, tokens=used),), rendered=text))
-                accounts[name] = LayerAccount(name=name, allocated=budget.allocations.get(name, fixed_costs[name]), used=used, items=1)
-                section_texts.append(text)
-                continue
-            if name == "current":
-                step_cost = sum(c.cost for c in step)
-                items: tuple[LayerItem, ...] = (
-                    LayerItem(text=sent, tokens=current_cost - step_cost, role="user"),
-                    *(_layer_item(c, c.line) for c in step),
-                )
-                layers.append(LayerContent(name=name, title=title, items=items, rendered="" if as_messages else current_text))
-                accounts[name] = LayerAccount(name=name, allocated=current_cost, used=current_cost, items=len(items))
-                if not as_messages:
-                    section_texts.append(current_text)
-                continue
-            if name not in chosen:
-                continue
-            picked = chosen[name]
-            if name in ("key_moments", "recall", "recent", "constraints"):
-                # Shown oldest first (recall: day by day, so each day heading appears once).
-                picked = sorted(picked, key=lambda c: (c.day or "", c.seq or 0))
-            if name == "recent":
-                # Each answer right after the message it answers, even if turns were stored interleaved.
-                position = {t.seq: i for i, t in enumerate(paired_turns([c.turn for c in picked if c.turn]))}
-                picked = sorted(picked, key=lambda c: position.get(c.seq or 0, -1))
-            allocated = alloc.get(name, 0)
-            if not picked:
-                if allocated or dropped[name]:
-                    accounts[name] = LayerAccount(name=name, allocated=allocated, used=0, dropped_seqs=tuple(dropped[name]))
-                continue
-            if name == "recent" and as_messages:
-                items = tuple(_layer_item(c, c.line) for c in picked)
-                used = sum(c.cost for c in picked)
-                text = ""
-            else:
-                if name == "recent":
-                    lines = [_agent_line(c.item, locale) if c.item else c.line for c in picked]
-                else:
-                    lines = [c.line for c in picked]
-                    if any(c.day for c in picked):
-                        lines = [
-                            f"{c.day}\n{line}" if c.day and (i == 0 or picked[i - 1].day != c.day) else line
-                            for i, (c, line) in enumerate(zip(picked, lines, strict=True))
-                        ]
-                text = section_text(name, title, lines)
-                section_texts.append(text)
-                used = count(text) + count(SECTION_SEPARATOR)
-                items = tuple(
-                    LayerItem(text=line, tokens=c.cost, seq=c.seq, role=c.turn.role if c.turn else None,
-                              created_at=c.turn.created_at if c.turn else None)
-                    for line, c in zip(lines, picked, strict=True)
-                )
-            layers.append(LayerContent(name=name, title=title, items=items, rendered=text))
-            accounts[name] = LayerAccount(
-                name=name, allocated=max(allocated, used), used=used, items=len(items),
-                dropped_seqs=tuple(dropped[name]), truncated=truncated[name],
-            )
-        if as_messages:
-            system_content = SECTION_SEPARATOR.join(section_texts)
-            total = (count(system_content) + overhead if system_content else 0)
-            total += sum(c.cost for c in chosen.get("recent", []))
-            total += current_cost
-        else:
-            total = count(SECTION_SEPARATOR.join(section_texts))
-        if total <= input_budget or not chosen.get("recent"):
-            break
-        # Boundary effects made the exact total exceed the budget: drop the oldest unit and redo.
-        _drop_oldest_unit(chosen, dropped)
+@dataclass(frozen=True, kw_only=True)
+class _RenderContext:
+    """Everything the rendering reads: the frame, the whole layers, the choice, the accounting."""
 
-    if total > input_budget:
-        raise MessageTooLarge(total, input_budget)
+    frame: _Frame
+    message: str
+    """The message as the user typed it."""
+    sent: str
+    """The message as sent (the standalone rewrite when there is one)."""
+    strategy: str
+    fixed: _Fixed
+    selection: _Selection
+    """Mutable inside: the oldest recent unit is dropped while the exact total is over budget."""
+    allocated: dict[LayerName, int]
+    """Each flexible layer's share as shown in the accounting."""
+    hint: str | None
+
+
+@dataclass
+class _Rendered:
+    """One rendering pass: the non-empty layers, every layer's account, the system sections."""
+
+    layers: list[LayerContent] = field(default_factory=list)
+    accounts: dict[LayerName, LayerAccount] = field(default_factory=dict)
+    sections: list[str] = field(default_factory=list)
+
+
+def _render(rc: _RenderContext) -> Context:
+    """Render every layer in order; while boundary effects make the exact total exceed the
+    budget, drop the oldest recent unit and render again."""
+    frame = rc.frame
+    while True:
+        rendered = _render_layers(rc)
+        total = _total(rc, rendered.sections)
+        if total <= frame.input_budget or not rc.selection.chosen.get("recent"):
+            break
+        _drop_oldest_unit(rc.selection.chosen, rc.selection.dropped)
+    if total > frame.input_budget:
+        raise MessageTooLarge(total, frame.input_budget)
     return Context(
-        layers=tuple(layers),
-        accounts=accounts,
-        message=sent,
-        original_message=message,
-        format="messages" if as_messages else "text",
-        locale=locale,
-        strategy=strategy,
-        input_budget=input_budget,
-        reply_reserve=budget.reserve,
+        layers=tuple(rendered.layers),
+        accounts=rendered.accounts,
+        message=rc.sent,
+        original_message=rc.message,
+        format="messages" if frame.as_messages else "text",
+        locale=frame.locale,
+        strategy=rc.strategy,
+        input_budget=frame.input_budget,
+        reply_reserve=frame.budget.reserve,
         total_tokens=total,
-        exact=counter.exact,
-        counter=counter.name,
-        order=tuple(order),
+        exact=frame.counter.exact,
+        counter=frame.counter.name,
+        order=tuple(frame.order),
+        hint=rc.hint,
     )
+
+
+def _render_layers(rc: _RenderContext) -> _Rendered:
+    out = _Rendered()
+    for name in rc.frame.order:
+        title = layer_title(name, rc.frame.locale)
+        if name in rc.fixed.sections:
+            _render_fixed(name, title, rc, out)
+        elif name == "current":
+            _render_current(title, rc, out)
+        elif name in rc.selection.chosen:
+            _render_flexible(name, title, rc, out)
+    return out
+
+
+def _total(rc: _RenderContext, sections: Sequence[str]) -> int:
+    """Tokens of the whole rendered input, chat-format overhead included."""
+    frame = rc.frame
+    if not frame.as_messages:
+        return frame.count(SECTION_SEPARATOR.join(sections))
+    system_content = SECTION_SEPARATOR.join(sections)
+    total = (frame.count(system_content) + message_overhead(frame.counter, "system") if system_content else 0)
+    total += sum(c.cost for c in rc.selection.chosen.get("recent", []))
+    return total + rc.fixed.current_cost
+
+
+def _render_fixed(name: LayerName, title: str, rc: _RenderContext, out: _Rendered) -> None:
+    """The system prompt or the reply format: one item, always whole."""
+    text = rc.fixed.sections[name]
+    used = rc.frame.count(text) + rc.frame.sep_cost
+    allocated = rc.frame.budget.allocations.get(name, rc.fixed.costs[name])
+    out.layers.append(LayerContent(name=name, title=title, items=(LayerItem(text=text, tokens=used),), rendered=text))
+    out.accounts[name] = LayerAccount(name=name, allocated=allocated, used=used, items=1)
+    out.sections.append(text)
+
+
+def _render_current(title: str, rc: _RenderContext, out: _Rendered) -> None:
+    """The message as sent, then the agent step's calls and results."""
+    fixed, as_messages = rc.fixed, rc.frame.as_messages
+    step_cost = sum(c.cost for c in fixed.step)
+    items: tuple[LayerItem, ...] = (
+        LayerItem(text=rc.sent, tokens=fixed.current_cost - step_cost, role="user"),
+        *(_layer_item(c, c.line) for c in fixed.step),
+    )
+    out.layers.append(LayerContent(name="current", title=title, items=items,
+                                   rendered="" if as_messages else fixed.current_text))
+    out.accounts["current"] = LayerAccount(name="current", allocated=fixed.current_cost, used=fixed.current_cost,
+                                           items=len(items))
+    if not as_messages:
+        out.sections.append(fixed.current_text)
+
+
+def _render_flexible(name: LayerName, title: str, rc: _RenderContext, out: _Rendered) -> None:
+    """A flexible layer's chosen items (its account even when nothing was chosen)."""
+    frame, selection = rc.frame, rc.selection
+    picked = _shown_order(name, selection.chosen[name])
+    allocated = rc.allocated.get(name, 0)
+    dropped = selection.dropped[name]
+    if not picked:
+        if allocated or dropped:
+            out.accounts[name] = LayerAccount(name=name, allocated=allocated, used=0, dropped_seqs=tuple(dropped))
+        return
+    if name == "recent" and frame.as_messages:
+        items = tuple(_layer_item(c, c.line) for c in picked)
+        used = sum(c.cost for c in picked)
+        text = ""
+    else:
+        lines = _section_lines(name, picked, frame.locale)
+        text = section_text(name, title, lines)
+        out.sections.append(text)
+        used = frame.count(text) + frame.sep_cost
+        items = tuple(
+            LayerItem(text=line, tokens=c.cost, seq=c.seq, role=c.turn.role if c.turn else None,
+                      created_at=c.turn.created_at if c.turn else None)
+            for line, c in zip(lines, picked, strict=True)
+        )
+    out.layers.append(LayerContent(name=name, title=title, items=items, rendered=text))
+    out.accounts[name] = LayerAccount(
+        name=name, allocated=max(allocated, used), used=used, items=len(items),
+        dropped_seqs=tuple(dropped), truncated=selection.truncated[name],
+    )
+
+
+def _shown_order(name: LayerName, picked: list[_Candidate]) -> list[_Candidate]:
+    """Turns and constraints shown oldest first (recall: day by day, so each day heading
+    appears once); each recent answer right after the message it answers, even if turns
+    were stored interleaved."""
+    if name in ("key_moments", "recall", "recent", "constraints"):
+        picked = sorted(picked, key=lambda c: (c.day or "", c.seq or 0))
+    if name == "recent":
+        position = {t.seq: i for i, t in enumerate(paired_turns([c.turn for c in picked if c.turn]))}
+        picked = sorted(picked, key=lambda c: position.get(c.seq or 0, -1))
+    return picked
+
+
+def _section_lines(name: LayerName, picked: Sequence[_Candidate], locale: str) -> list[str]:
+    """A layer's lines in text form (recall: a day heading before each day's first line)."""
+    if name == "recent":
+        return [_agent_line(c.item, locale) if c.item else c.line for c in picked]
+    lines = [c.line for c in picked]
+    if any(c.day for c in picked):
+        lines = [
+            f"{c.day}\n{line}" if c.day and (i == 0 or picked[i - 1].day != c.day) else line
+            for i, (c, line) in enumerate(zip(picked, lines, strict=True))
+        ]
+    return lines

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -148,6 +148,59 @@ def read_dialogues(path: Path) -> Iterable[list[dict[str, Any]]]:
                 yield json.loads(line)["dialog"]
 
 
+_RULES: tuple[MatchRule, ...] = ("coverage", "strict", "lenient")
+_BASELINES: dict[str, Callable[[str], list[str]]] = {
+    "whole_utterance": _whole_utterance,
+    "first_person": _first_person,
+}
+
+
+@dataclass
+class _Tally:
+    """Counts under each matching rule, for the extractor and for the baselines."""
+
+    totals: dict[MatchRule, _Counts] = field(default_factory=lambda: {rule: _Counts() for rule in _RULES})
+    baselines: dict[tuple[str, MatchRule], _Counts] = field(
+        default_factory=lambda: {(name, rule): _Counts() for name in _BASELINES for rule in _RULES}
+    )
+    kinds: dict[str, int] = field(default_factory=dict)
+    utterances: int = 0
+
+    def add(self, utterance: dict[str, Any], extractor: OfflineConstraintExtractor, min_overlap: float) -> None:
+        self.utterances += 1
+        text = utterance.get("text", "")
+        persona = utterance.get("persona_text") or ""
+        update = extractor.extract_text(text)
+        for c in update.upsert:
+            self.kinds[c.kind] = self.kinds.get(c.kind, 0) + 1
+        values = [c.value for c in update.upsert]
+        for rule in _RULES:
+            self.totals[rule] = self.totals[rule].add(_score_utterance(values, persona, min_overlap, rule))
+        for name, system in _BASELINES.items():
+            produced = system(text)
+            for rule in _RULES:
+                self.baselines[name, rule] = self.baselines[name, rule].add(
+                    _score_utterance(produced, persona, min_overlap, rule)
+                )
+
+
+def _other_rules(
+    totals: dict[MatchRule, _Counts], baselines: dict[tuple[str, MatchRule], _Counts]
+) -> dict[str, float]:
+    """The figures under the strict and lenient rules, and the baselines' under every rule."""
+    result: dict[str, float] = {}
+    for rule in ("strict", "lenient"):
+        for key, value in totals[rule].figures().items():
+            if key != "utterance_recall":
+                result[f"{rule}_{key}"] = value
+    for (name, rule), counts in baselines.items():
+        prefix = f"baseline_{name}_" if rule == "coverage" else f"baseline_{name}_{rule}_"
+        for key, value in counts.figures().items():
+            if key != "utterance_recall":
+                result[prefix + key] = value
+    return result
+
+
 def evaluate_constraints(
     path: str | Path,
     *,
@@ -166,34 +219,13 @@ def evaluate_constraints(
     """
     dialogues = list(read_dialogues(Path(path)))[:limit]
     extractor = extractor or OfflineConstraintExtractor(generic_facts=generic_facts)
-    systems: dict[str, Callable[[str], list[str]]] = {
-        "whole_utterance": _whole_utterance,
-        "first_person": _first_person,
-    }
-    rules: tuple[MatchRule, ...] = ("coverage", "strict", "lenient")
-    totals = {rule: _Counts() for rule in rules}
-    baselines = {(name, rule): _Counts() for name in systems for rule in rules}
-    kinds: dict[str, int] = {}
-    utterances = 0
+    tally = _Tally()
     with progress_steps("extracting", len(dialogues), show_progress) as step:
         for dialog in dialogues:
             for utterance in dialog:
-                utterances += 1
-                text = utterance.get("text", "")
-                persona = utterance.get("persona_text") or ""
-                update = extractor.extract_text(text)
-                for c in update.upsert:
-                    kinds[c.kind] = kinds.get(c.kind, 0) + 1
-                values = [c.value for c in update.upsert]
-                for rule in rules:
-                    totals[rule] = totals[rule].add(_score_utterance(values, persona, min_overlap, rule))
-                for name, system in systems.items():
-                    produced = system(text)
-                    for rule in rules:
-                        baselines[name, rule] = baselines[name, rule].add(
-                            _score_utterance(produced, persona, min_overlap, rule)
-                        )
+                tally.add(utterance, extractor, min_overlap)
             step()
+    totals, baselines, kinds, utterances = tally.totals, tally.baselines, tally.kinds, tally.utterances
     strict = totals["strict"].figures()
     result: dict[str, Any] = {
         # Headline: a pin counts only when it is a whole, true statement of the gold persona.
@@ -210,15 +242,7 @@ def evaluate_constraints(
         "min_overlap": min_overlap,
         "kinds": kinds,
     }
-    for rule in ("strict", "lenient"):
-        for key, value in totals[rule].figures().items():
-            if key != "utterance_recall":
-                result[f"{rule}_{key}"] = value
-    for (name, rule), counts in baselines.items():
-        prefix = f"baseline_{name}_" if rule == "coverage" else f"baseline_{name}_{rule}_"
-        for key, value in counts.figures().items():
-            if key != "utterance_recall":
-                result[prefix + key] = value
+    result.update(_other_rules(totals, baselines))
     return result
 
 

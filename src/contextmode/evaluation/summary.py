@@ -30,7 +30,8 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -165,75 +166,109 @@ def evaluate_summary(
     ``chunk``: utterances per session for a CPED ``.csv`` input (ignored for LoCoMo).
     """
     samples = _load(Path(path), chunk)[:limit]
-    plain = OfflineSummarizer(block_chars=block_chars, max_chars=max_chars, audit=False)
-    audited = OfflineSummarizer(
-        block_chars=block_chars, max_chars=max_chars, max_restored=max_restored
+    run = _Run(
+        plain=OfflineSummarizer(block_chars=block_chars, max_chars=max_chars, audit=False),
+        audited=OfflineSummarizer(block_chars=block_chars, max_chars=max_chars, max_restored=max_restored),
+        max_restored=max_restored,
+        block_chars=block_chars,
     )
-    totals = {"facts": 0, "before": 0, "after": 0, "lead": 0, "restored": 0, "steps": 0,
-              "items": 0, "whole": 0, "bare": 0, "observations": 0, "observed": 0}
-    final = {"facts": 0, "audited": 0, "plain": 0, "qa": 0, "qa_audited": 0, "qa_plain": 0}
-    summary_chars: list[int] = []
     steps_total = sum(len(_sessions(s["conversation"])) for s in samples)
     with progress_steps("summarising sessions", steps_total, show_progress) as step:
         for sample in samples:
-            conv = sample["conversation"]
-            text_audited: str | None = None
-            text_plain: str | None = None
-            seen_turns: list[Turn] = []
-            for session_key, session in _sessions(conv):
-                turns = _turns(session, conv.get("speaker_a", ""), len(seen_turns) + 1)
-                seen_turns.extend(turns)
-                language = detect_language(" ".join(t.content for t in turns))
-                before = plain.summarize_text(text_audited, turns).text
-                after = restore_facts(before, turns, max_restored=max_restored)
-                facts = collect_facts(turns, language)
-                lead = _lead(turns, block_chars or DEFAULT_BLOCK_CHARS[language])
-                totals["facts"] += len(facts)
-                totals["before"] += sum(fact_kept(f, before) for f in facts)
-                totals["after"] += sum(fact_kept(f, after.text) for f in facts)
-                totals["lead"] += sum(fact_kept(f, lead) for f in facts)
-                totals["restored"] += len(after.restored_facts)
-                totals["steps"] += 1
-                text_audited = audited.summarize_text(text_audited, turns).text
-                text_plain = plain.summarize_text(text_plain, turns).text
-                _score_items(totals, text_audited, seen_turns, _observations(sample, session_key))
-                step()
-            language = detect_language(" ".join(t.content for t in seen_turns))
-            all_facts = collect_facts(seen_turns, language)
-            final["facts"] += len(all_facts)
-            final["audited"] += sum(fact_kept(f, text_audited or "") for f in all_facts)
-            final["plain"] += sum(fact_kept(f, text_plain or "") for f in all_facts)
-            summary_chars.append(len(text_audited or ""))
-            for qa in sample.get("qa", []):
-                answer = str(qa.get("answer", "")).strip().lower()
-                if qa.get("category") == 5 or not answer or len(answer) > 30:
-                    continue
-                final["qa"] += 1
-                final["qa_audited"] += answer in (text_audited or "").lower()
-                final["qa_plain"] += answer in (text_plain or "").lower()
-    return {
-        "whole_clause_share": _share(totals["whole"], totals["items"]),
-        "observation_coverage": _share(totals["observed"], totals["observations"]),
-        "in_sample": False,
-        "kept_before": _share(totals["before"], totals["facts"]),
-        "kept_after": _share(totals["after"], totals["facts"]),
-        "baseline_lead_kept": _share(totals["lead"], totals["facts"]),
-        "final_kept_audited": _share(final["audited"], final["facts"]),
-        "final_kept_plain": _share(final["plain"], final["facts"]),
-        "qa_answer_in_summary_audited": _share(final["qa_audited"], final["qa"]),
-        "qa_answer_in_summary_plain": _share(final["qa_plain"], final["qa"]),
-        "conversations": len(samples),
-        "steps": totals["steps"],
-        "facts_per_step": round(totals["facts"] / totals["steps"], 2) if totals["steps"] else 0,
-        "restored_per_step": round(totals["restored"] / totals["steps"], 2)
-        if totals["steps"] else 0,
-        "qa_items": final["qa"],
-        "summary_items": totals["items"],
-        "bare_fact_items": totals["bare"],
-        "observations": totals["observations"],
-        "final_summary_chars_mean": round(sum(summary_chars) / len(summary_chars), 1)
-        if summary_chars else 0,
-    }
+            run.sample(sample, step)
+    return run.figures(len(samples))
+
+
+@dataclass
+class _Run:
+    """One evaluation: the two summarisers and the counts so far."""
+
+    plain: OfflineSummarizer
+    audited: OfflineSummarizer
+    max_restored: int
+    block_chars: int | None
+    totals: dict[str, int] = field(default_factory=lambda: {
+        "facts": 0, "before": 0, "after": 0, "lead": 0, "restored": 0, "steps": 0,
+        "items": 0, "whole": 0, "bare": 0, "observations": 0, "observed": 0,
+    })
+    final: dict[str, int] = field(default_factory=lambda: {
+        "facts": 0, "audited": 0, "plain": 0, "qa": 0, "qa_audited": 0, "qa_plain": 0,
+    })
+    summary_chars: list[int] = field(default_factory=list)
+
+    def sample(self, sample: dict[str, Any], step: Callable[[], None]) -> None:
+        """Summarise one conversation session by session, then score the final summaries."""
+        conv = sample["conversation"]
+        text_audited: str | None = None
+        text_plain: str | None = None
+        seen_turns: list[Turn] = []
+        for session_key, session in _sessions(conv):
+            turns = _turns(session, conv.get("speaker_a", ""), len(seen_turns) + 1)
+            seen_turns.extend(turns)
+            self._step(text_audited, turns)
+            text_audited = self.audited.summarize_text(text_audited, turns).text
+            text_plain = self.plain.summarize_text(text_plain, turns).text
+            _score_items(self.totals, text_audited, seen_turns, _observations(sample, session_key))
+            step()
+        self._final(sample, seen_turns, text_audited or "", text_plain or "")
+
+    def _step(self, previous: str | None, turns: Sequence[Turn]) -> None:
+        """Facts of one session kept by the plain step, after the audit, and by the lead baseline."""
+        totals = self.totals
+        language = detect_language(" ".join(t.content for t in turns))
+        before = self.plain.summarize_text(previous, turns).text
+        after = restore_facts(before, turns, max_restored=self.max_restored)
+        facts = collect_facts(turns, language)
+        lead = _lead(turns, self.block_chars or DEFAULT_BLOCK_CHARS[language])
+        totals["facts"] += len(facts)
+        totals["before"] += sum(fact_kept(f, before) for f in facts)
+        totals["after"] += sum(fact_kept(f, after.text) for f in facts)
+        totals["lead"] += sum(fact_kept(f, lead) for f in facts)
+        totals["restored"] += len(after.restored_facts)
+        totals["steps"] += 1
+
+    def _final(self, sample: dict[str, Any], seen_turns: Sequence[Turn], text_audited: str, text_plain: str) -> None:
+        """The whole conversation's facts and short QA answers found in the final summaries."""
+        final = self.final
+        language = detect_language(" ".join(t.content for t in seen_turns))
+        all_facts = collect_facts(seen_turns, language)
+        final["facts"] += len(all_facts)
+        final["audited"] += sum(fact_kept(f, text_audited) for f in all_facts)
+        final["plain"] += sum(fact_kept(f, text_plain) for f in all_facts)
+        self.summary_chars.append(len(text_audited))
+        for qa in sample.get("qa", []):
+            answer = str(qa.get("answer", "")).strip().lower()
+            if qa.get("category") == 5 or not answer or len(answer) > 30:
+                continue
+            final["qa"] += 1
+            final["qa_audited"] += answer in text_audited.lower()
+            final["qa_plain"] += answer in text_plain.lower()
+
+    def figures(self, conversations: int) -> dict[str, Any]:
+        totals, final, summary_chars = self.totals, self.final, self.summary_chars
+        return {
+            "whole_clause_share": _share(totals["whole"], totals["items"]),
+            "observation_coverage": _share(totals["observed"], totals["observations"]),
+            "in_sample": False,
+            "kept_before": _share(totals["before"], totals["facts"]),
+            "kept_after": _share(totals["after"], totals["facts"]),
+            "baseline_lead_kept": _share(totals["lead"], totals["facts"]),
+            "final_kept_audited": _share(final["audited"], final["facts"]),
+            "final_kept_plain": _share(final["plain"], final["facts"]),
+            "qa_answer_in_summary_audited": _share(final["qa_audited"], final["qa"]),
+            "qa_answer_in_summary_plain": _share(final["qa_plain"], final["qa"]),
+            "conversations": conversations,
+            "steps": totals["steps"],
+            "facts_per_step": round(totals["facts"] / totals["steps"], 2) if totals["steps"] else 0,
+            "restored_per_step": round(totals["restored"] / totals["steps"], 2)
+            if totals["steps"] else 0,
+            "qa_items": final["qa"],
+            "summary_items": totals["items"],
+            "bare_fact_items": totals["bare"],
+            "observations": totals["observations"],
+            "final_summary_chars_mean": round(sum(summary_chars) / len(summary_chars), 1)
+            if summary_chars else 0,
+        }
 
 
 def _score_items(

@@ -140,48 +140,68 @@ def allocate(
     layers = [name for name in FLEXIBLE_LAYERS if name in demands]
     if available <= 0 or not layers:
         return {name: 0 for name in layers}
+    raw = _raw_weights(layers, caps, weights)
+    if "constraints" in layers:
+        return _constraints_first(available, demands, raw, caps=caps, weights=weights)
+    if caps:
+        scale = min(1.0, available / max(1.0, sum(raw.values())))
+        alloc = {name: int(raw[name] * scale) for name in layers}
+    else:
+        total_w = sum(raw.values())
+        alloc = {name: int(available * raw[name] / total_w) for name in layers}
+    _water_fill(alloc, available - sum(alloc.values()), demands, raw)
+    return {name: min(alloc[name], demands[name]) for name in layers}
+
+
+def _raw_weights(
+    layers: list[LayerName], caps: Mapping[LayerName, int] | None, weights: Mapping[LayerName, float] | None
+) -> dict[LayerName, float]:
+    """Each layer's starting weight: its cap, else its weight; all equal when none is positive."""
     if caps:
         raw = {name: float(caps.get(name, 0)) for name in layers}
     else:
         raw = {name: float((weights or {}).get(name, 0.0)) for name in layers}
     if sum(raw.values()) <= 0:
         raw = {name: 1.0 for name in layers}
-    base = {name: (w if w > 0 else 1e-6) for name, w in raw.items()}
+    return raw
 
-    alloc: dict[LayerName, int] = {}
-    if "constraints" in layers:
-        # Pinned constraints come first (design article 003 puts them near the top because they
-        # must not be lost): their whole demand, within their cap when one is set.
-        # A long list must not crowd out the conversation: without a fixed allocation the
-        # pinned layer takes at most its weighted share or a quarter, whichever is larger.
-        if caps:
-            limit = caps.get("constraints", available)
-        else:
-            total_w = sum(raw.values()) or 1.0
-            limit = int(available * max(raw["constraints"] / total_w, CONSTRAINTS_MAX_SHARE))
-        pinned = min(demands["constraints"], limit, available)
-        rest_layers = [n for n in layers if n != "constraints"]
-        rest_caps: dict[LayerName, int] | None = (
-            {n: v for n, v in caps.items() if n != "constraints"} if caps else None
-        )
-        rest = allocate(
-            available - pinned, {n: demands[n] for n in rest_layers}, caps=rest_caps, weights=weights
-        )
-        if not caps:
-            # Budget nobody else wanted still flows to constraints beyond their share.
-            spare = available - pinned - sum(rest.values())
-            pinned += max(0, min(spare, demands["constraints"] - pinned))
-        return {"constraints": pinned, **rest}
+
+def _constraints_first(
+    available: int,
+    demands: Mapping[LayerName, int],
+    raw: Mapping[LayerName, float],
+    *,
+    caps: Mapping[LayerName, int] | None,
+    weights: Mapping[LayerName, float] | None,
+) -> dict[LayerName, int]:
+    """Pinned constraints come first (design article 003 puts them near the top because they
+    must not be lost): their whole demand, within their cap when one is set. A long list must
+    not crowd out the conversation: without a fixed allocation the pinned layer takes at most
+    its weighted share or a quarter, whichever is larger. The rest is allocated to the others."""
     if caps:
-        scale = min(1.0, available / max(1.0, sum(raw.values())))
-        for name in layers:
-            alloc[name] = int(raw[name] * scale)
+        limit = caps.get("constraints", available)
     else:
-        total_w = sum(raw.values())
-        for name in layers:
-            alloc[name] = int(available * raw[name] / total_w)
-    pool = available - sum(alloc.values())
-    # Water-filling: give back what a layer cannot use, share it among the hungry.
+        total_w = sum(raw.values()) or 1.0
+        limit = int(available * max(raw["constraints"] / total_w, CONSTRAINTS_MAX_SHARE))
+    pinned = min(demands["constraints"], limit, available)
+    rest_caps: dict[LayerName, int] | None = {n: v for n, v in caps.items() if n != "constraints"} if caps else None
+    rest = allocate(
+        available - pinned, {n: demands[n] for n in raw if n != "constraints"}, caps=rest_caps, weights=weights
+    )
+    if not caps:
+        # Budget nobody else wanted still flows to constraints beyond their share.
+        spare = available - pinned - sum(rest.values())
+        pinned += max(0, min(spare, demands["constraints"] - pinned))
+    return {"constraints": pinned, **rest}
+
+
+def _water_fill(
+    alloc: dict[LayerName, int], pool: int, demands: Mapping[LayerName, int], raw: Mapping[LayerName, float]
+) -> None:
+    """Give back what a layer cannot use, share the pool among the hungry in proportion to
+    their weights (``alloc`` changed in place)."""
+    base = {name: (w if w > 0 else 1e-6) for name, w in raw.items()}
+    layers = list(alloc)
     for _ in range(len(layers) + 2):
         for name in layers:
             extra = alloc[name] - demands[name]
@@ -190,23 +210,24 @@ def allocate(
                 pool += extra
         hungry = [n for n in layers if demands[n] > alloc[n]]
         if pool <= 0 or not hungry:
-            break
+            return
         total_w = sum(base[n] for n in hungry)
         given = 0
         for name in hungry:
             share = int(pool * base[name] / total_w)
             alloc[name] += share
             given += share
-        pool -= given
-        # Integer remainders go to the hungry layers in priority order.
-        for name in hungry:
-            if pool <= 0:
-                break
-            want = demands[name] - alloc[name]
-            if want > 0:
-                step = min(want, pool)
-                alloc[name] += step
-                pool -= step
-    for name in layers:
-        alloc[name] = min(alloc[name], demands[name])
-    return alloc
+        pool = _give_remainder(alloc, pool - given, hungry, demands)
+
+
+def _give_remainder(alloc: dict[LayerName, int], pool: int, hungry: list[LayerName], demands: Mapping[LayerName, int]) -> int:
+    """Integer remainders go to the hungry layers in priority order; returns what is left."""
+    for name in hungry:
+        if pool <= 0:
+            break
+        want = demands[name] - alloc[name]
+        if want > 0:
+            step = min(want, pool)
+            alloc[name] += step
+            pool -= step
+    return pool

@@ -108,7 +108,8 @@ def bm25_scores(
 ) -> np.ndarray:
     """BM25 contributions of one query term: ``tfs`` and ``norms`` (k1·(1 − b + b·dl/avgdl))
     per matching turn, float32 like the stored arrays, so every index scores alike."""
-    return weight * idf * tfs * (k1 + 1.0) / (tfs + norms)
+    scores: np.ndarray = weight * idf * tfs * (k1 + 1.0) / (tfs + norms)
+    return scores
 
 
 def bm25_idf(docs: int, df: int) -> float:

@@ -170,7 +170,8 @@ class Hybrid:
 
         def weight(turn: Turn) -> float:
             age_h = max(0.0, (now - turn.created_at).total_seconds() / 3600)
-            return (turn.emotion or 0.0) * 0.5 ** (age_h / self.half_life_hours)
+            decay: float = 0.5 ** (age_h / self.half_life_hours)
+            return (turn.emotion or 0.0) * decay
 
         eligible = [
             t for t in candidates

@@ -7,7 +7,7 @@ server live in `contextmode.testing`.
 from .base import ChatModel
 from .factory import model_from_env
 from .offline import OfflineResponder
-from .openai import ModelUsage, OpenAIChatModel, map_openai_error
+from .openai import ModelUsage, OpenAIChatModel, OpenAIOptions, map_openai_error
 from .settings import ALLOW_MODEL_REQUESTS_ENV, LLMSettings, check_model_request_allowed
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "ModelUsage",
     "OfflineResponder",
     "OpenAIChatModel",
+    "OpenAIOptions",
     "check_model_request_allowed",
     "map_openai_error",
     "model_from_env",

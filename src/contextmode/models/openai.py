@@ -12,7 +12,7 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
@@ -112,6 +112,29 @@ def _import_openai() -> Any:
     return openai
 
 
+@dataclass(frozen=True, kw_only=True)
+class OpenAIOptions:
+    """How `OpenAIChatModel` calls its endpoint, beyond the model, address, key, timeout and retries."""
+
+    extra_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """HTTP headers sent with every request (they may hold secrets, so not in ``repr``)."""
+    temperature: float | None = None
+    """Sampling temperature; ``None`` leaves the server default."""
+    include_usage: bool = True
+    """Ask for usage on streams (dropped automatically if the server refuses it)."""
+    reply_max_tokens: int | None = 1024
+    """``max_tokens`` of a reply when the caller names none; ``None`` = no cap."""
+    deadline: float | None = 120.0
+    """Wall-clock seconds one call may take in all; ``None`` = none."""
+    response_format: ResponseFormatMode = "auto"
+    """Structured-output wire format; ``auto`` probes the server on first use."""
+    server_info: ServerInfo | None = None
+    """What the server is, when known: skips the probe."""
+    client: AsyncOpenAI | None = None
+    """An ``AsyncOpenAI`` client to use instead of building one (its own address, key,
+    timeout and retries then apply)."""
+
+
 class OpenAIChatModel:
     """A `ChatModel` over ``AsyncOpenAI``'s ``chat.completions.create``.
 
@@ -136,35 +159,29 @@ class OpenAIChatModel:
         api_key: str | None = None,
         timeout: float = 60.0,
         max_retries: int = 2,
-        extra_headers: Mapping[str, str] | None = None,
-        temperature: float | None = None,
-        include_usage: bool = True,
         on_usage: Callable[[ModelUsage], None] | None = None,
-        client: AsyncOpenAI | None = None,
-        reply_max_tokens: int | None = 1024,
-        deadline: float | None = 120.0,
-        response_format: ResponseFormatMode = "auto",
-        server_info: ServerInfo | None = None,
+        options: OpenAIOptions | None = None,
     ) -> None:
-        """``timeout`` in seconds (connect and each read); ``include_usage`` asks for usage on streams
-        (dropped automatically if the server refuses it); ``on_usage`` receives each call's usage;
-        ``server_info`` skips the probe."""
+        """``timeout`` in seconds (connect and each read); ``on_usage`` receives each call's usage;
+        ``options`` the rest (`OpenAIOptions`: headers, temperature, reply cap, deadline…)."""
         openai = _import_openai()
+        options = options or OpenAIOptions()
         self.name = model
         self.base_url = base_url
-        self.reply_max_tokens, self.deadline = reply_max_tokens, deadline
+        self.reply_max_tokens, self.deadline = options.reply_max_tokens, options.deadline
         self.last_finish_reason: str | None = None
         """How the most recent stream ended (``stop``, ``length``…; racy under concurrency)."""
-        self._format: ResponseFormatMode = response_format
-        self._server_info = server_info
-        self._extra_headers = dict(extra_headers or {})
-        self.temperature = temperature
+        self._format: ResponseFormatMode = options.response_format
+        self._server_info = options.server_info
+        self._extra_headers = dict(options.extra_headers)
+        self.temperature = options.temperature
         self.on_usage = on_usage
         self.last_usage: ModelUsage | None = None
         """Usage of the most recent call that reported one (for logs; racy under concurrency)."""
-        self._include_usage = include_usage
+        self._include_usage = options.include_usage
         self._length_param = "max_tokens"
         self._secret = api_key
+        client = options.client
         if client is None:
             try:
                 client = openai.AsyncOpenAI(
@@ -172,7 +189,7 @@ class OpenAIChatModel:
                     base_url=base_url,
                     timeout=timeout,
                     max_retries=max_retries,
-                    default_headers=dict(extra_headers or {}),
+                    default_headers=dict(options.extra_headers),
                 )
             except openai.OpenAIError as exc:  # e.g. no key at all for api.openai.com
                 raise ConfigError(
@@ -185,24 +202,32 @@ class OpenAIChatModel:
             self._secret = resolved
 
     @classmethod
-    def from_settings(cls, settings: LLMSettings, **overrides: Any) -> OpenAIChatModel:
-        """Build from `LLMSettings`; ``overrides`` win over the settings' values."""
+    def from_settings(
+        cls,
+        settings: LLMSettings,
+        *,
+        on_usage: Callable[[ModelUsage], None] | None = None,
+        client: AsyncOpenAI | None = None,
+    ) -> OpenAIChatModel:
+        """Build from `LLMSettings` (for other values, ``dataclasses.replace`` the settings first)."""
         if not settings.model:
             raise ConfigError("CONTEXTMODE_LLM_MODEL is not set")
-        kwargs: dict[str, Any] = {
-            "model": settings.model,
-            "base_url": settings.base_url,
-            "api_key": settings.api_key,
-            "timeout": settings.timeout,
-            "max_retries": settings.max_retries,
-            "extra_headers": settings.extra_headers,
-            "temperature": settings.temperature,
-            "reply_max_tokens": settings.reply_max_tokens,
-            "deadline": settings.deadline,
-            "response_format": settings.response_format,
-        }
-        kwargs.update(overrides)
-        return cls(**kwargs)
+        return cls(
+            model=settings.model,
+            base_url=settings.base_url,
+            api_key=settings.api_key,
+            timeout=settings.timeout,
+            max_retries=settings.max_retries,
+            on_usage=on_usage,
+            options=OpenAIOptions(
+                extra_headers=settings.extra_headers,
+                temperature=settings.temperature,
+                reply_max_tokens=settings.reply_max_tokens,
+                deadline=settings.deadline,
+                response_format=settings.response_format,
+                client=client,
+            ),
+        )
 
     def __repr__(self) -> str:
         key = "***" if self._secret else None

@@ -31,7 +31,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -41,7 +41,7 @@ from ..models.base import ChatModel, JsonSchema, StructuredChatModel
 from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
-from ..types import ChatMessage, Constraint, ConstraintKind, Summary, Turn
+from ..types import ChatMessage, Constraint, Summary, Turn
 from ._llm_text import clean_model_text, format_turns, parse_intensity, parse_yes_no
 from .audit import _cn_to_int, join_facts_line, restore_facts, split_facts_line
 from .base import (
@@ -483,7 +483,7 @@ class LLMConstraintExtractor:
             if (why := check_grounded(value, item.quote, turn.content)) is not None:
                 raise OutputRejected(f"{key}: {why}")
             found[key] = Constraint(
-                key=key, value=value, kind=cast(ConstraintKind, item.kind), source_seq=turn.seq,
+                key=key, value=value, kind=item.kind, source_seq=turn.seq,
                 quote=item.quote.strip(),
             )
         # Only what is remembered can be removed (a copied example must not delete anything).

@@ -142,7 +142,7 @@ def _clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     clauses = _CLAUSE.findall(text) or [text]
-    kept = clauses[0]
+    kept: str = clauses[0]
     for clause in clauses[1:]:
         if len(kept) + len(clause) > limit:
             break

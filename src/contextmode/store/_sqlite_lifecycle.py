@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from ..errors import StoreError
 from ._codec import check_ids, check_user, from_micros, loads_mapping, now_micros, to_micros
@@ -149,7 +149,7 @@ class SQLiteLifecycle:
                 f"UPDATE sessions SET user_id = ?, created_at = ?, updated_at = ? {WHERE}",
                 (user_id, to_micros(created_at), to_micros(updated_at), *key),
             )
-            return cast(int, cursor.rowcount) == 1
+            return cursor.rowcount == 1
 
         return await self._run(body)
 

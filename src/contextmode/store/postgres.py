@@ -76,6 +76,46 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+async def _write_turns(db: pg_postings.Conn, key: tuple[str, str], last: int, turns: Sequence[NewTurn], now: datetime) -> list[Turn]:
+    """Write ``turns`` after seq ``last`` (their emotions, the session's head and last answer)
+    inside the caller's transaction; the turns as stored."""
+    seqs = list(range(last + 1, last + 1 + len(turns)))
+    await db.execute(
+        "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
+        " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
+        "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
+        ") AS u(s, r, c, k, a, m)",
+        *key, seqs, [t.role for t in turns], [t.content for t in turns],
+        [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
+        [_meta(t.metadata) for t in turns],
+    )
+    scored = [(s, float(t.emotion)) for s, t in zip(seqs, turns, strict=True)
+              if t.emotion is not None]
+    if scored:
+        await db.execute(
+            "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+            " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)",
+            *key, [s for s, _ in scored], [e for _, e in scored],
+        )
+    answer = last_answer(turns)
+    answer_seq = max((s for s, t in zip(seqs, turns, strict=True)
+                      if t.role == "assistant"), default=0)
+    await db.execute(
+        "UPDATE sessions SET last_seq = $3, updated_at = $4,"
+        " last_answer = CASE WHEN $5::bigint > 0 THEN $6 ELSE last_answer END,"
+        " last_answer_seq = GREATEST(last_answer_seq, $5::bigint),"
+        f" emotions_version = emotions_version + $7 {_W}",
+        *key, seqs[-1], now, answer_seq, answer, int(bool(scored)),
+    )
+    return [
+        Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
+             created_at=_aware(t.created_at),
+             emotion=None if t.emotion is None else float(t.emotion),
+             metadata=dict(t.metadata))
+        for s, t in zip(seqs, turns, strict=True)
+    ]
+
+
 class PostgresStore(PostgresLifecycle, ClosesOnExit):
     """A `Store` in PostgreSQL; ``schema`` names the schema holding its tables."""
 
@@ -170,41 +210,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                 return []
             if head["user_id"] is None and user_id is not None:
                 await db.execute(f"UPDATE sessions SET user_id = $3 {_W}", *key, user_id)
-            seqs = list(range(last + 1, last + 1 + len(turns)))
-            await db.execute(
-                "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
-                " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
-                "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
-                ") AS u(s, r, c, k, a, m)",
-                *key, seqs, [t.role for t in turns], [t.content for t in turns],
-                [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
-                [_meta(t.metadata) for t in turns],
-            )
-            scored = [(s, float(t.emotion)) for s, t in zip(seqs, turns, strict=True)
-                      if t.emotion is not None]
-            if scored:
-                await db.execute(
-                    "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
-                    " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)",
-                    *key, [s for s, _ in scored], [e for _, e in scored],
-                )
-            answer = last_answer(turns)
-            answer_seq = max((s for s, t in zip(seqs, turns, strict=True)
-                              if t.role == "assistant"), default=0)
-            await db.execute(
-                "UPDATE sessions SET last_seq = $3, updated_at = $4,"
-                " last_answer = CASE WHEN $5::bigint > 0 THEN $6 ELSE last_answer END,"
-                " last_answer_seq = GREATEST(last_answer_seq, $5::bigint),"
-                f" emotions_version = emotions_version + $7 {_W}",
-                *key, seqs[-1], now, answer_seq, answer, int(bool(scored)),
-            )
-            numbered = [
-                Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
-                     created_at=_aware(t.created_at),
-                     emotion=None if t.emotion is None else float(t.emotion),
-                     metadata=dict(t.metadata))
-                for s, t in zip(seqs, turns, strict=True)
-            ]
+            numbered = await _write_turns(db, key, last, turns, now)
             await pg_postings.index_turns(db, key, numbered, last, analyzed)  # same transaction
         return numbered
 

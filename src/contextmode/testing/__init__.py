@@ -6,7 +6,7 @@ from .counters import CharTokenCounter
 from .models import BrokenStream, FunctionModel, ModelCall, ScriptedModel
 
 if TYPE_CHECKING:
-    from .stub_server import StubServer
+    from .stub_server import StubOptions, StubServer
 
 __all__ = [
     "BrokenStream",
@@ -14,6 +14,7 @@ __all__ = [
     "FunctionModel",
     "ModelCall",
     "ScriptedModel",
+    "StubOptions",
     "StubServer",
 ]
 
@@ -21,8 +22,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Imported on first use so `python -m contextmode.testing.stub_server` does not find
     # the module already half-imported by this package.
-    if name == "StubServer":
-        from .stub_server import StubServer
+    if name in ("StubServer", "StubOptions"):
+        from . import stub_server
 
-        return StubServer
+        return getattr(stub_server, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -263,6 +263,21 @@ class _Handler(BaseHTTPRequestHandler):
                 piece = {"index": index, "function": {"arguments": call.arguments[start : start + 8]}}
                 self._event(base | {"choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
 
+    def _stream_content(self, base: dict[str, Any], chunks: list[str], fault: Fault | None) -> bool:
+        """The content chunks, with the fault's damage; False when the stream ended early."""
+        stub = self.stub
+        for index, chunk in enumerate(chunks):
+            if fault and fault.kind == "truncate" and index >= fault.after_chunks:
+                self.close_connection = True  # no terminating chunk: an incomplete body
+                return False
+            if fault and fault.kind == "malformed" and index == 1:
+                self._write_chunk(b'data: {"choices": [{"delta": {"content": "oops\n\n')
+                continue
+            if index and not stub._sleep(stub.chunk_delay):
+                return False
+            self._event(base | {"choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}]})
+        return True
+
     def _stream(self, request: StubRequest, chunks: list[str], finish: str, fault: Fault | None) -> None:
         stub = self.stub
         self.send_response(200)
@@ -275,16 +290,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._event(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
         if not stub._sleep(stub.first_token_delay):
             return
-        for index, chunk in enumerate(chunks):
-            if fault and fault.kind == "truncate" and index >= fault.after_chunks:
-                self.close_connection = True  # no terminating chunk: an incomplete body
-                return
-            if fault and fault.kind == "malformed" and index == 1:
-                self._write_chunk(b'data: {"choices": [{"delta": {"content": "oops\n\n')
-                continue
-            if index and not stub._sleep(stub.chunk_delay):
-                return
-            self._event(base | {"choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}]})
+        if not self._stream_content(base, chunks, fault):
+            return
         if fault and fault.kind == "truncate":
             self.close_connection = True
             return

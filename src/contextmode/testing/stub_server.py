@@ -27,6 +27,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
 from ._stub_http import Fault, FaultKind, StubAnswer, StubRequest, StubToolCall, _Handler
@@ -36,6 +37,7 @@ __all__ = [
     "Fault",
     "FaultKind",
     "StubAnswer",
+    "StubOptions",
     "StubReply",
     "StubRequest",
     "StubServer",
@@ -61,12 +63,28 @@ def echo_reply(request: StubRequest) -> str:
     return f"Stub answer to: {request.last_user}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class StubOptions:
+    """Where a `StubServer` listens, its random failures, and whether it keeps requests."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 = a free port."""
+    error_rate: float = 0.0
+    """Share of chat requests answered 503."""
+    seed: int = 0
+    """Makes the random failures repeatable."""
+    record: bool = True
+    """Keep every request (off for long load tests)."""
+
+
 class StubServer:
     """OpenAI-protocol server on a loopback port, run in a background thread.
 
     Latency: ``first_token_delay`` and ``chunk_delay`` (seconds); answers stream
-    in pieces of ``chunk_chars`` characters. ``error_rate`` answers that share of
-    chat requests with 503 (``seed`` makes it repeatable). Faults queue with
+    in pieces of ``chunk_chars`` characters. `StubOptions`: the address, an ``error_rate``
+    answering that share of chat requests with 503 (``seed`` makes it repeatable), and
+    whether requests are kept. Faults queue with
     ``fail_next``, ``hang_next``, ``malformed_next``, ``truncate_next``,
     ``unfinished_next``, ``reset_next``.
     """
@@ -75,28 +93,25 @@ class StubServer:
         self,
         reply: StubReply | None = None,
         *,
-        host: str = "127.0.0.1",
-        port: int = 0,
         model: str = "stub-model",
         first_token_delay: float = 0.0,
         chunk_delay: float = 0.0,
         chunk_chars: int = 4,
-        error_rate: float = 0.0,
-        seed: int = 0,
-        record: bool = True,
         llamacpp_window: int | None = None,
+        options: StubOptions | None = None,
     ) -> None:
+        options = options or StubOptions()
         self.reply = reply or echo_reply
-        self.host, self.port, self.model = host, port, model
+        self.host, self.port, self.model = options.host, options.port, model
         self.first_token_delay, self.chunk_delay = first_token_delay, chunk_delay
         self.chunk_chars = max(1, chunk_chars)
-        self.error_rate = error_rate
-        self.record = record
+        self.error_rate = options.error_rate
+        self.record = options.record
         self.llamacpp_window = llamacpp_window
         """When set, the stub acts as llama.cpp's server: ``GET /props`` reports this ``n_ctx``,
         ``POST /tokenize`` counts tokens, ``/v1/models`` says ``owned_by: llamacpp`` and a
         ``json_schema`` response format is refused with 400."""
-        self._random = random.Random(seed)
+        self._random = random.Random(options.seed)
         self._lock = threading.Lock()
         self._faults: deque[Fault] = deque()
         self._requests: list[StubRequest] = []
@@ -304,15 +319,13 @@ def main(argv: Iterable[str] | None = None) -> None:
     args = parser.parse_args(list(argv) if argv is not None else None)
     server = StubServer(
         _fixed_length_reply(args.reply_chars) if args.reply_chars > 0 else None,
-        host=args.host,
-        port=args.port,
         model=args.model,
         first_token_delay=args.latency_ms / 1000,
         chunk_delay=args.chunk_delay_ms / 1000,
         chunk_chars=args.chunk_chars,
-        error_rate=args.error_rate,
-        seed=args.seed,
-        record=not args.no_record,
+        options=StubOptions(
+            host=args.host, port=args.port, error_rate=args.error_rate, seed=args.seed, record=not args.no_record
+        ),
     )
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

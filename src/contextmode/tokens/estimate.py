@@ -258,7 +258,8 @@ class EstimateCounter:
     def estimate(self, text: str) -> float:
         """Unrounded estimate of the tokens of ``text``."""
         counts = script_counts(text)
-        return sum(weight * getattr(counts, name) for name, weight in self._weights.items())
+        total: float = sum(weight * getattr(counts, name) for name, weight in self._weights.items())
+        return total
 
     def count(self, text: str) -> int:
         """Estimated tokens of ``text`` alone: the rounded estimate, at least 1 if non-empty."""

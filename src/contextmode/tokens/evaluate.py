@@ -16,7 +16,7 @@ import csv
 import json
 import sys
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -149,6 +149,10 @@ def _cell(estimates: Sequence[int], exact: Sequence[int]) -> str:
     return f"{mape:.1f}% / {bias:+.1f}%"
 
 
+_Exact = dict[str, dict[str, list[int]]]
+"""Exact counts per dataset, per encoding (and ``generic``: their maximum), per text."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", type=Path, help="the shared data folder (../shared/data)")
@@ -166,17 +170,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     families = [*EXACT_ENCODINGS, "generic"]
 
     if args.fit:
-        for family in families:
-            texts, targets = [], []
-            for name, ds_texts in by_dataset.items():
-                for text, y in zip(ds_texts, exact[name][family], strict=True):
-                    if _is_fit_half(text):
-                        texts.append(text)
-                        targets.append(y)
-            coefficients = fit_coefficients(texts, targets)
-            print(f'"{family}": {coefficients!r},')
-        return 0
+        _print_fit(by_dataset, exact, families)
+    else:
+        _print_table(by_dataset, exact, families)
+    return 0
 
+
+def _print_fit(by_dataset: Mapping[str, list[str]], exact: _Exact, families: Sequence[str]) -> None:
+    """Refitted coefficients per family, on the fit half of every dataset."""
+    for family in families:
+        texts, targets = [], []
+        for name, ds_texts in by_dataset.items():
+            for text, y in zip(ds_texts, exact[name][family], strict=True):
+                if _is_fit_half(text):
+                    texts.append(text)
+                    targets.append(y)
+        coefficients = fit_coefficients(texts, targets)
+        print(f'"{family}": {coefficients!r},')
+
+
+def _print_table(by_dataset: Mapping[str, list[str]], exact: _Exact, families: Sequence[str]) -> None:
+    """Error of each estimator against the exact counts on the held-out half, per dataset
+    and pooled per language (a Markdown table)."""
     estimators = {f: EstimateCounter(f) for f in families}
     header = [
         "dataset",
@@ -214,8 +229,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("| " + " | ".join([f"**all {lang}**", lang, str(n), *cells]) + " |")
     fitted = [f.name for f in fields(EstimateCoefficients)]
     print(f"\nfixed weights: {dict(FIXED_WEIGHTS)}; fitted per family: {fitted}")
-    return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
