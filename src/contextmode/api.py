@@ -30,8 +30,8 @@ from .models.base import ChatModel
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
-from .types import Turn
 from .tokens.base import TokenCounter
+from .types import Turn
 
 __all__ = ["ContextMode", "build_engine"]
 
