@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from agents import Agent, RunConfig, Runner, SQLiteSession, TResponseInputItem
+from agents import Agent, RunConfig, Runner, SQLiteSession, TResponseInputItem, set_tracing_disabled
 from agents.exceptions import UserError
 from agents.memory.session import Session
 from agents.testing import ScriptedModel, assistant_message
@@ -24,6 +24,7 @@ from agents.testing import ScriptedModel, assistant_message
 from contextmode import ContextMode
 from contextmode.integrations.openai_agents import ContextModeSession
 
+set_tracing_disabled(True)
 RUNNERS = ["run", "run_sync", "run_streamed"]
 
 

@@ -38,6 +38,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from agents.items import TResponseInputItem
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.run_config import CallModelData, ModelInputData
 
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context
@@ -204,6 +205,11 @@ def context_to_items(context: Context, turns: Mapping[int, Turn], latest_user: T
     return [cast(TResponseInputItem, i) for i in out]
 
 
+def _is_user(item: TResponseInputItem) -> bool:
+    value = cast(Mapping[str, Any], item)
+    return value.get("role") == "user" and value.get("type", "message") == "message"
+
+
 class ContextModeSession:
     """An OpenAI Agents SDK ``Session`` on context-mode's memory (module docstring).
 
@@ -238,6 +244,8 @@ class ContextModeSession:
         self.budget = budget if budget is not None else window.input_tokens
         self.last_context: Context | None = None
         """The context the newest assembled ``get_items()`` / `context_items` returned, per layer."""
+        self._assembled = False
+        self._for_message: tuple[str, list[TResponseInputItem]] | None = None
         memory.submit(asyncio.sleep(0)).result()  # the loop thread exists before any caller's loop
 
     # -- plumbing ---------------------------------------------------------
@@ -273,7 +281,8 @@ class ContextModeSession:
                 return []
             items = turns_to_items(turns[-limit:])  # a turn holds at least one item
             return items[-limit:]
-        if self._cost(turns) <= self.budget:
+        self._assembled = self._cost(turns) > self.budget
+        if not self._assembled:
             return turns_to_items(turns)
         try:
             context = await self.memory.acontinue(self.session_id)
@@ -332,6 +341,25 @@ class ContextModeSession:
             return context_to_items(context, {t.seq: t for t in turns}, None)
 
         return await self._call(assemble())
+
+    async def input_filter(self, data: CallModelData[Any]) -> ModelInputData:
+        """A ``RunConfig.call_model_input_filter``: when ``get_items()`` assembled the history,
+        assemble it again around the run's new user message, so recall looks for what is asked
+        now (``get_items()`` alone knows only the stored messages). The new message and the
+        items this run made are kept as they are; nothing here is stored."""
+        items = data.model_data.input
+        if not self._assembled:
+            return data.model_data
+        at = next((i for i in range(len(items) - 1, -1, -1) if _is_user(items[i])), None)
+        if at is None:
+            return data.model_data
+        message = _text_of(cast(Mapping[str, Any], items[at]).get("content"))
+        if not message.strip():
+            return data.model_data
+        if self._for_message is None or self._for_message[0] != message:
+            self._for_message = (message, await self.context_items(message))
+        return ModelInputData(input=[*self._for_message[1], *items[at:]],
+                              instructions=data.model_data.instructions)
 
     async def run_compaction(self, args: Mapping[str, Any] | None = None) -> None:
         """The SDK's compaction step: wait for the summaries, pins and emotion scores the stored
