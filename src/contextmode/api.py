@@ -32,8 +32,8 @@ from .models.base import ChatModel
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
-from .types import ChatMessage, Turn, utc_now
 from .tokens.base import TokenCounter
+from .types import ChatMessage, Turn, utc_now
 
 __all__ = ["ContextMode", "MessageRecord", "build_engine"]
 

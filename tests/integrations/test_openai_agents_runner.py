@@ -16,7 +16,15 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 from contextmode import ContextMode

@@ -246,7 +246,7 @@ async def test_add_items_failure_propagates_in_streamed(memory: ContextMode) -> 
         async for _ in result.stream_events():
             pass
 
-    with pytest.raises(RuntimeError, match="Simulated session.add_items failure"):
+    with pytest.raises(RuntimeError, match=r"Simulated session\.add_items failure"):
         await asyncio.wait_for(consume(), timeout=5.0)
 
 

@@ -34,7 +34,7 @@ import asyncio
 import json
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from agents.items import TResponseInputItem
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
@@ -219,7 +219,7 @@ class ContextModeSession:
     ``user_id`` names the session's owner (`ContextMode.forget` erases by it).
     """
 
-    _locks: dict[tuple[int, str], asyncio.Lock] = {}
+    _locks: ClassVar[dict[tuple[int, str], asyncio.Lock]] = {}
 
     def __init__(
         self,
