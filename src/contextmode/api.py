@@ -389,8 +389,8 @@ class ContextMode:
         info = await self.engine.store.info(self.tenant, session_id)
         return info.user_id if info is not None else None
 
-    async def aturns_between(self, session_id: str, from_seq: int, to_seq: int) -> list[Turn]:
-        """The session's turns ``from_seq..to_seq`` (inclusive), oldest first."""
+    async def aturns_between(self, session_id: str, from_seq: int, to_seq: int | None = None) -> list[Turn]:
+        """The session's turns ``from_seq..to_seq`` (inclusive; ``None``: to the newest), oldest first."""
         return await self.engine.store.turns(self.tenant, session_id, from_seq=from_seq, to_seq=to_seq)
 
     async def acontinue(self, session_id: str) -> Context:
