@@ -31,6 +31,7 @@ it stored.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,7 +51,6 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
-
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext
 
@@ -83,6 +83,16 @@ def _without_system(message: ModelMessage) -> ModelMessage:
 
 def _dump(message: ModelMessage) -> str:
     return ModelMessagesTypeAdapter.dump_json([_without_system(message)]).decode()
+
+
+_VOLATILE = ("run_id", "conversation_id", "metadata", "timestamp", "state", "instructions")
+"""Fields pydantic-ai may set on a message after a processor saw it: not part of its identity."""
+
+
+def _key(dumped: str) -> str:
+    """What identifies a stored message: its kind and parts (each part has its own time)."""
+    value = json.loads(dumped)[0]
+    return json.dumps({k: v for k, v in value.items() if k not in _VOLATILE}, sort_keys=True)
 
 
 def _load(text: str) -> ModelMessage:
@@ -169,7 +179,10 @@ class _Seen:
     """What this processor knows is stored: the messages' keys, up to turn ``seq``."""
 
     seq: int = 0
+    dumps: list[str] = field(default_factory=list)
+    """The stored messages (JSON), oldest first."""
     keys: list[str] = field(default_factory=list)
+    """Their identities (`_key`)."""
     tokens: int = 0
     prompt: tuple[str, list[ModelMessage]] | None = None
     """The assembled history for the run's prompt (reused by the run's later requests)."""
@@ -220,10 +233,11 @@ class ContextModeHistory:
         counter = self.memory.engine.counter
         for turn in fresh:
             dumped = turn.metadata.get(_KEY)
+            if not isinstance(dumped, str) and _KEY not in turn.metadata:
+                dumped = _dump(_plain(turn.role, turn.content))  # stored by another entry point
             if isinstance(dumped, str):
-                seen.keys.append(dumped)
-            elif _KEY not in turn.metadata:  # stored by another entry point: its plain message
-                seen.keys.append(_dump(_plain(turn.role, turn.content)))
+                seen.dumps.append(dumped)
+                seen.keys.append(_key(dumped))
             seen.tokens += turn.tokens + message_overhead(counter, turn.role)
             seen.seq = turn.seq
 
@@ -234,10 +248,17 @@ class ContextModeHistory:
                   if isinstance(p, SystemPromptPart)]
         at = max((i for i, m in enumerate(real) if _is_prompt(m)), default=0)
         run = real[at:]
-        new = _unseen([_dump(m) for m in real], self._seen.keys)
+        fresh = real[len(real) - _unseen(_keys(real), self._seen.keys):]
+        # What came before this run and is not stored yet (the last run's answer handed back
+        # in message_history) is history: stored first. The run's own messages come after.
+        before, fresh_run = fresh[: max(0, len(fresh) - len(run))], fresh[max(0, len(fresh) - len(run)):]
+        await self._store(before)
         if self._seen.tokens <= self.budget:
-            history = [_load(k) for k in self._seen.keys if k not in {_dump(m) for m in run}]
-            await self._store(real[len(real) - new:])
+            await self._store(fresh_run)
+            current = set(_keys(run))
+            history = [_load(d) for d, k in zip(self._seen.dumps, self._seen.keys, strict=True) if k not in current]
+            if not self.record:
+                history += before
             return _with_system(system, history + run)
         head = run[0] if run else None
         prompt = next((_user_text(p) for p in head.parts if isinstance(p, UserPromptPart)), "") \
@@ -248,7 +269,7 @@ class ContextModeHistory:
             context = await self.memory.acontext(self.session_id, prompt)
             self.last_context = context
             cached = self._seen.prompt = (prompt, context_to_messages(context))
-        await self._store(real[len(real) - new:])
+        await self._store(fresh_run)
         prefix = cached[1] if cached is not None else []
         return _with_system(system, [*prefix, *run])
 
@@ -265,7 +286,7 @@ class ContextModeHistory:
         async def store() -> None:
             await self._refresh()
             real = [m for m in messages if not _marked(m)]
-            await self._store(real[len(real) - _unseen([_dump(m) for m in real], self._seen.keys):])
+            await self._store(real[len(real) - _unseen(_keys(real), self._seen.keys):])
 
         await asyncio.wrap_future(self.memory.submit(store()))
 
@@ -295,6 +316,10 @@ def _plain(role: str, content: str) -> ModelMessage:
     return ModelRequest(parts=[UserPromptPart(content=content)])
 
 
+def _keys(messages: Sequence[ModelMessage]) -> list[str]:
+    return [_key(_dump(m)) for m in messages]
+
+
 def _unseen(keys: Sequence[str], stored: Sequence[str]) -> int:
     """How many of ``keys`` (oldest first) come after what is stored: the longest prefix of
     ``keys`` that is a suffix of ``stored`` is already there."""
@@ -306,10 +331,13 @@ def _unseen(keys: Sequence[str], stored: Sequence[str]) -> int:
 
 
 def _with_system(system: Sequence[SystemPromptPart], messages: list[ModelMessage]) -> list[ModelMessage]:
-    """``messages`` whose first request carries the agent's system prompts (once)."""
+    """``messages`` with the agent's system prompts once, at the head of the first request
+    (pydantic-ai sends a system prompt found further down as a user message)."""
     if not system:
         return messages
-    head = messages[0] if messages else None
+    out = [replace(m, parts=[p for p in m.parts if p not in system]) if isinstance(m, ModelRequest) else m
+           for m in messages]
+    head = out[0] if out else None
     if isinstance(head, ModelRequest):
-        return [replace(head, parts=[*system, *(p for p in head.parts if p not in system)]), *messages[1:]]
-    return [ModelRequest(parts=list(system), metadata=dict(_MARK)), *messages]
+        return [replace(head, parts=[*system, *head.parts]), *out[1:]]
+    return [ModelRequest(parts=list(system), metadata=dict(_MARK)), *out]
