@@ -130,6 +130,13 @@ def message_to_records(message: ModelMessage) -> list[MessageRecord]:
             for i, m in enumerate(chats)]
 
 
+def _run_prompt(run: Sequence[ModelMessage]) -> str:
+    head = run[0] if run else None
+    if not isinstance(head, ModelRequest):
+        return ""
+    return next((_user_text(p) for p in head.parts if isinstance(p, UserPromptPart)), "")
+
+
 def _is_prompt(message: ModelMessage) -> bool:
     return isinstance(message, ModelRequest) and any(isinstance(p, UserPromptPart) for p in message.parts)
 
@@ -255,14 +262,8 @@ class ContextModeHistory:
         await self._store(before)
         if self._seen.tokens <= self.budget:
             await self._store(fresh_run)
-            current = set(_keys(run))
-            history = [_load(d) for d, k in zip(self._seen.dumps, self._seen.keys, strict=True) if k not in current]
-            if not self.record:
-                history += before
-            return _with_system(system, history + run)
-        head = run[0] if run else None
-        prompt = next((_user_text(p) for p in head.parts if isinstance(p, UserPromptPart)), "") \
-            if isinstance(head, ModelRequest) else ""
+            return _with_system(system, self._whole(run, before))
+        prompt = _run_prompt(run)
         cached = self._seen.prompt
         if prompt.strip() and (cached is None or cached[0] != prompt):
             # Assembled before the prompt is stored: the history around what is asked now.
@@ -272,6 +273,14 @@ class ContextModeHistory:
         await self._store(fresh_run)
         prefix = cached[1] if cached is not None else []
         return _with_system(system, [*prefix, *run])
+
+    def _whole(self, run: Sequence[ModelMessage], before: Sequence[ModelMessage]) -> list[ModelMessage]:
+        """The stored history as it was, then the run's messages."""
+        current = set(_keys(run))
+        history = [_load(d) for d, k in zip(self._seen.dumps, self._seen.keys, strict=True) if k not in current]
+        if not self.record:
+            history += before
+        return [*history, *run]
 
     @property
     def capability(self) -> ProcessHistory[Any]:
