@@ -43,7 +43,7 @@ from agents.run_config import CallModelData, ModelInputData
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context
 from ..errors import InputError
-from ..memory.budget import Budget
+from ..memory.budget import Budget, LayerName
 from ..settings import EngineSettings
 from ..tokens.tools import message_overhead
 from ..types import ChatMessage, Role, ToolCall, Turn
@@ -56,7 +56,7 @@ _ITEMS = "agents_items"
 """Turn metadata key holding the SDK items a turn stands for."""
 _TEXT_KEY = "_cm_text"
 """In a stored item: the key whose text is the turn's content (stored once, put back on read)."""
-_MEMORY_LAYERS = ("constraints", "summary", "key_moments", "recall")
+_MEMORY_LAYERS: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall")
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
@@ -189,7 +189,7 @@ def context_to_items(context: Context, turns: Mapping[int, Turn], latest_user: T
     out: list[Item] = [
         {"role": "system", "content": layer.rendered}
         for name in _MEMORY_LAYERS
-        if (layer := context.layer(name)) is not None and layer.rendered  # type: ignore[arg-type]
+        if (layer := context.layer(name)) is not None and layer.rendered
     ]
     recent = context.layer("recent")
     current = context.layer("current")

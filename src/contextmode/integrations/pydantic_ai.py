@@ -56,7 +56,7 @@ from pydantic_ai.tools import RunContext
 
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context, LayerItem
-from ..memory.budget import Budget
+from ..memory.budget import Budget, LayerName
 from ..settings import EngineSettings
 from ..tokens.tools import message_overhead
 from ..types import ChatMessage, ToolCall
@@ -66,7 +66,7 @@ __all__ = ["ContextModeHistory", "context_to_messages", "message_to_records"]
 _KEY = "pydantic_ai"
 """Turn metadata: the message (JSON, without the agent's system prompts) on its first turn."""
 _MARK = {"contextmode": "context"}
-_MEMORY_LAYERS = ("constraints", "summary", "key_moments", "recall")
+_MEMORY_LAYERS: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall")
 
 
 def _user_text(part: UserPromptPart) -> str:
@@ -151,7 +151,7 @@ def context_to_messages(context: Context, system: Sequence[SystemPromptPart] = (
     turn (a user prompt, an answer with its tool calls, tool returns)."""
     parts: list[ModelRequestPart] = list(system)
     parts += [SystemPromptPart(content=layer.rendered) for name in _MEMORY_LAYERS
-              if (layer := context.layer(name)) is not None and layer.rendered]  # type: ignore[arg-type]
+              if (layer := context.layer(name)) is not None and layer.rendered]
     out: list[ModelMessage] = [ModelRequest(parts=parts, metadata=dict(_MARK))] if parts else []
     recent = context.layer("recent")
     names: dict[str, str] = {}
