@@ -30,19 +30,27 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 FRAMEWORKS = HERE / "integrations"
-sys.path.insert(0, str(FRAMEWORKS))  # the modules share `_locomo.py`
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def discover(only: list[str] | None = None) -> list[ModuleType]:
-    """Every framework module (files without a leading underscore), by file name."""
+    """Every framework module (files without a leading underscore), by file name. The folder
+    is not put on ``sys.path`` (``pydantic_ai.py`` would shadow the package); the helpers the
+    modules share (``_locomo.py``) are importable as ``_locomo``."""
+    _load(FRAMEWORKS / "_locomo.py", "_locomo")
     modules = []
     for path in sorted(FRAMEWORKS.glob("*.py")):
         if path.name.startswith("_") or (only and path.stem not in only):
             continue
-        spec = importlib.util.spec_from_file_location(f"bench_integration_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = _load(path, f"bench_integration_{path.stem}")
         if not isinstance(getattr(module, "NAME", None), str) or not callable(getattr(module, "measure", None)):
             raise SystemExit(f"{path} must define NAME: str and measure(data_dir, budget, limit)")
         modules.append(module)
@@ -75,9 +83,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--only", nargs="*", help="framework module names")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    modules = discover(args.only)
     library = library_recall(args.data, args.budget, args.limit)
     rows: dict[str, dict[str, float]] = {}
-    for module in discover(args.only):
+    for module in modules:
         figures = module.measure(args.data, args.budget, args.limit)
         figures["delta"] = round(figures["recall"] - library["recall"], 4)
         figures["ratio"] = round(figures["recall"] / library["recall"], 4) if library["recall"] else 0.0

@@ -18,7 +18,15 @@ from typing import Any
 
 from contextmode import ContextMode
 from contextmode.assembly.render import data_text
-from contextmode.evaluation.locomo import CATEGORIES, EvalOptions, LocomoConversation, _cl100k, _engine, _replay, load_locomo
+from contextmode.evaluation.locomo import (
+    CATEGORIES,
+    EvalOptions,
+    LocomoConversation,
+    _cl100k,
+    _engine,
+    _replay,
+    load_locomo,
+)
 from contextmode.memory.recall import Recaller, RecallSettings
 from contextmode.store.memory import MemoryStore
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from _locomo import Ask, Clock, Replayed, measure_with
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    SystemPromptPart,
+    TextPart,
+    UserPromptPart,
+)
 
 from contextmode.integrations.pydantic_ai import ContextModeHistory
 
@@ -26,8 +33,8 @@ def _ask(replayed: Replayed) -> tuple[Ask, Clock]:
             for p in m.parts:
                 if isinstance(p, SystemPromptPart) and any(tag in p.content for tag in _SECTIONS):
                     sections.append(p.content)
-                elif isinstance(p, UserPromptPart) and isinstance(p.content, str) or \
-                        isinstance(m, ModelResponse) and isinstance(p, TextPart):
+                elif (isinstance(p, UserPromptPart) and isinstance(p.content, str)) or \
+                        (isinstance(m, ModelResponse) and isinstance(p, TextPart)):
                     verbatim.append(str(p.content))
         return verbatim, sections
 
