@@ -313,3 +313,29 @@ async def test_persists_in_sqlite_across_instances(tmp_path: Any) -> None:
         assert await ContextModeSession("kept", memory=second).get_items() == AGENT_ITEMS
     finally:
         second.close()
+
+
+async def test_beyond_the_budget_get_items_is_the_assembled_context() -> None:
+    session = ContextModeSession("long", budget=400)  # its own memory (CONTEXTMODE_HOME), 400 tokens
+    try:
+        big = "Result line with plenty of words about hotels and prices in Lisbon. " * 120
+        for i in range(12):
+            await session.add_items([
+                {"role": "user", "content": f"Question {i}: my cat is called Pixel" if i == 0 else f"Question {i} about hotels"},
+                {"type": "function_call", "call_id": f"c{i}", "name": "search", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": f"c{i}", "output": big if i == 10 else f"result {i}"},
+                {"role": "assistant", "content": f"Answer {i}"},
+            ])
+        await session.run_compaction()
+        items = await session.get_items()
+        assert session.last_context is not None and session.last_context.total_tokens <= 400
+        systems = [i for i in items if i.get("role") == "system"]
+        assert systems and all(str(i.get("content", "")).startswith("## ") for i in systems)
+        rest = items[len(systems):]
+        assert rest[-4:] == (await session.get_items(limit=4))  # the latest exchange, verbatim
+        calls = [i.get("call_id") for i in rest if i.get("type") == "function_call"]
+        outputs = [i.get("call_id") for i in rest if i.get("type") == "function_call_output"]
+        assert calls == outputs  # never a call without its output, nor an output without its call
+        assert len(await session.get_items(limit=10_000)) == 48  # the store keeps everything
+    finally:
+        session.memory.close()
