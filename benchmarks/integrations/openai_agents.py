@@ -15,7 +15,7 @@ _SECTIONS = ("<key_moments>", "<recall>")
 
 
 def _ask(replayed: Replayed) -> tuple[Ask, Clock]:
-    clock = Clock(replayed.memory, ("acontext", "aturns_between"))
+    clock = Clock(replayed.memory, ("acontext", "acontinue", "aturns_between", "anewest"))
     session = ContextModeSession(replayed.session_id, memory=replayed.memory)
 
     async def ask(question: str) -> tuple[list[str], list[str]]:

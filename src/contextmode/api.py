@@ -393,15 +393,33 @@ class ContextMode:
         """The session's turns ``from_seq..to_seq`` (inclusive; ``None``: to the newest), oldest first."""
         return await self.engine.store.turns(self.tenant, session_id, from_seq=from_seq, to_seq=to_seq)
 
+    async def anewest(self, session_id: str) -> Turn | None:
+        """The session's newest stored turn (``None`` for an empty session), in O(1)."""
+        last = (await self.engine.store.version(self.tenant, session_id)).last_seq
+        tail = await self.engine.store.turns(self.tenant, session_id, from_seq=last, to_seq=last) if last else []
+        return tail[-1] if tail else None
+
     async def acontinue(self, session_id: str) -> Context:
         """What the model would receive to continue the session as stored (no new message):
         the latest user turn and everything after it (calls, results, the answer) whole,
-        the earlier turns through the layers (summary, pins, recall for that user turn).
+        the earlier turns through the layers (summary, pins, and recall for that user turn).
         Raises `InputError` when the session holds no user turn."""
-        from .agent_turn import prepare_step
+        from .agent_turn import _latest_user
+        from .assembly import assemble
+        from .memory.strategies import get_strategy
 
-        prepared = await prepare_step(self.engine, self.tenant, session_id, mode=self.mode or self.engine.settings.mode)
-        return prepared.context
+        engine = self.engine
+        chosen = get_strategy(engine.settings.strategy)
+        state = await engine.load(self.tenant, session_id, chosen)
+        history, user, step = await _latest_user(engine, self.tenant, session_id, state)
+        state = replace(state, turns=tuple(history))
+        recall_limit = int(getattr(chosen, "recall_limit", 0) or 0)
+        if engine.recaller is not None and recall_limit:
+            recalled = await engine.recaller.recall(
+                engine.store, state, user.content, limit=recall_limit, recent_turns=chosen.recent_turns)
+            state = replace(state, recalled=tuple(t for t in recalled if t.seq < user.seq and not t.notice))
+        return assemble(state, user.content, counter=engine.counter, strategy=chosen, budget=engine._budget(),
+                        config=engine._config(), agent_step=step)
 
     # -- end of the integrations block ------------------------------------
 

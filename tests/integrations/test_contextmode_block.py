@@ -80,3 +80,6 @@ def test_turns_between(memory: ContextMode) -> None:
     memory._run(memory.arecord_messages("s", _records()))
     assert [t.seq for t in memory._run(memory.aturns_between("s", 2, 3))] == [2, 3]
     assert [t.seq for t in memory._run(memory.aturns_between("s", 3))] == [3, 4]
+    newest = memory._run(memory.anewest("s"))
+    assert newest is not None and newest.seq == 4
+    assert memory._run(memory.anewest("nothing")) is None

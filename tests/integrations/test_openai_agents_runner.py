@@ -107,6 +107,7 @@ async def test_thirty_turns_through_runner(stub: tuple[StubServer, str]) -> None
         last = server.chat_requests[-1].messages
         assert last[0] == {"role": "system", "content": INSTRUCTIONS}
         assert last[-1]["role"] == "user" and last[-1]["content"] == messages[-1]
+        assert [m.get("content") for m in last].count(messages[-1]) == 1, "the new message once"
         text = _messages_text(last)
         assert "<summary>" in text, "the summary layer reached the model"
         assert "<constraints>" in text and "spicy" in text.split("</constraints>")[0], "pins reached the model"

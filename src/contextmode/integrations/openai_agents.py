@@ -41,7 +41,7 @@ from agents.memory.session_settings import SessionSettings, resolve_session_limi
 from agents.run_config import CallModelData, ModelInputData
 
 from ..api import ContextMode, MessageRecord
-from ..assembly import Context
+from ..assembly import Context, LayerContent
 from ..errors import InputError
 from ..memory.budget import Budget, LayerName
 from ..settings import EngineSettings
@@ -182,22 +182,24 @@ def _shown(turn: Turn, text: str, calls: tuple[ToolCall, ...]) -> list[Item]:
     return items
 
 
-def context_to_items(context: Context, turns: Mapping[int, Turn], latest_user: Turn | None) -> list[TResponseInputItem]:
+def context_to_items(
+    context: Context, turns: Mapping[int, Turn], latest_user: Turn | None, *, current: bool = True
+) -> list[TResponseInputItem]:
     """An assembled context as SDK input items: a ``system`` item per memory layer, then the
-    recent turns' items, then the current message's (``latest_user`` when it is stored) and
-    its step's."""
+    recent turns' items, then (``current``) the current message's (``latest_user`` when it is
+    stored) and its step's."""
     out: list[Item] = [
         {"role": "system", "content": layer.rendered}
         for name in _MEMORY_LAYERS
         if (layer := context.layer(name)) is not None and layer.rendered
     ]
     recent = context.layer("recent")
-    current = context.layer("current")
+    step = context.layer("current") if current else None
     shown = list(recent.items if recent else ())
-    if current is not None:
+    if step is not None:
         if latest_user is not None:  # the stored message being continued: its own item
-            shown.append(replace(current.items[0], seq=latest_user.seq, text=latest_user.content))
-        shown.extend(current.items[1:])
+            shown.append(replace(step.items[0], seq=latest_user.seq, text=latest_user.content))
+        shown.extend(step.items[1:])
     for item in shown:
         turn = turns.get(item.seq) if item.seq is not None else None
         if turn is not None:
@@ -208,6 +210,9 @@ def context_to_items(context: Context, turns: Mapping[int, Turn], latest_user: T
 def _is_user(item: TResponseInputItem) -> bool:
     value = cast(Mapping[str, Any], item)
     return value.get("role") == "user" and value.get("type", "message") == "message"
+
+
+_NO_ITEMS = LayerContent(name="recent", title="")
 
 
 class ContextModeSession:
@@ -328,17 +333,21 @@ class ContextModeSession:
     # -- beyond the protocol ---------------------------------------------
 
     async def context_items(self, message: str) -> list[TResponseInputItem]:
-        """The assembled context for ``message`` about to be sent (recall looks for it), as
-        input items without the message itself: memory layers, then recent items verbatim."""
+        """The assembled context for ``message`` (recall looks for it), as input items without
+        the message itself: memory layers, then recent items verbatim. When ``message`` is
+        already the newest stored user message (the SDK stores a run's input before its
+        first model call), the context is the one continuing it, without it."""
 
         async def assemble() -> list[TResponseInputItem]:
             async with self._lock():
-                context = await self.memory.acontext(self.session_id, message)
-                seqs = [i.seq for name in ("recent", "current") if (layer := context.layer(name))
-                        for i in layer.items if i.seq is not None]
+                newest = await self.memory.anewest(self.session_id)
+                stored = newest is not None and newest.role == "user" and newest.content == message
+                context = await (self.memory.acontinue(self.session_id) if stored
+                                 else self.memory.acontext(self.session_id, message))
+                seqs = [i.seq for i in (context.layer("recent") or _NO_ITEMS).items if i.seq is not None]
                 turns = await self.memory.aturns_between(self.session_id, min(seqs), max(seqs)) if seqs else []
             self.last_context = context
-            return context_to_items(context, {t.seq: t for t in turns}, None)
+            return context_to_items(context, {t.seq: t for t in turns}, None, current=False)
 
         return await self._call(assemble())
 
