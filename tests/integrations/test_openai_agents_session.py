@@ -276,11 +276,12 @@ async def _script(session: Any) -> list[Any]:
     seen.append(await session.get_items())
     for limit in (1, 3, 5, 9, 20):
         seen.append(await session.get_items(limit=limit))
-    for _ in range(4):
+    for _ in range(7):  # down into the turn that holds both calls
         seen.append(await session.pop_item())
         seen.append(await session.get_items())
-    await session.add_items(AGENT_ITEMS[-4:])
+    await session.add_items(AGENT_ITEMS[3:])
     seen.append(await session.get_items())
+    seen.append(await session.get_items(limit=3))
     return seen
 
 
