@@ -250,6 +250,7 @@ class ContextModeSession:
         self.last_context: Context | None = None
         """The context the newest assembled ``get_items()`` / `context_items` returned, per layer."""
         self._assembled = False
+        self._cost_seen = (0, 0)
         self._for_message: tuple[str, list[TResponseInputItem]] | None = None
         memory.submit(asyncio.sleep(0)).result()  # the loop thread exists before any caller's loop
 
@@ -280,22 +281,41 @@ class ContextModeSession:
 
     async def _get_items(self, limit: int | None) -> list[TResponseInputItem]:
         async with self._lock():
-            turns = await self.memory.aturns(self.session_id)
-        if limit is not None:
-            if limit <= 0:
-                return []
-            items = turns_to_items(turns[-limit:])  # a turn holds at least one item
-            return items[-limit:]
-        self._assembled = self._cost(turns) > self.budget
-        if not self._assembled:
-            return turns_to_items(turns)
-        try:
-            context = await self.memory.acontinue(self.session_id)
-        except InputError:  # no user message yet: nothing to assemble around
-            return turns_to_items(turns)
+            newest = await self.memory.anewest(self.session_id)
+            last = newest.seq if newest is not None else 0
+            if limit is not None:  # a turn holds at least one item: the last `limit` turns suffice
+                if limit <= 0 or not last:
+                    return []
+                tail = await self.memory.aturns_between(self.session_id, max(1, last - limit + 1))
+                return turns_to_items(tail)[-limit:]
+            self._assembled = await self._history_cost(last) > self.budget
+            if not self._assembled:
+                return turns_to_items(await self.memory.aturns(self.session_id))
+            try:
+                context = await self.memory.acontinue(self.session_id)
+            except InputError:  # no user message yet: nothing to assemble around
+                self._assembled = False
+                return turns_to_items(await self.memory.aturns(self.session_id))
+            shown = [i.seq for name in ("recent", "current") if (layer := context.layer(name))
+                     for i in layer.items if i.seq is not None]
+            turns = await self.memory.aturns_between(self.session_id, min([*shown, last]), last)
         self.last_context = context
-        latest_user = next((t for t in reversed(turns) if t.role == "user"), None)
-        return context_to_items(context, {t.seq: t for t in turns}, latest_user)
+        step = [i.seq for i in (context.layer("current") or _NO_ITEMS).items if i.seq is not None]
+        user_seq = min(step) - 1 if step else last  # the step is what follows the latest user turn
+        by_seq = {t.seq: t for t in turns}
+        if user_seq not in by_seq:
+            by_seq.update({t.seq: t for t in await self.memory.aturns_between(self.session_id, user_seq, user_seq)})
+        return context_to_items(context, by_seq, by_seq.get(user_seq))
+
+    async def _history_cost(self, last: int) -> int:
+        """Tokens of the whole stored history as messages, kept up to date from the new turns."""
+        seen, cost = self._cost_seen
+        if seen > last:  # the session shrank underneath (popped or cleared elsewhere)
+            seen, cost = 0, 0
+        if seen < last:
+            cost += self._cost(await self.memory.aturns_between(self.session_id, seen + 1, last))
+        self._cost_seen = (last, cost)
+        return cost
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Store ``items`` after the existing ones, in one atomic append."""
@@ -314,6 +334,7 @@ class ContextModeSession:
     async def _pop(self) -> TResponseInputItem | None:
         async with self._lock():
             popped = await self.memory.apop(self.session_id)
+            self._cost_seen = (0, 0)
             if popped is None:
                 return None
             items = _items_of(popped)
@@ -327,6 +348,7 @@ class ContextModeSession:
         async def clear() -> None:
             async with self._lock():
                 await self.memory.aforget(session_id=self.session_id)
+                self._cost_seen = (0, 0)
 
         await self._call(clear())
 
