@@ -1,2 +1,15 @@
-"""context-mode's memory where applications already are: one module per framework or protocol,
-each behind its own extra (docs/integrations.md)."""
+"""Adapters onto the memory seams of the agent frameworks people already use.
+
+Each module is a thin, typed translation onto the public `contextmode.ContextMode` API
+(no second engine) and needs its framework's extra (docs/integrations.md):
+
+- `contextmode.integrations.openai_agents`: `ContextModeSession`, an OpenAI Agents SDK
+  ``Session`` (``pip install 'contextmode-engine[openai-agents]'``);
+- `contextmode.integrations.pydantic_ai`: `ContextModeHistory`, a pydantic-ai
+  ``history_processors`` callable (``pip install 'contextmode-engine[pydantic-ai]'``);
+- `contextmode.integrations.mcp_server`: the MCP server behind ``contextmode mcp``
+  (``pip install 'contextmode-engine[mcp]'``).
+
+The Anthropic-compatible proxy (``POST /v1/messages``) is part of the service
+(`contextmode.service.routes_anthropic`).
+"""
