@@ -16,11 +16,13 @@ cm.forget(user_id="u42")                            # erase the user everywhere 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Coroutine
-from dataclasses import replace
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from .assembly import Context
@@ -30,10 +32,10 @@ from .models.base import ChatModel
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
-from .types import Turn
+from .types import ChatMessage, Turn, utc_now
 from .tokens.base import TokenCounter
 
-__all__ = ["ContextMode", "build_engine"]
+__all__ = ["ContextMode", "MessageRecord", "build_engine"]
 
 log = logging.getLogger("contextmode.api")
 T = TypeVar("T")
@@ -307,3 +309,105 @@ class ContextMode:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- integrations (issue 20: agent-framework adapters) -----------------
+    # A delimited block so the lead can merge it beside the engine/api refactor:
+    # what `contextmode.integrations` needs beyond chat/record/context.
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on this instance's private loop thread (the one the sync methods use)
+        and return its future: callers on any thread or loop (``Runner.run_sync``) share one
+        loop, so the store's connections are never used from two loops."""
+        if self._loop is None:
+            self._run(asyncio.sleep(0))  # starts the loop thread
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def arecord_messages(
+        self, session_id: str, records: Sequence[MessageRecord], *, user_id: str | None = None
+    ) -> list[Turn]:
+        """Store several messages at once, atomically and in order, without calling the model:
+        agent items included (an assistant message's ``tool_calls``, ``tool`` results with
+        their ``tool_call_id``), each counted like a live one (`count_turn`). The user
+        messages schedule the jobs a live turn schedules (summary, pins, emotions)."""
+        from .tokens.tools import count_turn
+        from .types import NewTurn, tool_metadata, validate_id
+
+        engine = self.engine
+        validate_id(session_id)
+        if not records:
+            return []
+        exchanges = await engine._exchanges_so_far(self.tenant, session_id, None)
+        new: list[NewTurn] = []
+        for record in records:
+            m = record.message
+            meta = dict(record.metadata)
+            exchanges += m.role == "user"
+            meta["turn"] = exchanges
+            meta.update(tool_metadata(tool_calls=m.tool_calls, tool_call_id=m.tool_call_id))
+            tokens = count_turn(engine.counter, m.content, tool_calls=m.tool_calls, tool_result=m.role == "tool")
+            new.append(NewTurn(role=m.role, content=m.content, tokens=tokens, metadata=meta,
+                               created_at=record.created_at or utc_now()))
+        stored = await engine.store.append(self.tenant, session_id, new, user_id=user_id)
+        engine._observe(self.tenant, session_id, stored)
+        for turn in stored:
+            if turn.role == "user":
+                engine._schedule_jobs(self.tenant, session_id, turn, None)
+        return stored
+
+    async def apop(self, session_id: str) -> Turn | None:
+        """Remove the session's newest turn and return it (``None`` for an empty session).
+
+        The log is append-only, so this rewrites the session: it is erased like `aforget`
+        (a deletion record says so) and its other turns are stored again unchanged (same
+        numbers, times, metadata and emotion scores), with the summary and the pins that
+        did not come from the removed turn. O(session); meant for undo and retries."""
+        turns = await self.aturns(session_id)
+        if not turns:
+            return None
+        engine = self.engine
+        state = await engine.store.load(self.tenant, session_id, recent=0, max_uncovered=0)
+        info = await self._session_user(session_id)
+        popped, kept = turns[-1], turns[:-1]
+        await self.aforget(session_id=session_id)
+        if not kept:
+            return popped
+        from .types import NewTurn
+
+        stored = await engine.store.append(self.tenant, session_id, [
+            NewTurn(role=t.role, content=t.content, tokens=t.tokens, created_at=t.created_at,
+                    emotion=t.emotion, metadata=t.metadata) for t in kept], user_id=info)
+        engine._observe(self.tenant, session_id, stored)
+        if state.summary is not None and state.summary.covers_seq < popped.seq:
+            await engine.store.commit_summary(self.tenant, session_id, state.summary, expected_version=0)
+        pins = [c for c in state.constraints if c.source_seq != popped.seq]
+        if pins:
+            await engine.store.commit_constraints(self.tenant, session_id, pins, expected_version=0)
+        return popped
+
+    async def _session_user(self, session_id: str) -> str | None:
+        info = await self.engine.store.info(self.tenant, session_id)
+        return getattr(info, "user_id", None) if info is not None else None
+
+    async def acontinue(self, session_id: str) -> Context:
+        """What the model would receive to continue the session as stored (no new message):
+        the latest user turn and everything after it (calls, results, the answer) whole,
+        the earlier turns through the layers (summary, pins, recall for that user turn).
+        Raises `InputError` when the session holds no user turn."""
+        from .agent_turn import prepare_step
+
+        prepared = await prepare_step(self.engine, self.tenant, session_id, mode=self.mode or self.engine.settings.mode)
+        return prepared.context
+
+    # -- end of the integrations block ------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageRecord:
+    """One message to store with `ContextMode.arecord_messages` (integrations block)."""
+
+    message: ChatMessage
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """Free JSON-able extras kept with the turn (an adapter's original item, a speaker…)."""
+    created_at: datetime | None = None
+    """When it was said (default: now)."""
