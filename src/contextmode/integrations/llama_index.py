@@ -145,6 +145,8 @@ class ContextModeMemory(BaseMemory):
     session_id: str
     _session: SessionMemory = PrivateAttr()
     _pending: ChatMessage | None = PrivateAttr(default=None)
+    _given: list[ChatMessage] | None = PrivateAttr(default=None)
+    """What ``get`` returned, until the next write (an agent asks again at every step)."""
 
     def __init__(
         self,
@@ -180,6 +182,7 @@ class ContextModeMemory(BaseMemory):
     # -- async (the engine's own) ---------------------------------------------------
 
     async def _flush(self) -> None:
+        self._given = None
         pending, self._pending = self._pending, None
         if pending is not None:
             await self._session.record([message_to_record(pending)])
@@ -193,27 +196,31 @@ class ContextModeMemory(BaseMemory):
             await self._session.record([message_to_record(m) for m in messages])
 
     async def _get(self) -> list[ChatMessage]:
+        if self._given is not None:
+            return list(self._given)
         pending, self._pending = self._pending, None
         if pending is not None:
             context = await self._session.context_for(pending.content or "", message_to_record(pending))
-            return context_to_messages(context, pending)
+            self._given = context_to_messages(context, pending)
+            return list(self._given)
         try:
             context = await self._session.context_to_continue()
         except InputError:  # no user turn yet: nothing to assemble around
             return [turn_to_message(t) for t in await self._session.turns()]
-        return context_to_messages(context)
+        self._given = context_to_messages(context)
+        return list(self._given)
 
     async def _all(self) -> list[ChatMessage]:
         await self._flush()
         return [turn_to_message(t) for t in await self._session.turns()]
 
     async def _set(self, messages: Sequence[ChatMessage]) -> None:
-        self._pending = None
+        self._pending = self._given = None
         await self._session.clear()
         await self._put(messages)
 
     async def _reset(self) -> None:
-        self._pending = None
+        self._pending = self._given = None
         await self._session.clear()
 
     # -- BaseMemory ------------------------------------------------------------------
