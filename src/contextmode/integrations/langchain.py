@@ -179,8 +179,8 @@ class ContextModeChatMessageHistory(BaseChatMessageHistory):
     def session_id(self) -> str:
         return self.session.session_id
 
-    @property  # type: ignore[override]
-    def messages(self) -> list[BaseMessage]:
+    @property
+    def messages(self) -> list[BaseMessage]:  # type: ignore[override, unused-ignore]
         """Every message of the session, oldest first."""
         return [turn_to_message(t) for t in self.session.wait(self.session.turns())]
 

@@ -156,7 +156,7 @@ class ContextModeMemory(BaseMemory):
         budget: int | None = None,
         user_id: str | None = None,
     ) -> None:
-        super().__init__(session_id=session_id)
+        super().__init__(session_id=session_id)  # type: ignore[call-arg, unused-ignore]  # a pydantic field
         self._session = SessionMemory(session_id, memory=memory, budget=budget, user_id=user_id)
 
     @classmethod
@@ -164,7 +164,7 @@ class ContextModeMemory(BaseMemory):
         return "ContextModeMemory"
 
     @classmethod
-    def from_defaults(  # type: ignore[override]
+    def from_defaults(  # type: ignore[override, unused-ignore]
         cls,
         session_id: str = "default",
         *,
