@@ -17,6 +17,7 @@ import asyncio
 import threading
 from collections.abc import Coroutine, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 from ..api import ContextMode, MessageRecord
@@ -88,9 +89,12 @@ class SessionMemory:
         """Erase the session (its turns and everything derived from them)."""
         await self.memory.aforget(session_id=self.session_id)
 
-    async def context_for(self, message: str, record: MessageRecord | None) -> Context:
-        """The context for a new user ``message``; then store ``record`` (the message)."""
-        context = await self.memory.acontext(self.session_id, message)
+    async def context_for(
+        self, message: str, record: MessageRecord | None, *, now: datetime | None = None
+    ) -> Context:
+        """The context for a new user ``message`` (asked at ``now``, default now); then store
+        ``record`` (the message)."""
+        context = await self.memory.acontext(self.session_id, message, now=now)
         if record is not None:
             await self.record([record])
         self.last_context = context
