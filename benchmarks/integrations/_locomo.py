@@ -15,7 +15,8 @@ Measured: ``recall`` (the library's evidence recall, through the adapter),
 ``library_recall`` (the library's own replay and questions, `locomo._replay` /
 `locomo._ask`, on the same questions, for comparison), ``questions``, and ``overhead_ms_p50``: per adapter call (one stored
 turn, one assembled context) the time the adapter adds around the `ContextMode` call it
-makes (translating, the loop-thread hop), median over every call.
+makes (translating, the hop to the `ContextMode`'s loop thread and back), median over
+every call; ``store_overhead_ms_p50`` and ``context_overhead_ms_p50`` split it by kind.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class _Clock:
 async def _through_adapter(
     conv: locomo.LocomoConversation, budget: int, questions: Sequence[locomo.LocomoQuestion],
     to_message: Callable[[str, str], Message], to_record: Callable[[Message], MessageRecord],
-    to_messages: Callable[[Context], Sequence[Message]], cell: dict[str, Any], overhead: list[float],
+    to_messages: Callable[[Context], Sequence[Message]], cell: dict[str, Any], overhead: dict[str, list[float]],
 ) -> None:
     engine = locomo._engine(MemoryStore(), locomo._cl100k(), locomo.EvalOptions(), Recaller(RecallSettings()))
     memory = ContextMode(engine=engine)
@@ -89,7 +90,7 @@ async def _through_adapter(
             record = replace(record, created_at=lt.at,
                              metadata={**record.metadata, "speaker": lt.speaker, "dia_id": lt.dia_id})
             turn = (await session.call(session.record([record])))[0]
-            overhead.append((time.perf_counter() - started - (clock.inner - before)) * 1000)
+            overhead["store"].append((time.perf_counter() - started - (clock.inner - before)) * 1000)
             seq_of[lt.dia_id] = turn.seq
             if role == "user":
                 await session.call(engine.drain())
@@ -106,7 +107,7 @@ async def _through_adapter(
             before, started = clock.inner, time.perf_counter()
             context = await session.call(session.context_for(qa.question, None, now=now))
             messages = to_messages(context)
-            overhead.append((time.perf_counter() - started - (clock.inner - before)) * 1000)
+            overhead["context"].append((time.perf_counter() - started - (clock.inner - before)) * 1000)
             if not messages:
                 raise AssertionError("the adapter gave the model nothing")
             locomo._score(cell, context, qa, evidence, sentences)
@@ -130,6 +131,10 @@ async def _library(
         await engine.close()
 
 
+def _p50(values: Sequence[float]) -> float:
+    return round(statistics.median(values), 4) if values else 0.0
+
+
 def measure_adapter(
     data_dir: Path, budget: int, limit: int | None, *,
     to_message: Callable[[str, str], Message], to_record: Callable[[Message], MessageRecord],
@@ -141,7 +146,7 @@ def measure_adapter(
     conversations = locomo.load_locomo(locomo_file(data_dir))
     cell = locomo._new_cell()
     library = {(get_strategy(EngineSettings().strategy).name, budget): locomo._new_cell()}
-    overhead: list[float] = []
+    overhead: dict[str, list[float]] = {"store": [], "context": []}
     left = limit
     for conv in conversations:
         asked = [q for q in conv.questions if q.category in locomo.CATEGORIES]
@@ -156,7 +161,9 @@ def measure_adapter(
     out = {
         "recall": round(cell["found"] / max(1, cell["n"]), 4),
         "questions": float(cell["n"]),
-        "overhead_ms_p50": round(statistics.median(overhead), 4) if overhead else 0.0,
+        "overhead_ms_p50": _p50(overhead["store"] + overhead["context"]),
+        "store_overhead_ms_p50": _p50(overhead["store"]),
+        "context_overhead_ms_p50": _p50(overhead["context"]),
     }
     if compare:
         out["library_recall"] = round(lib["found"] / max(1, lib["n"]), 4)
