@@ -1,37 +1,35 @@
-"""LoCoMo evidence recall and per-turn overhead through `contextmode.integrations.langchain`
-(the harness: `benchmarks/integrations/_locomo.py`).
-
-    PYTHONPATH=src python -m benchmarks.integrations.langchain [data_dir] [budget] [limit]
-"""
+"""LangChain: LoCoMo questions through `ContextModeMiddleware` (read-only over the recorded
+conversation), as the messages ``create_agent``'s model is handed for each question."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
+from typing import Any, cast
 
-from benchmarks.integrations._locomo import measure_adapter
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from _locomo import Ask, Clock, Replayed, measure_with
+from langchain_core.messages import HumanMessage, SystemMessage
 
-from contextmode.integrations.langchain import context_to_messages, message_to_record
+from contextmode.integrations.langchain import ContextModeMiddleware
 
 NAME = "langchain"
+_SECTIONS = ("<key_moments>", "<recall>")
 
 
-def _message(role: str, text: str) -> BaseMessage:
-    return HumanMessage(text) if role == "user" else AIMessage(text)
+def _ask(replayed: Replayed) -> tuple[Ask, Clock]:
+    clock = Clock(replayed.memory, ("acontext",))
+    middleware = ContextModeMiddleware(replayed.session_id, memory=replayed.memory, record=False)
+
+    async def ask(question: str) -> tuple[list[str], list[str]]:
+        update = await middleware.abefore_model({"messages": [HumanMessage(question)]}, cast(Any, None))
+        assert update is not None
+        handed = update["messages"][1:]  # after the RemoveMessage that replaces the state's
+        verbatim = [str(m.content) for m in handed if not isinstance(m, SystemMessage)]
+        sections = [str(m.content) for m in handed
+                    if isinstance(m, SystemMessage) and any(tag in str(m.content) for tag in _SECTIONS)]
+        return verbatim, sections
+
+    return ask, clock
 
 
 def measure(data_dir: Path, budget: int, limit: int | None) -> dict[str, float]:
-    """``recall`` (evidence recall on LoCoMo at ``budget`` tokens through the adapter),
-    ``library_recall`` (the library's on the same questions), ``questions`` and
-    ``overhead_ms_p50`` (per adapter call); ``limit``: at most this many questions."""
-    return measure_adapter(data_dir, budget, limit, to_message=_message, to_record=message_to_record,
-                           to_messages=context_to_messages)
-
-
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    print(json.dumps(measure(Path(args[0]) if args else Path("../shared/data"),
-                             int(args[1]) if len(args) > 1 else 2000,
-                             int(args[2]) if len(args) > 2 else None)))
+    return measure_with(data_dir, budget, limit, _ask)

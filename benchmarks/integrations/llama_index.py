@@ -1,37 +1,33 @@
-"""LoCoMo evidence recall and per-turn overhead through `contextmode.integrations.llama_index`
-(the harness: `benchmarks/integrations/_locomo.py`).
-
-    PYTHONPATH=src python -m benchmarks.integrations.llama_index [data_dir] [budget] [limit]
-"""
+"""LlamaIndex: LoCoMo questions through `ContextModeMemory` (read-only over the recorded
+conversation), as the messages a chat engine or agent gets from ``memory.aget()``."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
-from benchmarks.integrations._locomo import measure_adapter
-from llama_index.core.base.llms.types import ChatMessage
+from _locomo import Ask, Clock, Replayed, measure_with
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
-from contextmode.integrations.llama_index import context_to_messages, message_to_record
+from contextmode.integrations.llama_index import ContextModeMemory
 
-NAME = "llama-index"
+NAME = "llama_index"
+_SECTIONS = ("<key_moments>", "<recall>")
 
 
-def _message(role: str, text: str) -> ChatMessage:
-    return ChatMessage(role=role, content=text)
+def _ask(replayed: Replayed) -> tuple[Ask, Clock]:
+    clock = Clock(replayed.memory, ("acontext",))
+    memory = ContextModeMemory(replayed.session_id, memory=replayed.memory, record=False)
+
+    async def ask(question: str) -> tuple[list[str], list[str]]:
+        await memory.aput(ChatMessage(role=MessageRole.USER, content=question))
+        handed = await memory.aget()
+        verbatim = [m.content or "" for m in handed if m.role != MessageRole.SYSTEM]
+        sections = [m.content or "" for m in handed
+                    if m.role == MessageRole.SYSTEM and any(tag in (m.content or "") for tag in _SECTIONS)]
+        return verbatim, sections
+
+    return ask, clock
 
 
 def measure(data_dir: Path, budget: int, limit: int | None) -> dict[str, float]:
-    """``recall`` (evidence recall on LoCoMo at ``budget`` tokens through the adapter),
-    ``library_recall`` (the library's on the same questions), ``questions`` and
-    ``overhead_ms_p50`` (per adapter call); ``limit``: at most this many questions."""
-    return measure_adapter(data_dir, budget, limit, to_message=_message, to_record=message_to_record,
-                           to_messages=context_to_messages)
-
-
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    print(json.dumps(measure(Path(args[0]) if args else Path("../shared/data"),
-                             int(args[1]) if len(args) > 1 else 2000,
-                             int(args[2]) if len(args) > 2 else None)))
+    return measure_with(data_dir, budget, limit, _ask)

@@ -32,8 +32,8 @@ from .models.base import ChatModel
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
-from .types import ChatMessage, Turn, utc_now
 from .tokens.base import TokenCounter
+from .types import ChatMessage, Turn, utc_now
 
 __all__ = ["ContextMode", "MessageRecord", "build_engine"]
 
@@ -387,7 +387,11 @@ class ContextMode:
 
     async def _session_user(self, session_id: str) -> str | None:
         info = await self.engine.store.info(self.tenant, session_id)
-        return getattr(info, "user_id", None) if info is not None else None
+        return info.user_id if info is not None else None
+
+    async def aturns_between(self, session_id: str, from_seq: int, to_seq: int | None = None) -> list[Turn]:
+        """The session's turns ``from_seq..to_seq`` (inclusive; ``None``: to the newest), oldest first."""
+        return await self.engine.store.turns(self.tenant, session_id, from_seq=from_seq, to_seq=to_seq)
 
     async def acontinue(self, session_id: str) -> Context:
         """What the model would receive to continue the session as stored (no new message):

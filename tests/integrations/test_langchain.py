@@ -249,3 +249,14 @@ def test_runnable_with_message_history(memory: ContextMode) -> None:
     assert [m.content for m in model.calls[-1]] == [
         "My name is Ines.", "Noted, thanks for telling me (reply 1).", "What is my name?"]
     assert [t.content for t in memory.turns("h-4")][-1] == "Noted, thanks for telling me (reply 2)."
+
+
+def test_record_false_reads_a_session_and_stores_nothing(memory: ContextMode) -> None:
+    memory.record("lc-ro", "user", "My cat is called Pixel.")
+    memory.record("lc-ro", "assistant", "Lovely name.")
+    model = RecordingModel(messages=answers())
+    middleware = ContextModeMiddleware("lc-ro", memory=memory, record=False)
+    create_agent(model, middleware=[middleware]).invoke({"messages": [HumanMessage("What is my cat called?")]})
+    assert [m.content for m in model.calls[-1] if not isinstance(m, SystemMessage)] == [
+        "My cat is called Pixel.", "Lovely name.", "What is my cat called?"]
+    assert len(memory.turns("lc-ro")) == 2

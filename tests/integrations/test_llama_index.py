@@ -184,3 +184,15 @@ async def test_function_agent_uses_the_memory(memory: ContextMode) -> None:
     turns = memory.turns("li-agent")
     assert [t.role for t in turns] == ["user", "assistant", "user", "assistant", "tool", "assistant"]
     assert turns[3].tool_calls[0].id == "w1" and turns[4].tool_call_id == "w1"
+
+
+def test_record_false_reads_a_session_and_stores_nothing(memory: ContextMode) -> None:
+    memory.record("li-ro", "user", "My cat is called Pixel.")
+    memory.record("li-ro", "assistant", "Lovely name.")
+    llm = MockLLMWithChatMemoryOfLastCall(max_tokens=2)
+    chat_memory = ContextModeMemory("li-ro", memory=memory, record=False)
+    SimpleChatEngine.from_defaults(llm=llm, memory=chat_memory).chat("What is my cat called?")
+    assert [m.content for m in llm.last_chat_messages or [] if m.role != MessageRole.SYSTEM] == [
+        "My cat is called Pixel.", "Lovely name.", "What is my cat called?"]
+    chat_memory.reset()  # erases nothing either
+    assert len(memory.turns("li-ro")) == 2

@@ -210,8 +210,9 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     (``config["configurable"]["thread_id"]``), so one middleware serves every thread.
     ``memory``: the `ContextMode` to use (default: the process's one on the embedded
     defaults); ``budget``: input tokens of the context when the default is built.
-    ``user_id``: the sessions' owner. ``last_context`` is the context handed to the model
-    last, per layer with tokens.
+    ``user_id``: the sessions' owner. ``record=False`` stores nothing (a read-only view of
+    sessions recorded elsewhere: the model gets the context for the newest user message).
+    ``last_context`` is the context handed to the model last, per layer with tokens.
     """
 
     def __init__(
@@ -221,12 +222,14 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         memory: ContextMode | None = None,
         budget: int | None = None,
         user_id: str | None = None,
+        record: bool = True,
     ) -> None:
         super().__init__()
         self._fixed = session_id
         self._memory = memory
         self._budget = budget
         self._user_id = user_id
+        self._recording = record
         self._sessions: dict[str, SessionMemory] = {}
         self._stored: dict[str, set[str]] = {}
         """Ids of the messages stored per session (seeded from the store on first use)."""
@@ -259,6 +262,8 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         return ids
 
     async def _record(self, session: SessionMemory, messages: Sequence[BaseMessage]) -> None:
+        if not self._recording:
+            return
         await session.record([message_to_record(m) for m in messages])
         self._stored.setdefault(session.session_id, set()).update(str(m.id) for m in messages)
 
@@ -278,7 +283,7 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Store what is new, then the context: for a new user message, the one context-mode
         assembles for it (then the message is stored); otherwise the one that continues the
         stored session (the step's tool calls and results)."""
-        fresh = await self._unstored(session, messages)
+        fresh = await self._unstored(session, messages) if self._recording else list(messages[-1:])
         current = fresh[-1] if fresh and isinstance(fresh[-1], HumanMessage) and _text(fresh[-1]).strip() else None
         if current is None:
             await self._record(session, fresh)
@@ -291,7 +296,7 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         return context_to_messages(context, current)
 
     async def _answer(self, session: SessionMemory, messages: Sequence[BaseMessage]) -> None:
-        if messages and isinstance(messages[-1], AIMessage):
+        if self._recording and messages and isinstance(messages[-1], AIMessage):
             await self._record(session, await self._unstored(session, messages))
 
     # -- AgentMiddleware --------------------------------------------------------

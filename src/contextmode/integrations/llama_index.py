@@ -138,11 +138,14 @@ class ContextModeMemory(BaseMemory):
 
     ``memory``: the `ContextMode` to use (default: the process's one on the embedded
     defaults); ``budget``: input tokens of the context when the default is built;
-    ``user_id``: the session's owner (`ContextMode.forget` erases by it).
-    ``last_context`` is the context ``get`` gave last, per layer with tokens.
+    ``user_id``: the session's owner (`ContextMode.forget` erases by it). ``record=False``
+    stores nothing (a read-only view of a session recorded elsewhere: ``get`` assembles the
+    context for the newest user message put). ``last_context`` is the context ``get`` gave
+    last, per layer with tokens.
     """
 
     session_id: str
+    record: bool = True
     _session: SessionMemory = PrivateAttr()
     _pending: ChatMessage | None = PrivateAttr(default=None)
     _given: list[ChatMessage] | None = PrivateAttr(default=None)
@@ -155,8 +158,9 @@ class ContextModeMemory(BaseMemory):
         memory: ContextMode | None = None,
         budget: int | None = None,
         user_id: str | None = None,
+        record: bool = True,
     ) -> None:
-        super().__init__(session_id=session_id)  # type: ignore[call-arg, unused-ignore]  # a pydantic field
+        super().__init__(session_id=session_id, record=record)  # type: ignore[call-arg, unused-ignore]  # pydantic fields
         self._session = SessionMemory(session_id, memory=memory, budget=budget, user_id=user_id)
 
     @classmethod
@@ -171,9 +175,10 @@ class ContextModeMemory(BaseMemory):
         memory: ContextMode | None = None,
         budget: int | None = None,
         user_id: str | None = None,
+        record: bool = True,
     ) -> ContextModeMemory:
         """As the constructor (LlamaIndex builds memories with ``from_defaults``)."""
-        return cls(session_id, memory=memory, budget=budget, user_id=user_id)
+        return cls(session_id, memory=memory, budget=budget, user_id=user_id, record=record)
 
     @property
     def last_context(self) -> Context | None:
@@ -181,26 +186,31 @@ class ContextModeMemory(BaseMemory):
 
     # -- async (the engine's own) ---------------------------------------------------
 
+    async def _store(self, messages: Sequence[ChatMessage]) -> None:
+        if self.record:
+            await self._session.record([message_to_record(m) for m in messages])
+
     async def _flush(self) -> None:
         self._given = None
         pending, self._pending = self._pending, None
         if pending is not None:
-            await self._session.record([message_to_record(pending)])
+            await self._store([pending])
 
     async def _put(self, messages: Sequence[ChatMessage]) -> None:
         await self._flush()
         if messages and messages[-1].role == MessageRole.USER and (messages[-1].content or "").strip():
-            await self._session.record([message_to_record(m) for m in messages[:-1]])
+            await self._store(messages[:-1])
             self._pending = messages[-1]
         else:
-            await self._session.record([message_to_record(m) for m in messages])
+            await self._store(messages)
 
     async def _get(self) -> list[ChatMessage]:
         if self._given is not None:
             return list(self._given)
         pending, self._pending = self._pending, None
         if pending is not None:
-            context = await self._session.context_for(pending.content or "", message_to_record(pending))
+            stored = message_to_record(pending) if self.record else None
+            context = await self._session.context_for(pending.content or "", stored)
             self._given = context_to_messages(context, pending)
             return list(self._given)
         try:
@@ -215,13 +225,13 @@ class ContextModeMemory(BaseMemory):
         return [turn_to_message(t) for t in await self._session.turns()]
 
     async def _set(self, messages: Sequence[ChatMessage]) -> None:
-        self._pending = self._given = None
-        await self._session.clear()
+        await self._reset()
         await self._put(messages)
 
     async def _reset(self) -> None:
         self._pending = self._given = None
-        await self._session.clear()
+        if self.record:
+            await self._session.clear()
 
     # -- BaseMemory ------------------------------------------------------------------
 
