@@ -405,7 +405,7 @@ class ContextMode:
         the earlier turns through the layers (summary, pins, and recall for that user turn).
         Raises `InputError` when the session holds no user turn."""
         from .agent_turn import _latest_user
-        from .assembly import assemble
+        from .assembly import CurrentTurn, assemble
         from .memory.strategies import get_strategy
 
         engine = self.engine
@@ -419,7 +419,7 @@ class ContextMode:
                 engine.store, state, user.content, limit=recall_limit, recent_turns=chosen.recent_turns)
             state = replace(state, recalled=tuple(t for t in recalled if t.seq < user.seq and not t.notice))
         return assemble(state, user.content, counter=engine.counter, strategy=chosen, budget=engine._budget(),
-                        config=engine._config(), agent_step=step)
+                        config=engine._config(), current=CurrentTurn(agent_step=step))
 
     # -- end of the integrations block ------------------------------------
 
