@@ -22,7 +22,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from .assembly import Context
 from .engine import (
@@ -40,6 +40,7 @@ from .jobs import JobQueue
 from .memory.strategies import Strategy
 from .models.base import ChatModel
 from .models.offline import OfflineResponder
+from .models.server import ServerInfo
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
@@ -88,6 +89,18 @@ def default_processors(model: ChatModel, kind: ProcessorKind | None = None) -> P
     )
 
 
+@runtime_checkable
+class ServerDescribed(Protocol):
+    """A model whose server can say its context window and tokenizer (`OpenAIChatModel`)."""
+
+    def server_info(self) -> ServerInfo: ...
+
+
+def describes_server(model: object) -> TypeGuard[ServerDescribed]:
+    """True when ``model`` can probe its server (see `models.server.probe_server`)."""
+    return isinstance(model, ServerDescribed)
+
+
 def _fit_server(
     settings: EngineSettings, model: ChatModel, counter: TokenCounter | None, *, window_set: bool
 ) -> tuple[EngineSettings, TokenCounter | None]:
@@ -97,13 +110,8 @@ def _fit_server(
     A window set in the configuration that is larger than the server's is a `ConfigError`
     naming both numbers; an unset one becomes the server's.
     """
-    probe = getattr(model, "server_info", None)
-    if not callable(probe):
-        return settings, counter
-    from .models.server import ServerInfo
-
-    info = probe()
-    if not isinstance(info, ServerInfo):
+    info = model.server_info() if describes_server(model) else None
+    if info is None:
         return settings, counter
     window = info.context_window
     if window is not None:
