@@ -201,12 +201,13 @@ class Engine:
                 key=SessionKey(request, session_id or ""), message=message or "", mode=mode, strategy=strategy,
                 metadata=metadata or {}, user_id=user_id,
             )
+        last: TurnEvent | None = None
         async for event in self.stream(request):
-            if event.kind == "done":
-                return event.result
-            if event.kind == "failed":
-                raise event.error
-        raise AssertionError("a turn's stream ends with done or failed")  # pragma: no cover
+            last = event
+        if last is not None and last.kind == "failed":
+            raise last.error
+        assert last is not None and last.kind == "done", "a turn's stream ends with done or failed"
+        return last.result
 
     # -- storing without the model ----------------------------------------
 

@@ -124,13 +124,14 @@ async def agent_response(
     """Run the step and answer in OpenAI's shape (a completion, or a chunk stream)."""
     events = engine.stream_agent(key, step, mode=engine.settings.mode, system_prompt=reply.system_prompt)
     if not reply.stream:
+        last: TurnEvent | None = None
         async for event in events:
-            if event.kind == "done":
-                metrics.observe_turn(event.result, outcome="ok")
-                return _completion(event.result, reply)
-            if event.kind == "failed":
-                raise event.error
-        raise AssertionError("an agent step's stream ends with done or failed")  # pragma: no cover
+            last = event
+        if last is not None and last.kind == "failed":
+            raise last.error
+        assert last is not None and last.kind == "done", "an agent step's stream ends with done or failed"
+        metrics.observe_turn(last.result, outcome="ok")
+        return _completion(last.result, reply)
     first = await anext(events)  # prepared: errors found while preparing answer as errors
     assert first.kind == "prepared"
     return SSEResponse(

@@ -88,20 +88,21 @@ async def run_turn(engine: Engine, request: TurnRequest, *, images: ImageFiles, 
     A model failure after the user turn was stored is raised as `Interrupted`,
     carrying the partial answer the engine stored, so the client sees it.
     """
+    last: TurnEvent | None = None
     try:
         async for event in engine.stream(request):
-            if event.kind == "done":
-                metrics.observe_turn(event.result, outcome="partial" if event.result.partial else "ok")
-                return event.result
-            if event.kind == "failed":
-                metrics.count_turn(_mode(engine, request), "error")
-                raise Interrupted(event.error, event.partial_answer) from event.error
+            last = event
     except ModelError:  # raised while preparing: nothing was stored
         metrics.count_turn(_mode(engine, request), "error")
         raise
     finally:
         images.cleanup()
-    raise AssertionError("a turn's stream ends with done or failed")  # pragma: no cover
+    if last is not None and last.kind == "failed":
+        metrics.count_turn(_mode(engine, request), "error")
+        raise Interrupted(last.error, last.partial_answer) from last.error
+    assert last is not None and last.kind == "done", "a turn's stream ends with done or failed"
+    metrics.observe_turn(last.result, outcome="partial" if last.result.partial else "ok")
+    return last.result
 
 
 async def coalesce(
