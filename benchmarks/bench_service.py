@@ -51,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from contextmode.engine import Engine
+from contextmode.engine import Engine, Processors
 from contextmode.processors.base import SummaryResult
 from contextmode.settings import EngineSettings
 from contextmode.types import ChatMessage, Summary, Turn
@@ -153,11 +153,13 @@ def _engine(kind: str, home: Path) -> Engine:
         store=open_store(f"sqlite:///{home / 'bench.db'}"),
         model=model,
         counter=counter_for_model("gpt-4o-mini"),
-        detector=detector,
-        rewriter=rewriter,
-        summarizer=summarizer,
-        extractor=OfflineConstraintExtractor(),
-        emotion=OfflineEmotionScorer(),
+        processors=Processors(
+            detector=detector,
+            rewriter=rewriter,
+            summarizer=summarizer,
+            extractor=OfflineConstraintExtractor(),
+            emotion=OfflineEmotionScorer(),
+        ),
         settings=settings,
     )
 

@@ -12,7 +12,7 @@ from contextmode.assembly.agent import as_sentence
 from contextmode.memory.recall import Recaller
 from contextmode.store.memory import MemoryStore
 from contextmode.testing.models import FunctionModel
-from contextmode.types import NewTurn, ToolCall, tool_metadata
+from contextmode.types import NewTurn, SessionKey, ToolCall, tool_metadata
 from test_service import make_engine
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
@@ -81,7 +81,7 @@ async def test_library_agent_loop_with_a_function_model() -> None:
                 metadata=tool_metadata(tool_calls=[ToolCall(id="a", name="search"), ToolCall(id="b", name="search")])),
     ])
     request = AgentRequest(tool_results=(ToolResult(call_id="b", content="two"), ToolResult(call_id="a", content="one")))
-    events = [e async for e in engine.stream_agent("t", "s", request)]
+    events = [e async for e in engine.stream_agent(SessionKey("t", "s"), request)]
     done = events[-1].result
     assert done is not None and done.answer.endswith("last tool") and done.tool_calls == ()
     roles = [m.role for m in events[0].prepared.messages]  # type: ignore[union-attr]

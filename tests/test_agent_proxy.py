@@ -19,7 +19,7 @@ from contextmode.testing.agents import wire_pairing_errors
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.stub_server import StubServer, tool_agent_reply
 from contextmode.tokens import count_messages
-from contextmode.types import ChatMessage, ToolCall
+from contextmode.types import ChatMessage, SessionKey, ToolCall
 from test_service import make_engine, make_settings
 
 TOOLS = [
@@ -131,12 +131,12 @@ async def test_agent_loop_through_the_proxy_keeps_every_request_valid(sdk: Any, 
 async def test_results_resent_with_the_history_are_stored_once(stub: StubServer, tmp_path: Path) -> None:
     model = OpenAIChatModel(model="stub-model", base_url=stub.url, api_key="k", max_retries=0)
     engine = make_engine(model)
-    first = [e async for e in engine.stream_agent("t", "s", AgentRequest(message="find it", tools=TOOLS))]
+    first = [e async for e in engine.stream_agent(SessionKey("t", "s"), AgentRequest(message="find it", tools=TOOLS))]
     calls = first[-1].result.tool_calls  # type: ignore[union-attr]
     assert len(calls) == 3 and all(c.id for c in calls)
     results = tuple(ToolResult(call_id=c.id, content=f"found {c.id}") for c in calls)
     for _ in range(2):  # a client retrying with the same results
-        [e async for e in engine.stream_agent("t", "s", AgentRequest(tool_results=results, tools=TOOLS))]
+        [e async for e in engine.stream_agent(SessionKey("t", "s"), AgentRequest(tool_results=results, tools=TOOLS))]
     turns = await engine.store.turns("t", "s")
     assert [t.role for t in turns].count("tool") == 3
     assert turns[1].tool_calls == calls and turns[2].tool_name in {"search", "read_file"}

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from contextmode.api import build_engine
-from contextmode.engine import Engine
+from contextmode.engine import Engine, Processors
 from contextmode.models.offline import OfflineResponder
 from contextmode.processors.base import Rewrite
 from contextmode.processors.constraints import OfflineConstraintExtractor, apply_update
@@ -49,9 +49,11 @@ class FixedRewriter:
 def _engine(rewriter: object, model: object, **settings: object) -> Engine:
     return Engine(
         store=MemoryStore(), model=model,  # type: ignore[arg-type]
-        counter=CharTokenCounter(), detector=KeywordDetector(),
-        rewriter=rewriter,  # type: ignore[arg-type]
-        summarizer=JoiningSummarizer(), extractor=SpiceExtractor(), emotion=ExclamationEmotion(),
+        counter=CharTokenCounter(),
+        processors=Processors(
+            detector=KeywordDetector(), rewriter=rewriter,  # type: ignore[arg-type]
+            summarizer=JoiningSummarizer(), extractor=SpiceExtractor(), emotion=ExclamationEmotion(),
+        ),
         settings=EngineSettings(job_attempts=1, **settings),  # type: ignore[arg-type]
     )
 

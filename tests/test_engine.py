@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from contextmode.engine import Engine
+from contextmode.engine import Engine, Processors, TurnRequest
 from contextmode.errors import ModelError, NoPreviousAnswer
 from contextmode.processors.base import Rewrite
 from contextmode.settings import EngineSettings
@@ -20,7 +20,7 @@ from contextmode.testing.processors import (
     PrefixRewriter,
     SpiceExtractor,
 )
-from contextmode.types import ChatMessage, NewTurn, Turn
+from contextmode.types import ChatMessage, NewTurn, SessionKey, Turn
 
 
 def make_engine(model: object, *, summarizer: JoiningSummarizer | None = None, **settings: object) -> Engine:
@@ -28,11 +28,13 @@ def make_engine(model: object, *, summarizer: JoiningSummarizer | None = None, *
         store=MemoryStore(),
         model=model,  # type: ignore[arg-type]
         counter=CharTokenCounter(),
-        detector=KeywordDetector(),
-        rewriter=PrefixRewriter(),
-        summarizer=summarizer or JoiningSummarizer(),
-        extractor=SpiceExtractor(),
-        emotion=ExclamationEmotion(),
+        processors=Processors(
+            detector=KeywordDetector(),
+            rewriter=PrefixRewriter(),
+            summarizer=summarizer or JoiningSummarizer(),
+            extractor=SpiceExtractor(),
+            emotion=ExclamationEmotion(),
+        ),
         settings=EngineSettings(job_attempts=3, **settings),  # type: ignore[arg-type]
     )
 
@@ -83,7 +85,7 @@ async def test_model_failure_before_any_token_keeps_only_user_turn() -> None:
 
 async def test_client_gone_mid_stream_stores_partial_answer() -> None:
     engine = make_engine(ScriptedModel([["第一段", "第二段", "第三段"]]))
-    stream = engine.stream("t1", "s1", "说三段话")
+    stream = engine.stream(TurnRequest(key=SessionKey("t1", "s1"), message="说三段话"))
     async for event in stream:
         if event.kind == "delta":
             break  # the client went away after the first delta

@@ -17,7 +17,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
 from contextmode.api import build_engine
-from contextmode.engine import Engine
+from contextmode.engine import Engine, Processors
 from contextmode.jobs import JobRunner, JobSettings
 from contextmode.models.openai import OpenAIChatModel
 from contextmode.processors.llm import LLMConstraintExtractor, LLMEmotionScorer, LLMSummarizer
@@ -202,9 +202,12 @@ def jobs_engine(stub: StubServer, sleeps: Sleeps, *, attempts: int = 3) -> Engin
         model=FunctionModel(lambda messages: "fine"),
         counter=CharTokenCounter(),
         settings=settings,
-        summarizer=LLMSummarizer(model),
-        extractor=LLMConstraintExtractor(model),
-        emotion=LLMEmotionScorer(model),
+        processors=replace(
+            Processors.offline(),
+            summarizer=LLMSummarizer(model),
+            extractor=LLMConstraintExtractor(model),
+            emotion=LLMEmotionScorer(model),
+        ),
         jobs=runner,
     )
 
@@ -325,8 +328,11 @@ async def test_detector_and_rewriter_faults_do_not_fail_the_reply(stub: StubServ
         store=MemoryStore(),
         model=FunctionModel(lambda messages: "fine"),
         counter=CharTokenCounter(),
-        detector=LLMContextDetector(model, fallback=OfflineContextDetector()),
-        rewriter=LLMRewriter(model, fallback=OfflineRewriter()),
+        processors=replace(
+            Processors.offline(),
+            detector=LLMContextDetector(model, fallback=OfflineContextDetector()),
+            rewriter=LLMRewriter(model, fallback=OfflineRewriter()),
+        ),
     )
     await engine.turn(TENANT, SID, "我想买一台笔记本电脑，预算五千")
     await engine.drain()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from contextmode.api import build_engine
 from contextmode.assembly.render import DATA_LAYERS, DEFAULT_SYSTEM_PROMPT, data_text
-from contextmode.engine import Engine
+from contextmode.engine import Engine, Processors
 from contextmode.processors.llm import LLMConstraintExtractor, LLMSummarizer
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
@@ -155,8 +156,7 @@ async def test_llm_processors_pinning_the_injection_keep_it_inside_the_data(payl
         model=FunctionModel(lambda messages: "好的"),
         counter=CharTokenCounter(),
         settings=EngineSettings(summary_threshold=2),
-        extractor=LLMConstraintExtractor(bad),
-        summarizer=LLMSummarizer(bad),
+        processors=replace(Processors.offline(), extractor=LLMConstraintExtractor(bad), summarizer=LLMSummarizer(bad)),
     )
     await converse(engine, [payload, *(f"闲聊 {i}" for i in range(11))])
     state = await engine.store.load(T, S, recent=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from contextmode.engine import Engine
+from contextmode.engine import Engine, Processors
 from contextmode.jobs import JobRunner, JobSettings
 from contextmode.memory import get_strategy
 from contextmode.processors.base import ConstraintUpdate, Detection, Rewrite, SummaryResult
@@ -67,8 +67,8 @@ def _engine(store: MemoryStore, summarizer: CountingSummarizer, jobs: JobRunner)
 
     nothing = _Nothing()
     return Engine(
-        store=store, model=FunctionModel(reply), counter=CharTokenCounter(), detector=nothing,
-        rewriter=nothing, summarizer=summarizer, extractor=nothing, emotion=nothing,
+        store=store, model=FunctionModel(reply), counter=CharTokenCounter(),
+        processors=Processors(detector=nothing, rewriter=nothing, summarizer=summarizer, extractor=nothing, emotion=nothing),
         settings=EngineSettings(summary_threshold=4), jobs=jobs,
     )
 

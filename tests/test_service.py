@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from contextmode import errors
-from contextmode.engine import Engine
+from contextmode.engine import Engine, Processors
 from contextmode.errors import ModelError, ModelTimeout, ModelUnavailable, StoreError
 from contextmode.processors.base import ConstraintUpdate
 from contextmode.service import ServiceSettings, create_app
@@ -66,11 +66,13 @@ def make_engine(model: Any = None, *, store: Any = None, summarizer: Any = None,
         store=store or MemoryStore(),
         model=model or FunctionModel(echo),
         counter=CharTokenCounter(),
-        detector=KeywordDetector(reason="keyword"),
-        rewriter=PrefixRewriter(),
-        summarizer=summarizer or JoiningSummarizer(),
-        extractor=SpiceExtractor(),
-        emotion=FlatEmotion(),
+        processors=Processors(
+            detector=KeywordDetector(reason="keyword"),
+            rewriter=PrefixRewriter(),
+            summarizer=summarizer or JoiningSummarizer(),
+            extractor=SpiceExtractor(),
+            emotion=FlatEmotion(),
+        ),
         settings=EngineSettings(**settings),
     )
 

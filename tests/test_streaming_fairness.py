@@ -6,17 +6,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from contextmode.engine import TurnEvent
+from contextmode.engine import Delta, TurnEvent
 from contextmode.service.sse import PING, SSEResponse
 from contextmode.service.turns import coalesce
+
+
+class _End:
+    """Stands for the turn's last event (``done``); coalescing only reads ``kind``."""
+
+    kind = "done"
+    text = ""
 
 
 async def _deltas(n: int, text: str = "ab", pause_every: int = 0, pause_s: float = 0.0) -> AsyncIterator[TurnEvent]:
     for i in range(n):
         if pause_every and i and i % pause_every == 0:
             await asyncio.sleep(pause_s)
-        yield TurnEvent(kind="delta", text=text)
-    yield TurnEvent(kind="done", text="")
+        yield Delta(text=text)
+    yield _End()  # type: ignore[misc]
 
 
 async def test_a_burst_of_deltas_becomes_a_few_events_with_the_same_text() -> None:
@@ -45,8 +52,8 @@ async def test_with_zero_ms_every_delta_is_its_own_event() -> None:
 
 async def test_a_failure_sends_the_waiting_text_first() -> None:
     async def broken() -> AsyncIterator[TurnEvent]:
-        yield TurnEvent(kind="delta", text="half ")
-        yield TurnEvent(kind="delta", text="answer")
+        yield Delta(text="half ")
+        yield Delta(text="answer")
         raise RuntimeError("model broke")
 
     got: list[str] = []

@@ -12,7 +12,7 @@ print(cm.context("demo", "推荐一家餐厅").summary_line())
 from .agent_turn import AgentRequest, ToolResult
 from .api import ContextMode, build_engine
 from .assembly import AssemblyConfig, Context, assemble, to_anthropic, to_messages, to_text
-from .engine import Engine, PreparedTurn, TurnEvent, TurnResult
+from .engine import Engine, PreparedTurn, Processors, TurnEvent, TurnRequest, TurnResult
 from .errors import (
     ConfigError,
     ContextModeError,
@@ -30,6 +30,7 @@ from .types import (
     ChatMessage,
     Constraint,
     NewTurn,
+    SessionKey,
     SessionState,
     Summary,
     ToolCall,
@@ -57,6 +58,8 @@ __all__ = [
     "NewTurn",
     "NoPreviousAnswer",
     "PreparedTurn",
+    "Processors",
+    "SessionKey",
     "SessionNotFound",
     "SessionState",
     "StoreError",
@@ -65,6 +68,7 @@ __all__ = [
     "ToolResult",
     "Turn",
     "TurnEvent",
+    "TurnRequest",
     "TurnResult",
     "UserError",
     "__version__",

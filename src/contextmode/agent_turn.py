@@ -24,10 +24,10 @@ from .memory.strategies import get_strategy
 from .models.base import ModelEvent, TextDelta, ToolChoice, ToolSpec, calls_tools
 from .processors.base import Detection
 from .tokens.tools import count_turn
-from .types import NewTurn, SessionState, ToolCall, Turn, tool_metadata, validate_id
+from .types import NewTurn, SessionKey, SessionState, ToolCall, Turn, tool_metadata
 
 if TYPE_CHECKING:
-    from .engine import Engine, PreparedTurn, TurnEvent
+    from .engine import Engine, PreparedTurn, TurnEvent, UseDefault
     from .settings import Mode
 
 __all__ = ["AgentRequest", "ToolResult", "stream_agent_turn"]
@@ -66,8 +66,11 @@ def _answered_and_named(turns: Sequence[Turn]) -> tuple[set[str], dict[str, str]
     return answered, names
 
 
-async def _store_results(engine: Engine, tenant: str, session_id: str, results: Sequence[ToolResult]) -> list[Turn]:
+async def _store_results(engine: Engine, key: SessionKey, results: Sequence[ToolResult]) -> list[Turn]:
     """Append the results not stored yet (a client resending its history stores nothing twice)."""
+    from .engine.persist import observe
+
+    tenant, session_id = key.tenant, key.session_id
     state = await engine.store.load(tenant, session_id, recent=64, max_uncovered=64)
     answered, names = _answered_and_named(state.turns)
     fresh = [r for r in results if r.call_id not in answered]
@@ -83,18 +86,18 @@ async def _store_results(engine: Engine, tenant: str, session_id: str, results: 
         for r in fresh
     ]
     stored = await engine.store.append(tenant, session_id, new)
-    engine._observe(tenant, session_id, stored)
+    observe(engine, key, stored)
     return stored
 
 
-async def _latest_user(engine: Engine, tenant: str, session_id: str, state: SessionState) -> tuple[list[Turn], Turn, list[Turn]]:
+async def _latest_user(engine: Engine, key: SessionKey, state: SessionState) -> tuple[list[Turn], Turn, list[Turn]]:
     history, user, step = split_step(state.turns)
     if user is not None:
         return history, user, step
     # A long step pushed the user turn out of the loaded window: look further back.
     end = state.turns[0].seq - 1 if state.turns else state.last_seq
     while end >= 1:
-        older = await engine.store.turns(tenant, session_id, from_seq=max(1, end - 199), to_seq=end)
+        older = await engine.store.turns(key.tenant, key.session_id, from_seq=max(1, end - 199), to_seq=end)
         _, found, rest = split_step(older)
         if found is not None:
             return [], found, [*rest, *state.turns]
@@ -103,18 +106,20 @@ async def _latest_user(engine: Engine, tenant: str, session_id: str, state: Sess
 
 
 async def prepare_step(
-    engine: Engine, tenant: str, session_id: str, *, mode: Mode, now: datetime | None = None
+    engine: Engine, key: SessionKey, *, mode: Mode, system_prompt: str | UseDefault | None,
+    now: datetime | None = None,
 ) -> PreparedTurn:
     """The context for continuing an agent step: the latest user turn, then its calls and results."""
     from .engine import PreparedTurn
+    from .engine.prepare import load_state
 
     started = time.perf_counter()
     chosen = get_strategy(engine.settings.strategy)
-    state = await engine.load(tenant, session_id, chosen)
-    history, user, step = await _latest_user(engine, tenant, session_id, state)
+    state = await load_state(engine, key, chosen)
+    history, user, step = await _latest_user(engine, key, state)
     context = assemble(
         replace(state, turns=tuple(history)), user.content, counter=engine.counter, strategy=chosen,
-        budget=engine._budget(), config=engine._config(), now=now, current=CurrentTurn(agent_step=step),
+        budget=engine.budget(), config=engine.assembly_config(system_prompt), now=now, current=CurrentTurn(agent_step=step),
     )
     return PreparedTurn(
         state=state, detection=Detection(needs_context=False), rewrite=None, context=context,
@@ -158,35 +163,37 @@ async def _events(engine: Engine, prepared: PreparedTurn, request: AgentRequest)
 
 async def stream_agent_turn(
     engine: Engine,
-    tenant: str,
-    session_id: str,
+    key: SessionKey,
     request: AgentRequest,
     *,
     mode: Mode | None = None,
     metadata: dict[str, Any] | None = None,
+    system_prompt: str | UseDefault | None,
 ) -> AsyncIterator[TurnEvent]:
-    """`Engine.stream` for an agent step: ``prepared``, then ``delta`` and ``tool_call`` events,
-    then ``done`` whose result carries the answer's tool calls. The answer (text and calls) is
-    stored in a ``finally`` shielded from cancellation; a broken stream stores its text as
+    """`Engine.stream` for an agent step: ``Prepared``, then ``Delta`` and ``ToolCallPart`` events,
+    then ``Done`` whose result carries the answer's tool calls (or ``Failed``). The answer (text and
+    calls) is stored in a ``finally`` shielded from cancellation; a broken stream stores its text as
     partial and none of its calls (a half-received call is never stored as made)."""
-    from .engine import TurnEvent, TurnResult
+    from .engine import Delta, Done, Failed, Prepared, ToolCallPart, TurnRequest, TurnResult
+    from .engine.persist import observe
+    from .engine.prepare import prepare_turn
+    from .engine.schedule import schedule_jobs
 
-    validate_id(tenant, "tenant")
-    validate_id(session_id)
     mode = mode or engine.settings.mode
-    await _store_results(engine, tenant, session_id, request.tool_results)
+    await _store_results(engine, key, request.tool_results)
     new_user: Turn | None = None
     if request.message is not None:
-        prepared = await engine.prepare(tenant, session_id, request.message, mode=mode)
-        new_user = (await engine.store.append(tenant, session_id, [
+        turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt)
+        prepared = await prepare_turn(engine, turn_request)
+        new_user = (await engine.store.append(key.tenant, key.session_id, [
             NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
                     metadata=dict(metadata or {}))]))[0]
-        engine._observe(tenant, session_id, [new_user])
+        observe(engine, key, [new_user])
         user_turn = new_user
     else:
-        prepared = await prepare_step(engine, tenant, session_id, mode=mode)
-        user_turn = (await _latest_user(engine, tenant, session_id, prepared.state))[1]
-    yield TurnEvent(kind="prepared", prepared=prepared)
+        prepared = await prepare_step(engine, key, mode=mode, system_prompt=system_prompt)
+        user_turn = (await _latest_user(engine, key, prepared.state))[1]
+    yield Prepared(prepared=prepared)
     answer = _Answer(pieces=[], calls={})
     error: ModelError | None = None
     completed = False
@@ -194,33 +201,36 @@ async def stream_agent_turn(
     try:
         async for event in _events(engine, prepared, request):
             answer.add(event)
-            yield TurnEvent(kind="delta", text=event.text) if event.kind == "text" else TurnEvent(kind="tool_call", tool_call=event)
+            yield Delta(text=event.text) if event.kind == "text" else ToolCallPart(call=event)
         completed = True
     except ModelError as exc:
         error = exc
     finally:
         text = "".join(answer.pieces)
         calls = answer.tool_calls() if completed else ()
-        stored = await asyncio.shield(_store_answer(engine, tenant, session_id, user_turn, text, calls, completed))
-        jobs = engine._schedule_jobs(tenant, session_id, new_user, prepared) if new_user is not None else []
+        stored = await asyncio.shield(_store_answer(engine, key, user_turn, text, calls, completed))
+        jobs = schedule_jobs(engine, key, new_user, prepared) if new_user is not None else []
     if error is not None:
-        raise error
+        yield Failed(error=error, partial_answer=text, prepared=prepared)
+        return
     result = TurnResult(
         answer=text, partial=False, user_turn=user_turn, assistant_turn=stored, prepared=prepared, jobs=jobs,
         model_ms=(time.perf_counter() - started) * 1000, tool_calls=calls,
     )
-    yield TurnEvent(kind="done", text=text, result=result)
+    yield Done(result=result)
 
 
 async def _store_answer(
-    engine: Engine, tenant: str, session_id: str, user_turn: Turn, text: str, calls: tuple[ToolCall, ...], completed: bool
+    engine: Engine, key: SessionKey, user_turn: Turn, text: str, calls: tuple[ToolCall, ...], completed: bool
 ) -> Turn | None:
+    from .engine.persist import observe
+
     if not text and not calls:
         return None
     meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": engine.model.name, **tool_metadata(tool_calls=calls)}
     if not completed:
         meta["partial"] = True
-    stored = await engine.store.append(tenant, session_id, [
+    stored = await engine.store.append(key.tenant, key.session_id, [
         NewTurn(role="assistant", content=text, tokens=count_turn(engine.counter, text, tool_calls=calls), metadata=meta)])
-    engine._observe(tenant, session_id, stored)
+    observe(engine, key, stored)
     return stored[0]

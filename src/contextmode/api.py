@@ -20,22 +20,35 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from .assembly import Context
-from .engine import Engine, PreparedTurn, TurnResult
+from .engine import (
+    USE_DEFAULT,
+    Engine,
+    PreparedTurn,
+    Processors,
+    Recaller,
+    TurnRequest,
+    TurnResult,
+    UseDefault,
+)
 from .errors import ConfigError
+from .jobs import JobQueue
+from .memory.strategies import Strategy
 from .models.base import ChatModel
+from .models.offline import OfflineResponder
+from .models.server import ServerInfo
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
 from .tokens.base import TokenCounter
-from .types import ChatMessage, Turn, utc_now
+from .types import ChatMessage, SessionKey, Turn, utc_now
 
-__all__ = ["ContextMode", "MessageRecord", "build_engine"]
+__all__ = ["ContextMode", "MessageRecord", "build_engine", "default_processors"]
 
 log = logging.getLogger("contextmode.api")
 T = TypeVar("T")
@@ -44,24 +57,12 @@ DEFAULT_COUNTING_MODEL = "gpt-4o"
 ProcessorKind = Literal["offline", "llm"]
 
 
-def _offline_processors() -> dict[str, Any]:
-    from .processors.constraints import OfflineConstraintExtractor
-    from .processors.detect import OfflineContextDetector
-    from .processors.emotion import OfflineEmotionScorer
-    from .processors.rewrite import OfflineRewriter
-    from .processors.summarize import OfflineSummarizer
-
-    return {
-        "detector": OfflineContextDetector(),
-        "rewriter": OfflineRewriter(),
-        "summarizer": OfflineSummarizer(),
-        "extractor": OfflineConstraintExtractor(),
-        "emotion": OfflineEmotionScorer(),
-    }
-
-
-def _processors(kind: ProcessorKind, model: ChatModel) -> dict[str, Any]:
-    offline = _offline_processors()
+def default_processors(model: ChatModel, kind: ProcessorKind | None = None) -> Processors:
+    """The processors `build_engine` uses: ``offline``, or ``llm`` ones calling ``model``
+    (``kind`` default: ``CONTEXTMODE_PROCESSORS``, else ``offline``)."""
+    if kind is None:
+        kind = os.environ.get("CONTEXTMODE_PROCESSORS", "offline")  # type: ignore[assignment]
+    offline = Processors.offline()
     if kind == "offline":
         return offline
     if kind != "llm":
@@ -80,13 +81,25 @@ def _processors(kind: ProcessorKind, model: ChatModel) -> dict[str, Any]:
     # background jobs it raises, so the job is retried and, at worst, recorded as failed
     # (or as rejected, without retries, when the model's output was unusable).
     limits = LLMLimits.from_env()
-    return {
-        "detector": LLMContextDetector(model, fallback=offline["detector"], max_tokens=limits.detect),
-        "rewriter": LLMRewriter(model, fallback=offline["rewriter"], max_tokens=limits.rewrite),
-        "summarizer": AuditedSummarizer(LLMSummarizer(model, max_tokens=limits.summary)),
-        "extractor": LLMConstraintExtractor(model, max_tokens=limits.constraints),
-        "emotion": LLMEmotionScorer(model, max_tokens=limits.emotion),
-    }
+    return Processors(
+        detector=LLMContextDetector(model, fallback=offline.detector, max_tokens=limits.detect),
+        rewriter=LLMRewriter(model, fallback=offline.rewriter, max_tokens=limits.rewrite),
+        summarizer=AuditedSummarizer(LLMSummarizer(model, max_tokens=limits.summary)),
+        extractor=LLMConstraintExtractor(model, max_tokens=limits.constraints),
+        emotion=LLMEmotionScorer(model, max_tokens=limits.emotion),
+    )
+
+
+@runtime_checkable
+class ServerDescribed(Protocol):
+    """A model whose server can say its context window and tokenizer (`OpenAIChatModel`)."""
+
+    def server_info(self) -> ServerInfo: ...
+
+
+def describes_server(model: object) -> TypeGuard[ServerDescribed]:
+    """True when ``model`` can probe its server (see `models.server.probe_server`)."""
+    return isinstance(model, ServerDescribed)
 
 
 def _fit_server(
@@ -98,13 +111,8 @@ def _fit_server(
     A window set in the configuration that is larger than the server's is a `ConfigError`
     naming both numbers; an unset one becomes the server's.
     """
-    probe = getattr(model, "server_info", None)
-    if not callable(probe):
-        return settings, counter
-    from .models.server import ServerInfo
-
-    info = probe()
-    if not isinstance(info, ServerInfo):
+    info = model.server_info() if describes_server(model) else None
+    if info is None:
         return settings, counter
     window = info.context_window
     if window is not None:
@@ -135,16 +143,20 @@ def build_engine(
     model: ChatModel | None = None,
     counter: TokenCounter | None = None,
     settings: EngineSettings | None = None,
-    processors: ProcessorKind | None = None,
-    **overrides: Any,
+    processors: ProcessorKind | Processors | Callable[[ChatModel], Processors] | None = None,
+    recaller: Recaller | UseDefault | None = USE_DEFAULT,
+    jobs: JobQueue | None = None,
+    system_prompt: str | None = None,
 ) -> Engine:
     """An `Engine` on the configured or embedded defaults.
 
     ``store``: a `Store` or a URL (``sqlite:///…``, ``postgresql://…``, ``redis://…``,
     ``memory://``); default ``CONTEXTMODE_STORE_URL`` or SQLite under ``CONTEXTMODE_HOME``.
     ``model``: default from ``CONTEXTMODE_LLM_*`` or the offline responder.
-    ``processors``: ``offline`` (default) or ``llm`` (``CONTEXTMODE_PROCESSORS``).
-    ``overrides`` replace single collaborators (``detector=``, ``summarizer=``…).
+    ``processors``: ``offline`` (default) or ``llm`` (``CONTEXTMODE_PROCESSORS``), a
+    `Processors` value (e.g. ``replace(Processors.offline(), summarizer=mine)``), or a function
+    of the chosen model (e.g. ``lambda m: replace(default_processors(m), summarizer=mine)``).
+    ``recaller``: default the BM25 `Recaller` (``None``: no recall layer).
     """
     from .models.factory import model_from_env
     from .store import open_store
@@ -163,18 +175,23 @@ def build_engine(
         # The configured model's tokenizer; with none configured, o200k (gpt-4o family).
         counter = counter_for_model(named or DEFAULT_COUNTING_MODEL)
         log.info("token counter: %s (%s)", counter.name, "exact" if counter.exact else "an estimate")
-    if model.__class__.__name__ == "OfflineResponder" and getattr(model, "counter", None) is None:
-        model.counter = counter  # type: ignore[attr-defined]
+    if isinstance(model, OfflineResponder) and model.counter is None:
+        # Its notices show token totals: a new responder with the engine's counter.
+        model = OfflineResponder(counter=counter, preview_chars=model.preview_chars,
+                                 chunk_chars=model.chunk_chars, name=model.name)
     if store is None or isinstance(store, str):
         store = open_store(store)
-    kind: ProcessorKind = processors or os.environ.get("CONTEXTMODE_PROCESSORS", "offline")  # type: ignore[assignment]
-    parts = _processors(kind, model)
-    # Recall costs O(new turn) per turn to index; it is used by strategies with a recall layer.
-    from .memory.recall import Recaller
+    if callable(processors):
+        processors = processors(model)
+    elif not isinstance(processors, Processors):
+        processors = default_processors(model, processors)
+    if isinstance(recaller, UseDefault):
+        # Recall costs O(new turn) per turn to index; it is used by strategies with a recall layer.
+        from .memory.recall import Recaller as BM25Recaller
 
-    parts["recaller"] = Recaller()
-    parts.update(overrides)
-    return Engine(store=store, model=model, counter=counter, settings=settings, **parts)
+        recaller = BM25Recaller()
+    return Engine(store=store, model=model, counter=counter, processors=processors, settings=settings,
+                  recaller=recaller, jobs=jobs, system_prompt=system_prompt)
 
 
 class ContextMode:
@@ -192,35 +209,77 @@ class ContextMode:
         tenant: str | None = None,
         mode: Mode | None = None,
         engine: Engine | None = None,
-        **engine_options: Any,
+        store: Store | str | None = None,
+        model: ChatModel | None = None,
+        counter: TokenCounter | None = None,
+        settings: EngineSettings | None = None,
+        processors: ProcessorKind | Processors | None = None,
     ) -> None:
-        self.engine = engine or build_engine(**engine_options)
+        """``engine``, or one `build_engine` makes from ``store``, ``model``, ``counter``,
+        ``settings`` and ``processors``; ``tenant`` and ``mode`` apply to every call."""
+        self.engine = engine or build_engine(
+            store=store, model=model, counter=counter, settings=settings, processors=processors
+        )
         self.tenant = tenant or self.engine.settings.tenant
         self.mode = mode
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
+    def _request(
+        self, session_id: str, message: str, *, mode: Mode | None, strategy: str | Strategy | None,
+        system_prompt: str | UseDefault | None, metadata: Mapping[str, Any] | None = None,
+        user_id: str | None = None, now: datetime | None = None,
+    ) -> TurnRequest:
+        """The turn's request, checked here once (ids, message, user id)."""
+        return TurnRequest(
+            key=SessionKey(self.tenant, session_id), message=message, mode=mode or self.mode, strategy=strategy,
+            system_prompt=system_prompt, metadata=metadata or {}, user_id=user_id, now=now,
+        )
+
     # -- async -----------------------------------------------------------
 
-    async def achat(self, session_id: str, message: str, **kwargs: Any) -> TurnResult:
+    async def achat(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, metadata: Mapping[str, Any] | None = None,
+        user_id: str | None = None,
+    ) -> TurnResult:
         """Run one turn and return the answer with its context and accounting."""
-        return await self.engine.turn(self.tenant, session_id, message, mode=kwargs.pop("mode", self.mode), **kwargs)
+        request = self._request(session_id, message, mode=mode, strategy=strategy, system_prompt=system_prompt,
+                                metadata=metadata, user_id=user_id)
+        return await self.engine.turn(request)
 
-    async def astream(self, session_id: str, message: str, **kwargs: Any) -> AsyncIterator[str]:
-        """Run one turn, yielding the answer's text as it streams."""
-        async for event in self.engine.stream(
-            self.tenant, session_id, message, mode=kwargs.pop("mode", self.mode), **kwargs
-        ):
+    async def astream(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, metadata: Mapping[str, Any] | None = None,
+        user_id: str | None = None,
+    ) -> AsyncIterator[str]:
+        """Run one turn, yielding the answer's text as it streams (a model failure is raised
+        after the partial answer is stored)."""
+        request = self._request(session_id, message, mode=mode, strategy=strategy, system_prompt=system_prompt,
+                                metadata=metadata, user_id=user_id)
+        async for event in self.engine.stream(request):
             if event.kind == "delta":
                 yield event.text
+            elif event.kind == "failed":
+                raise event.error
 
-    async def aprepare(self, session_id: str, message: str, **kwargs: Any) -> PreparedTurn:
+    async def aprepare(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, now: datetime | None = None,
+    ) -> PreparedTurn:
         """What the next turn would do (detection, rewrite, context), writing nothing."""
-        return await self.engine.prepare(self.tenant, session_id, message, mode=kwargs.pop("mode", self.mode), **kwargs)
+        request = self._request(session_id, message, mode=mode, strategy=strategy, system_prompt=system_prompt,
+                                now=now)
+        return await self.engine.prepare(request)
 
-    async def acontext(self, session_id: str, message: str, **kwargs: Any) -> Context:
+    async def acontext(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, now: datetime | None = None,
+    ) -> Context:
         """Exactly what the model would receive for ``message``, per layer with tokens."""
-        return (await self.aprepare(session_id, message, **kwargs)).context
+        prepared = await self.aprepare(session_id, message, mode=mode, strategy=strategy,
+                                       system_prompt=system_prompt, now=now)
+        return prepared.context
 
     async def arecord(
         self, session_id: str, role: Literal["user", "assistant"], content: str,
@@ -261,17 +320,49 @@ class ContextMode:
             self._thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def chat(self, session_id: str, message: str, **kwargs: Any) -> TurnResult:
+    def chat(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, metadata: Mapping[str, Any] | None = None,
+        user_id: str | None = None,
+    ) -> TurnResult:
         """Sync `achat`."""
-        return self._run(self.achat(session_id, message, **kwargs))
+        return self._run(self.achat(session_id, message, mode=mode, strategy=strategy, system_prompt=system_prompt,
+                                    metadata=metadata, user_id=user_id))
 
-    def prepare(self, session_id: str, message: str, **kwargs: Any) -> PreparedTurn:
+    def stream(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, metadata: Mapping[str, Any] | None = None,
+        user_id: str | None = None,
+    ) -> Iterator[str]:
+        """Sync `astream`: the answer's text as it streams. Leaving the loop early stores
+        the partial answer, as a client going away does."""
+        pieces = self.astream(session_id, message, mode=mode, strategy=strategy, system_prompt=system_prompt,
+                              metadata=metadata, user_id=user_id)
+
+        async def following() -> str | None:
+            return await anext(pieces, None)
+
+        try:
+            while (piece := self._run(following())) is not None:
+                yield piece
+        finally:
+            self._run(pieces.aclose())  # type: ignore[attr-defined]
+
+    def prepare(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, now: datetime | None = None,
+    ) -> PreparedTurn:
         """Sync `aprepare`."""
-        return self._run(self.aprepare(session_id, message, **kwargs))
+        return self._run(self.aprepare(session_id, message, mode=mode, strategy=strategy,
+                                       system_prompt=system_prompt, now=now))
 
-    def context(self, session_id: str, message: str, **kwargs: Any) -> Context:
+    def context(
+        self, session_id: str, message: str, *, mode: Mode | None = None, strategy: str | Strategy | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT, now: datetime | None = None,
+    ) -> Context:
         """Sync `acontext`."""
-        return self._run(self.acontext(session_id, message, **kwargs))
+        return self._run(self.acontext(session_id, message, mode=mode, strategy=strategy,
+                                       system_prompt=system_prompt, now=now))
 
     def record(
         self, session_id: str, role: Literal["user", "assistant"], content: str,
@@ -330,14 +421,16 @@ class ContextMode:
         agent items included (an assistant message's ``tool_calls``, ``tool`` results with
         their ``tool_call_id``), each counted like a live one (`count_turn`). The user
         messages schedule the jobs a live turn schedules (summary, pins, emotions)."""
+        from .engine.persist import exchanges_so_far, observe
+        from .engine.schedule import schedule_jobs
         from .tokens.tools import count_turn
-        from .types import NewTurn, tool_metadata, validate_id
+        from .types import NewTurn, tool_metadata
 
         engine = self.engine
-        validate_id(session_id)
+        key = SessionKey(self.tenant, session_id)
         if not records:
             return []
-        exchanges = await engine._exchanges_so_far(self.tenant, session_id, None)
+        exchanges = await exchanges_so_far(engine, key, None)
         new: list[NewTurn] = []
         for record in records:
             m = record.message
@@ -349,10 +442,10 @@ class ContextMode:
             new.append(NewTurn(role=m.role, content=m.content, tokens=tokens, metadata=meta,
                                created_at=record.created_at or utc_now()))
         stored = await engine.store.append(self.tenant, session_id, new, user_id=user_id)
-        engine._observe(self.tenant, session_id, stored)
+        observe(engine, key, stored)
         for turn in stored:
             if turn.role == "user":
-                engine._schedule_jobs(self.tenant, session_id, turn, None)
+                schedule_jobs(engine, key, turn, None)
         return stored
 
     async def apop(self, session_id: str) -> Turn | None:
@@ -377,7 +470,9 @@ class ContextMode:
         stored = await engine.store.append(self.tenant, session_id, [
             NewTurn(role=t.role, content=t.content, tokens=t.tokens, created_at=t.created_at,
                     emotion=t.emotion, metadata=t.metadata) for t in kept], user_id=info)
-        engine._observe(self.tenant, session_id, stored)
+        from .engine.persist import observe
+
+        observe(engine, SessionKey(self.tenant, session_id), stored)
         if state.summary is not None and state.summary.covers_seq < popped.seq:
             await engine.store.commit_summary(self.tenant, session_id, state.summary, expected_version=0)
         pins = [c for c in state.constraints if c.source_seq != popped.seq]
@@ -411,15 +506,15 @@ class ContextMode:
         engine = self.engine
         chosen = get_strategy(engine.settings.strategy)
         state = await engine.load(self.tenant, session_id, chosen)
-        history, user, step = await _latest_user(engine, self.tenant, session_id, state)
+        history, user, step = await _latest_user(engine, SessionKey(self.tenant, session_id), state)
         state = replace(state, turns=tuple(history))
         recall_limit = int(getattr(chosen, "recall_limit", 0) or 0)
         if engine.recaller is not None and recall_limit:
             recalled = await engine.recaller.recall(
                 engine.store, state, user.content, limit=recall_limit, recent_turns=chosen.recent_turns)
             state = replace(state, recalled=tuple(t for t in recalled if t.seq < user.seq and not t.notice))
-        return assemble(state, user.content, counter=engine.counter, strategy=chosen, budget=engine._budget(),
-                        config=engine._config(), current=CurrentTurn(agent_step=step))
+        return assemble(state, user.content, counter=engine.counter, strategy=chosen, budget=engine.budget(),
+                        config=engine.assembly_config(), current=CurrentTurn(agent_step=step))
 
     # -- end of the integrations block ------------------------------------
 

@@ -22,8 +22,9 @@ ContextModeError
 ```
 
 Driver and provider exceptions are translated once, where they are raised
-(`store/*`, `models/openai.py`), with `raise X from exc`; the HTTP layer maps
-each class to one envelope code (see README, "Error codes").
+(`store/*`, `models/openai.py`), with `raise X from exc`, by a table of classes
+(`ErrorTable`, `translate`; the store drivers' tables are in `store/_driver_errors.py`);
+the HTTP layer maps each class to one envelope code by a table too (`service/codes.py`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "TurnNotFound",
     "UserError",
 ]
+# Also here, outside ``__all__`` (which lists the tree's classes): `ErrorTable` and `translate`.
 
 
 class ContextModeError(Exception):
@@ -145,3 +147,16 @@ class EmptyMessage(InputError):
 
 class TurnNotFound(ContextModeError):
     """No kept trace for that turn of the session (never kept, pruned by retention, or deleted)."""
+
+
+ErrorTable = tuple[tuple[type[BaseException], type[ContextModeError]], ...]
+"""Foreign exception classes and the error each becomes, first match wins (see `translate`)."""
+
+
+def translate(exc: BaseException, table: ErrorTable, message: str) -> ContextModeError | None:
+    """The project error ``exc`` maps to in ``table`` (``message`` as its text), or ``None``
+    when no row matches (then the caller re-raises ``exc`` unchanged: a bug, not a failure)."""
+    for source, target in table:
+        if isinstance(exc, source):
+            return target(message)
+    return None

@@ -21,17 +21,55 @@ import random
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from .errors import ConfigError, LockNotAcquired, OutputRejected
 from .store.base import Store
-from .types import validate_id
 
-__all__ = ["JobFactory", "JobRunner", "JobSettings"]
+__all__ = ["HookedJobQueue", "JobFactory", "JobHooks", "JobQueue", "JobRunner", "JobSettings", "takes_hooks"]
 
 log = logging.getLogger("contextmode.jobs")
 
 JobFactory = Callable[[], Awaitable[object]]
 """Makes the coroutine of one attempt; called again for every retry."""
+
+
+class JobHooks(Protocol):
+    """Told about every scheduled job and every failed attempt (the service's metrics)."""
+
+    def job_scheduled(self, job: str) -> None: ...
+
+    def job_failed(self, job: str) -> None: ...
+
+
+class JobQueue(Protocol):
+    """The engine's background job runner (`JobRunner`, or a test's own)."""
+
+    def schedule(
+        self, tenant: str, session_id: str, job_name: str, coro_factory: JobFactory, *, coalesce: bool = False
+    ) -> None: ...
+
+    def pending(self, tenant: str, session_id: str) -> list[str]: ...
+
+    def sessions(self) -> list[tuple[str, str]]: ...
+
+    def cancel(self, tenant: str, session_id: str) -> int: ...
+
+    async def drain(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class HookedJobQueue(Protocol):
+    """A job queue that reports to `JobHooks` (`JobRunner` does)."""
+
+    hooks: JobHooks | None
+
+
+def takes_hooks(jobs: object) -> TypeGuard[HookedJobQueue]:
+    """True when ``jobs`` reports scheduled jobs and failed attempts to its ``hooks``."""
+    return isinstance(jobs, HookedJobQueue)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +128,8 @@ class _LockBusy(Exception):
 class JobRunner:
     """Runs per-session background jobs; ``store`` provides the cross-process lock and stats.
 
-    ``sleep`` is injectable so tests need not wait for real backoffs.
+    ``sleep`` is injectable so tests need not wait for real backoffs. ``hooks`` (settable
+    later: the service sets its metrics) hears of every scheduled job and failed attempt.
     """
 
     def __init__(
@@ -99,9 +138,11 @@ class JobRunner:
         settings: JobSettings | None = None,
         *,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        hooks: JobHooks | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or JobSettings()
+        self.hooks = hooks
         self._sleep = sleep
         self._queues: dict[tuple[str, str], _SessionQueue] = {}
 
@@ -120,7 +161,9 @@ class JobRunner:
         one instead of queueing a second: for jobs that read the latest state
         (summaries), not for jobs bound to one turn (emotion of turn N).
         """
-        key = (validate_id(tenant, "tenant"), validate_id(session_id))
+        key = (tenant, session_id)
+        if self.hooks is not None:
+            self.hooks.job_scheduled(job_name)
         queue = self._queues.setdefault(key, _SessionQueue())
         if coalesce:
             for i, (name, _) in enumerate(queue.waiting):
@@ -201,7 +244,7 @@ class JobRunner:
         attempts = self.settings.attempts
         for attempt in range(1, attempts + 1):
             try:
-                await self._attempt(key, factory)
+                await self._attempt(key, name, factory)
             except _LockBusy:
                 log.info("job %s for %s/%s skipped: another worker holds the session", name, *key)
                 return
@@ -223,9 +266,9 @@ class JobRunner:
             await self._record(key, name, ok=True)
             return
 
-    async def _attempt(self, key: tuple[str, str], factory: JobFactory) -> None:
+    async def _attempt(self, key: tuple[str, str], name: str, factory: JobFactory) -> None:
         if self.store is None:
-            await self._call(factory)
+            await self._call(name, factory)
             return
         for attempt in range(1, self.settings.lock_attempts + 1):
             held = self.store.lock(*key, ttl_s=self.settings.lock_ttl_s)
@@ -236,17 +279,26 @@ class JobRunner:
                     await self._sleep(self._delay(attempt))
                 continue
             try:
-                await self._call(factory)
+                await self._call(name, factory)
             finally:
                 await held.__aexit__(None, None, None)
             return
         raise _LockBusy
 
-    async def _call(self, factory: JobFactory) -> None:
+    async def _call(self, name: str, factory: JobFactory) -> None:
         if self.settings.timeout_s is None:
-            await factory()
+            await self._counted(name, factory)
         else:
-            await asyncio.wait_for(factory(), self.settings.timeout_s)
+            await asyncio.wait_for(self._counted(name, factory), self.settings.timeout_s)
+
+    async def _counted(self, name: str, factory: JobFactory) -> None:
+        """One attempt; an exception it raises is a failed attempt for the hooks."""
+        try:
+            await factory()
+        except Exception:
+            if self.hooks is not None:
+                self.hooks.job_failed(name)
+            raise
 
     async def _record(
         self, key: tuple[str, str], name: str, *, ok: bool, error: str | None = None, rejected: bool = False

@@ -22,8 +22,10 @@ __all__ = [
     "ChatMessage",
     "Constraint",
     "ConstraintKind",
+    "ImageRef",
     "NewTurn",
     "Role",
+    "SessionKey",
     "SessionState",
     "Summary",
     "ToolCall",
@@ -58,6 +60,32 @@ def require_text(message: str) -> str:
     if not message.strip():
         raise EmptyMessage("the message is empty or only whitespace; type something to send")
     return message
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKey:
+    """A tenant and one of its sessions, both checked once when the key is made.
+
+    Built at the edge (an HTTP route, the proxy, the CLI, `ContextMode`); code
+    that receives a ``SessionKey`` trusts it and checks nothing again.
+    """
+
+    tenant: str
+    session_id: str
+
+    def __post_init__(self) -> None:
+        validate_id(self.tenant, "tenant")
+        validate_id(self.session_id)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageRef:
+    """An image the user sent with a message, as stored for the turn (its file is deleted after it)."""
+
+    path: str
+    type: str
+    """Its media type (``image/png`` …)."""
+    bytes: int
 
 
 def utc_now() -> datetime:

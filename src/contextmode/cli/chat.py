@@ -7,9 +7,10 @@ import asyncio
 from rich.console import Console
 
 from ..api import build_engine
-from ..engine import Engine
+from ..engine import Engine, TurnRequest
 from ..errors import ContextModeError
 from ..models.offline import OfflineResponder
+from ..types import SessionKey
 from .render import prepared_panel, turns_table
 
 __all__ = ["HELP", "run_chat"]
@@ -51,13 +52,15 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
                 # The offline responder's text is an engine notice, not an answer: say so.
                 notice = isinstance(engine.model, OfflineResponder)
                 console.print("[bold yellow]通知 (notice)>[/bold yellow] " if notice else "[bold]助手>[/bold] ", end="")
-                async for event in engine.stream(tenant, session, line):
+                async for event in engine.stream(TurnRequest(key=SessionKey(tenant, session), message=line)):
                     if event.kind == "delta":
                         printed = printed or bool(event.text)
                         console.print(event.text, end="", markup=False, highlight=False)
-                    elif event.kind == "done" and event.result is not None:
+                    elif event.kind == "done":
                         flag = " (partial)" if event.result.partial else ""
                         console.print(f"\n[bright_black]{event.result.prepared.context.summary_line()}{flag}[/bright_black]")
+                    elif event.kind == "failed":
+                        raise event.error
             except ContextModeError as exc:
                 if printed:  # the engine stored the text shown so far as a partial answer
                     console.print("\n[yellow](interrupted: the partial answer above was kept)[/yellow]", end="")

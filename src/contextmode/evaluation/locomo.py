@@ -159,15 +159,16 @@ class EvalOptions:
 def _engine(store: Store, counter: TokenCounter, options: EvalOptions, recaller: Recaller) -> Engine:
     """The shipped engine (default settings, offline processors) on ``store``."""
     from ..api import build_engine
+    from ..engine import Processors
     from ..models.offline import OfflineResponder
     from ..processors.constraints import OfflineConstraintExtractor
 
-    overrides: dict[str, Any] = {"recaller": recaller}
+    processors = Processors.offline()
     if options.preferences_only:
-        overrides["extractor"] = OfflineConstraintExtractor(generic_facts=False)
+        processors = replace(processors, extractor=OfflineConstraintExtractor(generic_facts=False))
     return build_engine(
         store=store, model=OfflineResponder(), counter=counter, settings=EngineSettings(),
-        processors="offline", **overrides,
+        processors=processors, recaller=recaller,
     )
 
 

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import Engine
 from ..errors import ContextModeError, StoreError
+from ..jobs import takes_hooks
 from .auth import ApiKeys
 from .bodyscan import JsonShape
 from .codes import (
@@ -35,7 +36,7 @@ from .codes import (
 )
 from .gate import SessionGate
 from .lifecycle_tasks import lifecycle_tasks
-from .metrics import MeteredJobs, ServiceMetrics
+from .metrics import ServiceMetrics
 from .responses import error_response, validation_details
 from .routes_anthropic import router as anthropic_router
 from .routes_openai import router as openai_router
@@ -208,7 +209,7 @@ def _install_handlers(app: FastAPI) -> None:
 def create_app(engine: Engine | None = None, settings: ServiceSettings | None = None) -> FastAPI:
     """The HTTP service around ``engine`` (default: `build_engine()` from the environment, offline).
 
-    The engine's job runner is wrapped to count jobs in the metrics. An engine
+    The metrics are the engine's job runner's hooks (they count jobs). An engine
     built here is closed at shutdown; one passed in stays the caller's.
     """
     settings = settings or ServiceSettings.from_env()
@@ -218,11 +219,10 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
         engine = build_engine()
     metrics = ServiceMetrics()
-    jobs: Any = engine.jobs
-    if isinstance(jobs, MeteredJobs):
-        jobs.metrics = metrics
+    if takes_hooks(engine.jobs):
+        engine.jobs.hooks = metrics  # counts scheduled jobs and failed attempts
     else:
-        engine.jobs = MeteredJobs(jobs, metrics)  # type: ignore[assignment]
+        log.info("the engine's job queue takes no hooks: background jobs are not counted in the metrics")
     state = AppState(
         engine=engine,
         settings=settings,

@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ..types import ImageRef
 from .codes import BadImage
 from .settings import ServiceSettings
 
@@ -131,14 +131,8 @@ class ImageFiles:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    def metadata(self) -> dict[str, Any]:
+    def refs(self) -> tuple[ImageRef, ...]:
         """What the user turn records about its images (the paths stop existing after the turn)."""
-        if not self.paths:
-            return {}
-        return {
-            "image_count": len(self.paths),
-            "images": [
-                {"path": str(p), "type": k, "bytes": n}
-                for p, k, n in zip(self.paths, self.kinds, self.sizes, strict=True)
-            ],
-        }
+        return tuple(
+            ImageRef(path=str(p), type=k, bytes=n) for p, k, n in zip(self.paths, self.kinds, self.sizes, strict=True)
+        )

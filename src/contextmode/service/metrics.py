@@ -19,20 +19,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from ..engine import TurnResult
 from ..errors import MissingExtra
 
-__all__ = ["MeteredJobs", "ServiceMetrics"]
+__all__ = ["ServiceMetrics"]
 
 _TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 _SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class ServiceMetrics:
-    """The service's metrics and their text exposition."""
+    """The service's metrics and their text exposition; also the job runner's `JobHooks`."""
 
     def __init__(self) -> None:
         try:
@@ -94,36 +93,16 @@ class ServiceMetrics:
         """Count a turn that ended without a result (model error, client gone)."""
         self.turns.labels(mode=mode, outcome=outcome).inc()
 
+    def job_scheduled(self, job: str) -> None:
+        """`JobHooks`: a background job was scheduled."""
+        self.jobs_scheduled.labels(job=job).inc()
+
+    def job_failed(self, job: str) -> None:
+        """`JobHooks`: an attempt of a background job failed (retries included)."""
+        self.job_failures.labels(job=job).inc()
+
     def exposition(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
-
-
-class MeteredJobs:
-    """Wraps the engine's job runner to count scheduled jobs and failed attempts.
-
-    Everything else (``pending``, ``drain``…) is delegated to the wrapped runner.
-    """
-
-    def __init__(self, inner: Any, metrics: ServiceMetrics) -> None:
-        self.inner = inner
-        self.metrics = metrics
-
-    def schedule(
-        self, tenant: str, session_id: str, job: str, factory: Callable[[], Awaitable[Any]], **options: Any
-    ) -> None:
-        self.metrics.jobs_scheduled.labels(job=job).inc()
-
-        async def counted() -> Any:
-            try:
-                return await factory()
-            except Exception:
-                self.metrics.job_failures.labels(job=job).inc()
-                raise
-
-        self.inner.schedule(tenant, session_id, job, counted, **options)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)

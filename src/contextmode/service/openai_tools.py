@@ -14,17 +14,20 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from ..agent_turn import AgentRequest, ToolResult
-from ..engine import Engine, TurnResult
+from ..engine import USE_DEFAULT, Engine, TurnEvent, TurnResult, UseDefault
 from ..errors import InputError
+from ..models.base import ToolCallDelta
+from ..types import SessionKey
 from .metrics import ServiceMetrics
 from .sse import DONE, SSEResponse, sse_event
 
-__all__ = ["agent_request", "agent_response"]
+__all__ = ["ProxyReply", "agent_request", "agent_response"]
 
 
 class _Message(Protocol):
@@ -82,73 +85,96 @@ def _wire_calls(result: TurnResult) -> list[dict[str, Any]]:
     ]
 
 
-def _usage(engine: Engine, result: TurnResult) -> dict[str, int]:
+def _usage(result: TurnResult) -> dict[str, int]:
     prompt = result.prepared.context.total_tokens
     completion = result.assistant_turn.tokens if result.assistant_turn else 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def agent_response(
-    engine: Engine, tenant: str, session_id: str, step: AgentRequest, *,
-    model: str, stream: bool, include_usage: bool, metrics: ServiceMetrics, headers: dict[str, str],
-) -> Any:
-    """Run the step and answer in OpenAI's shape (a completion, or a chunk stream)."""
-    events = engine.stream_agent(tenant, session_id, step, mode=engine.settings.mode)
-    if not stream:
-        result: TurnResult | None = None
-        async for event in events:
-            if event.kind == "done":
-                result = event.result
-        assert result is not None
-        metrics.observe_turn(result, outcome="ok")
-        message: dict[str, Any] = {"role": "assistant", "content": result.answer or None}
-        if result.tool_calls:
-            message["tool_calls"] = _wire_calls(result)
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": model,
-                "choices": [{"index": 0, "message": message,
-                             "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
-                "usage": _usage(engine, result),
-            },
-            headers=headers,
-        )
-    first = await anext(events)  # prepared: errors found while preparing answer as errors
-    assert first.kind == "prepared"
-    return SSEResponse(
-        _chunks(events, engine, model, include_usage, metrics), on_close=events.aclose,  # type: ignore[attr-defined]
-        headers=headers,
+@dataclass(frozen=True, kw_only=True)
+class ProxyReply:
+    """How the proxy answers this request (OpenAI's shape)."""
+
+    model: str
+    """The model name echoed back."""
+    stream: bool
+    include_usage: bool
+    system_prompt: str | UseDefault | None = USE_DEFAULT
+    """The request's ``system`` message (`USE_DEFAULT`: the engine's)."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def _completion(result: TurnResult, reply: ProxyReply) -> JSONResponse:
+    message: dict[str, Any] = {"role": "assistant", "content": result.answer or None}
+    if result.tool_calls:
+        message["tool_calls"] = _wire_calls(result)
+    return JSONResponse(
+        {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": reply.model,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if result.tool_calls else "stop"}],
+            "usage": _usage(result),
+        },
+        headers=dict(reply.headers),
     )
 
 
-async def _chunks(
-    events: AsyncIterator[Any], engine: Engine, model: str, include_usage: bool, metrics: ServiceMetrics
-) -> AsyncIterator[bytes]:
+async def agent_response(
+    engine: Engine, key: SessionKey, step: AgentRequest, reply: ProxyReply, metrics: ServiceMetrics
+) -> Response:
+    """Run the step and answer in OpenAI's shape (a completion, or a chunk stream)."""
+    events = engine.stream_agent(key, step, mode=engine.settings.mode, system_prompt=reply.system_prompt)
+    if not reply.stream:
+        last: TurnEvent | None = None
+        async for event in events:
+            last = event
+        if last is not None and last.kind == "failed":
+            raise last.error
+        assert last is not None and last.kind == "done", "an agent step's stream ends with done or failed"
+        metrics.observe_turn(last.result, outcome="ok")
+        return _completion(last.result, reply)
+    first = await anext(events)  # prepared: errors found while preparing answer as errors
+    assert first.kind == "prepared"
+    return SSEResponse(
+        _chunks(events, reply, metrics), on_close=events.aclose,  # type: ignore[attr-defined]
+        headers=dict(reply.headers),
+    )
+
+
+def _tool_call_chunk(call: ToolCallDelta) -> dict[str, Any]:
+    piece: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
+    if call.id:
+        piece["id"], piece["type"] = call.id, "function"
+    if call.name:
+        piece["function"]["name"] = call.name
+    return {"tool_calls": [piece]}
+
+
+async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply, metrics: ServiceMetrics) -> AsyncIterator[bytes]:
     from .codes import code_for_exception, public_message
     from .routes_openai import _chunk, openai_error_body
 
+    model = reply.model
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
     try:
         async for event in events:
-            if event.kind == "delta":
-                yield _chunk(completion_id, created, model, {"content": event.text}, None)
-            elif event.kind == "tool_call" and event.tool_call is not None:
-                call = event.tool_call
-                piece: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
-                if call.id:
-                    piece["id"], piece["type"] = call.id, "function"
-                if call.name:
-                    piece["function"]["name"] = call.name
-                yield _chunk(completion_id, created, model, {"tool_calls": [piece]}, None)
-            elif event.kind == "done" and event.result is not None:
-                result: TurnResult = event.result
-                metrics.observe_turn(result, outcome="ok")
-                yield _chunk(completion_id, created, model, {}, "tool_calls" if result.tool_calls else "stop")
-                if include_usage:
-                    yield sse_event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                     "model": model, "choices": [], "usage": _usage(engine, result)})
+            match event.kind:
+                case "delta":
+                    yield _chunk(completion_id, created, model, {"content": event.text}, None)
+                case "tool_call":
+                    yield _chunk(completion_id, created, model, _tool_call_chunk(event.call), None)
+                case "done":
+                    result = event.result
+                    metrics.observe_turn(result, outcome="ok")
+                    yield _chunk(completion_id, created, model, {}, "tool_calls" if result.tool_calls else "stop")
+                    if reply.include_usage:
+                        yield sse_event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                                         "model": model, "choices": [], "usage": _usage(result)})
+                case "failed":
+                    row = code_for_exception(event.error)
+                    yield sse_event(openai_error_body(row.code, row.name, public_message(event.error, row)))
     except Exception as exc:
         row = code_for_exception(exc)
         yield sse_event(openai_error_body(row.code, row.name, public_message(exc, row)))

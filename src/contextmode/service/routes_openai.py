@@ -14,20 +14,20 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from ..agent_turn import AgentRequest
-from ..engine import Engine
+from ..engine import USE_DEFAULT, Engine, TurnRequest, UseDefault
 from ..errors import InputError
-from ..types import validate_id
+from ..types import SessionKey, validate_id
 from .codes import code_for_exception, public_message
 from .idempotency import claim
 from .images import ImageFiles, decode_images
-from .openai_tools import agent_request, agent_response
+from .openai_tools import ProxyReply, agent_request, agent_response
 from .responses import openai_error_body
 from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
@@ -119,48 +119,48 @@ def _chunk(completion_id: str, created: int, model: str, delta: dict[str, Any], 
     )
 
 
+def _usage_chunk(completion_id: str, created: int, model: str, usage: dict[str, int]) -> bytes:
+    return sse_event(
+        {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+         "choices": [], "usage": usage}
+    )
+
+
+def _usage(engine: Engine, prompt: int, answer: str) -> dict[str, int]:
+    completion = engine.counter.count(answer)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _error_chunk(exc: Exception, partial: str) -> bytes:
+    row = code_for_exception(exc)
+    data = {"partial_answer": partial, "interrupted": True}
+    return sse_event(openai_error_body(row.code, row.name, public_message(exc, row), data))
+
+
 async def _chunks(
     started: StartedStream, engine: Engine, model: str, include_usage: bool, state: AppState
 ) -> AsyncIterator[bytes]:
+    """The turn's events as ``chat.completion.chunk`` SSE, ending with ``[DONE]``."""
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
-    first = started.first
-    assert first.prepared is not None
-    metrics = state.metrics
     settings = state.settings
     events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
     pieces: list[str] = []
     try:
         async for event in events:
-            if event.kind == "delta":
-                pieces.append(event.text)
-                yield _chunk(completion_id, created, model, {"content": event.text}, None)
-            elif event.kind == "done" and event.result is not None:
-                result = event.result
-                started.outcome.finished(result, metrics)
-                yield _chunk(completion_id, created, model, {}, "stop")
-                if include_usage:
-                    prompt = first.prepared.context.total_tokens
-                    completion = engine.counter.count(result.answer)
-                    yield sse_event(
-                        {
-                            "id": completion_id,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": model,
-                            "choices": [],
-                            "usage": {
-                                "prompt_tokens": prompt,
-                                "completion_tokens": completion,
-                                "total_tokens": prompt + completion,
-                            },
-                        }
-                    )
+            match event.kind:
+                case "delta":
+                    pieces.append(event.text)
+                    yield _chunk(completion_id, created, model, {"content": event.text}, None)
+                case "done":
+                    yield _chunk(completion_id, created, model, {}, "stop")
+                    if include_usage:
+                        usage = _usage(engine, started.prepared.context.total_tokens, event.result.answer)
+                        yield _usage_chunk(completion_id, created, model, usage)
+                case "failed":
+                    yield _error_chunk(event.error, event.partial_answer)
     except Exception as exc:
-        started.outcome.outcome = "error"
-        row = code_for_exception(exc)
-        partial = {"partial_answer": "".join(pieces), "interrupted": True}
-        yield sse_event(openai_error_body(row.code, row.name, public_message(exc, row), partial))
+        yield _error_chunk(exc, "".join(pieces))
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     yield DONE
@@ -183,11 +183,18 @@ async def chat_completions(
     session_id = x_session_id or body.user
     if not session_id:
         raise InputError("name the session: header 'X-Session-Id' or the 'user' field")
-    validate_id(session_id)
-    user_id = validate_id(body.user, "user id") if body.user else None
+    key = SessionKey(tenant, session_id)
+    system_prompt = _system_prompt(body.messages)
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
+    model = body.model or state.engine.model.name
+    headers = {"x-session-id": session_id}
     step = agent_request(body.messages, body.tools, body.tool_choice)
     if step is not None:
-        return await _agent_step(body, step, tenant, session_id, state)
+        if body.user:
+            validate_id(body.user, "user id")
+        reply = ProxyReply(model=model, stream=body.stream, include_usage=include_usage,
+                           system_prompt=system_prompt, headers=headers)
+        return await agent_response(state.engine, key, step, reply, state.metrics)
     last_user = next((m for m in reversed(body.messages) if m.role == "user"), None)
     if last_user is None:
         raise InputError("messages must contain a user message")
@@ -195,28 +202,27 @@ async def chat_completions(
     if not message.strip():
         raise InputError("the last user message has no text")
     check_message(message, state.settings)
-    engine = _with_system_prompt(state.engine, body.messages)
+    engine = state.engine
+    request = TurnRequest(key=key, message=message, mode=engine.settings.mode, system_prompt=system_prompt,
+                          user_id=body.user or None, idempotency_key=idempotency_key)
     decoded = decode_images(image_urls, state.settings)
-    model = body.model or engine.model.name
-    headers = {"x-session-id": session_id}
     held, replay = await claim(
-        state.engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()],
+        engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()],
         session_id=session_id,
     )
     if replay is not None:
         return replay
 
-    def turn() -> dict[str, Any]:
+    def with_images() -> tuple[TurnRequest, ImageFiles]:
         images = ImageFiles.write(decoded, state.settings.image_dir)
-        return {"mode": engine.settings.mode, "images": images, "metrics": state.metrics, "user_id": user_id}
+        return replace(request, images=images.refs()), images
 
     async def whole() -> Response:
+        turn, images = with_images()
         try:
-            result = await run_turn(engine, tenant, session_id, message, **turn())
+            result = await run_turn(engine, turn, images=images, metrics=state.metrics)
         except Interrupted as stop:
             return interrupted_response("/v1/chat/completions", stop)
-        prompt = result.prepared.context.total_tokens
-        completion = engine.counter.count(result.answer)
         return JSONResponse(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -230,14 +236,14 @@ async def chat_completions(
                         "finish_reason": "stop",
                     }
                 ],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+                "usage": _usage(engine, result.prepared.context.total_tokens, result.answer),
             },
             headers=headers,
         )
 
     async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        started = await start_stream(engine, tenant, session_id, message, **turn())
-        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        turn, images = with_images()
+        started = await start_stream(engine, turn, images=images, metrics=state.metrics)
         return started, _chunks(started, engine, model, include_usage, state)
 
     return await serve_turn(
@@ -245,21 +251,13 @@ async def chat_completions(
     )
 
 
-async def _agent_step(body: ChatCompletionRequest, step: AgentRequest, tenant: str, session_id: str, state: AppState) -> Any:
-    engine = _with_system_prompt(state.engine, body.messages)
-    return await agent_response(
-        engine, tenant, session_id, step, model=body.model or engine.model.name, stream=body.stream,
-        include_usage=bool((body.stream_options or {}).get("include_usage")), metrics=state.metrics,
-        headers={"x-session-id": session_id},
-    )
-
-
-def _with_system_prompt(engine: Engine, messages: list[ProxyMessage]) -> Engine:
-    """The engine with this request's ``system`` (or ``developer``) message as its system prompt."""
+def _system_prompt(messages: list[ProxyMessage]) -> str | UseDefault | None:
+    """This request's ``system`` (or ``developer``) message as the turn's system prompt
+    (`USE_DEFAULT`, the engine's, when there is none)."""
     system = next((m for m in messages if m.role in ("system", "developer")), None)
     if system is None:
-        return engine
-    return with_system_prompt(engine, _text_and_images(system.content)[0] or None)
+        return USE_DEFAULT
+    return _text_and_images(system.content)[0] or None
 
 
 @router.get("/v1/models", summary="The model behind the proxy (OpenAI shape)")

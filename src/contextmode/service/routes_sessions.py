@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from ..engine import TurnRequest, TurnResult
 from ..errors import ModelError, SessionNotFound
 from ..lifecycle.forget import forget
 from ..store.lifecycle import is_lifecycle_store
-from ..types import validate_id
+from ..types import SessionKey, validate_id
 from .codes import SUCCESS, code_for_exception, public_message
 from .idempotency import claim
 from .images import ImageFiles, decode_images
@@ -81,53 +83,56 @@ def envelope(data: BaseModel, msg: str = "success") -> JSONResponse:
     return JSONResponse({"code": SUCCESS, "msg": msg, "data": data.model_dump(mode="json")})
 
 
-def _session(session_id: str) -> str:
-    return validate_id(session_id)
+def _key(tenant: str, session_id: str) -> SessionKey:
+    """The session's key, its ids checked (the only check of this request's ids)."""
+    return SessionKey(tenant, session_id)
 
 
-async def _turn_events(
-    started: StartedStream, session_id: str, state: AppState
-) -> AsyncIterator[bytes]:
-    assert started.first.prepared is not None
-    metrics = state.metrics
-    context = ContextOut.of(started.first.prepared, full=False).model_dump(mode="json")
+def _done_event(result: TurnResult) -> bytes:
+    return sse_event(
+        {
+            "type": "done",
+            "answer": result.answer,
+            "partial": result.partial,
+            "seq": result.assistant_turn.seq if result.assistant_turn else None,
+            "user_seq": result.user_turn.seq,
+            "turn": result.user_turn.metadata.get("turn"),
+            "jobs": list(result.jobs),
+            "ttft_ms": result.ttft_ms,
+            "model_ms": result.model_ms,
+        }
+    )
+
+
+def _error_event(exc: Exception, partial: str) -> bytes:
+    # partial: the text streamed so far is stored as a partial answer, and sent again here
+    row = code_for_exception(exc)
+    msg = public_message(exc, row)
+    return sse_event({"type": "error", "code": row.code, "msg": msg, "partial": bool(partial), "partial_answer": partial})
+
+
+async def _turn_events(started: StartedStream, session_id: str, state: AppState) -> AsyncIterator[bytes]:
+    """The turn's events as SSE: ``context``, ``delta``…, then ``done`` or ``error``, then ``[DONE]``."""
+    context = ContextOut.of(started.prepared, full=False).model_dump(mode="json")
     yield sse_event({"type": "context", "session_id": session_id, **context})
     pieces: list[str] = []
     settings = state.settings
     events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
     try:
         async for event in events:
-            if event.kind == "delta":
-                pieces.append(event.text)
-                yield sse_event({"type": "delta", "text": event.text})
-            elif event.kind == "done" and event.result is not None:
-                result = event.result
-                started.outcome.finished(result, metrics)
-                yield sse_event(
-                    {
-                        "type": "done",
-                        "answer": result.answer,
-                        "partial": result.partial,
-                        "seq": result.assistant_turn.seq if result.assistant_turn else None,
-                        "user_seq": result.user_turn.seq,
-                        "turn": result.user_turn.metadata.get("turn"),
-                        "jobs": list(result.jobs),
-                        "ttft_ms": result.ttft_ms,
-                        "model_ms": result.model_ms,
-                    }
-                )
+            match event.kind:
+                case "delta":
+                    pieces.append(event.text)
+                    yield sse_event({"type": "delta", "text": event.text})
+                case "done":
+                    yield _done_event(event.result)
+                case "failed":
+                    yield _error_event(event.error, event.partial_answer)
     except Exception as exc:
         # Headers are gone: a failure mid-stream becomes an error event, then [DONE].
-        started.outcome.outcome = "error"
-        row = code_for_exception(exc)
         if not isinstance(exc, ModelError):
             log.exception("turn failed mid-stream (session %s)", session_id)
-        msg = public_message(exc, row)
-        # partial: the text streamed so far is stored as a partial answer, and sent again here
-        partial = "".join(pieces)
-        yield sse_event(
-            {"type": "error", "code": row.code, "msg": msg, "partial": bool(partial), "partial_answer": partial}
-        )
+        yield _error_event(exc, "".join(pieces))
     finally:
         await events.aclose()  # type: ignore[attr-defined]
     yield DONE
@@ -148,33 +153,37 @@ async def post_message(
         str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
     ] = None,
 ) -> Any:
-    _session(session_id)
+    key = _key(tenant, session_id)
     check_message(body.message, state.settings)
+    request = TurnRequest(
+        key=key, message=body.message, mode=body.mode or state.engine.settings.mode, user_id=body.user_id,
+        idempotency_key=idempotency_key,
+    )
     held, replay = await claim(
         state.engine.store, tenant, idempotency_key, ["sessions", session_id, body.model_dump_json()],
         session_id=session_id,
     )
     if replay is not None:
         return replay
-    user_id = validate_id(body.user_id, "user id") if body.user_id is not None else None
     decoded = decode_images(body.images, state.settings)
-    mode = body.mode or state.engine.settings.mode
     path = f"/v1/sessions/{session_id}/messages"
 
-    def turn() -> dict[str, Any]:
+    def with_images() -> tuple[TurnRequest, ImageFiles]:
         images = ImageFiles.write(decoded, state.settings.image_dir)
-        return {"mode": mode, "images": images, "metrics": state.metrics, "user_id": user_id}
+        return replace(request, images=images.refs()), images
 
     async def whole() -> Response:
+        turn, images = with_images()
         try:
-            result = await run_turn(state.engine, tenant, session_id, body.message, **turn())
+            result = await run_turn(state.engine, turn, images=images, metrics=state.metrics)
         except Interrupted as stop:
             # The user turn and the partial answer are stored: the client gets the error and the text.
             return interrupted_response(path, stop)
         return envelope(TurnOut.of(session_id, result))
 
     async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        started = await start_stream(state.engine, tenant, session_id, body.message, **turn())
+        turn, images = with_images()
+        started = await start_stream(state.engine, turn, images=images, metrics=state.metrics)
         return started, _turn_events(started, session_id, state)
 
     return await serve_turn(
@@ -195,9 +204,9 @@ async def get_context(
     message: Annotated[str, Query(min_length=1, description="The message to prepare the context for.")],
     mode: Annotated[Literal["contextual", "decoupled"] | None, Query()] = None,
 ) -> Any:
-    _session(session_id)
+    key = _key(tenant, session_id)
     check_message(message, state.settings)
-    prepared = await state.engine.prepare(tenant, session_id, message, mode=mode)
+    prepared = await state.engine.prepare(TurnRequest(key=key, message=message, mode=mode))
     return envelope(ContextOut.of(prepared, full=True))
 
 
@@ -214,7 +223,7 @@ async def get_session(
     limit: Annotated[int, Query(ge=1, le=500, description="Turns per page.")] = 50,
     before: Annotated[int | None, Query(ge=1, description="Only turns with seq < before (default: the newest).")] = None,
 ) -> Any:
-    _session(session_id)
+    _key(tenant, session_id)
     store = state.engine.store
     info = await store.info(tenant, session_id)
     if info is None:
@@ -223,7 +232,6 @@ async def get_session(
     start = max(1, end - limit + 1)
     turns = await store.turns(tenant, session_id, from_seq=start, to_seq=end) if end >= 1 else []
     loaded = await store.load(tenant, session_id, recent=0, max_uncovered=0)
-    pending = getattr(state.engine.jobs, "pending", None)
     data = SessionOut(
         session_id=session_id,
         last_seq=info.last_seq,
@@ -243,7 +251,7 @@ async def get_session(
                                   last_run=s.last_run)
                 for name, s in info.jobs.items()
             },
-            pending_jobs=list(pending(tenant, session_id)) if pending else [],
+            pending_jobs=state.engine.jobs.pending(tenant, session_id),
         ),
     )
     return envelope(data)
@@ -253,7 +261,7 @@ async def get_session(
     "/{session_id}", response_model=Envelope[DeletedOut], responses=_ERRORS, summary="Delete a session and all its records"
 )
 async def delete_session(session_id: SessionId, tenant: Tenant, state: State) -> Any:
-    _session(session_id)
+    _key(tenant, session_id)
     store = state.engine.store
     if await store.info(tenant, session_id) is None:
         raise SessionNotFound(f"no session {session_id!r}")

@@ -16,11 +16,11 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from starlette.responses import Response
 
-from ..engine import Engine, TurnEvent, TurnResult
+from ..engine import Delta, Engine, PreparedTurn, TurnEvent, TurnRequest, TurnResult
 from ..errors import InputError, ModelError
 from ..types import require_text
 from .codes import MessageTooLong
@@ -35,7 +35,6 @@ from .state import AppState
 __all__ = [
     "Interrupted",
     "StartedStream",
-    "TurnOutcome",
     "check_message",
     "coalesce",
     "interrupted_response",
@@ -83,18 +82,6 @@ def with_system_prompt(engine: Engine, text: str | None) -> Engine:
 Outcome = Literal["ok", "partial", "error", "client_gone"]
 
 
-@dataclass
-class TurnOutcome:
-    """How a streamed turn ended; counted in the metrics when the stream closes."""
-
-    mode: str
-    outcome: Outcome = "client_gone"
-
-    def finished(self, result: TurnResult, metrics: ServiceMetrics) -> None:
-        self.outcome = "partial" if result.partial else "ok"
-        metrics.observe_turn(result, outcome=self.outcome)
-
-
 class Interrupted(Exception):
     """The model failed after the user turn was stored; ``partial`` is the answer stored so far."""
 
@@ -104,38 +91,31 @@ class Interrupted(Exception):
         self.partial = partial
 
 
-async def run_turn(
-    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles,
-    metrics: ServiceMetrics, user_id: str | None = None,
-) -> TurnResult:
+def _mode(engine: Engine, request: TurnRequest) -> str:
+    return request.mode or engine.settings.mode
+
+
+async def run_turn(engine: Engine, request: TurnRequest, *, images: ImageFiles, metrics: ServiceMetrics) -> TurnResult:
     """The whole turn; the images are deleted before this returns or raises.
 
-    A `ModelError` after the user turn was stored is raised as `Interrupted`,
+    A model failure after the user turn was stored is raised as `Interrupted`,
     carrying the partial answer the engine stored, so the client sees it.
     """
-    result: TurnResult | None = None
-    stored = False
-    pieces: list[str] = []
+    last: TurnEvent | None = None
     try:
-        async for event in engine.stream(
-            tenant, session_id, message, mode=mode, metadata=images.metadata(), user_id=user_id
-        ):
-            if event.kind == "prepared":
-                stored = True  # the engine stores the user turn as soon as this event is taken
-            elif event.kind == "delta":
-                pieces.append(event.text)
-            elif event.kind == "done":
-                result = event.result
-    except ModelError as exc:
-        metrics.count_turn(mode, "error")
-        if stored:
-            raise Interrupted(exc, "".join(pieces)) from exc
+        async for event in engine.stream(request):
+            last = event
+    except ModelError:  # raised while preparing: nothing was stored
+        metrics.count_turn(_mode(engine, request), "error")
         raise
     finally:
         images.cleanup()
-    assert result is not None
-    metrics.observe_turn(result, outcome="partial" if result.partial else "ok")
-    return result
+    if last is not None and last.kind == "failed":
+        metrics.count_turn(_mode(engine, request), "error")
+        raise Interrupted(last.error, last.partial_answer) from last.error
+    assert last is not None and last.kind == "done", "a turn's stream ends with done or failed"
+    metrics.observe_turn(last.result, outcome="partial" if last.result.partial else "ok")
+    return last.result
 
 
 async def coalesce(
@@ -176,7 +156,7 @@ async def coalesce(
         out: list[TurnEvent] = []
         for event in buffer:
             if event.kind == "delta" and out and out[-1].kind == "delta":
-                out[-1] = TurnEvent(kind="delta", text=out[-1].text + event.text)
+                out[-1] = Delta(text=out[-1].text + event.text)
             else:
                 out.append(event)
         buffer.clear()
@@ -207,50 +187,66 @@ async def coalesce(
             await task
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class StartedStream:
-    """A streamed turn past its ``prepared`` event."""
+    """A streamed turn past its ``Prepared`` event."""
 
-    first: TurnEvent
-    """The ``prepared`` event (context, detection, rewrite)."""
+    prepared: PreparedTurn
+    """What the turn sends the model (context, detection, rewrite)."""
     events: AsyncIterator[TurnEvent]
-    """The rest: ``delta`` events, then ``done`` (or a raised `ModelError`)."""
-    outcome: TurnOutcome
+    """The rest: ``Delta`` events, then ``Done`` or ``Failed`` (or a raised error)."""
     close: Callable[[], Awaitable[None]]
     """Closes the engine's stream (storing a partial answer), deletes the images, counts the turn."""
 
 
 async def start_stream(
-    engine: Engine, tenant: str, session_id: str, message: str, *, mode: Any, images: ImageFiles,
-    metrics: ServiceMetrics, user_id: str | None = None,
+    engine: Engine, request: TurnRequest, *, images: ImageFiles, metrics: ServiceMetrics
 ) -> StartedStream:
-    """Prepare the turn; on failure delete the images and raise (the caller answers with an error)."""
-    stream: Any = None
+    """Prepare the turn; on failure delete the images and raise (the caller answers with an error).
+
+    The turn is counted here, whatever the route does with its events: ``ok`` or ``partial``
+    at ``Done``, ``error`` at ``Failed`` or an exception, ``client_gone`` when it is closed first.
+    """
+    stream: AsyncIterator[TurnEvent] | None = None
     try:
-        stream = engine.stream(
-            tenant, session_id, message, mode=mode, metadata=images.metadata(), user_id=user_id
-        )
+        stream = engine.stream(request)
         first = await anext(stream)
     except BaseException:
         try:
             if stream is not None:
-                await stream.aclose()
+                await stream.aclose()  # type: ignore[attr-defined]
         finally:
             images.cleanup()
         raise
-    outcome = TurnOutcome(mode=mode)
+    assert first.kind == "prepared"
+    engine_stream = stream
+    mode = _mode(engine, request)
+    outcome: list[Outcome] = ["client_gone"]
     metrics.active_streams.inc()
+
+    async def counted() -> AsyncIterator[TurnEvent]:
+        try:
+            async for event in engine_stream:
+                if event.kind == "done":
+                    outcome[0] = "partial" if event.result.partial else "ok"
+                    metrics.observe_turn(event.result, outcome=outcome[0])
+                elif event.kind == "failed":
+                    outcome[0] = "error"
+                yield event
+        except Exception:
+            outcome[0] = "error"
+            raise
 
     async def close() -> None:
         try:
-            await stream.aclose()
+            await engine_stream.aclose()  # type: ignore[attr-defined]
         finally:
             images.cleanup()
             metrics.active_streams.dec()
-            if outcome.outcome in ("client_gone", "error"):
-                metrics.count_turn(mode, outcome.outcome)
+            if outcome[0] in ("client_gone", "error"):
+                metrics.count_turn(mode, outcome[0])
 
-    return StartedStream(first=first, events=stream, outcome=outcome, close=close)
+    return StartedStream(prepared=first.prepared, events=counted(), close=close)
 
 
 def interrupted_response(path: str, stop: Interrupted) -> Response:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..types import SessionState
 from ._codec import check_ids
 from .base import SessionVersion, Store
@@ -61,7 +62,7 @@ class SessionCache:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+            raise ConfigError("max_sessions must be at least 1")
         self.store = store
         self.max_sessions = max_sessions
         self.idle_s = idle_s

@@ -97,7 +97,7 @@ def open_store(url: str | None = None, *, env: Mapping[str, str] | None = None) 
             return RedisStore(
                 redis_url, namespace=settings.redis_namespace if namespace is None else namespace
             )
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         raise ConfigError(f"invalid store URL {url!r} (CONTEXTMODE_STORE_URL or --store): {exc}") from exc
     raise ConfigError(
         f"unknown store URL {url!r} (CONTEXTMODE_STORE_URL or --store): "

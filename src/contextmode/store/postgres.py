@@ -17,7 +17,14 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
+from ..errors import (
+    ConfigError,
+    ConflictError,
+    LockNotAcquired,
+    MissingExtra,
+    StoreError,
+    translate,
+)
 from ..trace import TurnTrace, trace_from_json, trace_to_json
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
 from . import _pg_postings as pg_postings
@@ -32,6 +39,7 @@ from ._codec import (
     window_start,
 )
 from ._codec import metadata_json as _meta
+from ._driver_errors import asyncpg_errors
 from ._pg_lifecycle import PostgresLifecycle, erase
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
 from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
@@ -123,7 +131,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self, dsn: str, *, schema: str = "contextmode", min_size: int = 1, max_size: int = 10
     ) -> None:
         if not _SCHEMA_RE.match(schema):
-            raise ValueError(f"invalid schema name {schema!r}: use [a-z_][a-z0-9_]*")
+            raise ConfigError(f"invalid schema name {schema!r}: use [a-z_][a-z0-9_]*")
         self.dsn = dsn
         self.schema = schema
         self._min_size, self._max_size = min_size, max_size
@@ -164,8 +172,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                 # A cancel interrupted the call and the driver's cleanup failed on the dead
                 # connection: stay cancelled rather than turn the cancel into a StoreError.
                 raise asyncio.CancelledError() from exc
-            if type(exc).__module__.startswith("asyncpg") or isinstance(exc, OSError):
-                raise StoreError(f"PostgreSQL store failed: {exc}") from exc
+            if (error := translate(exc, asyncpg_errors(), f"PostgreSQL store failed: {exc}")) is not None:
+                raise error from exc
             raise
 
     async def close(self) -> None:

@@ -18,7 +18,14 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from ..errors import ConflictError, LockNotAcquired, MissingExtra, StoreError
+from ..errors import (
+    ConfigError,
+    ConflictError,
+    LockNotAcquired,
+    MissingExtra,
+    StoreError,
+    translate,
+)
 from ..trace import TurnTrace, trace_from_json, trace_to_json
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _redis_scripts as lua
@@ -34,6 +41,7 @@ from ._codec import (
     owner_error,
     to_micros,
 )
+from ._driver_errors import redis_errors
 from ._redis_lifecycle import RedisLifecycle
 from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
 from .lifecycle import REDIS_SESSION_KEYS
@@ -60,7 +68,7 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
 
     def __init__(self, url: str, *, namespace: str = "cm:") -> None:
         if not _NAMESPACE_RE.match(namespace):
-            raise ValueError(f"invalid namespace {namespace!r}: use [A-Za-z0-9._:-], ≤ 64 chars")
+            raise ConfigError(f"invalid namespace {namespace!r}: use [A-Za-z0-9._:-], ≤ 64 chars")
         self.url = url
         self.namespace = namespace
         self._client: Any = None
@@ -93,8 +101,8 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
                 # A cancel interrupted the call and the driver's cleanup failed on the dead
                 # connection: stay cancelled rather than turn the cancel into a StoreError.
                 raise asyncio.CancelledError() from exc
-            if type(exc).__module__.startswith("redis") or isinstance(exc, OSError):
-                raise StoreError(f"Redis store failed: {exc}") from exc
+            if (error := translate(exc, redis_errors(), f"Redis store failed: {exc}")) is not None:
+                raise error from exc
             raise
 
     async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:

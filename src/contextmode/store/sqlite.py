@@ -20,7 +20,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import ConflictError, StoreError
+from ..errors import ConfigError, ConflictError, StoreError
 from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 from . import _sqlite_admin as admin
@@ -102,7 +102,7 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         self._busy_timeout_s = busy_timeout_s
         self._synchronous = synchronous.upper()
         if self._synchronous not in {"OFF", "NORMAL", "FULL", "EXTRA"}:
-            raise ValueError(f"invalid synchronous mode {synchronous!r}")
+            raise ConfigError(f"invalid synchronous mode {synchronous!r}")
         self._db: Db | None = None
         self._closed = False
         # One thread owns the connection: calls are serialised without a lock.

@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +96,14 @@ def read_summary_log(path: str | Path) -> list[dict[str, Any]]:
 
 def create_worker_app() -> Any:
     """The service app for one worker process (a uvicorn ``--factory``)."""
-    from ..api import build_engine
+    from ..api import build_engine, default_processors
     from ..service import create_app
 
-    overrides: dict[str, Any] = {}
     if log_path := os.environ.get(SUMMARY_LOG_ENV):
-        delay_ms = float(os.environ.get(SUMMARY_DELAY_ENV) or 0)
-        overrides["summarizer"] = RecordingSummarizer(log_path, delay_s=delay_ms / 1000)
-    engine = build_engine(**overrides)
+        recording = RecordingSummarizer(log_path, delay_s=float(os.environ.get(SUMMARY_DELAY_ENV) or 0) / 1000)
+        engine = build_engine(processors=lambda model: replace(default_processors(model), summarizer=recording))
+    else:
+        engine = build_engine()
     app = create_app(engine)
     inner = app.router.lifespan_context
 

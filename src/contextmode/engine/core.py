@@ -1,0 +1,299 @@
+"""The `Engine`: its seams, and one chat turn end to end (each step in its own file).
+
+load → detect a follow-up → rewrite when needed → assemble (`prepare.py`) → stream
+the answer (`stream.py`) → persist (`persist.py`) → schedule background jobs
+(`schedule.py`). Summaries, constraint extraction and emotion scoring run
+afterwards, never on the response path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Literal, overload
+
+from ..agent_turn import AgentRequest
+from ..assembly import AssemblyConfig
+from ..jobs import JobQueue, JobRunner, JobSettings
+from ..memory.budget import Budget
+from ..memory.strategies import Strategy
+from ..models.base import ChatModel
+from ..processors.base import (
+    ConstraintExtractor,
+    ContextDetector,
+    EmotionScorer,
+    Rewriter,
+    Summarizer,
+)
+from ..settings import EngineSettings, Mode
+from ..store.base import Store
+from ..tokens.base import TokenCounter
+from ..types import SessionKey, SessionState, Summary, Turn
+from .persist import record_turn
+from .prepare import load_state, prepare_turn
+from .request import USE_DEFAULT, PreparedTurn, TurnEvent, TurnRequest, TurnResult, UseDefault
+from .schedule import schedule_jobs, summarize_now
+from .seams import Processors, Recaller, caches_sessions
+from .stream import stream_turn
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("contextmode.turn")
+
+
+class Engine:
+    """A chat turn with memory. Every collaborator is a seam with an offline default."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        model: ChatModel,
+        counter: TokenCounter,
+        processors: Processors,
+        settings: EngineSettings | None = None,
+        recaller: Recaller | None = None,
+        jobs: JobQueue | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.store = store
+        self.model = model
+        self.counter = counter
+        self.processors = processors
+        self.settings = settings or EngineSettings()
+        self.recaller = recaller
+        self.system_prompt = system_prompt
+        """The default system prompt; a `TurnRequest` may set its own."""
+        self._uncommitted: dict[tuple[str, str], tuple[int, int, datetime | None, Summary]] = {}
+        """Summaries computed but not committed, by session: (expected version, first seq,
+        session creation time, summary)."""
+        self.jobs: JobQueue = jobs or JobRunner(
+            store, replace(JobSettings.from_env(), attempts=self.settings.job_attempts)
+        )
+
+    # -- the processors, by name (a new one replaces the `Processors` value) --
+
+    @property
+    def detector(self) -> ContextDetector:
+        return self.processors.detector
+
+    @detector.setter
+    def detector(self, value: ContextDetector) -> None:
+        self.processors = replace(self.processors, detector=value)
+
+    @property
+    def rewriter(self) -> Rewriter:
+        return self.processors.rewriter
+
+    @rewriter.setter
+    def rewriter(self, value: Rewriter) -> None:
+        self.processors = replace(self.processors, rewriter=value)
+
+    @property
+    def summarizer(self) -> Summarizer:
+        return self.processors.summarizer
+
+    @summarizer.setter
+    def summarizer(self, value: Summarizer) -> None:
+        self.processors = replace(self.processors, summarizer=value)
+
+    @property
+    def extractor(self) -> ConstraintExtractor:
+        return self.processors.extractor
+
+    @extractor.setter
+    def extractor(self, value: ConstraintExtractor) -> None:
+        self.processors = replace(self.processors, extractor=value)
+
+    @property
+    def emotion(self) -> EmotionScorer:
+        return self.processors.emotion
+
+    @emotion.setter
+    def emotion(self, value: EmotionScorer) -> None:
+        self.processors = replace(self.processors, emotion=value)
+
+    # -- preparing -------------------------------------------------------
+
+    def budget(self) -> Budget:
+        """The token budget of one context."""
+        return Budget(context_window=self.settings.context_window, reply_reserve=self.settings.reply_reserve)
+
+    def assembly_config(self, system_prompt: str | UseDefault | None = USE_DEFAULT) -> AssemblyConfig:
+        """How contexts are assembled; ``system_prompt`` overrides the engine's for one turn."""
+        return AssemblyConfig(
+            order=self.settings.order,
+            locale=self.settings.locale,
+            system_prompt=self.system_prompt if isinstance(system_prompt, UseDefault) else system_prompt,
+        )
+
+    async def load(self, tenant: str, session_id: str, strategy: Strategy) -> SessionState:
+        """The session state the strategy needs (O(window))."""
+        return await load_state(self, SessionKey(tenant, session_id), strategy)
+
+    @overload
+    async def prepare(self, request: TurnRequest, /) -> PreparedTurn: ...
+
+    @overload
+    async def prepare(
+        self, tenant: str, session_id: str, message: str, /, *,
+        mode: Mode | None = None, strategy: str | Strategy | None = None, now: datetime | None = None,
+    ) -> PreparedTurn: ...
+
+    async def prepare(
+        self, request: TurnRequest | str, session_id: str | None = None, message: str | None = None, /, *,
+        mode: Mode | None = None, strategy: str | Strategy | None = None, now: datetime | None = None,
+    ) -> PreparedTurn:
+        """Load, detect, rewrite and assemble, without writing anything or calling the answer model.
+
+        Takes a `TurnRequest`, or ``(tenant, session_id, message)`` and the options.
+        """
+        if not isinstance(request, TurnRequest):
+            request = TurnRequest(
+                key=SessionKey(request, session_id or ""), message=message or "", mode=mode, strategy=strategy, now=now
+            )
+        return await prepare_turn(self, request)
+
+    # -- the turn --------------------------------------------------------
+
+    def stream(self, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+        """Run one turn: ``Prepared``, then ``Delta`` events, then ``Done`` (or ``Failed``).
+
+        The user turn is stored before the model is called. The answer is
+        stored in a ``finally`` shielded from cancellation, marked ``partial``
+        when the stream broke or the client went away; a `ModelError` ends the
+        stream with ``Failed`` after the partial answer is safe.
+        """
+        return stream_turn(self, request)
+
+    def stream_agent(
+        self, key: SessionKey, step: AgentRequest, *, mode: Mode | None = None,
+        metadata: dict[str, Any] | None = None, system_prompt: str | UseDefault | None = USE_DEFAULT,
+    ) -> AsyncIterator[TurnEvent]:
+        """One step of an agent loop (a user message or tool results in, text or tool calls
+        out), streamed like `stream`; see `contextmode.agent_turn`."""
+        from ..agent_turn import stream_agent_turn
+
+        return stream_agent_turn(self, key, step, mode=mode, metadata=metadata, system_prompt=system_prompt)
+
+    @overload
+    async def turn(self, request: TurnRequest, /) -> TurnResult: ...
+
+    @overload
+    async def turn(
+        self, tenant: str, session_id: str, message: str, /, *,
+        mode: Mode | None = None, strategy: str | Strategy | None = None,
+        metadata: dict[str, Any] | None = None, user_id: str | None = None,
+    ) -> TurnResult: ...
+
+    async def turn(
+        self, request: TurnRequest | str, session_id: str | None = None, message: str | None = None, /, *,
+        mode: Mode | None = None, strategy: str | Strategy | None = None,
+        metadata: dict[str, Any] | None = None, user_id: str | None = None,
+    ) -> TurnResult:
+        """Run one turn and return the whole answer; a `ModelError` is raised after the
+        partial answer is stored. Takes a `TurnRequest`, or ``(tenant, session_id, message)``."""
+        if not isinstance(request, TurnRequest):
+            request = TurnRequest(
+                key=SessionKey(request, session_id or ""), message=message or "", mode=mode, strategy=strategy,
+                metadata=metadata or {}, user_id=user_id,
+            )
+        last: TurnEvent | None = None
+        async for event in self.stream(request):
+            last = event
+        if last is not None and last.kind == "failed":
+            raise last.error
+        assert last is not None and last.kind == "done", "a turn's stream ends with done or failed"
+        return last.result
+
+    # -- storing without the model ----------------------------------------
+
+    async def record(
+        self, tenant: str, session_id: str, role: Literal["user", "assistant"], content: str,
+        *, metadata: dict[str, Any] | None = None, created_at: datetime | None = None,
+        user_id: str | None = None,
+    ) -> Turn:
+        """Append one turn without calling the model (imports, replays) and schedule the
+        same background jobs a live turn would. ``created_at`` dates an imported turn
+        (default: now). The turn is numbered by exchange like a live one."""
+        key = SessionKey(tenant, session_id)
+        turn = await record_turn(self, key, role, content, metadata=metadata, created_at=created_at, user_id=user_id)
+        if role == "user":
+            schedule_jobs(self, key, turn, None)
+        return turn
+
+    # -- what this process holds -------------------------------------------
+
+    def cached_sessions(self) -> set[tuple[str, str]]:
+        """Sessions this process holds anything of in memory (recall index, pending summary, jobs)."""
+        held = {key for key in self._uncommitted}
+        if caches_sessions(self.recaller):
+            held.update(self.recaller.cached_sessions())
+        held.update(self.jobs.sessions())
+        return held
+
+    def forget_local(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Drop everything this process holds of the session (its data is being erased).
+
+        Returns counts: ``recall_cache`` (indexes dropped), ``pending_jobs``
+        (jobs cancelled) and ``summary_cache`` (computed, uncommitted summaries).
+        """
+        dropped_index = 0
+        if caches_sessions(self.recaller):
+            dropped_index = int(bool(self.recaller.forget(tenant, session_id)))
+        return {
+            "recall_cache": dropped_index,
+            "pending_jobs": self.jobs.cancel(tenant, session_id),
+            "summary_cache": int(self._uncommitted.pop((tenant, session_id), None) is not None),
+        }
+
+    def processor_versions(self) -> dict[str, str]:
+        """Seam → the implementation that served the turn, with the package version.
+
+        Read at every turn (collaborators can be swapped on a live engine); cheap.
+        """
+        from .. import __version__
+
+        p = self.processors
+        seams: dict[str, object] = {
+            "detector": p.detector, "rewriter": p.rewriter, "summarizer": p.summarizer,
+            "extractor": p.extractor, "emotion": p.emotion, "counter": self.counter,
+            "recaller": self.recaller,
+        }
+        return {
+            name: f"{type(obj).__name__} {getattr(obj, 'version', None) or __version__}"
+            for name, obj in seams.items()
+            if obj is not None
+        }
+
+    # -- background work -------------------------------------------------
+
+    async def summarize_now(
+        self, tenant: str, session_id: str, *, force: bool = False, upto: int | None = None
+    ) -> bool:
+        """Fold the turns outside the recent window into the summary.
+
+        ``upto`` extends the range to that turn even inside the window (turns the
+        budget dropped), and then any number of due turns is enough. Returns False
+        when fewer than ``summary_threshold`` turns are due (any number with
+        ``force``), or when a newer summary won the race: the result is then
+        discarded, never overwriting it.
+        """
+        return await summarize_now(self, SessionKey(tenant, session_id), force=force, upto=upto)
+
+    async def drain(self) -> None:
+        """Wait for every scheduled background job (tests, shutdown)."""
+        await self.jobs.drain()
+
+    async def close(self, *, drain_timeout_s: float = 30.0) -> None:
+        """Finish background jobs (at most ``drain_timeout_s`` seconds, then cancel the rest:
+        a summary that did not run is scheduled again by the session's next turn) and close the store."""
+        try:
+            await asyncio.wait_for(self.jobs.drain(), drain_timeout_s)
+        except TimeoutError:
+            log.warning("background jobs still running after %.0f s at shutdown: cancelled", drain_timeout_s)
+            await self.jobs.aclose()
+        await self.store.close()

@@ -1,0 +1,153 @@
+"""Step 3 of a turn: store it. The user turn before the model is called, the answer (and the
+exchange's trace) after; `record` stores a turn the application already has."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..models.offline import OfflineResponder
+from ..store.base import keeps_traces
+from ..store.postings import has_postings
+from ..trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
+from ..types import NewTurn, SessionKey, SessionState, Turn, utc_now
+from .request import PreparedTurn, TurnRequest
+from .seams import indexes_turns
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+__all__ = ["Answer", "exchanges_so_far", "observe", "record_turn", "store_answer", "store_user_turn"]
+
+log = logging.getLogger("contextmode.turn")
+
+
+async def store_user_turn(engine: Engine, request: TurnRequest, prepared: PreparedTurn) -> Turn:
+    """Store the user's message, numbered by exchange, with what preparing decided about it."""
+    key = request.key
+    meta = request.turn_metadata()
+    meta["turn"] = await exchanges_so_far(engine, key, prepared.state) + 1
+    if prepared.rewrite is not None and prepared.rewrite.changed:
+        meta["rewrite"] = prepared.rewrite.text
+        meta["rewrite_verified"] = prepared.rewrite.verified
+    if prepared.rejected_rewrite is not None:
+        meta["rewrite_rejected"] = {
+            "text": prepared.rejected_rewrite.text,
+            "reason": prepared.rejected_rewrite.reason,
+            "source": prepared.rejected_rewrite.source,
+        }
+    if prepared.detection.intent:
+        meta["intent"] = prepared.detection.intent
+    new = NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message), metadata=meta)
+    turn = (await engine.store.append(key.tenant, key.session_id, [new], user_id=request.user_id))[0]
+    observe(engine, key, [turn])
+    return turn
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Answer:
+    """How the model's answer ended, as `store_answer` needs it."""
+
+    text: str
+    partial: bool
+    """The stream broke (or the client went away) before the end."""
+    ttft_ms: float | None
+    model_ms: float
+
+
+async def store_answer(
+    engine: Engine, key: SessionKey, user_turn: Turn, answer: Answer, prepared: PreparedTurn
+) -> Turn | None:
+    """Store the answer (unless nothing arrived), then the exchange's trace."""
+    stored: Turn | None = None
+    if answer.text or not answer.partial:  # nothing arrived: the user turn stays, no empty answer is stored
+        meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": engine.model.name}
+        if "turn" in user_turn.metadata:
+            meta["turn"] = user_turn.metadata["turn"]
+        if answer.partial:
+            meta["partial"] = True
+        if isinstance(engine.model, OfflineResponder):
+            # A description of the request, not an answer: an engine notice, never memory.
+            meta["offline"] = True
+            meta["notice"] = True
+        new = NewTurn(role="assistant", content=answer.text, tokens=engine.counter.count(answer.text), metadata=meta)
+        appended = await engine.store.append(key.tenant, key.session_id, [new])
+        observe(engine, key, appended)
+        stored = appended[0]
+    number = user_turn.metadata.get("turn")
+    if isinstance(number, int):
+        outcome = ExchangeOutcome(
+            turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
+            ttft_ms=answer.ttft_ms, model_ms=answer.model_ms, partial=answer.partial,
+        )
+        await _keep_trace(engine, key, prepared, outcome)
+    return stored
+
+
+async def _keep_trace(engine: Engine, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome) -> None:
+    settings = engine.settings
+    store = engine.store
+    if not settings.trace_keep or not keeps_traces(store):
+        return
+    trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name)
+    max_age = settings.trace_max_age_days
+    try:
+        await store.put_trace(
+            key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
+            keep=settings.trace_keep,
+            older_than=trace.created_at - timedelta(days=max_age) if max_age else None,
+        )
+    except Exception:
+        # The turn and its answer are stored; a lost trace must not fail the reply.
+        log.warning("trace of turn %d (session %s) not kept", outcome.turn, key.session_id, exc_info=True)
+
+
+async def exchanges_so_far(engine: Engine, key: SessionKey, state: SessionState | None) -> int:
+    """How many user messages the session holds (the newest's exchange number).
+
+    Read from the newest user turn's stamp: O(1) from the loaded tail. Only a
+    session whose newest user turn predates the numbering counts them all, once.
+    """
+    store = engine.store
+    if state is not None:
+        if state.last_seq == 0:
+            return 0
+        known = exchange_count(state.turns)
+        if known is not None:
+            return known
+    last_seq = state.last_seq if state is not None else (await store.version(key.tenant, key.session_id)).last_seq
+    if last_seq == 0:
+        return 0
+    tail = await store.turns(key.tenant, key.session_id, from_seq=max(1, last_seq - 3))
+    known = exchange_count(tail)
+    if known is not None:
+        return known
+    history = await store.turns(key.tenant, key.session_id)
+    return sum(1 for t in history if t.role == "user")
+
+
+async def record_turn(
+    engine: Engine, key: SessionKey, role: Literal["user", "assistant"], content: str,
+    *, metadata: dict[str, Any] | None, created_at: datetime | None, user_id: str | None,
+) -> Turn:
+    """Append one turn without calling the model, numbered by exchange like a live one."""
+    meta = dict(metadata or {})
+    meta["turn"] = await exchanges_so_far(engine, key, None) + (role == "user")
+    new = NewTurn(
+        role=role, content=content, tokens=engine.counter.count(content), metadata=meta,
+        created_at=created_at or utc_now(),
+    )
+    turn = (await engine.store.append(key.tenant, key.session_id, [new], user_id=user_id))[0]
+    observe(engine, key, [turn])
+    return turn
+
+
+def observe(engine: Engine, key: SessionKey, turns: Sequence[Turn]) -> None:
+    """Keep the recall index current: O(new turns), never a re-index."""
+    # A store that keeps the recall index wrote it with the turns: nothing to do here.
+    recaller = engine.recaller
+    if recaller is not None and indexes_turns(recaller) and not has_postings(engine.store):
+        recaller.observe(key.tenant, key.session_id, turns)

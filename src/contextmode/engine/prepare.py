@@ -1,0 +1,172 @@
+"""Step 1 of a turn: load the session, detect a follow-up, rewrite, recall, assemble.
+
+Writes nothing and calls no answer model; the result (`PreparedTurn`) is what
+`stream.py` sends. Each function here is one step of `prepare_turn`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from ..assembly import Context, CurrentTurn, assemble, cut_to_tokens, to_messages
+from ..errors import NoPreviousAnswer
+from ..memory.strategies import Strategy, get_strategy
+from ..processors.base import Detection, Rewrite
+from ..processors.intents import build_follow_up_prompt
+from ..processors.verify import verified
+from ..settings import Mode
+from ..types import SessionKey, SessionState, Turn
+from .request import PreparedTurn, TurnRequest
+from .seams import recall_limit
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+__all__ = ["load_state", "prepare_turn"]
+
+_TEMPLATE_INTENTS = frozenset({"detail", "simplify", "example", "summary"})
+"""Follow-up intents answered from the last answer; a pronoun goes through the rewriter instead."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Rewritten:
+    current: str
+    """The message the answer is built around (a follow-up template, or the message)."""
+    rewrite: Rewrite | None
+    rejected: Rewrite | None
+
+    @property
+    def verified_text(self) -> str | None:
+        r = self.rewrite
+        return r.text if r is not None and r.changed and r.verified else None
+
+
+async def load_state(engine: Engine, key: SessionKey, strategy: Strategy) -> SessionState:
+    """The session state the strategy needs (O(window))."""
+    return await engine.store.load(
+        key.tenant, key.session_id, recent=strategy.recent_turns, key_moments=strategy.key_moment_limit
+    )
+
+
+async def prepare_turn(engine: Engine, request: TurnRequest) -> PreparedTurn:
+    """Load, detect, rewrite and assemble, without writing anything or calling the answer model."""
+    started = time.perf_counter()
+    message = request.message
+    mode: Mode = request.mode or engine.settings.mode
+    chosen = get_strategy(request.strategy or engine.settings.strategy)
+    # Engine notices (the offline responder's text) describe a request instead of
+    # answering it: they never feed memory, the rewrite or the model's history.
+    state = without_notices(await load_state(engine, request.key, chosen))
+    # Tool results (often huge JSON) are no antecedents for a pronoun either.
+    history = [t for t in state.turns if t.role != "tool"]
+    detection = await engine.detector.detect(message, history) if history else Detection(needs_context=False)
+    step = await _rewrite_step(engine, state, message, detection, chosen)
+    current = step.current
+    if mode == "decoupled" and step.verified_text is not None:
+        current = step.verified_text
+    state = await _recall_step(engine, state, step.verified_text or current, chosen)
+    context = _assemble_step(engine, request, state, current, step, mode, chosen)
+    return PreparedTurn(
+        state=state,
+        detection=detection,
+        rewrite=step.rewrite,
+        rejected_rewrite=step.rejected,
+        context=context,
+        messages=to_messages(context),
+        mode=mode,
+        prepare_ms=(time.perf_counter() - started) * 1000,
+    )
+
+
+async def _rewrite_step(
+    engine: Engine, state: SessionState, message: str, detection: Detection, strategy: Strategy
+) -> _Rewritten:
+    """A follow-up template answers a follow-up intent; otherwise the rewriter's output goes
+    through the verifier (a rewrite is a hint until it accepts it)."""
+    if detection.intent in _TEMPLATE_INTENTS:
+        if not state.last_answer:
+            raise NoPreviousAnswer(detection.intent or "follow-up")
+        return _Rewritten(current=_follow_up_prompt(engine, detection, state.last_answer, message),
+                          rewrite=None, rejected=None)
+    if not (detection.needs_context and engine.settings.rewrite and state.turns):
+        return _Rewritten(current=message, rewrite=None, rejected=None)
+    recent = [t for t in state.turns if t.role != "tool"][-max(strategy.recent_turns, 4):]
+    summary = state.summary.text if state.summary else None
+    rewrite, rejected = await verified(engine.rewriter, message, recent, summary=summary)
+    return _Rewritten(current=message, rewrite=rewrite, rejected=rejected)
+
+
+def _follow_up_prompt(engine: Engine, detection: Detection, last_answer: str, message: str) -> str:
+    # Keep the template inside half the input budget: the last answer may be long.
+    limit = engine.budget().input_tokens // 2
+    count = engine.counter.count
+    prompt = build_follow_up_prompt(detection.intent, last_answer, message)  # type: ignore[arg-type]
+    if count(prompt) > limit:
+        head = count(prompt) - count(last_answer)
+        trimmed = cut_to_tokens(last_answer, max(1, limit - head), count)
+        prompt = build_follow_up_prompt(detection.intent, trimmed, message)  # type: ignore[arg-type]
+    return prompt
+
+
+async def _recall_step(engine: Engine, state: SessionState, query: str, strategy: Strategy) -> SessionState:
+    """``state`` with the older turns the recaller finds for ``query`` (strategies with a recall layer)."""
+    limit = recall_limit(strategy)
+    if engine.recaller is None or not limit:
+        return state
+    recalled = await engine.recaller.recall(
+        engine.store, state, query, limit=limit, recent_turns=strategy.recent_turns
+    )
+    return replace(state, recalled=tuple(t for t in recalled if not t.notice))
+
+
+def _assemble_step(
+    engine: Engine, request: TurnRequest, state: SessionState, current: str, step: _Rewritten, mode: Mode,
+    strategy: Strategy,
+) -> Context:
+    message = request.message
+    assembled = state
+    if mode == "decoupled":
+        # Decoupled mode: memory only feeds the rewrite; the answer sees the standalone
+        # question and the pinned constraints, never the raw history. Without a verified
+        # rewrite it sees the user's message and the last exchange.
+        last = () if current != message else last_exchange(state.turns)
+        assembled = replace(state, turns=last, summary=None, key_moments=(), recalled=())
+    return assemble(
+        assembled,
+        message,
+        counter=engine.counter,
+        strategy=strategy,
+        budget=engine.budget(),
+        config=engine.assembly_config(request.system_prompt),
+        now=request.now,
+        current=CurrentTurn(
+            standalone=current if current != message else None,
+            hint=step.verified_text if mode != "decoupled" and current == message else None,
+        ),
+    )
+
+
+def without_notices(state: SessionState) -> SessionState:
+    """``state`` without engine notices in its turns, key moments and recalled turns
+    (and no notice as the last answer a follow-up template is built on)."""
+    last_answer = state.last_answer
+    answers = [t for t in state.turns if t.role == "assistant"]
+    if answers and answers[-1].notice:
+        kept = [t for t in answers if not t.notice]
+        last_answer = kept[-1].content if kept else None
+    return replace(
+        state,
+        last_answer=last_answer,
+        turns=tuple(t for t in state.turns if not t.notice),
+        key_moments=tuple(t for t in state.key_moments if not t.notice),
+        recalled=tuple(t for t in state.recalled if not t.notice),
+    )
+
+
+def last_exchange(turns: Sequence[Turn]) -> tuple[Turn, ...]:
+    """The newest user turn and the answer after it (decoupled mode without a verified rewrite)."""
+    users = [i for i, t in enumerate(turns) if t.role == "user"]
+    return tuple(turns[users[-1]:]) if users else tuple(turns[-1:])

@@ -1,0 +1,101 @@
+"""Step 2 of a turn, and the turn's whole path: prepare → store the user turn → stream the
+model's answer → store it → schedule the jobs.
+
+The user turn is stored before the model is called; the answer after, marked
+partial if the stream broke, in a ``finally`` that cancellation cannot skip. A
+`ModelError` ends the stream with a `Failed` event once the partial answer is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from ..errors import ModelError
+from ..types import Turn
+from .persist import Answer, store_answer, store_user_turn
+from .prepare import prepare_turn
+from .request import Delta, Done, Failed, Prepared, PreparedTurn, TurnEvent, TurnRequest, TurnResult
+from .schedule import schedule_jobs
+
+if TYPE_CHECKING:
+    from .core import Engine
+
+__all__ = ["stream_turn"]
+
+log = logging.getLogger("contextmode.turn")
+
+
+async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+    """`Engine.stream`: ``Prepared``, then ``Delta`` events, then ``Done`` (or ``Failed``)."""
+    started = time.perf_counter()
+    prepared = await prepare_turn(engine, request)
+    yield Prepared(prepared=prepared)
+    user_turn = await store_user_turn(engine, request, prepared)
+    pieces: list[str] = []
+    ttft: float | None = None
+    error: ModelError | None = None
+    completed = False
+    model_started = time.perf_counter()
+    try:
+        async for delta in engine.model.stream(prepared.messages):
+            if ttft is None:
+                ttft = (time.perf_counter() - started) * 1000
+            pieces.append(delta)
+            yield Delta(text=delta)
+        completed = True
+    except ModelError as exc:
+        error = exc
+    finally:
+        answer = Answer(
+            text="".join(pieces), partial=not completed, ttft_ms=ttft,
+            model_ms=(time.perf_counter() - model_started) * 1000,
+        )
+        assistant_turn = await asyncio.shield(store_answer(engine, request.key, user_turn, answer, prepared))
+        jobs = schedule_jobs(engine, request.key, user_turn, prepared)
+        _log_turn(prepared, user_turn, answer, jobs)
+    if error is not None:
+        yield Failed(error=error, partial_answer=answer.text, prepared=prepared)
+        return
+    result = TurnResult(
+        answer=answer.text,
+        partial=answer.partial,
+        user_turn=user_turn,
+        assistant_turn=assistant_turn,
+        prepared=prepared,
+        jobs=jobs,
+        ttft_ms=ttft,
+        model_ms=answer.model_ms,
+    )
+    yield Done(result=result)
+
+
+def _log_turn(prepared: PreparedTurn, user_turn: Turn, answer: Answer, jobs: list[str]) -> None:
+    ctx = prepared.context
+    ttft = answer.ttft_ms
+    rewritten = bool(prepared.rewrite and prepared.rewrite.changed)
+    log.info(
+        "turn session=%s seq=%d %s rewritten=%s partial=%s ttft_ms=%s model_ms=%.1f jobs=%s",
+        prepared.state.session_id,
+        user_turn.seq,
+        ctx.summary_line(),
+        rewritten,
+        answer.partial,
+        f"{ttft:.1f}" if ttft is not None else "-",
+        answer.model_ms,
+        ",".join(jobs),
+        extra={
+            "session": prepared.state.session_id,
+            "tenant": prepared.state.tenant,
+            "tokens": {name: a.used for name, a in ctx.accounts.items()},
+            "total_tokens": ctx.total_tokens,
+            "exact_tokens": ctx.exact,
+            "rewritten": rewritten,
+            "ttft_ms": ttft,
+            "model_ms": answer.model_ms,
+            "jobs": jobs,
+        },
+    )
