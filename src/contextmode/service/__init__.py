@@ -29,6 +29,8 @@ def __getattr__(name: str) -> Any:
         try:
             from .app import create_app
         except ImportError as exc:
+            if (exc.name or "").startswith("contextmode"):
+                raise  # our own bug, not a missing extra
             from ..errors import MissingExtra
 
             raise MissingExtra("service", exc.name or "fastapi") from exc
