@@ -25,10 +25,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from ..text.lang import detect_language
 from ..types import Constraint, Turn
 from .base import ConstraintUpdate
 from .fact_scorer import FactScorer, default_scorer, stem_word
-from .lexicons import detect_language
 from .lexicons.constraint_patterns import (
     EN_STOPWORDS,
     Found,

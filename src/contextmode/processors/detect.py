@@ -33,10 +33,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..text import analyze_text, is_chinese
 from ..types import Turn
 from ._hashed_model import feature_slots, hash_feature, logistic, pack_weights, unpack_weights
 from .base import Detection
-from .intents import classify_follow_up_intent, is_chinese
+from .intents import classify_follow_up_intent
 
 __all__ = [
     "CONTEXT_TURNS",
@@ -88,20 +89,9 @@ def _bucket(value: float, cuts: Sequence[float]) -> int:
     return len(cuts)
 
 
-@lru_cache(maxsize=1)
-def _jieba() -> Any:
-    import jieba
-    import jieba.posseg
-
-    jieba.setLogLevel(60)  # the dictionary-loading chatter goes to stderr otherwise
-    return jieba
-
-
-@lru_cache(maxsize=4096)
 def _pos(text: str) -> tuple[tuple[str, str], ...]:
-    """jieba (word, POS flag) pairs of ``text``; cached because turns recur as context."""
-    posseg = _jieba().posseg
-    return tuple((w, f) for w, f in posseg.lcut(text) if w.strip())
+    """jieba (word, POS flag) pairs of ``text``, blanks dropped (the shared, cached analysis)."""
+    return analyze_text(text).tagged
 
 
 def _zh_features(message: str, context: Sequence[str]) -> list[str]:

@@ -23,12 +23,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
+from ..text import analyze_text, is_chinese
 from ..types import Turn
 from .base import Rewrite
-from .intents import is_chinese
 
 __all__ = ["Antecedent", "OfflineRewriter", "salient_entities"]
 
@@ -85,13 +84,9 @@ class Antecedent:
         return self.named or self.turns >= 2
 
 
-@lru_cache(maxsize=4096)
 def _pos(text: str) -> tuple[tuple[str, str], ...]:
-    import jieba
-    import jieba.posseg
-
-    jieba.setLogLevel(60)
-    return tuple((w, f) for w, f in jieba.posseg.lcut(text) if w.strip())
+    """jieba (word, POS flag) pairs of ``text``, blanks dropped (the shared, cached analysis)."""
+    return analyze_text(text).tagged
 
 
 def _zh_phrases(run: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -231,14 +226,9 @@ def _echo_answer(text: str, context: Sequence[str]) -> str | None:
     return text + rest
 
 
-@lru_cache(maxsize=4096)
 def _pos_all(text: str) -> tuple[tuple[str, str], ...]:
     """jieba words of ``text`` with their flags, whitespace included (offsets stay exact)."""
-    import jieba
-    import jieba.posseg
-
-    jieba.setLogLevel(60)
-    return tuple((w, f) for w, f in jieba.posseg.lcut(text))
+    return analyze_text(text).pos
 
 
 class OfflineRewriter:
