@@ -330,3 +330,21 @@ async def test_a_session_recreated_under_the_same_id_gets_a_fresh_index() -> Non
     state = await store.load("t", "s", recent=4)
     hits = await recaller.recall(store, state, "火锅 爬山", recent_turns=4)
     assert hits and all("新话题" in t.content for t in hits)
+
+
+def test_engine_notices_are_never_indexed() -> None:
+    # The offline responder's long "no model configured" notice would otherwise match
+    # every later question that mentions a model; one rule (`indexed`) keeps it out of
+    # the in-process index and of the postings a store keeps.
+    from contextmode.store.postings import postings_for
+
+    notice = _turn(2, "context-mode is not connected to a language model, so no answer", role="assistant",
+                   notice="1")
+    turns = [_turn(1, "which language model do you use?"), notice, _turn(3, "tell me about paragliding")]
+    index = BM25Index()
+    for turn in turns:
+        index.add(turn)
+    assert [seq for seq, _ in index.search("language model connected answer", k=5)] == [1]
+    rows = postings_for(turns, None)
+    assert rows.docs == 2
+    assert "connect" not in {term for term, _, _ in rows.rows}
