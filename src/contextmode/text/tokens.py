@@ -7,6 +7,7 @@ text is cut once per process whichever layer asks.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from functools import lru_cache
 from types import ModuleType
@@ -21,10 +22,9 @@ def jieba() -> ModuleType:
     Imported lazily: loading its dictionary takes about a second. Its loading chatter
     is silenced.
     """
-    import jieba as module
-    import jieba.analyse
-    import jieba.posseg
-
+    module = importlib.import_module("jieba")
+    importlib.import_module("jieba.analyse")
+    importlib.import_module("jieba.posseg")
     module.setLogLevel(logging.WARNING)
     return module
 
