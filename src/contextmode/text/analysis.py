@@ -22,7 +22,7 @@ __all__ = ["CACHE_SIZE", "TextAnalysis", "analyze_text"]
 
 T = TypeVar("T")
 
-CACHE_SIZE = 8192
+CACHE_SIZE = 4096
 """Texts whose analysis is kept (turns recur as context of later turns)."""
 
 
