@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from contextmode.memory.recall import Recaller
-from contextmode.memory.recall_index import BM25Index
+from contextmode.memory.recall.index import BM25Index
 from contextmode.store.base import Store
 from contextmode.store.memory import MemoryStore
 from contextmode.store.sqlite import SQLiteStore

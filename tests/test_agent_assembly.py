@@ -185,7 +185,7 @@ def _expected_step(step: Sequence[Turn]) -> list[Turn]:
 
 
 def ctx_locale(message: str, step: Sequence[Turn]) -> str:
-    from contextmode.processors.intents import is_chinese
+    from contextmode.text import is_chinese
 
     return "zh" if is_chinese(message) else "en"
 

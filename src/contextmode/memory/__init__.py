@@ -1,10 +1,12 @@
 """Memory: token budgets and the strategies that choose candidates for each layer."""
 
 from .budget import FLEXIBLE_LAYERS, LAYER_NAMES, Budget, LayerName, allocate
-from .recall import Recaller, RecallSettings
-from .recall_strategy import (  # importing registers default, hybrid_recall
+from .recall import (
     DefaultStrategy,
     HybridRecall,
+    Recaller,
+    RecallSettings,
+    register_recall_strategies,
 )
 from .strategies import (
     STRATEGIES,
@@ -17,6 +19,8 @@ from .strategies import (
     get_strategy,
     register_strategy,
 )
+
+register_recall_strategies()  # the one place the recall strategies are registered
 
 __all__ = [
     "FLEXIBLE_LAYERS",

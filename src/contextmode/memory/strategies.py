@@ -12,7 +12,7 @@ the assembler fits the plan into the budget. Strategies (seeds 001, 002, 003):
   with a time decay) + summary, shared 60 / 25 / 15 (seed 001).
 
 The shipped default, ``default``, and ``hybrid_recall`` add a recall layer; they
-live in `recall_strategy` and register themselves when `contextmode.memory` is
+live in `recall.strategy`; `contextmode.memory` registers them when it is
 imported.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from ..processors.intents import is_chinese
+from ..text.lang import is_chinese
 from ..tokens.base import TokenCounter, count_messages
 from ..types import NOTICE_PREFIXES, ChatMessage
 

@@ -256,8 +256,8 @@ class OpenAIChatModel:
             return
         try:
             record = ModelUsage(
-                prompt_tokens=int(usage.prompt_tokens or 0),
-                completion_tokens=int(usage.completion_tokens or 0),
+                prompt_tokens=int(_field(usage, "prompt_tokens") or 0),
+                completion_tokens=int(_field(usage, "completion_tokens") or 0),
             )
         except (AttributeError, TypeError, ValueError):
             return
@@ -376,14 +376,17 @@ class OpenAIChatModel:
             raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
 
     def _events(self, chunk: Any) -> list[ModelEvent]:
-        """A chunk's text and tool-call deltas; records its usage and its finish reason."""
-        if getattr(chunk, "usage", None) is not None:
-            self._record_usage(chunk.usage)
+        """A chunk's text and tool-call deltas; records its usage and its finish reason.
+
+        ``chunk`` is the JSON object the server sent (a dict: streamed chunks are not
+        turned into the SDK's models, which cost more CPU than the rest of a turn)."""
+        if _field(chunk, "usage") is not None:
+            self._record_usage(_field(chunk, "usage"))
         deltas: list[ModelEvent] = []
-        for choice in chunk.choices or ():
-            deltas.extend(_delta_events(choice.delta))
-            if choice.finish_reason:
-                self.last_finish_reason = str(choice.finish_reason)
+        for choice in _field(chunk, "choices") or ():
+            deltas.extend(_delta_events(_field(choice, "delta")))
+            if _field(choice, "finish_reason"):
+                self.last_finish_reason = str(_field(choice, "finish_reason"))
         return deltas
 
     def _stop_early(self, why: str) -> bool:
@@ -409,7 +412,16 @@ class OpenAIChatModel:
                 if with_usage:
                     kwargs["stream_options"] = {"include_usage": True}
             try:
-                result = await self._client.chat.completions.create(**kwargs)
+                if stream:
+                    # The SDK's ``create`` walks every message through its typed-dict
+                    # transform and builds a pydantic model per chunk; the request is plain
+                    # JSON already and the chunks are read as dicts (`_events`).
+                    result = await self._client.post(
+                        "/chat/completions", cast_to=object, body=kwargs, stream=True,
+                        stream_cls=openai.AsyncStream[object],
+                    )
+                else:
+                    result = await self._client.chat.completions.create(**kwargs)
             except openai.APIStatusError as exc:
                 if exc.status_code not in (400, 422):
                     raise self._map(exc) from self._cause(exc)
@@ -483,21 +495,28 @@ def wire_message(message: ChatMessage) -> dict[str, Any]:
     return wire
 
 
+def _field(obj: Any, name: str) -> Any:
+    """``obj[name]`` of a JSON object, or the attribute of an SDK model; ``None`` when absent."""
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
 def _delta_events(delta: Any) -> list[ModelEvent]:
     if delta is None:
         return []
     events: list[ModelEvent] = []
-    text = getattr(delta, "content", None)
+    text = _field(delta, "content")
     if text:
         events.append(TextDelta(text=text))
-    for call in getattr(delta, "tool_calls", None) or ():
-        function = getattr(call, "function", None)
+    for call in _field(delta, "tool_calls") or ():
+        function = _field(call, "function")
         events.append(
             ToolCallDelta(
-                index=int(getattr(call, "index", 0) or 0),
-                id=getattr(call, "id", None),
-                name=getattr(function, "name", None) if function else None,
-                arguments=(getattr(function, "arguments", None) or "") if function else "",
+                index=int(_field(call, "index") or 0),
+                id=_field(call, "id"),
+                name=_field(function, "name") if function else None,
+                arguments=(_field(function, "arguments") or "") if function else "",
             )
         )
     return events

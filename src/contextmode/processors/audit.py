@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..text import Language, analyze_text, detect_language
 from ..types import Summary, Turn
 from .base import Summarizer, SummaryResult
 from .constraints import content_words, extract_constraints
-from .lexicons import Language, detect_language, emotion_words
+from .lexicons import emotion_words
 
 __all__ = [
     "CLAUSE",
@@ -112,8 +113,6 @@ def _number_variants(core: str) -> list[str]:
 
 
 def _zh_facts(text: str) -> list[Fact]:
-    import jieba.posseg
-
     facts: list[Fact] = []
     for match in _ZH_NUMBER.finditer(text):
         core, unit = match.group(1), match.group(2) or ""
@@ -122,7 +121,7 @@ def _zh_facts(text: str) -> list[Fact]:
         if core[0] in _CN_DIGITS and unit in ("个", "次", "点", "天", "本", "张", "件", "人"):
             continue
         facts.append(Fact(text=core + unit, kind="number", weight=2.0 if unit else 1.5))
-    for word, flag in jieba.posseg.lcut(text):
+    for word, flag in analyze_text(text).pos:
         # jieba tags a lone 谢谢 as a person name: politeness and feelings are not entities.
         if word in _ZH_NOT_ENTITIES or word in emotion_words("zh"):
             continue

@@ -25,10 +25,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from ..text.lang import detect_language
 from ..types import Constraint, Turn
 from .base import ConstraintUpdate
 from .fact_scorer import FactScorer, default_scorer, stem_word
-from .lexicons import detect_language
 from .lexicons.constraint_patterns import (
     EN_STOPWORDS,
     Found,
@@ -151,30 +151,14 @@ def extract_constraints(
     led by a typical self-description ("I work…", "My wife…") first.
     """
     language = detect_language(text)
-    rules = zh_rules() if language == "zh" else en_rules()
-    generic = zh_generic if language == "zh" else en_generic
     model: FactScorer | None = None
     if language == "en" and generic_facts and scorer is not False:
         model = scorer or default_scorer()
     found: list[Constraint] = []
     retracted: list[Retract] = []
     generic_found: list[tuple[int, int, Constraint]] = []
-    for sentence in _sentences(text, language):
-        if _is_question(sentence, language) or _MARKUP.search(sentence):
-            continue  # markup ("</script>") is never a statement about the user
-        if language == "zh" and _ZH_OTHER_SUBJECT.match(sentence):
-            continue  # "我朋友不吃辣" is about the friend, not the user
-        hits: list[Found | Retract] = []
-        for rule in rules:
-            hits.extend(rule(sentence))
-        if generic_facts and model is None:
-            typed_words = {w for h in hits if isinstance(h, Found) for w in content_words(h.value)}
-            for fact in generic(sentence):
-                words = content_words(fact.value) if isinstance(fact, Found) else []
-                # A clause a typed rule already read ("I live in Boston") is not pinned twice.
-                if words and sum(w in typed_words for w in words) / len(words) < 0.6:
-                    hits.append(fact)
-        for hit in hits:
+    for sentence in _statements(text, language):
+        for hit in _sentence_hits(sentence, language, generic_facts=generic_facts and model is None):
             if isinstance(hit, Retract):
                 retracted.append(hit)
                 continue
@@ -193,6 +177,35 @@ def extract_constraints(
     if model is not None:
         found.extend(_scored_facts(text, model, max_generic, found, source_seq))
     return found, retracted
+
+
+def _statements(text: str, language: str) -> list[str]:
+    """The sentences of ``text`` that may state something about the user."""
+    kept = []
+    for sentence in _sentences(text, language):
+        if _is_question(sentence, language) or _MARKUP.search(sentence):
+            continue  # markup ("</script>") is never a statement about the user
+        if language == "zh" and _ZH_OTHER_SUBJECT.match(sentence):
+            continue  # "我朋友不吃辣" is about the friend, not the user
+        kept.append(sentence)
+    return kept
+
+
+def _sentence_hits(sentence: str, language: str, *, generic_facts: bool) -> list[Found | Retract]:
+    """What the typed rules find in ``sentence`` and, with ``generic_facts``, the
+    first-person patterns' facts the typed rules did not already read."""
+    hits: list[Found | Retract] = []
+    for rule in zh_rules() if language == "zh" else en_rules():
+        hits.extend(rule(sentence))
+    if generic_facts:
+        generic = zh_generic if language == "zh" else en_generic
+        typed_words = {w for h in hits if isinstance(h, Found) for w in content_words(h.value)}
+        for fact in generic(sentence):
+            words = content_words(fact.value) if isinstance(fact, Found) else []
+            # A clause a typed rule already read ("I live in Boston") is not pinned twice.
+            if words and sum(w in typed_words for w in words) / len(words) < 0.6:
+                hits.append(fact)
+    return hits
 
 
 def _retracted_keys(retracts: Iterable[Retract], current: Sequence[Constraint]) -> list[str]:

@@ -33,10 +33,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..text import analyze_text, is_chinese
 from ..types import Turn
 from ._hashed_model import feature_slots, hash_feature, logistic, pack_weights, unpack_weights
 from .base import Detection
-from .intents import classify_follow_up_intent, is_chinese
+from .intents import classify_follow_up_intent
 
 __all__ = [
     "CONTEXT_TURNS",
@@ -88,23 +89,19 @@ def _bucket(value: float, cuts: Sequence[float]) -> int:
     return len(cuts)
 
 
-@lru_cache(maxsize=1)
-def _jieba() -> Any:
-    import jieba
-    import jieba.posseg
-
-    jieba.setLogLevel(60)  # the dictionary-loading chatter goes to stderr otherwise
-    return jieba
-
-
-@lru_cache(maxsize=4096)
 def _pos(text: str) -> tuple[tuple[str, str], ...]:
-    """jieba (word, POS flag) pairs of ``text``; cached because turns recur as context."""
-    posseg = _jieba().posseg
-    return tuple((w, f) for w, f in posseg.lcut(text) if w.strip())
+    """jieba (word, POS flag) pairs of ``text``, blanks dropped (the shared, cached analysis)."""
+    return analyze_text(text).tagged
 
 
 def _zh_features(message: str, context: Sequence[str]) -> list[str]:
+    tagged = _pos(message)
+    words = [w for w, _ in tagged]
+    return [*_zh_message_features(message, tagged), *_zh_context_features(message, words, context)]
+
+
+def _zh_message_features(message: str, tagged: Sequence[tuple[str, str]]) -> list[str]:
+    """The message alone: characters, jieba words and tags, length, pronouns."""
     n = len(message)
     feats = [f"len:{_bucket(n, (1, 2, 3, 4, 5, 6, 8, 10, 13, 17, 22, 30))}"]
     for k in (1, 2, 3):
@@ -112,29 +109,43 @@ def _zh_features(message: str, context: Sequence[str]) -> list[str]:
     if n:
         feats += [f"bos:{message[:2]}", f"eos:{message[-2:]}", f"b1:{message[0]}",
                   f"e1:{message[-1]}"]
-    tagged = _pos(message)
-    words = [w for w, _ in tagged]
-    feats.extend(f"w:{w}" for w in words)
+    feats.extend(f"w:{w}" for w, _ in tagged)
     feats.extend(f"t:{t}" for _, t in tagged)
     feats.append("tg:" + "_".join(t for _, t in tagged[:2]))
     feats.append("tge:" + "_".join(t for _, t in tagged[-2:]))
-    feats.append(f"nw:{_bucket(len(words), (1, 2, 3, 4, 6, 8, 12))}")
+    feats.append(f"nw:{_bucket(len(tagged), (1, 2, 3, 4, 6, 8, 12))}")
     feats.append(f"hasn:{int(any(t.startswith('n') or t == 'r' for _, t in tagged))}")
     feats.append(f"hasv:{int(any(t.startswith('v') for _, t in tagged))}")
     feats.extend("pron" for p in _ZH_PRONOUNS if p in message)
+    return feats
 
+
+def _zh_context_features(message: str, words: Sequence[str], context: Sequence[str]) -> list[str]:
+    """The message against its context: shared words and characters, the previous turn."""
     prev = context[-1] if context else ""
     prev_tagged = _pos(prev) if prev else ()
     prev_words = {w for w, _ in prev_tagged if len(w) > 1}
     all_words = {w for text in context for w, _ in _pos(text) if len(w) > 1}
     long_words = [w for w in words if len(w) > 1]
-    feats.append(f"ovp:{_bucket(sum(w in prev_words for w in long_words), (0, 1, 2, 3))}")
+    feats = [f"ovp:{_bucket(sum(w in prev_words for w in long_words), (0, 1, 2, 3))}"]
     shared = sum(w in all_words for w in long_words)
     feats.append(f"ova:{_bucket(shared, (0, 1, 2, 3))}")
     if long_words:
         feats.append(f"ovr:{_bucket(shared / len(long_words), (0, 0.2, 0.4, 0.6, 0.8))}")
-    if n:
-        feats.append(f"ovc:{_bucket(sum(ch in prev for ch in message) / n, (0, .2, .4, .6, .8))}")
+    feats.extend(_zh_previous_features(message, prev, prev_tagged, prev_words))
+    if len(context) >= 2 and message:
+        before = context[-2]
+        feats.append(f"ov2:{_bucket(_char_overlap(message, before), (0, .2, .4, .6))}")
+    return feats
+
+
+def _zh_previous_features(
+    message: str, prev: str, prev_tagged: Sequence[tuple[str, str]], prev_words: set[str]
+) -> list[str]:
+    """The previous turn: overlap, length, a question, the nouns and verbs left out."""
+    feats = []
+    if message:
+        feats.append(f"ovc:{_bucket(_char_overlap(message, prev), (0, .2, .4, .6, .8))}")
     feats.append(f"plen:{_bucket(len(prev), (2, 4, 6, 8, 12, 16, 24))}")
     if prev and prev[-1] in _QUESTION_END:
         feats.append("pq")
@@ -147,10 +158,12 @@ def _zh_features(message: str, context: Sequence[str]) -> list[str]:
     left_out_verbs = [w for w, t in prev_tagged if t.startswith("v") and w not in message]
     feats.append(f"pn:{_bucket(len(left_out_nouns), (0, 1, 2, 3))}")
     feats.append(f"pv:{_bucket(len(left_out_verbs), (0, 1, 2, 3))}")
-    if len(context) >= 2 and n:
-        before = context[-2]
-        feats.append(f"ov2:{_bucket(sum(ch in before for ch in message) / n, (0, .2, .4, .6))}")
     return feats
+
+
+def _char_overlap(message: str, other: str) -> float:
+    """Share of the message's characters that occur in ``other`` (``message`` not empty)."""
+    return sum(ch in other for ch in message) / len(message)
 
 
 def _en_features(message: str, context: Sequence[str]) -> list[str]:

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache, lru_cache
 from typing import Protocol
 
+from ..text import Language, analyze_text, detect_language
 from ._hashed_model import logistic
 from .base import PriorTurn
+from .emotion_analysis import EmotionAnalysis, EmotionHit, emotion_level
 from .emotion_model import (
     CONTEXT_WINDOW,
     Calibration,
@@ -45,7 +47,7 @@ from .emotion_model import (
     logit,
     with_lexicon_floor,
 )
-from .lexicons import Language, detect_language, emotion_words, modifiers
+from .lexicons import emotion_words, modifiers
 
 __all__ = [
     "EmotionAnalysis",
@@ -70,43 +72,6 @@ _CRY = re.compile(r"(T_T|QAQ|:\(|:'\(|555+|呜+|😭|😢|😡|😤|💔)")
 _STRETCH = re.compile(r"([A-Za-z])\1{2,}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class EmotionHit:
-    """One emotion word found in a text."""
-
-    word: str
-    """The lexicon entry, as it appears in the text (or its English base form)."""
-    weight: float
-    """0–1 after modifiers and negation."""
-    polarity: str
-    """``+``, ``-`` or ``!`` (arousal), from the lexicon."""
-    negated: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class EmotionAnalysis:
-    """The intensity of a text and the words behind it."""
-
-    intensity: float
-    """0 (neutral) – 1 (overwhelming)."""
-    hits: tuple[EmotionHit, ...] = ()
-    language: Language = "en"
-    model_probability: float | None = None
-    """Chinese only: the text model's probability 0–1 that the text is emotional (step 4)."""
-    logit: float | None = None
-    """The logit behind ``intensity`` (after context, before calibration); ``None`` for the lexicon alone."""
-
-    @property
-    def level(self) -> int:
-        """Seed 003's 1–5 emotion level of the intensity (see `emotion_level`)."""
-        return emotion_level(self.intensity)
-
-
-def emotion_level(intensity: float) -> int:
-    """Map a 0–1 intensity to seed 003's 1–5 scale (1 calm … 5 overwhelming)."""
-    return max(1, min(5, 1 + int(intensity * 5)))
-
-
 @cache
 def _zh_pattern() -> re.Pattern[str]:
     words = sorted(emotion_words("zh"), key=len, reverse=True)
@@ -125,11 +90,9 @@ _ZH_GLUE = frozenset("我你他她它们了的啊呀吧呢嘛哦")
 
 
 def _token_spans(text: str) -> list[tuple[int, int]]:
-    import jieba
-
     spans = []
     pos = 0
-    for token in jieba.lcut(text, HMM=False):
+    for token in analyze_text(text).dictionary_words:
         spans.append((pos, pos + len(token)))
         pos += len(token)
     return spans

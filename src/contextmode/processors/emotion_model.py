@@ -35,12 +35,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._hashed_model import feature_slots, logistic, pack_weights, unpack_weights
-
-if TYPE_CHECKING:
-    from .emotion import EmotionAnalysis
+from .emotion_analysis import EmotionAnalysis
 
 __all__ = [
     "CALM_THRESHOLD",

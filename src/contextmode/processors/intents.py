@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from ..errors import NoPreviousAnswer
+from ..text.lang import is_chinese
 from .base import IntentKind
 
 __all__ = [
@@ -70,18 +71,12 @@ _TEMPLATES: dict[str, dict[IntentKind, str]] = {
     },
 }
 
-_CJK = re.compile(r"[\u3400-\u9fff]")
 _EN_PATTERNS: dict[IntentKind, re.Pattern[str]] = {
     intent: re.compile(
         r"(?<![a-z])(?:" + "|".join(re.escape(k) for k in langs["en"]) + r")(?![a-z])"
     )
     for intent, langs in INTENT_KEYWORDS.items()
 }
-
-
-def is_chinese(text: str) -> bool:
-    """True when ``text`` has at least one CJK character (then Chinese wording is used)."""
-    return bool(_CJK.search(text))
 
 
 def classify_follow_up_intent(query: str) -> IntentKind | None:

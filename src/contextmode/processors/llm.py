@@ -41,6 +41,7 @@ from ..models.base import ChatModel, JsonSchema, StructuredChatModel
 from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
+from ..text.lang import is_chinese
 from ..types import ChatMessage, Constraint, Summary, Turn
 from ._llm_text import clean_model_text, format_turns, parse_intensity, parse_yes_no
 from .audit import _cn_to_int, join_facts_line, restore_facts, split_facts_line
@@ -55,7 +56,7 @@ from .base import (
     Summarizer,
     SummaryResult,
 )
-from .intents import classify_follow_up_intent, is_chinese
+from .intents import classify_follow_up_intent
 
 __all__ = [
     "CONSTRAINTS_SCHEMA",

@@ -23,12 +23,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
+from ..text import analyze_text, is_chinese
 from ..types import Turn
 from .base import Rewrite
-from .intents import is_chinese
 
 __all__ = ["Antecedent", "OfflineRewriter", "salient_entities"]
 
@@ -85,13 +84,9 @@ class Antecedent:
         return self.named or self.turns >= 2
 
 
-@lru_cache(maxsize=4096)
 def _pos(text: str) -> tuple[tuple[str, str], ...]:
-    import jieba
-    import jieba.posseg
-
-    jieba.setLogLevel(60)
-    return tuple((w, f) for w, f in jieba.posseg.lcut(text) if w.strip())
+    """jieba (word, POS flag) pairs of ``text``, blanks dropped (the shared, cached analysis)."""
+    return analyze_text(text).tagged
 
 
 def _zh_phrases(run: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -165,6 +160,25 @@ def salient_entities(message: str, context: Sequence[str]) -> list[Antecedent]:
     chinese = is_chinese(message)
     window = CONTEXT_TURNS if chinese else EN_CONTEXT_TURNS
     context = [c for c in context if c and c.strip()][-window:]
+    seen = _mentions(context, chinese)
+    lowered = message.lower()
+    ranked: list[Antecedent] = []
+    for phrase, entry in seen.items():
+        if _mentioned(phrase, lowered, seen, chinese):
+            continue
+        named = entry["tag"] in _NAMED
+        turns = len(entry["turns"])
+        recency = 0.3 * entry["age"] if chinese else 0.05 * entry["age"]
+        score = 2.0 * turns + (1.5 if named else 0.0) - recency + 0.05 * len(phrase)
+        ranked.append(Antecedent(text=phrase, score=score, named=named, turns=turns,
+                                 tag=entry["tag"]))
+    ranked.sort(key=lambda a: a.score, reverse=True)
+    return ranked
+
+
+def _mentions(context: Sequence[str], chinese: bool) -> dict[str, dict[str, Any]]:
+    """Each candidate of ``context``: the turns (by age, 0 newest) that mention it, its tag,
+    its newest age and its number of mentions."""
     seen: dict[str, dict[str, Any]] = {}
     for age, text in enumerate(reversed(context)):
         for phrase, tag in (_zh_candidates(text) if chinese else _en_candidates(text)):
@@ -174,25 +188,20 @@ def salient_entities(message: str, context: Sequence[str]) -> list[Antecedent]:
             entry["mentions"] += 1
     if not chinese:
         _merge_english(seen)
-    lowered = message.lower()
-    ranked: list[Antecedent] = []
-    for phrase, entry in seen.items():
-        if phrase.lower() in lowered or any(
-            o != phrase and len(o) > len(phrase) and phrase in o and o.lower() in lowered
-            for o in seen
-        ):
-            continue
-        if not chinese and any(w.lower() in lowered.split() for w in phrase.split()
-                               if w.lower() not in _EN_FUNCTION):
-            continue  # "Kidd" already in the message: it names the entity itself
-        named = entry["tag"] in _NAMED
-        turns = len(entry["turns"])
-        recency = 0.3 * entry["age"] if chinese else 0.05 * entry["age"]
-        score = 2.0 * turns + (1.5 if named else 0.0) - recency + 0.05 * len(phrase)
-        ranked.append(Antecedent(text=phrase, score=score, named=named, turns=turns,
-                                 tag=entry["tag"]))
-    ranked.sort(key=lambda a: a.score, reverse=True)
-    return ranked
+    return seen
+
+
+def _mentioned(phrase: str, lowered: str, seen: dict[str, dict[str, Any]], chinese: bool) -> bool:
+    """Whether the message (``lowered``) already names ``phrase``, or a longer candidate
+    containing it, or (English) one of its words."""
+    if phrase.lower() in lowered or any(
+        o != phrase and len(o) > len(phrase) and phrase in o and o.lower() in lowered
+        for o in seen
+    ):
+        return True
+    # "Kidd" already in the message: it names the entity itself
+    return not chinese and any(w.lower() in lowered.split() for w in phrase.split()
+                               if w.lower() not in _EN_FUNCTION)
 
 
 def _echo_answer(text: str, context: Sequence[str]) -> str | None:
@@ -231,14 +240,9 @@ def _echo_answer(text: str, context: Sequence[str]) -> str | None:
     return text + rest
 
 
-@lru_cache(maxsize=4096)
 def _pos_all(text: str) -> tuple[tuple[str, str], ...]:
     """jieba words of ``text`` with their flags, whitespace included (offsets stay exact)."""
-    import jieba
-    import jieba.posseg
-
-    jieba.setLogLevel(60)
-    return tuple((w, f) for w, f in jieba.posseg.lcut(text))
+    return analyze_text(text).pos
 
 
 class OfflineRewriter:

@@ -20,13 +20,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..text import Language, detect_language, jieba
 from ..types import Summary, Turn, utc_now
 from .audit import CLAUSE as _CLAUSE
-from .audit import extract_facts, join_facts_line, restore_facts, split_facts_line
+from .audit import Fact, extract_facts, join_facts_line, restore_facts, split_facts_line
 from .base import SummaryResult
 from .constraints import content_words, extract_constraints
-from .emotion import analyze_emotion
-from .lexicons import Language, detect_language
+from .emotion import EmotionAnalysis, analyze_emotion
 
 __all__ = ["OfflineSummarizer", "score_sentence"]
 
@@ -79,9 +79,7 @@ def _sentences(text: str, language: Language) -> list[str]:
 
 def _keywords(text: str, language: Language, top: int = 10) -> set[str]:
     if language == "zh":
-        import jieba.analyse
-
-        return set(jieba.analyse.extract_tags(text, topK=top))
+        return set(jieba().analyse.extract_tags(text, topK=top))
     counts = Counter(w for w in content_words(text) if len(w) > 3)
     return {w for w, n in counts.most_common(top) if n >= 2}
 
@@ -95,15 +93,7 @@ def score_sentence(
     questions and tasks, emotion, keywords, the user's own words.
     """
     facts = extract_facts(sentence, language)
-    numbers = sum(1 for f in facts if f.kind == "number")
-    entities = sum(1 for f in facts if f.kind == "entity")
-    score = 1.0 * min(numbers, 3) + 0.8 * min(entities, 3)
-    if extract_constraints(sentence, generic_facts=False)[0]:
-        score += 2.0
-    elif _PREFERENCE.search(sentence):
-        score += 1.0
-    if _TASK.search(sentence) or sentence.rstrip().endswith(("?", "？")):
-        score += 1.0
+    score = _with_intent(_fact_score(facts), sentence)
     emotion = analyze_emotion(sentence)
     level = emotion.level if emotion.intensity >= 0.5 else 0
     # The user's feelings are what seed 003 §4.2 says must survive; the other side's
@@ -114,20 +104,46 @@ def score_sentence(
         score += min(0.3 * hits, 1.5)
     if role == "user":
         score *= 1.2
+    score -= _small_talk_penalty(sentence, language, facts, emotion)
+    if role != "user":
+        level = 0  # only the user's feelings are marked (seed 003 §4.2)
+    return score, level
+
+
+def _fact_score(facts: Sequence[Fact]) -> float:
+    """Numbers and entities of a sentence, up to three of each."""
+    numbers = sum(1 for f in facts if f.kind == "number")
+    entities = sum(1 for f in facts if f.kind == "entity")
+    return 1.0 * min(numbers, 3) + 0.8 * min(entities, 3)
+
+
+def _with_intent(score: float, sentence: str) -> float:
+    """``score`` plus a constraint (or a mere preference), a question or a task."""
+    if extract_constraints(sentence, generic_facts=False)[0]:
+        score += 2.0
+    elif _PREFERENCE.search(sentence):
+        score += 1.0
+    if _TASK.search(sentence) or sentence.rstrip().endswith(("?", "？")):
+        score += 1.0
+    return score
+
+
+def _small_talk_penalty(
+    sentence: str, language: Language, facts: Sequence[Fact], emotion: EmotionAnalysis
+) -> float:
+    """What a greeting, a filler or (English) praise with little content loses."""
     size = len(sentence) if language == "zh" else len(sentence.split())
     if _FILLER.match(sentence) or size < (6 if language == "zh" else 4):
-        score -= 1.5
-    elif language == "en":
+        return 1.5
+    if language == "en":
         # Praise and small talk ("Wow, Caroline, that's great!") say little beyond the
         # feeling: count the words that are neither emotion words nor names.
         emotional = {h.word for h in emotion.hits}
         names = {f.text.lower() for f in facts if f.kind == "entity"}
         informative = [w for w in content_words(sentence) if w not in emotional and w not in names]
         if len(informative) < 3:
-            score -= 1.0
-    if role != "user":
-        level = 0  # only the user's feelings are marked (seed 003 §4.2)
-    return score, level
+            return 1.0
+    return 0.0
 
 
 def _mark_emotion(text: str, level: int, language: Language) -> str:
@@ -209,62 +225,8 @@ class OfflineSummarizer:
         )
 
     def _block(self, turns: Sequence[Turn], language: Language, block_chars: int) -> list[str]:
-        joined = "\n".join(t.content for t in turns)
-        keywords = _keywords(joined, language) if joined.strip() else set()
-        candidates: list[_Sentence] = []
-        order = 0
-        for turn_index, turn in enumerate(turns):
-            if turn.role == "system" or (turn.partial and not turn.content.strip()):
-                continue
-            for position, sentence in enumerate(_sentences(turn.content, language)):
-                score, level = score_sentence(
-                    sentence, language, role=turn.role, keywords=keywords
-                )
-                if position == 0 and turn_index == 0:
-                    score += 0.3
-                if turn_index == len(turns) - 1:
-                    score += 0.3
-                candidates.append(
-                    _Sentence(order=order, turn_index=turn_index, label=_label(turn, language),
-                              text=sentence, score=score, emotion_level=level)
-                )
-                order += 1
-        chosen: list[_Sentence] = []
-        used = 0
-        ranked = sorted(candidates, key=lambda c: (-c.score, c.order))
-        # Seed 003 §4.2: the user's strongest feeling of the block is kept verbatim, whatever
-        # else competes for the room.
-        strongest = max(
-            (c for c in candidates if c.emotion_level >= 4 and len(c.text) <= block_chars),
-            key=lambda c: (c.emotion_level, c.score),
-            default=None,
-        )
-        if strongest is not None:
-            ranked.remove(strongest)
-            ranked.insert(0, strongest)
-        for cand in ranked:
-            if cand.score <= 0 and chosen:
-                break  # greetings and fillers never take room, however much is left
-            size = len(cand.text)
-            if used + size > block_chars:
-                if chosen or size <= block_chars:
-                    continue
-                cand = _Sentence(**{**cand.__dict__, "text": _clip(cand.text, block_chars)})
-                size = len(cand.text)
-            chosen.append(cand)
-            used += size
-        chosen.sort(key=lambda c: c.order)
-        lines: list[str] = []
-        last_turn = -1
-        sep = "" if language == "zh" else " "
-        for cand in chosen:
-            piece = _mark_emotion(cand.text, cand.emotion_level, language)
-            if cand.turn_index == last_turn:
-                lines[-1] += sep + piece
-            else:
-                lines.append(f"{cand.label}: {piece}")
-            last_turn = cand.turn_index
-        return lines
+        candidates = _candidates(turns, language)
+        return _lines(_choose(candidates, block_chars), language)
 
     def _fit(
         self, old: list[str], block: list[str], language: Language, budget: int
@@ -287,6 +249,72 @@ class OfflineSummarizer:
             keep.discard(index)
             total -= len(old[index]) + 1
         return [line for i, line in enumerate(old) if i in keep] + block
+
+
+def _candidates(turns: Sequence[Turn], language: Language) -> list[_Sentence]:
+    """Every sentence of the block's turns, scored (the first and the last turn a little up)."""
+    joined = "\n".join(t.content for t in turns)
+    keywords = _keywords(joined, language) if joined.strip() else set()
+    candidates: list[_Sentence] = []
+    for turn_index, turn in enumerate(turns):
+        if turn.role == "system" or (turn.partial and not turn.content.strip()):
+            continue
+        for position, sentence in enumerate(_sentences(turn.content, language)):
+            score, level = score_sentence(sentence, language, role=turn.role, keywords=keywords)
+            if position == 0 and turn_index == 0:
+                score += 0.3
+            if turn_index == len(turns) - 1:
+                score += 0.3
+            candidates.append(
+                _Sentence(order=len(candidates), turn_index=turn_index, label=_label(turn, language),
+                          text=sentence, score=score, emotion_level=level)
+            )
+    return candidates
+
+
+def _choose(candidates: list[_Sentence], block_chars: int) -> list[_Sentence]:
+    """The best sentences that fit in ``block_chars``, in their original order."""
+    chosen: list[_Sentence] = []
+    used = 0
+    ranked = sorted(candidates, key=lambda c: (-c.score, c.order))
+    # Seed 003 §4.2: the user's strongest feeling of the block is kept verbatim, whatever
+    # else competes for the room.
+    strongest = max(
+        (c for c in candidates if c.emotion_level >= 4 and len(c.text) <= block_chars),
+        key=lambda c: (c.emotion_level, c.score),
+        default=None,
+    )
+    if strongest is not None:
+        ranked.remove(strongest)
+        ranked.insert(0, strongest)
+    for cand in ranked:
+        if cand.score <= 0 and chosen:
+            break  # greetings and fillers never take room, however much is left
+        size = len(cand.text)
+        if used + size > block_chars:
+            if chosen or size <= block_chars:
+                continue
+            cand = _Sentence(**{**cand.__dict__, "text": _clip(cand.text, block_chars)})
+            size = len(cand.text)
+        chosen.append(cand)
+        used += size
+    chosen.sort(key=lambda c: c.order)
+    return chosen
+
+
+def _lines(chosen: Sequence[_Sentence], language: Language) -> list[str]:
+    """One line per turn: its speaker, then its chosen sentences (strong feelings marked)."""
+    lines: list[str] = []
+    last_turn = -1
+    sep = "" if language == "zh" else " "
+    for cand in chosen:
+        piece = _mark_emotion(cand.text, cand.emotion_level, language)
+        if cand.turn_index == last_turn:
+            lines[-1] += sep + piece
+        else:
+            lines.append(f"{cand.label}: {piece}")
+        last_turn = cand.turn_index
+    return lines
 
 
 def _as_turns(lines: Sequence[str]) -> list[Turn]:

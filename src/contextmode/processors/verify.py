@@ -24,11 +24,10 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
+from ..text import analyze_text, is_chinese
 from ..types import Turn
 from .base import Rewrite, Rewriter
-from .intents import is_chinese
 
 __all__ = [
     "MAX_EXTRA",
@@ -70,12 +69,8 @@ class Verdict:
     """The spans the rewrite adds to the message."""
 
 
-@lru_cache(maxsize=8192)
 def _zh_words(text: str) -> tuple[str, ...]:
-    import jieba
-
-    jieba.setLogLevel(60)
-    return tuple(w for w in jieba.lcut(text) if w.strip())
+    return analyze_text(text).words
 
 
 def _content_words(message: str) -> list[str]:

@@ -2,7 +2,7 @@
 
 A store with this ability (SQLite, PostgreSQL, Redis) writes, in the same
 transaction as the turns it appends, each new turn's postings: for every term
-of the turn (as `memory.recall_index.turn_counts` counts it, the same function
+of the turn (as `memory.recall.index.turn_counts` counts it, the same function
 the in-memory index uses) one packed record ``(seq, tf, dl)``, appended to the
 term's row for the turn's *block* of `BLOCK` consecutive seqs. It also keeps
 the session's index statistics (turns indexed, their total length and the last
@@ -76,7 +76,7 @@ class PostingRows:
 def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
     """Index terms of each text, computed before a write transaction so that the
     analysis (and loading its dictionaries) never runs while the store is locked."""
-    from ..memory.recall_text import analyze
+    from ..memory.recall.text import analyze
 
     return {text: analyze(text) for text in texts}
 
@@ -86,9 +86,9 @@ def postings_for(
 ) -> PostingRows:
     """The postings of ``turns`` (consecutive seqs), given the turn just before them;
     ``analyzed`` holds texts already analysed (`analyze_texts`)."""
-    from ..memory.recall_index import BM25Params, turn_counts
-    from ..memory.recall_text import analyze as analyze_text
-    from ..memory.recall_text import indexed
+    from ..memory.recall.index import BM25Params, turn_counts
+    from ..memory.recall.text import analyze as analyze_text
+    from ..memory.recall.text import indexed
 
     known = analyzed or {}
 

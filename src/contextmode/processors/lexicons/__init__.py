@@ -6,11 +6,12 @@ The lists are hand-written for context-mode (no third-party lexicon is bundled).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Literal
+
+from ...text.lang import Language, cjk_ratio, detect_language
 
 __all__ = [
     "EmotionWord",
@@ -22,10 +23,6 @@ __all__ = [
     "modifiers",
 ]
 
-Language = Literal["zh", "en"]
-
-_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
-_LATIN = re.compile(r"[A-Za-z]")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,22 +44,6 @@ class Modifier:
     kind: Literal["intensifier", "diminisher", "negation"]
     weight: float
     """Multiplier applied to the emotion word (0 for negations, handled apart)."""
-
-
-def cjk_ratio(text: str) -> float:
-    """Share of CJK characters among the CJK and Latin letters of ``text`` (0 when it has none)."""
-    cjk = len(_CJK.findall(text))
-    latin = len(_LATIN.findall(text))
-    return cjk / (cjk + latin) if cjk + latin else 0.0
-
-
-def detect_language(text: str) -> Language:
-    """``zh`` when CJK characters make at least a fifth of the letters, else ``en``.
-
-    A fifth, not a half: Chinese messages often carry English names and code, and one
-    CJK character carries about as much as a whole English word.
-    """
-    return "zh" if cjk_ratio(text) >= 0.2 else "en"
 
 
 def _rows(name: str) -> list[list[str]]:

@@ -19,10 +19,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConfigError, MissingExtra
-from ..types import Turn
-from .recall_index import turn_text
-from .recall_text import indexed
+from ...errors import ConfigError, MissingExtra
+from ...types import Turn
+from .index import turn_text
+from .text import indexed
 
 __all__ = ["DenseIndex", "Embedder", "MiniLMEmbedder", "rrf_fuse"]
 

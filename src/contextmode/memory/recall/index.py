@@ -32,8 +32,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ..types import Turn
-from .recall_text import analyze, indexed
+from ...types import Turn
+from .text import analyze, indexed
 
 __all__ = [
     "BM25Index",

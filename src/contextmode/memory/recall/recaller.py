@@ -3,7 +3,7 @@
 The recent window shows the newest turns and the summary compresses the rest;
 neither helps when the user asks about something said two hundred turns ago.
 The `Recaller` ranks the session's older turns against the message with an
-incremental BM25 index (`recall_index.BM25Index`) and returns them best first
+incremental BM25 index (`index.BM25Index`) and returns them best first
 for the ``recall`` layer, each optionally followed by the turn before it (the
 question a hit answers is often what makes it understandable).
 
@@ -14,7 +14,7 @@ lower weight (query expansion), so the index can still find the topic.
 Where the index lives: a store that keeps it (`store.postings`: SQLite and
 PostgreSQL write each turn's postings in the append's transaction) is queried
 directly — only the query terms' postings are read, never the turns
-(`recall_stored`). Otherwise (memory store, Redis, or a session not yet caught up
+(`stored`). Otherwise (memory store, Redis, or a session not yet caught up
 by ``contextmode index``) indexes live in this process, one per session, in an
 LRU of ``max_sessions``: the first use rebuilds a session's index from the store
 (one pass over its turns, ~20 µs a turn), later uses add only the turns that
@@ -34,13 +34,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
-from ..store.postings import IndexStats, PostingsStore, has_postings
-from ..types import SessionState, Turn
-from .recall_dense import DenseIndex, Embedder, rrf_fuse
-from .recall_index import BM25Index, RecallIndex, turn_text
-from .recall_stored import StoredPostings
-from .recall_strategy import HybridRecall
-from .recall_text import analyze
+from ...store.postings import IndexStats, PostingsStore, has_postings
+from ...types import SessionState, Turn
+from .dense import DenseIndex, Embedder, rrf_fuse
+from .index import BM25Index, RecallIndex, turn_text
+from .stored import StoredPostings
+from .strategy import HybridRecall
+from .text import analyze
 
 _THREAD_BATCH = 256
 """Catch-ups of at least this many turns run in a worker thread."""
@@ -332,13 +332,6 @@ class Recaller:
         if settings.neighbours:
             hits = _with_neighbours(hits, settings.neighbour_weight, settings.following_weight)
         return hits
-
-    async def with_recall(
-        self, store: TurnSource, state: SessionState, message: str, *, recent_turns: int = 6
-    ) -> SessionState:
-        """``state`` with its ``recalled`` turns filled in for ``message``."""
-        turns = await self.recall(store, state, message, recent_turns=recent_turns)
-        return replace(state, recalled=tuple(turns))
 
 
 def _with_reason(turn: Turn, hit: RecallHit) -> Turn:

@@ -16,7 +16,8 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
-from ..types import Turn
+from ...text.tokens import search_words
+from ...types import Turn
 
 __all__ = ["CHINESE_STOPWORDS", "ENGLISH_STOPWORDS", "analyze", "stem", "unique_terms"]
 
@@ -67,34 +68,22 @@ def stem(word: str) -> str:
     return word
 
 
-def _jieba_cut(text: str) -> list[str]:
-    import jieba  # imported lazily: loading its dictionary takes about a second
-
-    return [w for w in jieba.cut_for_search(text) if w.strip()]
-
-
-_jieba_ready = False
-
-
-def _cut_chinese(run: str) -> list[str]:
-    global _jieba_ready
-    if not _jieba_ready:
-        import logging
-
-        import jieba
-
-        jieba.setLogLevel(logging.WARNING)
-        _jieba_ready = True
-    return _jieba_cut(run)
-
-
 def analyze(text: str) -> list[str]:
-    """Index terms of ``text`` in order, repeats kept (for term frequencies)."""
+    """Index terms of ``text`` in order, repeats kept (for term frequencies).
+
+    Cached per text: a turn is analysed when it is indexed, again as query expansion
+    for the turns after it and by the recall explanation.
+    """
+    return list(_terms(text))
+
+
+@lru_cache(maxsize=8192)
+def _terms(text: str) -> tuple[str, ...]:
     terms: list[str] = []
     for match in _RUNS.finditer(text.lower()):
         run = match.group()
         if _CJK.match(run):
-            words = [w for w in _cut_chinese(run) if w not in CHINESE_STOPWORDS]
+            words = [w for w in search_words(run) if w not in CHINESE_STOPWORDS]
             terms.extend(words)
             # Character bigrams across the run: jieba glues unknown names to their verb
             # ("叫小红"), and the question splits differently ("叫什么"); bigrams still
@@ -109,7 +98,7 @@ def analyze(text: str) -> list[str]:
             stemmed = stem(run)
             if stemmed and stemmed not in ENGLISH_STOPWORDS:
                 terms.append(stemmed)
-    return terms
+    return tuple(terms)
 
 
 def unique_terms(texts: Iterable[str]) -> set[str]:

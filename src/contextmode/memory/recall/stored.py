@@ -17,10 +17,10 @@ from datetime import datetime
 
 import numpy as np
 
-from ..store.postings import BLOCK, POSTING, IndexStats, PostingsStore, unpack
-from ..types import Turn
-from .recall_index import BM25Params, bm25_idf, bm25_scores, top_k, turn_counts
-from .recall_text import analyze, indexed
+from ...store.postings import BLOCK, POSTING, IndexStats, PostingsStore, unpack
+from ...types import Turn
+from .index import BM25Params, bm25_idf, bm25_scores, top_k, turn_counts
+from .text import analyze, indexed
 
 __all__ = ["StoredIndex", "StoredPostings", "TurnReader"]
 

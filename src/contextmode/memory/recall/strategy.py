@@ -23,11 +23,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ..types import SessionState, Turn
-from .budget import LayerName
-from .strategies import Hybrid, MemoryPlan, register_strategy
+from ...types import SessionState, Turn
+from ..budget import LayerName
+from ..strategies import Hybrid, MemoryPlan, register_strategy
 
-__all__ = ["DefaultStrategy", "HybridRecall"]
+__all__ = ["DefaultStrategy", "HybridRecall", "register_recall_strategies"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,5 +99,11 @@ class DefaultStrategy(HybridRecall):
         return replace(base, recent=(*reversed(older), *base.recent))
 
 
-register_strategy("hybrid_recall", HybridRecall)
-register_strategy("default", DefaultStrategy)
+def register_recall_strategies() -> None:
+    """Make ``hybrid_recall`` and the shipped ``default`` available by name.
+
+    Called once, by `contextmode.memory` when it is imported; importing this module
+    registers nothing.
+    """
+    register_strategy("hybrid_recall", HybridRecall)
+    register_strategy("default", DefaultStrategy)
