@@ -40,7 +40,6 @@ from .turns import (
     run_turn,
     serve_turn,
     start_stream,
-    with_system_prompt,
 )
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
