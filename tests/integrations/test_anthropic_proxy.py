@@ -230,6 +230,30 @@ async def test_model_errors_before_and_during_the_stream(tmp_path: Path) -> None
     await sdk.close()
 
 
+async def test_streams_are_counted_in_the_metrics_chat_turns_and_agent_steps(tmp_path: Path) -> None:
+    engine = make_engine(ScriptedModel(["好的", BrokenStream(chunks=["半句"]), "工具答", BrokenStream(chunks=["断"])]))
+    app = create_app(engine, make_settings(tmp_path))
+    body = {"model": "m", "max_tokens": 8, "stream": True}
+    headers = {"X-Session-Id": "counted"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        ends: list[tuple[str, str]] = []
+        for content, tools in (("a", None), ("b", None), ("c", TOOLS), ("d", TOOLS)):
+            step = {**body, "messages": [{"role": "user", "content": content}], **({"tools": tools} if tools else {})}
+            events = sse_events((await c.post("/v1/messages", json=step, headers=headers)).text)
+            last = events[-1]
+            ends.append((last["type"], last.get("error", {}).get("contextmode_data", {}).get("partial_answer", "")))
+        await engine.drain()
+        text = (await c.get("/metrics")).text
+    assert ends == [("message_stop", ""), ("error", "半句"), ("message_stop", ""), ("error", "断")]
+    assert 'contextmode_turns_total{mode="contextual",outcome="ok"} 2.0' in text
+    assert 'contextmode_turns_total{mode="contextual",outcome="error"} 2.0' in text
+    assert "contextmode_active_streams 0.0" in text
+    turns = await engine.store.turns("local", "counted")
+    assert [(t.content, t.partial) for t in turns if t.role == "assistant"] == [
+        ("好的", False), ("半句", True), ("工具答", False), ("断", True)
+    ]
+
+
 async def test_idempotency_key_replays_the_first_answer(app: Any, model: FunctionModel) -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
         body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "只算一次"}]}

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from ..engine import Engine, TurnEvent, TurnResult
+from ..engine import Delta, Engine, ToolCallPart, TurnEvent, TurnResult
 from ..errors import InputError
 from .codes import code_for_exception, public_message
 
@@ -274,30 +274,52 @@ class _Blocks:
         return sse("content_block_delta", {"type": "content_block_delta", "index": self.count, "delta": delta})
 
 
-def _event_bytes(event: TurnEvent, blocks: _Blocks) -> list[bytes]:
+def _event_bytes(event: Delta | ToolCallPart, blocks: _Blocks) -> list[bytes]:
     """The stream events for one text or tool-call event of the turn."""
     out: list[bytes] = []
     if event.kind == "delta":
         if blocks.open != ("text", -1):
             out += blocks.start(("text", -1), {"type": "text", "text": ""})
         out.append(blocks.delta({"type": "text_delta", "text": event.text}))
-    elif event.kind == "tool_call" and event.tool_call is not None:
-        call = event.tool_call
+    else:
+        call = event.call
         if blocks.open != ("tool_use", call.index):
-            block = {"type": "tool_use", "id": call.id or f"call_{call.index}", "name": call.name or "", "input": {}}
+            block: dict[str, Any] = {
+                "type": "tool_use", "id": call.id or f"call_{call.index}", "name": call.name or "", "input": {},
+            }
             out += blocks.start(("tool_use", call.index), block)
         if call.arguments:
             out.append(blocks.delta({"type": "input_json_delta", "partial_json": call.arguments}))
     return out
 
 
+def _error_event(exc: Exception, partial: str) -> bytes:
+    """A failure mid-stream as an ``error`` event, carrying the partial answer that was stored."""
+    row = code_for_exception(exc)
+    data = {"partial_answer": partial, "interrupted": True}
+    return sse("error", anthropic_error_body(row.code, row.name, public_message(exc, row), data))
+
+
+def _finish(result: TurnResult, blocks: _Blocks, engine: Engine) -> list[bytes]:
+    """The end of a finished turn's stream: the last block closed, ``message_delta``, ``message_stop``."""
+    out: list[bytes] = []
+    if blocks.count == 0 and blocks.open is None and not result.tool_calls:
+        out += blocks.start(("text", -1), {"type": "text", "text": ""})
+    out += blocks.close()
+    out.append(sse("message_delta", {
+        "type": "message_delta", "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
+        "usage": {"output_tokens": output_tokens(engine, result)},
+    }))
+    out.append(sse("message_stop", {"type": "message_stop"}))
+    return out
+
+
 async def message_events(
-    events: AsyncIterator[TurnEvent], engine: Engine, *, model: str, input_tokens: int,
-    on_done: Callable[[TurnResult], None], on_error: Callable[[], None],
+    events: AsyncIterator[TurnEvent], engine: Engine, *, model: str, input_tokens: int
 ) -> AsyncIterator[bytes]:
-    """A turn's events (after ``prepared``) as Anthropic's stream: ``message_start``, ``ping``,
+    """A turn's events (after ``Prepared``) as Anthropic's stream: ``message_start``, ``ping``,
     the content blocks, ``message_delta`` (stop reason, output tokens), ``message_stop``;
-    a failure mid-stream is an ``error`` event."""
+    a failure mid-stream (``Failed``, or a raised error) is an ``error`` event."""
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": input_tokens, "output_tokens": 0},
@@ -308,30 +330,18 @@ async def message_events(
     pieces: list[str] = []
     try:
         async for event in events:
-            if event.kind == "done" and event.result is not None:
-                result = event.result
-                on_done(result)
-                if blocks.count == 0 and blocks.open is None and not result.tool_calls:
-                    for chunk in blocks.start(("text", -1), {"type": "text", "text": ""}):
+            match event.kind:
+                case "delta" | "tool_call":
+                    if event.kind == "delta":
+                        pieces.append(event.text)
+                    for chunk in _event_bytes(event, blocks):
                         yield chunk
-                for chunk in blocks.close():
-                    yield chunk
-                yield sse("message_delta", {
-                    "type": "message_delta", "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
-                    "usage": {"output_tokens": output_tokens(engine, result)},
-                })
-                yield sse("message_stop", {"type": "message_stop"})
-            else:
-                if event.kind == "delta":
-                    pieces.append(event.text)
-                for chunk in _event_bytes(event, blocks):
-                    yield chunk
+                case "done":
+                    for chunk in _finish(event.result, blocks, engine):
+                        yield chunk
+                case "failed":
+                    yield _error_event(event.error, event.partial_answer)
     except Exception as exc:
-        on_error()
-        row = code_for_exception(exc)
-        partial = {"partial_answer": "".join(pieces), "interrupted": True}
-        yield sse("error", anthropic_error_body(row.code, row.name, public_message(exc, row), partial))
+        yield _error_event(exc, "".join(pieces))
     finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await events.aclose()  # type: ignore[attr-defined]

@@ -22,16 +22,16 @@ with the last user message would send now (``Engine.prepare``: nothing written).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header
 from fastapi.responses import JSONResponse, Response
 
 from ..agent_turn import AgentRequest
-from ..engine import Engine, TurnEvent, TurnResult
+from ..engine import USE_DEFAULT, Engine, TurnEvent, TurnRequest, TurnResult, UseDefault
 from ..errors import InputError
-from ..types import validate_id
+from ..types import SessionKey, validate_id
 from .anthropic_wire import (
     MessagesRequest,
     WireItem,
@@ -49,14 +49,13 @@ from .state import AppState, Tenant, app_state
 from .turns import (
     Interrupted,
     StartedStream,
-    TurnOutcome,
     check_message,
     coalesce,
     interrupted_response,
     run_turn,
     serve_turn,
+    start_events,
     start_stream,
-    with_system_prompt,
 )
 
 __all__ = ["router"]
@@ -90,27 +89,17 @@ class _Call:
     """What both kinds of request (a chat turn, an agent step) answer with."""
 
     engine: Engine
-    tenant: str
-    session_id: str
+    key: SessionKey
+    system_prompt: str | UseDefault | None
+    """The request's ``system`` (`USE_DEFAULT`, the engine's, when it has none)."""
     model: str
     state: AppState
     headers: dict[str, str]
 
     def body(self, started: StartedStream, events: AsyncIterator[TurnEvent]) -> AsyncIterator[bytes]:
-        """The stream of a started turn in Anthropic's events, its outcome counted."""
-        assert started.first.prepared is not None
-        metrics = self.state.metrics
-
-        def finished(result: TurnResult) -> None:
-            started.outcome.finished(result, metrics)
-
-        def failed() -> None:
-            started.outcome.outcome = "error"
-
-        return message_events(
-            events, self.engine, model=self.model, input_tokens=started.first.prepared.context.total_tokens,
-            on_done=finished, on_error=failed,
-        )
+        """The stream of a started turn in Anthropic's events (`start_stream` counts its outcome)."""
+        return message_events(events, self.engine, model=self.model,
+                              input_tokens=started.prepared.context.total_tokens)
 
     def json(self, result: TurnResult) -> Response:
         return JSONResponse(message_body(self.engine, result, self.model), headers=self.headers)
@@ -133,9 +122,9 @@ async def create_message(
     session_id, user_id = _session(body, x_session_id)
     items = wire_items(body.messages)
     last_user = _last_user(items) if items[-1].role != "tool" else None
-    engine = state.engine if body.system is None else with_system_prompt(state.engine, system_text(body.system))
-    call = _Call(engine=engine, tenant=tenant, session_id=session_id, model=body.model or engine.model.name,
-                 state=state, headers={"x-session-id": session_id})
+    engine = state.engine
+    call = _Call(engine=engine, key=SessionKey(tenant, session_id), system_prompt=_system_prompt(body),
+                 model=body.model or engine.model.name, state=state, headers={"x-session-id": session_id})
     step = agent_request(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
     if step is not None:
         if last_user is not None and last_user.images:
@@ -147,9 +136,11 @@ async def create_message(
             raise InputError("the last user message has no text")
         check_message(last_user.content, state.settings)
         decoded = decode_images(list(last_user.images), state.settings)
-        whole, streamed = _chat_turn(call, last_user.content, decoded, user_id)
+        request = TurnRequest(key=call.key, message=last_user.content, mode=engine.settings.mode,
+                              system_prompt=call.system_prompt, user_id=user_id, idempotency_key=idempotency_key)
+        whole, streamed = _chat_turn(call, request, decoded)
     held, replay = await claim(
-        state.engine.store, tenant, idempotency_key, ["messages", session_id, body.model_dump_json()],
+        engine.store, tenant, idempotency_key, ["messages", session_id, body.model_dump_json()],
         session_id=session_id,
     )
     if replay is not None:
@@ -164,23 +155,30 @@ Whole = Callable[[], Awaitable[Response]]
 Streamed = Callable[[], Awaitable[tuple[StartedStream, AsyncIterator[bytes]]]]
 
 
-def _chat_turn(call: _Call, message: str, decoded: list[DecodedImage], user_id: str | None) -> tuple[Whole, Streamed]:
+def _system_prompt(body: MessagesRequest) -> str | UseDefault | None:
+    """The request's ``system`` as the turn's system prompt (`USE_DEFAULT`, the engine's, when absent)."""
+    return USE_DEFAULT if body.system is None else system_text(body.system)
+
+
+def _chat_turn(call: _Call, request: TurnRequest, decoded: list[DecodedImage]) -> tuple[Whole, Streamed]:
     """A chat turn, run as the OpenAI proxy runs it (`run_turn`, `start_stream`)."""
     engine, state = call.engine, call.state
 
-    def turn() -> dict[str, Any]:
+    def with_images() -> tuple[TurnRequest, ImageFiles]:
         images = ImageFiles.write(decoded, state.settings.image_dir)
-        return {"mode": engine.settings.mode, "images": images, "metrics": state.metrics, "user_id": user_id}
+        return replace(request, images=images.refs()), images
 
     async def whole() -> Response:
+        turn, images = with_images()
         try:
-            result = await run_turn(engine, call.tenant, call.session_id, message, **turn())
+            result = await run_turn(engine, turn, images=images, metrics=state.metrics)
         except Interrupted as stop:
             return interrupted_response(PATH, stop)
         return call.json(result)
 
     async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        started = await start_stream(engine, call.tenant, call.session_id, message, **turn())
+        turn, images = with_images()
+        started = await start_stream(engine, turn, images=images, metrics=state.metrics)
         settings = state.settings
         events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
         return started, call.body(started, events)
@@ -194,35 +192,23 @@ def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
     engine, metrics = call.engine, call.state.metrics
     mode = engine.settings.mode
 
+    def events() -> AsyncIterator[TurnEvent]:
+        return engine.stream_agent(call.key, step, mode=mode, system_prompt=call.system_prompt)
+
     async def whole() -> Response:
-        result: TurnResult | None = None
-        async for event in engine.stream_agent(call.tenant, call.session_id, step, mode=mode):
-            if event.kind == "done":
-                result = event.result
-        assert result is not None
-        metrics.observe_turn(result, outcome="ok")
-        return call.json(result)
+        last: TurnEvent | None = None
+        async for event in events():
+            last = event
+        if last is not None and last.kind == "failed":
+            raise last.error
+        assert last is not None and last.kind == "done", "an agent step's stream ends with done or failed"
+        metrics.observe_turn(last.result, outcome="ok")
+        return call.json(last.result)
 
     async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        events = engine.stream_agent(call.tenant, call.session_id, step, mode=mode)
-        try:
-            first = await anext(events)  # prepared: errors found while preparing answer as errors
-        except BaseException:
-            await events.aclose()  # type: ignore[attr-defined]
-            raise
-        outcome = TurnOutcome(mode=mode)
-        metrics.active_streams.inc()
-
-        async def close() -> None:
-            try:
-                await events.aclose()  # type: ignore[attr-defined]
-            finally:
-                metrics.active_streams.dec()
-                if outcome.outcome in ("client_gone", "error"):
-                    metrics.count_turn(mode, outcome.outcome)
-
-        started = StartedStream(first=first, events=events, outcome=outcome, close=close)
-        return started, call.body(started, events)
+        # Errors found while preparing answer as errors; then counted like a chat turn's stream.
+        started = await start_events(events(), mode, images=ImageFiles(), metrics=metrics)
+        return started, call.body(started, started.events)
 
     return whole, streamed
 
@@ -245,6 +231,6 @@ async def count_tokens(
         raise InputError("count_tokens counts a user text message, not tool results")
     message = _last_user(items).content
     check_message(message, state.settings)
-    engine = state.engine if body.system is None else with_system_prompt(state.engine, system_text(body.system))
-    prepared = await engine.prepare(tenant, session_id, message)
+    request = TurnRequest(key=SessionKey(tenant, session_id), message=message, system_prompt=_system_prompt(body))
+    prepared = await state.engine.prepare(request)
     return JSONResponse({"input_tokens": prepared.context.total_tokens}, headers={"x-session-id": session_id})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -40,8 +39,8 @@ __all__ = [
     "interrupted_response",
     "run_turn",
     "serve_turn",
+    "start_events",
     "start_stream",
-    "with_system_prompt",
 ]
 
 # C0 controls but tab, newline and carriage return, and DEL: never text a user typed, and
@@ -67,16 +66,6 @@ def check_message(message: str, settings: ServiceSettings) -> None:
             f"the message contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
             "only tab, newline and carriage return are allowed"
         )
-
-
-def with_system_prompt(engine: Engine, text: str | None) -> Engine:
-    """``engine`` with ``text`` as this request's system prompt (the proxies' ``system`` message).
-
-    The system prompt is per engine; a shallow copy shares the store, model and job runner.
-    """
-    engine = copy.copy(engine)
-    engine.system_prompt = text
-    return engine
 
 
 Outcome = Literal["ok", "partial", "error", "client_gone"]
@@ -207,26 +196,29 @@ async def start_stream(
     The turn is counted here, whatever the route does with its events: ``ok`` or ``partial``
     at ``Done``, ``error`` at ``Failed`` or an exception, ``client_gone`` when it is closed first.
     """
-    stream: AsyncIterator[TurnEvent] | None = None
+    return await start_events(engine.stream(request), _mode(engine, request), images=images, metrics=metrics)
+
+
+async def start_events(
+    stream: AsyncIterator[TurnEvent], mode: str, *, images: ImageFiles, metrics: ServiceMetrics
+) -> StartedStream:
+    """`start_stream` for a stream already opened (``Engine.stream_agent``'s): read its ``Prepared``
+    event (on failure close it, delete the images and raise), then count it as `start_stream` does."""
     try:
-        stream = engine.stream(request)
         first = await anext(stream)
     except BaseException:
         try:
-            if stream is not None:
-                await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()  # type: ignore[attr-defined]
         finally:
             images.cleanup()
         raise
     assert first.kind == "prepared"
-    engine_stream = stream
-    mode = _mode(engine, request)
     outcome: list[Outcome] = ["client_gone"]
     metrics.active_streams.inc()
 
     async def counted() -> AsyncIterator[TurnEvent]:
         try:
-            async for event in engine_stream:
+            async for event in stream:
                 if event.kind == "done":
                     outcome[0] = "partial" if event.result.partial else "ok"
                     metrics.observe_turn(event.result, outcome=outcome[0])
@@ -239,7 +231,7 @@ async def start_stream(
 
     async def close() -> None:
         try:
-            await engine_stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()  # type: ignore[attr-defined]
         finally:
             images.cleanup()
             metrics.active_streams.dec()
