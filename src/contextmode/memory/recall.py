@@ -11,10 +11,10 @@ Query: the message's terms at full weight; when the message is short and leans
 on the conversation ("那个按钮在哪?"), terms of the last turns are added at a
 lower weight (query expansion), so the index can still find the topic.
 
-Where the index lives: a store that keeps it (`store.postings`: SQLite and
-PostgreSQL write each turn's postings in the append's transaction) is queried
+Where the index lives: a store that keeps it (`store.postings`: SQLite, PostgreSQL
+and Redis write each turn's postings with the append) is queried
 directly — only the query terms' postings are read, never the turns
-(`recall_stored`). Otherwise (memory store, Redis, or a session not yet caught up
+(`recall_stored`). Otherwise (memory store, or a session not yet caught up
 by ``contextmode index``) indexes live in this process, one per session, in an
 LRU of ``max_sessions``: the first use rebuilds a session's index from the store
 (one pass over its turns, ~20 µs a turn), later uses add only the turns that
