@@ -213,3 +213,24 @@ def test_no_serious_accessibility_violations(browser: Any, stub_server: tuple[Li
         if v["impact"] in ("serious", "critical")
     ]
     assert bad == []
+
+
+def test_the_inspector_says_why_each_older_turn_was_recalled(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-recall")
+    send(page, "My cat Whiskers sleeps on the old piano")
+    for i in range(6):
+        send(page, f"Tell me about the weather in town number {i}")
+    send(page, "Where does Whiskers sleep?")
+    # As sent: the reasons, without the texts (the stream's context event stays small).
+    hit = "#recalled-card li[data-seq='1']"
+    page.wait_for_selector(hit, timeout=WAIT_MS)
+    assert page.get_attribute(hit, "data-layer") == "recall"
+    assert {"whisker", "sleep"} <= set(page.get_attribute(hit, "data-matched").split(","))
+    why = page.inner_text(f"{hit} .recall-why")
+    assert "BM25" in why and "whisker" in why
+    # The kept trace of that exchange: the same reasons, and the turn as the model got it.
+    open_turn(page, 8)
+    page.wait_for_selector(f"{hit} .item-text", timeout=WAIT_MS)
+    assert "Whiskers sleeps on the old piano" in page.inner_text(f"{hit} .item-text")
+    assert "sleep" in page.get_attribute(hit, "data-matched").split(",")
+    assert page.errors == []
