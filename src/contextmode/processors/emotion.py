@@ -1,6 +1,6 @@
-"""Offline emotion intensity (seed 001): lexicons, a learned model, dialogue context, calibration.
+"""Offline emotion intensity: lexicons, a learned model, dialogue context, calibration.
 
-Intensity is 0 (neutral) to 1 (overwhelming), whatever the sign of the feeling: seed 001
+Intensity is 0 (neutral) to 1 (overwhelming), whatever the sign of the feeling:
 picks key moments by intensity > 0.7, so "我太开心了!!" and "我真的崩溃了" both count.
 
 How a score is made:
@@ -98,12 +98,12 @@ class EmotionAnalysis:
 
     @property
     def level(self) -> int:
-        """Seed 003's 1–5 emotion level of the intensity (see `emotion_level`)."""
+        """The 1–5 emotion level of the intensity (see `emotion_level`)."""
         return emotion_level(self.intensity)
 
 
 def emotion_level(intensity: float) -> int:
-    """Map a 0–1 intensity to seed 003's 1–5 scale (1 calm … 5 overwhelming)."""
+    """Map a 0–1 intensity to the summary's 1–5 scale (1 calm … 5 overwhelming)."""
     return max(1, min(5, 1 + int(intensity * 5)))
 
 
