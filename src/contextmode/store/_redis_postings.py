@@ -94,8 +94,16 @@ class RedisPostings:
         async with self._guard():
             if self._raw_client is None:
                 import redis.asyncio as aioredis
+                from redis.asyncio.retry import Retry
+                from redis.backoff import NoBackoff
+                from redis.exceptions import ConnectionError as LostConnection
 
-                self._raw_client = aioredis.Redis.from_url(self.url, decode_responses=False)
+                # Reads only, so a connection found dead (the server restarted since this
+                # client last spoke) is retried once on a new one.
+                self._raw_client = aioredis.Redis.from_url(
+                    self.url, decode_responses=False,
+                    retry=Retry(NoBackoff(), 1), retry_on_error=[LostConnection],
+                )
                 self._postings_script = self._raw_client.register_script(lua.POSTINGS)
             yield self._raw_client
 
