@@ -246,6 +246,7 @@ async function streamTurn(sessionId, message) {
   const user = shown() && state.sessionId === sessionId ? addUserMessage(message.text, message.images) : null;
   let answer = null;
   let started = false;
+  let finished = false; // the done event came: both bubbles carry their stored numbers
   try {
     const expectedSeq = (state.session?.last_seq ?? 0) + 1;
     const body = { message: message.text, images: message.images, mode: message.mode };
@@ -261,6 +262,7 @@ async function streamTurn(sessionId, message) {
       } else if (event.type === "delta") {
         answer?.append(event.text);
       } else if (event.type === "done") {
+        finished = true;
         user.number(event.user_seq, event.turn);
         state.currentSeq = event.user_seq;
         state.source = { kind: "turn", turn: event.turn };
@@ -281,8 +283,9 @@ async function streamTurn(sessionId, message) {
   await refreshSessionList();
   // Constraint extraction, the summary and emotion scoring run after the answer: poll.
   if (await loadSession()) {
-    // Another tab's turns may have landed around this one: show the stored order.
-    if (!historyShown(state.session)) renderHistory(state.session?.turns ?? []);
+    // Another tab's turns may have landed around this one: show the stored order. (A failed
+    // turn's bubbles are not numbered: they stay as drawn, with their error.)
+    if (finished && !historyShown(state.session)) renderHistory(state.session?.turns ?? []);
     channel?.postMessage({ session: sessionId, lastSeq: state.session?.last_seq ?? 0 });
     pollJobs();
   }
