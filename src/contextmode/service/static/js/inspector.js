@@ -299,6 +299,10 @@ export function renderContext(ctx, source) {
       ctx.dropped_seqs.length ? seqList(ctx.dropped_seqs) : t("noneDropped"),
     ),
   );
+  // A long item scrolls inside its box: it must be reachable by keyboard to scroll it.
+  for (const item of root.querySelectorAll(".items li, .recalled-turns li")) {
+    if (item.scrollHeight > item.clientHeight) item.tabIndex = 0;
+  }
 }
 
 function timeline(session, ctx, currentSeq) {
