@@ -11,11 +11,18 @@ decode replies.
 An append needs the turn before its first one (document expansion) and the
 index state before it can compute postings: it reads both (INDEX_HEAD), then
 runs APPEND with the ``last_seq`` it assumed; if another writer moved the
-session in between, APPEND writes nothing and the append is computed again.
+session in between, APPEND writes nothing and the append is computed again. After
+an append, what the next append of the session would read is kept in this process
+(`RedisPostings.head_after`; a bounded LRU, short turns only), so a worker that keeps
+writing one session skips that read: APPEND checks the assumed ``last_seq`` and the
+SHA-1 of that turn's JSON, so a stale entry (another worker wrote, or the session was
+deleted and re-created) is caught and costs one redo.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +34,14 @@ from ._codec import check_ids
 from .postings import POSTING, IndexStats, PostingRows, postings_for
 
 __all__ = ["IndexHead", "RedisPostings", "index_args"]
+
+
+_KEEP_SESSIONS = 1024
+_KEEP_DOC_CHARS = 4096
+
+
+def _sha1(doc: str) -> str:
+    return hashlib.sha1(doc.encode()).hexdigest() if doc else ""
 
 
 def index_args(rows: PostingRows, indexed_seq: int) -> list[Any]:
@@ -47,6 +62,8 @@ class IndexHead:
     """The turn at ``last`` (its terms expand the first appended turn's)."""
     indexed_seq: int | None
     """``None``: the session has no index (new, or written before the index existed)."""
+    digest: str = ""
+    """SHA-1 of the stored JSON of the turn at ``last`` (APPEND checks it; '' = unchecked)."""
 
     @property
     def writes_index(self) -> bool:
@@ -63,7 +80,7 @@ class IndexHead:
             for i, t in enumerate(turns, start=1)
         ]
         added = postings_for(numbered, self.previous, analyzed=analyzed)
-        return [self.last, *index_args(added, self.last + len(numbered))]
+        return [self.last, self.digest, *index_args(added, self.last + len(numbered))]
 
 
 class RedisPostings:
@@ -73,6 +90,8 @@ class RedisPostings:
     url: str
     _raw_client: Any
     _postings_script: Any
+    _heads: OrderedDict[tuple[str, str], IndexHead]
+    """What the next append of a session needs, as this process last wrote it."""
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError  # RedisStore's own
@@ -112,13 +131,33 @@ class RedisPostings:
             await self._raw_client.aclose()
             self._raw_client = None
 
-    async def index_head(self, k: dict[str, str]) -> IndexHead:
-        """The session's last seq, its last turn and its index state, read in one script."""
+    async def index_head(self, k: dict[str, str], key: tuple[str, str]) -> IndexHead:
+        """What an append after the session's last turn needs: kept by this process's last
+        append of it, else read in one script."""
         from .redis import _decode
 
+        kept = self._heads.pop(key, None)
+        if kept is not None:
+            return kept
         last, doc, indexed = await self._script("INDEX_HEAD", [k["sess"], k["turns"], k["rindex"]], [])
         previous = _decode(int(last), doc, None) if doc else None
-        return IndexHead(int(last), previous, None if indexed is None else int(indexed))
+        return IndexHead(int(last), previous, None if indexed is None else int(indexed), _sha1(doc or ""))
+
+    def head_after(
+        self, key: tuple[str, str], before: int, turns: Sequence[NewTurn], doc: str, indexed: bool
+    ) -> None:
+        """Keep what the next append needs after ``turns`` were appended after seq ``before``
+        (``doc``: the last one's stored JSON; ``indexed``: APPEND wrote their postings; if it
+        did not, the entry says "no index" and APPEND decides again)."""
+        if len(doc) > _KEEP_DOC_CHARS:
+            return  # a long turn (a tool result) is not held in memory: the next append reads it
+        last = before + len(turns)
+        t = turns[-1]
+        previous = Turn(seq=last, role=t.role, content=t.content, tokens=t.tokens,
+                        created_at=t.created_at, metadata=dict(t.metadata))
+        self._heads[key] = IndexHead(last, previous, last if indexed else None, _sha1(doc))
+        while len(self._heads) > _KEEP_SESSIONS:
+            self._heads.popitem(last=False)
 
     async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
         k = self._keys(*check_ids(tenant, session_id))

@@ -62,10 +62,12 @@ __all__ = [
 # KEYS: sess, turns, emo, tenant index, idle index, users index, recall postings, recall stats
 # ARGV: expected ('' = none), now, session id, idle member, answer index (0 = none), n,
 #       user id ('' = none), user index prefix, then per turn: json, emotion ('' = none), content,
-#       then the recall index: the last_seq its postings assume ('' = none computed), new
-#       indexed_seq, docs, length, then per row: term, block, packed postings, postings
-# Returns {1, last} (appended), {0, last} (compare-and-set lost), {2, last} (another user's),
-# {3, last} (the postings assumed another last_seq or index state: nothing written, redo).
+#       then the recall index: the last_seq its postings assume ('' = none computed), the
+#       SHA-1 of that turn's JSON ('' = not checked), new indexed_seq, docs, length, then per
+#       row: term, block, packed postings, postings
+# Returns {1, last, 1 if the index was written else 0} (appended), {0, last} (compare-and-set
+# lost), {2, last} (another user's), {3, last} (the postings assumed another last_seq, last
+# turn or index state: nothing written, redo).
 # The index is written when it is current (indexed_seq = last) or the session is new; a
 # session written before the index existed is left to the catch-up (BACKFILL).
 APPEND = """
@@ -78,7 +80,10 @@ if n == 0 then return {1, last} end
 local x = 8 + n * 3
 local ix = redis.call('HGET', KEYS[8], 'indexed_seq')
 local index = (ix and tonumber(ix) == last) or (not ix and last == 0)
-if index and (ARGV[x + 1] == '' or tonumber(ARGV[x + 1]) ~= last) then return {3, last} end
+if index and (ARGV[x + 1] == '' or tonumber(ARGV[x + 1]) ~= last or (ARGV[x + 2] ~= ''
+    and redis.sha1hex(redis.call('HGET', KEYS[2], last) or '') ~= ARGV[x + 2])) then
+  return {3, last}
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], 'created_at', ARGV[2], 'summary_version', 0,
              'summary_covers_seq', 0, 'constraints_version', 0, 'emotions_version', 0,
@@ -105,14 +110,14 @@ if answer > 0 then
              'last_answer_seq', last + answer)
 end
 if scored == 1 then redis.call('HINCRBY', KEYS[1], 'emotions_version', 1) end
-if index then""" + _write_postings("KEYS[7]", "KEYS[8]", "x + 5", "last + n", "x + 3") + """end
+if index then""" + _write_postings("KEYS[7]", "KEYS[8]", "x + 6", "last + n", "x + 4") + """end
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[4])
 if owner then
   redis.call('ZADD', ARGV[8] .. owner, ARGV[2], ARGV[3])
   redis.call('ZADD', KEYS[6], ARGV[2], owner)
 end
-return {1, last}
+return {1, last, index and 1 or 0}
 """
 
 # KEYS: sess, turns, emo; ARGV: recent, max_uncovered, key_moments, threshold

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -69,6 +70,7 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
         self._scripts: dict[str, Any] = {}
         self._raw_client: Any = None
         self._postings_script: Any = None
+        self._heads = OrderedDict()
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -167,11 +169,14 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
                      turn.content]
         keys = [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"], k["users"],
                 k["rpostings"], k["rindex"]]
-        ok = 3
-        while ok == 3:  # another writer moved the session after INDEX_HEAD: compute again
-            head = await self.index_head(k) if turns else None
+        ok, head = 3, None
+        while ok == 3:  # another writer moved the session meanwhile: compute again
+            head = await self.index_head(k, (tenant, session_id)) if turns else None
             index = head.rows(turns, analyzed) if head is not None else [""]
-            ok, last = await self._script("APPEND", keys, args + index)
+            reply = await self._script("APPEND", keys, args + index)
+            ok, last = int(reply[0]), int(reply[1])
+        if ok == 1 and turns:
+            self.head_after((tenant, session_id), last, turns, args[-3], indexed=reply[2] == 1)
         if ok == 2:
             raise owner_error(session_id)
         if not ok:
