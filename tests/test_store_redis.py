@@ -84,6 +84,7 @@ async def test_a_worker_appending_after_another_or_after_a_recreation_indexes_ri
         # Deleted and written again by the other worker up to the same seq: the turn before the
         # next append differs although its seq does not.
         assert await two.delete("t", "s")
+        assert ("t", "s") not in two._heads  # the turn it kept for its next append went with it
         await two.append("t", "s", pair("damson") + pair("elder") + pair("fig"))
         await one.append("t", "s", pair("grape"))
         await _index_matches_the_log(two)

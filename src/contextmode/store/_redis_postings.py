@@ -13,8 +13,10 @@ index state before it can compute postings: it reads both (INDEX_HEAD), then
 runs APPEND with the ``last_seq`` it assumed; if another writer moved the
 session in between, APPEND writes nothing and the append is computed again. After
 an append, what the next append of the session would read is kept in this process
-(`RedisPostings.head_after`; a bounded LRU, short turns only), so a worker that keeps
-writing one session skips that read: APPEND checks the assumed ``last_seq`` and the
+(`RedisPostings.head_after`; a bounded LRU of short turns, each kept 30 s at most and
+dropped at once when this process erases the session, so a forgotten turn's text does not
+linger), so a worker that keeps writing one session (a question, then its answer) skips
+that read: APPEND checks the assumed ``last_seq`` and the
 SHA-1 of that turn's JSON, so a stale entry (another worker wrote, or the session was
 deleted and re-created) is caught and costs one redo.
 """
@@ -22,6 +24,7 @@ deleted and re-created) is caught and costs one redo.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -38,6 +41,7 @@ __all__ = ["IndexHead", "RedisPostings", "index_args"]
 
 _KEEP_SESSIONS = 1024
 _KEEP_DOC_CHARS = 4096
+_KEEP_S = 30.0
 
 
 def _sha1(doc: str) -> str:
@@ -90,8 +94,8 @@ class RedisPostings:
     url: str
     _raw_client: Any
     _postings_script: Any
-    _heads: OrderedDict[tuple[str, str], IndexHead]
-    """What the next append of a session needs, as this process last wrote it."""
+    _heads: OrderedDict[tuple[str, str], tuple[float, IndexHead]]
+    """What the next append of a session needs, as this process last wrote it, and when."""
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError  # RedisStore's own
@@ -137,8 +141,8 @@ class RedisPostings:
         from .redis import _decode
 
         kept = self._heads.pop(key, None)
-        if kept is not None:
-            return kept
+        if kept is not None and time.monotonic() - kept[0] <= _KEEP_S:
+            return kept[1]
         last, doc, indexed = await self._script("INDEX_HEAD", [k["sess"], k["turns"], k["rindex"]], [])
         previous = _decode(int(last), doc, None) if doc else None
         return IndexHead(int(last), previous, None if indexed is None else int(indexed), _sha1(doc or ""))
@@ -155,7 +159,7 @@ class RedisPostings:
         t = turns[-1]
         previous = Turn(seq=last, role=t.role, content=t.content, tokens=t.tokens,
                         created_at=t.created_at, metadata=dict(t.metadata))
-        self._heads[key] = IndexHead(last, previous, last if indexed else None, _sha1(doc))
+        self._heads[key] = (time.monotonic(), IndexHead(last, previous, last if indexed else None, _sha1(doc)))
         while len(self._heads) > _KEEP_SESSIONS:
             self._heads.popitem(last=False)
 

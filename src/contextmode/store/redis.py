@@ -111,6 +111,7 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
         self, tenant: str, session_id: str, cutoff: int | str, record: str = ""
     ) -> dict[str, int]:
         """Run the ERASE script: the session and every registered kind; counts ({} = kept)."""
+        self._heads.pop((tenant, session_id), None)  # its last turn, kept for the next append
         k = self._keys(tenant, session_id)
         path = k["member"]
         keys = [k["sess"], k["ix"], k["idle"], k["users"],
