@@ -11,8 +11,9 @@ mixed with Chinese lines; queries are 4–10 words drawn the same way. Timed:
 
 Goals (issue 6): select < 20 ms at 100,000 turns, index < 1 ms a turn.
 
-Stores that keep the index (``BENCH_BACKENDS``, default ``sqlite,postgres``; the
-PostgreSQL DSN from ``CONTEXTMODE_TEST_PG_DSN``), on a 100,000-turn session:
+Stores that keep the index (``BENCH_BACKENDS``, default ``sqlite,postgres,redis``; the
+PostgreSQL DSN from ``CONTEXTMODE_TEST_PG_DSN``, Redis from ``CONTEXTMODE_TEST_REDIS_URL``),
+on a 100,000-turn session:
 
 - ``cold_ms.<backend>``: the first `Recaller.recall` of a worker that has never
   seen the session (a new store connection and a new recaller: nothing cached in
@@ -149,11 +150,34 @@ async def _stored_store(backend: str) -> tuple[Store, Callable[[], Store], Calla
                 await conn.close()
 
         return first, lambda: PostgresStore(dsn, schema=schema, max_size=2), drop_schema
-    raise SystemExit(f"unknown backend {backend!r} (sqlite, postgres)")
+    if backend == "redis":
+        from contextmode.store.redis import RedisStore
+
+        url = os.environ.get("CONTEXTMODE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+        namespace = f"bench-recall-{uuid.uuid4().hex[:8]}:"
+
+        async def drop_keys() -> None:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(url)
+            try:
+                keys = [k async for k in client.scan_iter(match=f"{namespace}*", count=1000)]
+                for start in range(0, len(keys), 1000):
+                    await client.delete(*keys[start : start + 1000])
+            finally:
+                await client.aclose()
+
+        return RedisStore(url, namespace=namespace), lambda: RedisStore(url, namespace=namespace), drop_keys
+    raise SystemExit(f"unknown backend {backend!r} (sqlite, postgres, redis)")
 
 
 def _index_switch(backend: str) -> tuple[object, str]:
-    """The module whose ``index_turns`` writes the backend's postings during an append."""
+    """The module whose ``index_turns`` writes the backend's postings during an append
+    (Redis: the class whose ``index_head`` reads what the postings need)."""
+    if backend == "redis":
+        from contextmode.store._redis_postings import RedisPostings
+
+        return RedisPostings, "index_head"
     if backend == "sqlite":
         from contextmode.store import _sqlite_postings
 
@@ -201,13 +225,21 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
         module, name = _index_switch(backend)
         indexing = getattr(module, name)
 
-        async def skip(*args: object) -> None:
+        async def skip(*args: object) -> object:
+            if backend == "redis":  # no read before the append, and a session whose index lags
+                from contextmode.store._redis_postings import IndexHead
+
+                return IndexHead(last=0, previous=None, indexed_seq=-1)
             return None
 
         def no_index(*args: object) -> None:
             return None
 
         off = skip if asyncio.iscoroutinefunction(indexing) else no_index
+        if backend == "redis":  # "s2" is a session whose index lags: its appends write none
+            await store.append("bench", "s2", [NewTurn(role="user", content="first", tokens=1)])
+            async with store._guard() as client:  # type: ignore[attr-defined]
+                await client.hset(store._keys("bench", "s2")["rindex"], "indexed_seq", -1)  # type: ignore[attr-defined]
         with_index: list[float] = []
         without: list[float] = []
         for i in range(300):
@@ -234,7 +266,7 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
 
 def main() -> None:
     result = asyncio.run(_bench())
-    backends = [b.strip() for b in os.environ.get("BENCH_BACKENDS", "sqlite,postgres").split(",") if b.strip()]
+    backends = [b.strip() for b in os.environ.get("BENCH_BACKENDS", "sqlite,postgres,redis").split(",") if b.strip()]
     stored = {backend: asyncio.run(_bench_stored(backend)) for backend in backends}
     result["cold_ms"] = {b: r["cold_ms"] for b, r in stored.items()}
     result["select_ms_stored"] = {b: r["select_ms"] for b, r in stored.items()}

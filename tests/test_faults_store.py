@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,14 +27,13 @@ from contextmode.errors import StoreError
 from contextmode.jobs import JobRunner, JobSettings
 from contextmode.service import ServiceSettings, create_app
 from contextmode.store.base import Store
-from contextmode.testing.contract import service_url, skip_or_fail
+from contextmode.store.factory import open_store
+from contextmode.testing.backends import fresh_store_url
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import FunctionModel
 from contextmode.testing.proxy import TcpProxy
 from contextmode.types import ChatMessage
 
-PG_DSN = service_url("CONTEXTMODE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = service_url("CONTEXTMODE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 TENANT = "local"
 SID = "s1"
 
@@ -47,33 +46,6 @@ def _via(url: str, port: int) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-async def _postgres_reachable() -> None:
-    try:
-        import asyncpg
-    except ImportError:
-        skip_or_fail("asyncpg is not installed (extra 'postgres')")
-    try:
-        conn = await asyncpg.connect(PG_DSN, timeout=3)
-    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
-        skip_or_fail(f"PostgreSQL is not reachable at {PG_DSN}: {exc}")
-    await conn.close()
-
-
-async def _redis_reachable() -> None:
-    try:
-        import redis.asyncio as aioredis
-        from redis.exceptions import RedisError
-    except ImportError:
-        skip_or_fail("redis is not installed (extra 'redis')")
-    client = aioredis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
-    try:
-        await client.ping()
-    except (OSError, RedisError) as exc:
-        skip_or_fail(f"Redis is not reachable at {REDIS_URL}: {exc}")
-    finally:
-        await client.aclose()
-
-
 @dataclass
 class Backend:
     name: str
@@ -82,51 +54,20 @@ class Backend:
 
 
 @pytest.fixture(params=["postgres", "redis"])
-async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     kind = request.param
     request.applymarker(getattr(pytest.mark, kind))
-    if kind == "postgres":
-        await _postgres_reachable()
-        from contextmode.store.postgres import PostgresStore
-
-        target = urlsplit(PG_DSN)
-        proxy = TcpProxy(target.port or 5432, target_host=target.hostname or "127.0.0.1")
+    async with fresh_store_url(kind, tmp_path) as url:
+        # The store talks to the server through a proxy the tests can break.
+        target = urlsplit(url)
+        proxy = TcpProxy(target.port or (5432 if kind == "postgres" else 6379),
+                         target_host=target.hostname or "127.0.0.1")
         port = proxy.start()
-        schema = f"cm_fault_{uuid.uuid4().hex[:10]}"
-        store: Store = PostgresStore(_via(PG_DSN, port), schema=schema, max_size=3)
-    else:
-        await _redis_reachable()
-        from contextmode.store.redis import RedisStore
-
-        target = urlsplit(REDIS_URL)
-        proxy = TcpProxy(target.port or 6379, target_host=target.hostname or "127.0.0.1")
-        port = proxy.start()
-        namespace = f"cmfault:{uuid.uuid4().hex[:10]}:"
-        store = RedisStore(_via(REDIS_URL, port), namespace=namespace)
-    yield Backend(name=kind, proxy=proxy, store=store)
-    proxy.restore()
-    await store.close()
-    proxy.stop()
-    await _cleanup(kind, schema if kind == "postgres" else namespace)
-
-
-async def _cleanup(kind: str, name: str) -> None:
-    if kind == "postgres":
-        import asyncpg
-
-        conn = await asyncpg.connect(PG_DSN)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        finally:
-            await conn.close()
-    else:
-        import redis.asyncio as aioredis
-
-        client = aioredis.Redis.from_url(REDIS_URL)
-        keys = [key async for key in client.scan_iter(match=f"{name}*", count=1000)]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
+        store = open_store(_via(url, port) + ("&pool_max=3" if kind == "postgres" else ""))
+        yield Backend(name=kind, proxy=proxy, store=store)
+        proxy.restore()
+        await store.close()
+        proxy.stop()
 
 
 class Answers:

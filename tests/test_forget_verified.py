@@ -114,19 +114,31 @@ async def _store_text(backend: Backend, url: str) -> str:
     import redis.asyncio as aioredis
 
     base, _, namespace = url.partition("?namespace=")
-    client = aioredis.Redis.from_url(base, decode_responses=True)
+    # Raw replies: the recall index holds packed numbers beside its terms (field names).
+    client = aioredis.Redis.from_url(base)
     parts: list[str] = []
     try:
         async for key in client.scan_iter(match=f"{namespace}*", count=1000):
-            kind = await client.type(key)
+            kind = _text(await client.type(key))
             value: Any = {
                 "hash": client.hgetall, "zset": lambda k: client.zrange(k, 0, -1, withscores=True),
                 "set": client.smembers, "list": lambda k: client.lrange(k, 0, -1), "string": client.get,
             }[kind](key)
-            parts.append(f"{key} {await value!r}")
+            parts.append(f"{_text(key)} {_text(await value)!r}")
     finally:
         await client.aclose()
     return "\n".join(parts)
+
+
+def _text(value: Any) -> Any:
+    """Redis reply bytes as text (undecodable bytes replaced), in containers too."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_text(k): _text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return [_text(v) for v in value]
+    return value
 
 
 def _hits(strings: Iterable[str], text: str) -> list[str]:

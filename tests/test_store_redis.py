@@ -2,43 +2,22 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from contextmode.testing.contract import (
-    StoreContract,
-    check_concurrent_writers,
-    new_turns,
-    service_url,
-    skip_or_fail,
-)
+from contextmode.testing.backends import REDIS_URL, fresh_store_url
+from contextmode.testing.contract import StoreContract, check_concurrent_writers, new_turns
 
 pytestmark = pytest.mark.redis
 
-URL = service_url("CONTEXTMODE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
 
 @pytest.fixture
-async def namespace() -> AsyncIterator[str]:
-    try:
-        import redis.asyncio as aioredis
-        from redis.exceptions import RedisError
-    except ImportError:
-        skip_or_fail("redis is not installed (extra 'redis')")
-    client = aioredis.Redis.from_url(URL, socket_connect_timeout=3)
-    try:
-        await client.ping()
-    except (OSError, RedisError) as exc:
-        await client.aclose()
-        skip_or_fail(f"Redis is not reachable at {URL}: {exc}")
-    name = f"cmtest:{uuid.uuid4().hex[:12]}:"
-    yield name
-    keys = [key async for key in client.scan_iter(match=f"{name}*", count=1000)]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+async def namespace(tmp_path: Path) -> AsyncIterator[str]:
+    """A key prefix nobody else writes under (its keys are deleted afterwards)."""
+    async with fresh_store_url("redis", tmp_path) as url:
+        yield url.partition("?namespace=")[2]
 
 
 class TestRedisStore(StoreContract):
@@ -46,7 +25,7 @@ class TestRedisStore(StoreContract):
     async def store(self, namespace: str) -> AsyncIterator[object]:
         from contextmode.store.redis import RedisStore
 
-        store = RedisStore(URL, namespace=namespace)
+        store = RedisStore(REDIS_URL, namespace=namespace)
         yield store
         await store.close()
 
@@ -54,7 +33,7 @@ class TestRedisStore(StoreContract):
 async def test_eight_connections_append_200_turns_each(namespace: str) -> None:
     from contextmode.store.redis import RedisStore
 
-    await check_concurrent_writers([RedisStore(URL, namespace=namespace) for _ in range(8)])
+    await check_concurrent_writers([RedisStore(REDIS_URL, namespace=namespace) for _ in range(8)])
 
 
 async def test_every_key_is_under_the_namespace(namespace: str) -> None:
@@ -62,13 +41,50 @@ async def test_every_key_is_under_the_namespace(namespace: str) -> None:
 
     from contextmode.store.redis import RedisStore
 
-    async with RedisStore(URL, namespace=namespace) as store:
+    async with RedisStore(REDIS_URL, namespace=namespace) as store:
         await store.append("t", "s", new_turns(3))
         await store.set_emotions("t", "s", {1: 0.9})
         await store.record_job("t", "s", "summary", ok=True)
         async with store.lock("t", "s"):
-            client = aioredis.Redis.from_url(URL, decode_responses=True)
+            client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
             keys = [key async for key in client.scan_iter(match=f"{namespace}*")]
             await client.aclose()
     assert len(keys) >= 7
     assert all(key.startswith(namespace) for key in keys)
+
+
+async def _index_matches_the_log(store: object) -> None:
+    """The stored postings equal the whole log indexed in one pass."""
+    from contextmode.store.postings import postings_for, unpack
+
+    turns = await store.turns("t", "s")  # type: ignore[attr-defined]
+    expected = postings_for(turns, None)
+    want: dict[str, list[tuple[int, bytes]]] = {}
+    for term, block, data in expected.rows:
+        want.setdefault(term, []).append((block, data))
+    stored = await store.postings("t", "s", sorted(want))  # type: ignore[attr-defined]
+    assert {t: unpack(r).tolist() for t, r in stored.items()} == {t: unpack(sorted(r)).tolist() for t, r in want.items()}
+    stats = await store.index_stats("t", "s")  # type: ignore[attr-defined]
+    assert (stats.indexed_seq, stats.docs) == (len(turns), expected.docs)
+
+
+async def test_a_worker_appending_after_another_or_after_a_recreation_indexes_right(namespace: str) -> None:
+    from contextmode.store.redis import RedisStore
+    from contextmode.types import NewTurn
+
+    def pair(word: str) -> list[NewTurn]:
+        return [NewTurn(role="user", content=f"{word} question", tokens=2),
+                NewTurn(role="assistant", content=f"{word} answer", tokens=2)]
+
+    async with RedisStore(REDIS_URL, namespace=namespace) as one, RedisStore(REDIS_URL, namespace=namespace) as two:
+        await one.append("t", "s", pair("apple"))
+        await two.append("t", "s", pair("banana"))  # one's kept state of the session is stale now
+        await one.append("t", "s", pair("cherry"))
+        await _index_matches_the_log(one)
+        # Deleted and written again by the other worker up to the same seq: the turn before the
+        # next append differs although its seq does not.
+        assert await two.delete("t", "s")
+        assert ("t", "s") not in two._heads  # the turn it kept for its next append went with it
+        await two.append("t", "s", pair("damson") + pair("elder") + pair("fig"))
+        await one.append("t", "s", pair("grape"))
+        await _index_matches_the_log(two)

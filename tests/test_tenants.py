@@ -5,7 +5,6 @@ so a new route fails this test until it is added here) and on every store backen
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +23,9 @@ from contextmode.engine import Engine
 from contextmode.service import ServiceSettings, create_app
 from contextmode.store import MemoryStore
 from contextmode.store.base import Store
+from contextmode.store.factory import open_store
 from contextmode.store.sqlite import SQLiteStore
-from contextmode.testing.contract import service_url, skip_or_fail
+from contextmode.testing.backends import Backend, fresh_store_url
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import FunctionModel
 from contextmode.trace import TurnTrace
@@ -58,49 +58,12 @@ def all_routes(app: FastAPI) -> Iterator[tuple[str, str]]:
 # -- stores ---------------------------------------------------------------------------------
 
 
-async def _postgres(tmp: Any) -> AsyncIterator[Store]:
-    dsn = service_url("CONTEXTMODE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-    try:
-        import asyncpg
-
-        from contextmode.store.postgres import PostgresStore
-    except ImportError:
-        skip_or_fail("asyncpg is not installed (extra 'postgres')")
-    try:
-        conn = await asyncpg.connect(dsn, timeout=3)
-    except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
-        skip_or_fail(f"PostgreSQL is not reachable at {dsn}: {exc}")
-    schema = f"cm_tenants_{uuid.uuid4().hex[:10]}"
-    store = PostgresStore(dsn, schema=schema, max_size=3)
-    yield store
-    await store.close()
-    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    await conn.close()
-
-
-async def _redis(tmp: Any) -> AsyncIterator[Store]:
-    url = service_url("CONTEXTMODE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-    try:
-        import redis.asyncio as aioredis
-        from redis.exceptions import RedisError
-
-        from contextmode.store.redis import RedisStore
-    except ImportError:
-        skip_or_fail("redis is not installed (extra 'redis')")
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=3)
-    try:
-        await client.ping()
-    except (OSError, RedisError) as exc:
-        await client.aclose()
-        skip_or_fail(f"Redis is not reachable at {url}: {exc}")
-    namespace = f"cmtenants:{uuid.uuid4().hex[:10]}:"
-    store = RedisStore(url, namespace=namespace)
-    yield store
-    await store.close()
-    keys = [k async for k in client.scan_iter(match=f"{namespace}*", count=1000)]
-    if keys:
-        await client.delete(*keys)
-    await client.aclose()
+async def _service(backend: Backend, tmp: Any) -> AsyncIterator[Store]:
+    """A PostgreSQL or Redis store of its own (fresh schema / key prefix, dropped after)."""
+    async with fresh_store_url(backend, tmp) as url:
+        store = open_store(url)
+        yield store
+        await store.close()
 
 
 async def _memory(tmp: Any) -> AsyncIterator[Store]:
@@ -114,7 +77,8 @@ async def _sqlite(tmp: Any) -> AsyncIterator[Store]:
 
 
 STORES: dict[str, Callable[[Any], AsyncIterator[Store]]] = {
-    "memory": _memory, "sqlite": _sqlite, "postgres": _postgres, "redis": _redis,
+    "memory": _memory, "sqlite": _sqlite,
+    "postgres": lambda tmp: _service("postgres", tmp), "redis": lambda tmp: _service("redis", tmp),
 }
 
 
@@ -152,7 +116,7 @@ async def world(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[
                 TENANT_A, sid, [Constraint(key="secret", value=MARKER, source_seq=1)], expected_version=0
             )
             await store.record_job(TENANT_A, sid, "summary", ok=True)
-            await store.put_trace(  # type: ignore[attr-defined]
+            await store.put_trace(
                 TENANT_A, sid,
                 TurnTrace(turn=1, user_seq=1, answer_seq=2, created_at=utc_now(), typed=f"{MARKER} in {sid}",
                           sent=MARKER, messages=(ChatMessage(role="user", content=MARKER),)),

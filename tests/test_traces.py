@@ -173,3 +173,33 @@ async def test_input_rules_at_the_edge(tmp_path: Path) -> None:
         )
         assert r.status_code == 400
     assert await engine.store.turns("local", "s") == []
+
+
+async def test_each_recalled_turn_says_why_in_the_trace_and_the_context(tmp_path: Path) -> None:
+    from contextmode.memory.recall import Recaller
+    from contextmode.service.schemas import ContextOut
+
+    engine = make_engine(FunctionModel(answer))
+    engine.recaller = Recaller()
+    await engine.turn("local", "s", "My cat is called Whiskers and she sleeps on the piano")
+    for i in range(8):
+        await engine.turn("local", "s", f"Tell me about the weather in town number {i}")
+    await engine.turn("local", "s", "Which instrument does my cat sleep on?")
+    await engine.drain()
+    trace = await load_trace(engine.store, "local", "s", 10)
+    assert trace is not None
+    hit = next(r for r in trace.recalled if r.seq == 1)
+    assert hit.layer == "recall" and hit.ranker == "bm25"
+    assert hit.score is not None and hit.score > 0
+    assert {"cat", "sleep"} <= set(hit.matched) and "piano" not in hit.matched
+    assert "My cat is called Whiskers" in hit.text
+    assert trace_from_json(trace_to_json(trace)) == trace
+    public = trace_to_dict(trace)["recalled"]
+    assert public[[r["seq"] for r in public].index(1)]["matched"] == list(hit.matched)
+    # The context the service shows for a message carries the same reasons (the score moved:
+    # the session has one more exchange now).
+    prepared = await engine.prepare("local", "s", "Which instrument does my cat sleep on?")
+    shown = ContextOut.of(prepared, full=True).recalled
+    mine = next(r for r in shown if r.seq == 1)
+    assert (mine.matched, mine.ranker) == (list(hit.matched), "bm25") and (mine.score or 0) > 0
+    assert mine.text is not None and ContextOut.of(prepared, full=False).recalled[0].text is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -204,12 +205,125 @@ def test_no_serious_accessibility_violations(browser: Any, stub_server: tuple[Li
     send(page, "我不吃辣，预算五十以内")
     send(page, "举个例子")
     open_turn(page, 1)
+    assert serious_violations(page) == []
+
+
+def serious_violations(page: Any) -> list[str]:
+    """axe-core's serious and critical findings on the page as it stands."""
+    if not AXE_JS.exists():
+        from test_web_browser import _unavailable
+
+        _unavailable(f"axe-core is missing ({AXE_JS}; npm install --prefix .ci/node axe-core)")
     # The page's policy refuses inline scripts: axe is evaluated through the driver instead.
     page.evaluate(AXE_JS.read_text(encoding="utf-8"))
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
-    bad = [
+    return [
         f"{v['id']} ({v['impact']}): {[n['target'] for n in v['nodes']][:3]}"
         for v in result["violations"]
         if v["impact"] in ("serious", "critical")
     ]
-    assert bad == []
+
+
+def test_the_inspector_says_why_each_older_turn_was_recalled(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-recall")
+    send(page, "My cat Whiskers sleeps on the old piano")
+    for i in range(6):
+        send(page, f"Tell me about the weather in town number {i}")
+    send(page, "Where does Whiskers sleep?")
+    # As sent: the reasons, without the texts (the stream's context event stays small).
+    hit = "#recalled-card li[data-seq='1']"
+    page.wait_for_selector(hit, timeout=WAIT_MS)
+    assert page.get_attribute(hit, "data-layer") == "recall"
+    assert {"whisker", "sleep"} <= set(page.get_attribute(hit, "data-matched").split(","))
+    why = page.inner_text(f"{hit} .recall-why")
+    assert "BM25" in why and "whisker" in why
+    # The kept trace of that exchange: the same reasons, and the turn as the model got it.
+    open_turn(page, 8)
+    page.wait_for_selector(f"{hit} .item-text", timeout=WAIT_MS)
+    assert "Whiskers sleeps on the old piano" in page.inner_text(f"{hit} .item-text")
+    assert "sleep" in page.get_attribute(hit, "data-matched").split(",")
+    # Long texts scroll inside their boxes, reachable by keyboard; nothing serious for axe.
+    assert serious_violations(page) == []
+    assert page.errors == []
+
+
+def shown_seqs(page: Any) -> list[int]:
+    seqs: list[int] = page.eval_on_selector_all(
+        "#messages .message[data-seq]", "nodes => nodes.map(n => Number(n.dataset.seq))"
+    )
+    return seqs
+
+
+def test_two_tabs_on_one_session_follow_each_other(browser: Any, server: LiveServer) -> None:
+    url = f"{server.url}/#session=web-tabs"
+    first = open_page(browser, url)
+    second = first.context.new_page()  # a second tab of the same browser
+    second.errors = []
+    second.on("pageerror", lambda exc: second.errors.append(str(exc)))
+    second.goto(url)
+    second.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    elsewhere = open_page(browser, url)  # another browser: nothing shared but the server
+    send(first, "第一个标签页说的话")
+    for page in (second, elsewhere):  # no reload: the page picks the turn up by itself
+        page.wait_for_selector("#messages .message.assistant[data-seq='2']", timeout=WAIT_MS)
+        assert "第一个标签页说的话" in page.inner_text("#messages")
+    # The second tab continues the session: its turn is number 2, after the first tab's.
+    send(second, "第二个标签页接着说")
+    assert second.get_attribute(".message.user[data-seq='3']", "data-turn") == "2"
+    for page in (first, second, elsewhere):
+        page.wait_for_selector("#messages .message[data-seq='4']", timeout=WAIT_MS)
+        assert shown_seqs(page) == [1, 2, 3, 4]
+        texts = page.inner_text("#messages")
+        assert texts.index("第一个标签页说的话") < texts.index("第二个标签页接着说")
+    for page in (first, second, elsewhere):
+        assert page.errors == []
+
+
+# Positions of every timeline cell, of the constraint dot inside its cell, and of each legend
+# sample against its label, as laid out in the page (the inspector's own renderSession).
+_LAYOUT_JS = """async () => {
+  const { renderSession } = await import('/static/js/inspector.js');
+  const turns = Array.from({ length: 12 }, (_, i) => ({
+    seq: i + 1, role: i % 2 ? 'assistant' : 'user', content: 'x', metadata: { turn: Math.floor(i / 2) + 1 } }));
+  const session = { session_id: 'layout', last_seq: 12, turns, summary: null, last_answer: null,
+    constraints: [{ key: 'spice', value: '不吃辣', source_seq: 5, quote: '我不吃辣' }],
+    stats: { summary_covers_seq: 2, summary_version: 1, constraints_version: 1, jobs: {}, pending_jobs: [] } };
+  const ctx = { dropped_seqs: [3, 4, 7], layers: [{ name: 'recent', content: [{ seq: 9 }, { seq: 10 }] }] };
+  renderSession(session, ctx, 11);
+  const box = (r) => ({ x: r.x, y: r.y, w: r.width, h: r.height });
+  const cells = [...document.querySelectorAll('#timeline .cell')].map((c) => ({
+    seq: +c.dataset.seq, cls: c.className, ...box(c.getBoundingClientRect()) }));
+  const pinned = document.querySelector('#timeline .cell.pinned');
+  const after = getComputedStyle(pinned, '::after');
+  const border = parseFloat(getComputedStyle(pinned).borderTopWidth);
+  const legend = [...document.querySelectorAll('.legend .legend-item')].map((item) => {
+    const s = item.querySelector('.sample').getBoundingClientRect();
+    const r = item.getBoundingClientRect();
+    return s.y + s.height / 2 - (r.y + r.height / 2);
+  });
+  return { cells, dot: { top: parseFloat(after.top) + border, right: parseFloat(after.right) + border,
+    w: parseFloat(after.width), h: parseFloat(after.height) }, pinnedBox: box(pinned.getBoundingClientRect()), legend };
+}"""
+
+
+def test_timeline_markers_sit_on_their_own_cells(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-layout")
+    layout = page.evaluate(_LAYOUT_JS)
+    cells = layout["cells"]
+    assert [c["seq"] for c in cells] == list(range(1, 13))
+    marks = {c["seq"]: c["cls"].split() for c in cells}
+    assert all("dropped" in marks[s] for s in (3, 4, 7)) and "current" in marks[11]
+    assert "pinned" in marks[5] and all("covered" in marks[s] for s in (1, 2))
+    assert "in-context" in marks[9] and "in-context" in marks[10]
+    # Every cell of the row at the same height and size, in seq order with even steps: a
+    # marked cell (dropped, current, pinned…) is never pushed out of line.
+    assert {(c["y"], c["h"], c["w"]) for c in cells} == {(cells[0]["y"], cells[0]["h"], cells[0]["w"])}
+    steps = {round(b["x"] - a["x"], 1) for a, b in pairwise(cells)}
+    assert len(steps) == 1
+    # The constraint's dot lies inside its own cell, not in the gap beside the next one.
+    dot, cell = layout["dot"], layout["pinnedBox"]
+    assert dot["top"] >= 0 and dot["right"] >= 0
+    assert dot["top"] + dot["h"] <= cell["h"] and dot["right"] + dot["w"] <= cell["w"]
+    # Each legend sample is centred on its label's line.
+    assert all(abs(offset) < 0.5 for offset in layout["legend"])
+    assert page.errors == []

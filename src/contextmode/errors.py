@@ -96,7 +96,7 @@ class MessageTooLarge(InputError):
 
 
 class NoPreviousAnswer(ContextModeError):
-    """A follow-up needs the previous answer and the session has none (seed 000)."""
+    """A follow-up needs the previous answer and the session has none."""
 
     def __init__(self, intent: str) -> None:
         super().__init__(f"当前没有可用的上文信息 (no previous answer for a {intent!r} follow-up)")

@@ -2,7 +2,7 @@
 
 Models asked for "only a JSON object" still wrap it in code fences, put prose
 around it, leave trailing commas, use single or full-width quotes, write Python
-literals, or stop half-way (seed 003 §4.4); the repair is the maintained
+literals, or stop half-way; the repair is the maintained
 `json_repair` library's, not ours. Auxiliary processors must never
 fail a turn because of that, so nothing here raises on bad input:
 `extract_json` returns ``None`` and `parse_json_as` returns ``None`` after

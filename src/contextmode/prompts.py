@@ -7,7 +7,7 @@ so logs and stored derived records can say which prompt produced them
 ever substituted into fields, inside tags that mark it as data, never as
 instructions.
 
-Seed 000's five follow-up templates (detail / simplify / example / summary /
+The five follow-up templates (detail / simplify / example / summary /
 pronoun) live with the intent classifier in `contextmode.processors.intents`.
 """
 
@@ -100,7 +100,7 @@ REWRITE = Prompt(
     ),
     user_en="<summary>\n{summary}\n</summary>\n\n<recent_turns>\n{history}\n</recent_turns>\n\n<newest_message>\n{message}\n</newest_message>\n\nStandalone question:",
 )
-"""Standalone rewrite of a follow-up (seed 002): memory feeds only this step."""
+"""Standalone rewrite of a follow-up: memory feeds only this step."""
 
 SUMMARY = Prompt(
     name="summary",
@@ -127,7 +127,7 @@ SUMMARY = Prompt(
     ),
     user_en="<existing_summary>\n{previous}\n</existing_summary>\n\n<new_turns>\n{turns}\n</new_turns>\n\nNew summary:",
 )
-"""Incremental summary (seed 003 §3.2, §4.2): keeps preferences, open tasks, numbers, emotions 1–5."""
+"""Incremental summary: keeps preferences, open tasks, numbers, emotions 1–5."""
 
 CONSTRAINTS = Prompt(
     name="constraints",
@@ -160,7 +160,7 @@ CONSTRAINTS = Prompt(
     ),
     user_en="<remembered_constraints>\n{current}\n</remembered_constraints>\n\n<user_message>\n{message}\n</user_message>\n\nJSON:",
 )
-"""Constraint extraction (seed 003 §2.3, §4.4): one JSON object, shown by example."""
+"""Constraint extraction: one JSON object, shown by example."""
 
 EMOTION = Prompt(
     name="emotion",
@@ -181,7 +181,7 @@ EMOTION = Prompt(
     ),
     user_en="<message>\n{text}\n</message>\n\nJSON:",
 )
-"""Emotion intensity 0–1 (seed 001: key moments are turns above 0.7)."""
+"""Emotion intensity 0–1 (key moments are turns above 0.7)."""
 
 PROMPTS: dict[str, Prompt] = {p.name: p for p in (DETECT, REWRITE, SUMMARY, CONSTRAINTS, EMOTION)}
 """All prompts by name."""

@@ -53,18 +53,18 @@ class EngineSettings:
     recent turns), or ``window``, ``token_window``, ``summary``, ``sliding_summary``, ``hybrid``,
     ``hybrid_recall``."""
     context_window: int = 8192
-    """The model's context window, tokens (seed 003)."""
+    """The model's context window, tokens."""
     reply_reserve: int | None = None
     """Tokens kept for the reply; ``None`` = a quarter of the window."""
     mode: Mode = "contextual"
-    """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite (seed 002)."""
+    """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite."""
     order: str = "default"
     """Layer order preset: ``default`` (background, then the newest turns and the message) or
     ``question_first`` (the message right after the pinned constraints)."""
     locale: str = "auto"
     """``zh``, ``en`` or ``auto``."""
     summary_threshold: int = 10
-    """Summarise when this many turns outside the recent window are not covered yet (5 exchanges, seed 003)."""
+    """Summarise when this many turns outside the recent window are not covered yet (5 exchanges)."""
     job_attempts: int = 3
     """Attempts per background job before it is given up (and recorded as failed)."""
     rewrite: bool = True

@@ -35,6 +35,7 @@ __all__ = [
     "build_trace",
     "cap_trace",
     "exchange_count",
+    "recalled_turns",
     "trace_from_json",
     "trace_to_dict",
     "trace_to_json",
@@ -66,6 +67,18 @@ class RecalledTurn:
     why: str
     """Short human-readable reason (rank, emotion intensity)."""
     text: str
+    score: float | None = None
+    """Recall: its ranking score (BM25, or reciprocal-rank fusion with ``ranker``
+    ``bm25+dense``; a neighbour's is its hit's, discounted). Key moments: the turn's
+    emotion intensity 0–1."""
+    matched: Sequence[str] = ()
+    """Recall: the query's terms found in the turn (the message's own, or borrowed from
+    the newest turns when the message is short); empty for a turn found through related
+    terms (feedback) or brought in as a neighbour."""
+    neighbour_of: int | None = None
+    """Recall: set when the turn came in as the turn before hit ``neighbour_of``."""
+    ranker: str = ""
+    """Recall: ``bm25`` or ``bm25+dense``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,7 +221,9 @@ def trace_from_json(text: str) -> TurnTrace:
     data["layers"] = tuple(
         TraceLayer(**{**x, "dropped_seqs": tuple(x.get("dropped_seqs", ()))}) for x in data.get("layers", ())
     )
-    data["recalled"] = tuple(RecalledTurn(**r) for r in data.get("recalled", ()))
+    data["recalled"] = tuple(
+        RecalledTurn(**{**r, "matched": tuple(r.get("matched", ()))}) for r in data.get("recalled", ())
+    )
     data["pins"] = tuple(PinUsed(**p) for p in data.get("pins", ()))
     if data.get("rewrite") is not None:
         data["rewrite"] = TraceRewrite(**data["rewrite"])
@@ -265,15 +280,37 @@ def exchange_count(turns: Sequence[Turn]) -> int | None:
     return None
 
 
-def _recalled(context: Context) -> tuple[RecalledTurn, ...]:
+def recalled_turns(prepared: PreparedTurn) -> tuple[RecalledTurn, ...]:
+    """The older turns the context holds (recall and key-moment layers), each with why:
+    for recall the score, ranker and matched query terms (`memory.recall.explain_recall`
+    on the query recall was given), for a key moment its emotion intensity."""
+    from .memory.recall import explain_recall
+
+    context, rewrite = prepared.context, prepared.rewrite
+    query = rewrite.text if rewrite is not None and rewrite.changed and rewrite.verified else context.message
+    recall = context.layer("recall")
+    shown = {item.seq for item in recall.items} if recall is not None else set()
+    reasons = {
+        r.seq: r
+        for r in explain_recall(query, prepared.state.turns, [t for t in prepared.state.recalled if t.seq in shown])
+    }
+    emotions = {t.seq: t.emotion for t in prepared.state.key_moments}
     recalled: list[RecalledTurn] = []
     for name in ("recall", "key_moments"):
         layer = context.layer(name)
         for rank, item in enumerate(layer.items if layer else (), start=1):
             if item.seq is None:
                 continue
-            why = f"relevant to the message (rank {rank})" if name == "recall" else "emotional key moment"
-            recalled.append(RecalledTurn(seq=item.seq, layer=name, why=why, text=item.text))
+            if name == "recall":
+                reason = reasons.get(item.seq)
+                recalled.append(RecalledTurn(
+                    seq=item.seq, layer=name, why=f"relevant to the message (rank {rank})", text=item.text,
+                    score=reason.score if reason else None, matched=reason.matched if reason else (),
+                    neighbour_of=reason.neighbour_of if reason else None, ranker=reason.ranker if reason else "",
+                ))
+            else:
+                recalled.append(RecalledTurn(seq=item.seq, layer=name, why="emotional key moment",
+                                             text=item.text, score=emotions.get(item.seq)))
     return tuple(recalled)
 
 
@@ -352,7 +389,7 @@ def build_trace(
         detection_score=round(prepared.detection.score, 4),
         detection_reason=prepared.detection.reason,
         rewrite=_rewrite(ctx, prepared.rewrite),
-        recalled=_recalled(ctx),
+        recalled=recalled_turns(prepared),
         pins=_pins(ctx, prepared.state.constraints),
         processors=dict(processors),
         model=model,

@@ -284,7 +284,7 @@ class SessionState:
     recalled: Sequence[Turn] = ()
     """Older turns relevant to the current message, best first (filled by a recaller)."""
     last_answer: str | None = None
-    """The last assistant answer, kept even when its stream broke (seed 000)."""
+    """The last assistant answer, kept even when its stream broke."""
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

@@ -74,7 +74,7 @@ def to_anthropic(context: Context) -> dict[str, Any]:
 
 
 def to_text(context: Context) -> str:
-    """One plain-text prompt with section headings, in the configured order (seed 001)."""
+    """One plain-text prompt with section headings, in the configured order."""
     if context.format == "text":
         return SECTION_SEPARATOR.join(layer.rendered for layer in context.layers if layer.rendered)
     # A message-form context shown as text: render each message under its role.

@@ -30,7 +30,7 @@ class LayerItem:
     created_at: datetime | None = None
     """For turns: when."""
     truncated: bool = False
-    """True when only the newest part of the text fitted (seed 001), or a tool result was
+    """True when only the newest part of the text fitted, or a tool result was
     elided to a head/tail excerpt."""
     tool_calls: tuple[ToolCall, ...] = ()
     """For an assistant turn: the tool calls sent with it."""

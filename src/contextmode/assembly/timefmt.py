@@ -21,7 +21,7 @@ def _zh_number(n: int) -> str:
 
 
 def format_ago(then: datetime, now: datetime, locale: str = "zh") -> str:
-    """How long before ``now`` the moment ``then`` was, in words (seed 003: "三小时前")."""
+    """How long before ``now`` the moment ``then`` was, in words ("三小时前")."""
     seconds = max(0.0, (now - then).total_seconds())
     zh = locale.startswith("zh")
     steps = (

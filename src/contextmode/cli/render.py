@@ -13,7 +13,7 @@ from ..assembly import Context
 from ..assembly.agent import tool_sentence
 from ..engine import PreparedTurn
 from ..text.lang import is_chinese
-from ..trace import TurnTrace
+from ..trace import RecalledTurn, TurnTrace
 from ..types import Constraint, Turn
 
 __all__ = ["context_table", "prepared_panel", "token_bar", "trace_panel", "turns_table"]
@@ -154,9 +154,21 @@ def trace_panel(trace: TurnTrace) -> Panel:
     for pin in trace.pins:
         parts.append(Text(f"📌 {pin.value} (from seq {pin.source_seq})", style="magenta"))
     for hit in trace.recalled:
-        parts.append(Text(f"↩ seq {hit.seq} ({hit.layer}: {hit.why})", style="yellow"))
+        parts.append(Text(f"↩ seq {hit.seq} ({hit.layer}: {hit.why}{_recall_detail(hit)})", style="yellow"))
     parts.append(Text("messages received:", style="bold"))
     for m in trace.messages:
         parts.append(Text(f"[{m.role}] ", style="bold").append(m.content, style=""))
     title = f"turn {trace.turn} (seq {trace.user_seq}) as the model received it"
     return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]
+
+
+def _recall_detail(hit: RecalledTurn) -> str:
+    """Score, ranker, matched terms and neighbour of a recalled turn, as one short clause."""
+    parts = []
+    if hit.score is not None:
+        parts.append(f"{'intensity' if hit.layer == 'key_moments' else hit.ranker or 'score'} {hit.score:g}")
+    if hit.matched:
+        parts.append(f"matched {', '.join(hit.matched)}")
+    if hit.neighbour_of is not None:
+        parts.append(f"the turn before seq {hit.neighbour_of}")
+    return f"; {'; '.join(parts)}" if parts else ""

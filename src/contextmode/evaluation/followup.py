@@ -8,9 +8,9 @@ Accepted files (the format is recognised from the content):
 * CANARD (Elgohary et al. 2019): a JSON list of ``{History, Question, Rewrite}``; an
   item needs context when its ``Rewrite`` differs from its ``Question``.
 
-`evaluate_followup` scores `OfflineContextDetector` (shipped model + seed 000 intents)
+`evaluate_followup` scores `OfflineContextDetector` (shipped model + keyword follow-up intents)
 and three simple baselines: always "needs context", a pronoun/demonstrative list
-(seed 000's ``pronoun`` keywords plus 他/她), and a length cut-off (messages of at most
+(the ``pronoun`` intent's keywords plus 他/她), and a length cut-off (messages of at most
 ``length_cutoff`` characters — words for English — need context).
 
 Note: the shipped model was trained on the Restoration-200K dev file and CANARD dev; the

@@ -1,7 +1,7 @@
 """Token budgets: the input budget, per-layer shares, and budget that flows between layers.
 
-Seed 003 gives fixed allocations (window 8192, a quarter reserved for the
-reply, system 300 / profile 200 / recent 4000 / summary 1500); seed 001 gives
+The context-manager design gives fixed allocations (window 8192, a quarter reserved for the
+reply, system 300 / profile 200 / recent 4000 / summary 1500); the emotional-companion design gives
 ratios (recent 60 %, key moments 25 %, summary 15 %). Either way, budget a layer
 does not use flows to the layers that want more (a short conversation gives
 everything to the recent turns; no key moments gives their share away).
@@ -43,15 +43,15 @@ CONSTRAINTS_MAX_SHARE = 0.25
 class Budget:
     """How many tokens the model may receive and how they are shared.
 
-    Give ``allocations`` (fixed tokens per layer, seed 003) or ``shares``
-    (weights per layer, seed 001); with neither, the strategy's default shares
+    Give ``allocations`` (fixed tokens per layer) or ``shares``
+    (weights per layer); with neither, the strategy's default shares
     apply. ``system``, ``current`` and ``format`` are always included whole.
     """
 
     context_window: int = 8192
     """The model's context window, tokens."""
     reply_reserve: int | None = None
-    """Tokens kept free for the reply; ``None`` = a quarter of the window (seed 003)."""
+    """Tokens kept free for the reply; ``None`` = a quarter of the window."""
     allocations: Mapping[LayerName, int] = field(default_factory=dict)
     """Fixed tokens per layer (caps before flowing)."""
     shares: Mapping[LayerName, float] = field(default_factory=dict)
@@ -82,7 +82,7 @@ class Budget:
     @classmethod
     def fixed_layers(cls, context_window: int = 8192) -> Budget:
         """Fixed tokens per layer: system 300, profile 200, recent 4000, summary 1500, with a
-        quarter of the window kept for the reply (the context-manager article, seed 003)."""
+        quarter of the window kept for the reply (the context-manager design)."""
         return cls(
             context_window=context_window,
             allocations={"system": 300, "constraints": 200, "recent": 4000, "summary": 1500},
@@ -91,7 +91,7 @@ class Budget:
     @classmethod
     def emotion_window(cls, total_tokens: int = 6000) -> Budget:
         """Shares for an emotional companion over ``total_tokens`` of input: recent turns 60 %,
-        key moments 25 %, summary 15 % (the companion article, seed 001)."""
+        key moments 25 %, summary 15 % (the emotional-companion design)."""
         return cls(
             context_window=total_tokens,
             reply_reserve=0,

@@ -7,9 +7,9 @@ the assembler fits the plan into the budget. Strategies (seeds 001, 002, 003):
 - ``window``: the last N turns verbatim (sliding window);
 - ``token_window``: as many of the newest turns as the budget holds;
 - ``summary``: summary + the last exchange (summary compression);
-- ``sliding_summary``: summary + the last N turns (seed 003's default, N = 8);
+- ``sliding_summary``: summary + the last N turns (the default, N = 8);
 - ``hybrid``: recent window + key moments (emotion > 0.7, at most 5, ranked
-  with a time decay) + summary, shared 60 / 25 / 15 (seed 001).
+  with a time decay) + summary, shared 60 / 25 / 15.
 
 The shipped default, ``default``, and ``hybrid_recall`` add a recall layer; they
 live in `recall.strategy`; `contextmode.memory` registers them when it is
@@ -96,7 +96,7 @@ def _uncovered(state: SessionState, at_least: int) -> Sequence[Turn]:
 
 @dataclass(frozen=True, kw_only=True)
 class SlidingWindow:
-    """The last ``recent_turns`` turns verbatim, nothing else (seed 002's sliding window)."""
+    """The last ``recent_turns`` turns verbatim, nothing else (a sliding window)."""
 
     recent_turns: int = 8
     name: str = "window"
@@ -124,8 +124,8 @@ class TokenWindow:
 class SlidingSummary:
     """The summary plus the turns it does not cover (at least the last ``recent_turns``).
 
-    With ``recent_turns=2`` this is seed 002's summary compression (summary + the
-    last exchange); with 8 it is the default sliding summary (seed 003).
+    With ``recent_turns=2`` this is summary compression (summary + the
+    last exchange); with 8 it is the default sliding summary.
     """
 
     recent_turns: int = 8
@@ -142,7 +142,7 @@ class SlidingSummary:
 
 @dataclass(frozen=True, kw_only=True)
 class Hybrid:
-    """Seed 001: recent window + key moments + summary, shared 60 / 25 / 15.
+    """Recent window + key moments + summary, shared 60 / 25 / 15.
 
     Key moments are turns older than the recent window with emotion intensity
     above ``threshold``, ranked by intensity × time decay (an emotion loses half

@@ -140,7 +140,7 @@ class OpenAIChatModel:
 
     ``stream()`` yields text deltas; if the stream breaks or ends without a
     ``finish_reason`` it raises `ModelError` *after* yielding what arrived, so
-    the caller can keep a partial answer (seed 000). Every call is bounded: a
+    the caller can keep a partial answer. Every call is bounded: a
     reply gets ``reply_max_tokens`` when the caller names no ``max_tokens``, and
     a call past ``deadline`` seconds, or a reply that loops (`is_looping`),
     stops cleanly with what arrived, ``last_finish_reason`` ``length``.

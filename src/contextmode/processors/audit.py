@@ -1,4 +1,4 @@
-"""Summary audit: find the facts a summary lost and put them back (seed 003 §2.2, §4.2).
+"""Summary audit: find the facts a summary lost and put them back.
 
 After each summary, `audit_summary` lists the numbers (with their units: 50元, 3点, $20,
 2023), named entities (jieba.posseg ``nr/ns/nt/nz`` for Chinese; capitalised spans for

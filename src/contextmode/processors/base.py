@@ -40,7 +40,7 @@ class Detection:
     score: float = 0.0
     """Confidence 0–1 that it needs context."""
     intent: IntentKind | None = None
-    """Seed 000's follow-up intent over the last answer, if one matched."""
+    """The follow-up intent over the last answer, if one matched."""
     reason: str = ""
     """Short human-readable why (matched cue, model), for logs and the inspector."""
 

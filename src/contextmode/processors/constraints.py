@@ -1,4 +1,4 @@
-"""Offline constraint extraction (seed 003 §2.3, §3.4): preferences, hard constraints, identity.
+"""Offline constraint extraction: preferences, hard constraints, identity.
 
 `OfflineConstraintExtractor` reads one user turn with hand-written Chinese and English
 patterns and returns a `ConstraintUpdate`: typed `Constraint` entries (``key``, short

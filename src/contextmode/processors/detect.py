@@ -11,12 +11,12 @@ Features (all hashed into ``buckets`` slots with CRC-32, prefixed by language):
 
 * the message itself: character 1–3-grams, jieba words and their POS tags (Chinese) or
   lower-cased words and bigrams (English), first/last characters or words, length;
-* cues: pronouns and demonstratives, seed 000's follow-up intent;
+* cues: pronouns and demonstratives, the follow-up intent over the last answer;
 * its relation to the context: how many of its words/characters occur in the previous
   turn and in the whole context, nouns and verbs of the previous turn it leaves out,
   whether the previous turn was a question.
 
-Seed 000's keyword intents (`classify_follow_up_intent`) are kept: a detail, simplify,
+The keyword follow-up intents (`classify_follow_up_intent`) are kept: a detail, simplify,
 example or summary intent over an existing answer always counts as needing context,
 and `Detection.intent` carries the matched intent.
 """
@@ -284,7 +284,7 @@ def load_detector_model(path: str | None = None) -> DetectorModel:
 
 
 class OfflineContextDetector:
-    """`ContextDetector` backed by the shipped model and seed 000's keyword intents."""
+    """`ContextDetector` backed by the shipped model and the keyword follow-up intents."""
 
     def __init__(self, model: DetectorModel | None = None, *, threshold: float | None = None):
         self._model = model
@@ -312,7 +312,7 @@ class OfflineContextDetector:
         score = self.model.probability(message, context)
         threshold = self.model.threshold if self._threshold is None else self._threshold
         if intent is not None and intent != "pronoun":
-            # Seed 000: these intents operate on the last answer by definition.
+            # These intents operate on the last answer by definition.
             return Detection(needs_context=True, score=max(score, threshold), intent=intent,
                              reason=f"follow-up intent {intent}")
         cue = strong_cue(message)

@@ -1,6 +1,6 @@
-"""Offline emotion intensity (seed 001): lexicons, a learned model, dialogue context, calibration.
+"""Offline emotion intensity: lexicons, a learned model, dialogue context, calibration.
 
-Intensity is 0 (neutral) to 1 (overwhelming), whatever the sign of the feeling: seed 001
+Intensity is 0 (neutral) to 1 (overwhelming), whatever the sign of the feeling:
 picks key moments by intensity > 0.7, so "我太开心了!!" and "我真的崩溃了" both count.
 
 How a score is made:

@@ -41,10 +41,10 @@ class EmotionAnalysis:
 
     @property
     def level(self) -> int:
-        """Seed 003's 1–5 emotion level of the intensity (see `emotion_level`)."""
+        """The 1–5 emotion level of the intensity (see `emotion_level`)."""
         return emotion_level(self.intensity)
 
 
 def emotion_level(intensity: float) -> int:
-    """Map a 0–1 intensity to seed 003's 1–5 scale (1 calm … 5 overwhelming)."""
+    """Map a 0–1 intensity to the summaries' 1–5 scale (1 calm … 5 overwhelming)."""
     return max(1, min(5, 1 + int(intensity * 5)))

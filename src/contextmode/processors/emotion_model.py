@@ -1,4 +1,4 @@
-"""The learned and calibrated parts of the emotion score (seed 001's key moments).
+"""The learned and calibrated parts of the emotion score (key moments).
 
 Three pieces, all trained by ``scripts/train_emotion.py`` on dev data only and shipped
 together as ``data/emotion_zh.json``; inference is pure Python.
@@ -16,7 +16,7 @@ together as ``data/emotion_zh.json``; inference is pure Python.
    (`CONTEXT_FEATURES`: over the last `NEAR_WINDOW` the mean, the last one and the mean
    of the same speaker's, i.e. the speaker's baseline; over the last `CONTEXT_WINDOW`
    the mean, the conversation's mood). With no earlier turns it reads the turn alone.
-3. **Calibration.** Seed 001 calls a turn a key moment above 0.7. The final intensity is
+3. **Calibration.** A turn above 0.7 is a key moment. The final intensity is
    ``logistic(scale · z + shift)`` per language (`calibrate`), chosen so that the share
    of dev turns above 0.7 equals the share labelled strongly emotional and, for Chinese,
    the share below 0.3 (`CALM_THRESHOLD`) the share labelled neutral: a monotone map, so
@@ -64,7 +64,7 @@ __all__ = [
 DEFAULT_MODEL_FILE = "emotion_zh.json"
 _FORMAT = "contextmode-emotion/2"
 KEY_MOMENT_THRESHOLD = 0.7
-"""Seed 001: a turn above this intensity is "strongly emotional", a key moment."""
+"""A turn above this intensity is "strongly emotional", a key moment."""
 CALM_THRESHOLD = 0.3
 """Below this a turn is calm (level 1–2 of 5): where the dev share labelled neutral falls."""
 CONTEXT_WINDOW = 20

@@ -1,8 +1,8 @@
-"""Seed 000's follow-up intents over the last answer, in Chinese and English.
+"""Follow-up intents over the last answer, in Chinese and English.
 
 A follow-up such as "举个例子" or "simpler please" is answered from the previous
 answer with an intent-specific template. Keyword lists and their priority
-(simplify > detail > example > summary > pronoun) are seed 000's; the English
+(simplify > detail > example > summary > pronoun) are the original design's; the English
 lists are their equivalents.
 """
 
@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 INTENT_PRIORITY: tuple[IntentKind, ...] = ("simplify", "detail", "example", "summary", "pronoun")
-"""Order in which intents are tried; the first match wins (seed 000)."""
+"""Order in which intents are tried; the first match wins."""
 
 INTENT_KEYWORDS: dict[IntentKind, dict[str, tuple[str, ...]]] = {
     "detail": {
@@ -51,7 +51,7 @@ INTENT_KEYWORDS: dict[IntentKind, dict[str, tuple[str, ...]]] = {
         "en": ("it", "they", "them", "those", "these", "that", "this one", "that one"),
     },
 }
-"""Intent → language → keywords. Chinese keywords match as substrings (seed 000);
+"""Intent → language → keywords. Chinese keywords match as substrings;
 English ones match on word boundaries, so "it" does not fire inside "items"."""
 
 _TEMPLATES: dict[str, dict[IntentKind, str]] = {
@@ -80,7 +80,7 @@ _EN_PATTERNS: dict[IntentKind, re.Pattern[str]] = {
 
 
 def classify_follow_up_intent(query: str) -> IntentKind | None:
-    """Seed 000's keyword intent of ``query``, or ``None`` when none matches."""
+    """The keyword follow-up intent of ``query``, or ``None`` when none matches."""
     lowered = query.lower()
     for intent in INTENT_PRIORITY:
         if any(k in lowered for k in INTENT_KEYWORDS[intent]["zh"]):
@@ -93,7 +93,7 @@ def classify_follow_up_intent(query: str) -> IntentKind | None:
 def build_follow_up_prompt(
     intent: IntentKind, last_answer: str | None, question: str, *, locale: str | None = None
 ) -> str:
-    """Seed 000's intent template over the previous answer.
+    """The intent's template over the previous answer.
 
     Raises `NoPreviousAnswer` ("当前没有可用的上文信息") when there is no answer to build on.
     """

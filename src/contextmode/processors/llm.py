@@ -221,7 +221,7 @@ class LLMContextDetector:
 
 
 class LLMRewriter:
-    """`Rewriter` turning a follow-up into one standalone question (seed 002)."""
+    """`Rewriter` turning a follow-up into one standalone question."""
 
     def __init__(
         self,
@@ -274,7 +274,7 @@ class LLMRewriter:
 
 
 class LLMSummarizer:
-    """`Summarizer` folding new turns into the previous summary (seed 003 §3.2).
+    """`Summarizer` folding new turns into the previous summary.
 
     The facts of the *previous summary* (numbers, names, constraints, its facts
     line) that the model's new summary dropped are put back on the facts line with
@@ -427,7 +427,7 @@ def check_grounded(value: str, quote: str, said: str) -> str | None:
 
 
 class LLMConstraintExtractor:
-    """`ConstraintExtractor` asking for one JSON object (seed 003 §2.3, §4.4) with a schema.
+    """`ConstraintExtractor` asking for one JSON object with a schema.
 
     The answer is parsed tolerantly, then rejected whole (`OutputRejected`) when it
     fails the schema or any value is not grounded in the user's words (`check_grounded`).
@@ -494,7 +494,7 @@ class LLMConstraintExtractor:
 
 
 class LLMEmotionScorer:
-    """`EmotionScorer` asking for an intensity in 0–1 (seed 001), clamped."""
+    """`EmotionScorer` asking for an intensity in 0–1, clamped."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
-"""Offline incremental summariser (seed 003 §2.2, §3.2, §4.2): extractive and bounded.
+"""Offline incremental summariser: extractive and bounded.
 
 Each call folds the newly covered turns into the previous summary. The new turns are cut
-into sentences; each sentence is scored for what seed 003 says a summary must keep —
+into sentences; each sentence is scored for what a summary must keep —
 numbers, named entities, preferences and constraints, open questions and tasks, emotion
 words (kept verbatim, marked with their 1–5 intensity) — plus jieba keywords (Chinese) or
 repeated content words (English), who spoke and position. The best sentences up to
@@ -31,10 +31,10 @@ from .emotion import EmotionAnalysis, analyze_emotion
 __all__ = ["OfflineSummarizer", "score_sentence"]
 
 DEFAULT_BLOCK_CHARS = {"zh": 200, "en": 600}
-"""Characters of new text per call: seed 003's 100–200 Chinese characters per block, and
+"""Characters of new text per call: 100–200 Chinese characters per block, and
 about the same number of tokens in English (≈ 4 characters a token)."""
 DEFAULT_MAX_CHARS = {"zh": 1000, "en": 4000}
-"""Characters of the whole summary, facts line included (≈ seed 003's 1500-token budget)."""
+"""Characters of the whole summary, facts line included (≈ the summary layer's 1500-token budget)."""
 
 _LABELS = {"zh": {"user": "用户", "assistant": "助手", "system": "系统"},
            "en": {"user": "User", "assistant": "Assistant", "system": "System"}}
@@ -89,14 +89,14 @@ def score_sentence(
 ) -> tuple[float, int]:
     """How much a sentence is worth keeping, and its 1–5 emotion level (0 when calm).
 
-    Unitless; what counts follows seed 003: numbers, entities, preferences and constraints,
+    Unitless; what counts: numbers, entities, preferences and constraints,
     questions and tasks, emotion, keywords, the user's own words.
     """
     facts = extract_facts(sentence, language)
     score = _with_intent(_fact_score(facts), sentence)
     emotion = analyze_emotion(sentence)
     level = emotion.level if emotion.intensity >= 0.5 else 0
-    # The user's feelings are what seed 003 §4.2 says must survive; the other side's
+    # The user's feelings must survive; the other side's
     # politeness ("Wow, great!") is not.
     score += (_USER_EMOTION_WEIGHT if role == "user" else 0.4) * emotion.intensity
     if keywords:
@@ -106,7 +106,7 @@ def score_sentence(
         score *= 1.2
     score -= _small_talk_penalty(sentence, language, facts, emotion)
     if role != "user":
-        level = 0  # only the user's feelings are marked (seed 003 §4.2)
+        level = 0  # only the user's feelings are marked
     return score, level
 
 
@@ -277,7 +277,7 @@ def _choose(candidates: list[_Sentence], block_chars: int) -> list[_Sentence]:
     chosen: list[_Sentence] = []
     used = 0
     ranked = sorted(candidates, key=lambda c: (-c.score, c.order))
-    # Seed 003 §4.2: the user's strongest feeling of the block is kept verbatim, whatever
+    # The user's strongest feeling of the block is kept verbatim, whatever
     # else competes for the room.
     strongest = max(
         (c for c in candidates if c.emotion_level >= 4 and len(c.text) <= block_chars),

@@ -1,6 +1,6 @@
 """The FastAPI app: `create_app(engine=None, settings=None)`.
 
-Every non-stream response is an envelope ``{code, msg, data}`` (seed 002),
+Every non-stream response is an envelope ``{code, msg, data}``,
 errors included: the library's errors, validation errors, invalid JSON,
 unknown routes and uncaught exceptions all go through `codes` (one table).
 Under ``/v1/chat/completions`` and ``/v1/models`` errors take OpenAI's shape

@@ -1,4 +1,4 @@
-"""Images at the boundary (seed 002): base64 data URLs in, temp file paths inside, always deleted.
+"""Images at the boundary: base64 data URLs in, temp file paths inside, always deleted.
 
 `decode_images` checks every data URL (count, base64, size, type by magic
 bytes) before anything touches the disk; `ImageFiles.write` then writes them

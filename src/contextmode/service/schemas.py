@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from ..engine import PreparedTurn, TurnResult
 from ..store.base import SessionInfo
 from ..store.lifecycle import DeletionRecord
+from ..trace import recalled_turns
 from ..types import Constraint, Summary, ToolCall, Turn
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "LayerOut",
     "MessageOut",
     "MessageRequest",
+    "RecalledOut",
     "RewriteOut",
     "SessionListOut",
     "SessionOut",
@@ -146,6 +148,23 @@ class LayerOut(BaseModel):
     )
 
 
+class RecalledOut(BaseModel):
+    """An older turn in the context (recall or key moments), and why it is there."""
+
+    seq: int
+    layer: str = Field(description="``recall`` (relevant to the message) or ``key_moments``.")
+    why: str
+    score: float | None = Field(
+        default=None,
+        description="Recall: the ranking score (BM25, or rank fusion when ``ranker`` is bm25+dense);"
+        " key moments: the emotion intensity 0–1.",
+    )
+    matched: list[str] = Field(default_factory=list, description="Recall: the query's terms found in the turn.")
+    neighbour_of: int | None = Field(default=None, description="Recall: the hit this turn is the turn before.")
+    ranker: str = ""
+    text: str | None = Field(default=None, description="The turn as it reached the model (full context only).")
+
+
 class MessageOut(BaseModel):
     role: str
     content: str
@@ -184,6 +203,9 @@ class ContextOut(BaseModel):
     detection: DetectionOut
     rewrite: RewriteOut | None
     messages: list[MessageOut] | None = None
+    recalled: list[RecalledOut] = Field(
+        default_factory=list, description="Older turns brought back (recall, key moments), with why."
+    )
     prepare_ms: float
 
     @classmethod
@@ -238,6 +260,11 @@ class ContextOut(BaseModel):
             rewrite=RewriteOut(text=rw.text, changed=rw.changed, source=rw.source) if rw else None,
             messages=[MessageOut(role=m.role, content=m.content, tool_calls=ToolCallOut.all(m.tool_calls),
                                  tool_call_id=m.tool_call_id) for m in prepared.messages] if full else None,
+            recalled=[
+                RecalledOut(seq=r.seq, layer=r.layer, why=r.why, score=r.score, matched=list(r.matched),
+                            neighbour_of=r.neighbour_of, ranker=r.ranker, text=r.text if full else None)
+                for r in recalled_turns(prepared)
+            ],
             prepare_ms=round(prepared.prepare_ms, 3),
         )
 

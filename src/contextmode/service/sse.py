@@ -1,8 +1,8 @@
 """Server-sent events whose cleanup always runs: when the stream ends, fails, or the client leaves.
 
 Starlette's ``StreamingResponse`` does not close its iterator when the client
-disconnects, so a turn's ``finally`` (which stores the partial answer, seed
-000) and the image cleanup (seed 002) would wait for the garbage collector.
+disconnects, so a turn's ``finally`` (which stores the partial answer) and
+the image cleanup would wait for the garbage collector.
 `SSEResponse` streams in a task of its own while it listens for
 ``http.disconnect``; whichever ends first, it cancels the other, closes the
 iterator (which closes the model's request upstream) and then awaits ``on_close``.

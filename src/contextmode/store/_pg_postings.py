@@ -6,6 +6,7 @@ with the turns they index (the append holds the session row ``FOR UPDATE``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,7 +42,7 @@ async def index_turns(
     if not turns:
         return
     row = await db.fetchrow(
-        "SELECT r.indexed_seq, t.role, t.content FROM (SELECT 1) one"
+        "SELECT r.indexed_seq, t.role, t.content, t.metadata FROM (SELECT 1) one"
         " LEFT JOIN recall_index r ON r.tenant = $1 AND r.session_id = $2"
         " LEFT JOIN turns t ON t.tenant = $1 AND t.session_id = $2 AND t.seq = $3",
         *key, last,
@@ -51,8 +52,9 @@ async def index_turns(
         return  # lagging or written before the index existed: `contextmode index` catches up
     previous = None
     if last and row["content"] is not None:
+        # Its metadata too: an engine notice lends no words to the turn after it.
         previous = Turn(seq=last, role=row["role"], content=row["content"], tokens=0,
-                        created_at=turns[0].created_at)
+                        created_at=turns[0].created_at, metadata=json.loads(row["metadata"]))
     await _write(db, key, turns, previous, analyzed)
 
 

@@ -6,6 +6,9 @@ Keys of one session (``P`` = namespace + ``tenant/session_id``):
 12 digits, so ties order by seq), ``{ns}j:P`` hash of job counters.
 Kept traces: ``{ns}tr:P`` hash turn → trace JSON, ``{ns}trn:P`` sorted set of
 turn numbers, ``{ns}tra:P`` the same members by creation time (age limit).
+Recall index (`store.postings`, `_redis_postings`): ``{ns}rp:P`` hash ``block:term`` →
+packed postings, ``{ns}ri:P`` hash of ``indexed_seq``, ``docs``, ``total_len`` and
+``df:term`` (turns containing the term), written by APPEND with the turns.
 Indexes: ``{ns}ix:tenant`` (session id by updated_at), ``{ns}idle``
 (``tenant/session_id`` by updated_at), ``{ns}u:tenant/user`` (a user's session
 ids by updated_at) and ``{ns}users:tenant`` (user ids by last activity).
@@ -18,26 +21,55 @@ never turned into Lua numbers for storage (Lua would print them rounded).
 
 from __future__ import annotations
 
+from .postings import BLOCK
+
+
+def _write_postings(postings: str, stats: str, row: str, indexed_seq: str, info: str) -> str:
+    """Lua appending the rows ``ARGV[row..]`` (term, block, packed, postings) to the
+    ``postings`` hash and counting them in ``stats`` (``df:term``), then setting
+    ``indexed_seq`` and adding docs ``ARGV[info]`` and length ``ARGV[info + 1]``."""
+    return f"""
+  for r = {row}, #ARGV, 4 do
+    local field = ARGV[r + 1] .. ':' .. ARGV[r]
+    redis.call('HSET', {postings}, field, (redis.call('HGET', {postings}, field) or '') .. ARGV[r + 2])
+    redis.call('HINCRBY', {stats}, 'df:' .. ARGV[r], ARGV[r + 3])
+  end
+  local s = redis.call('HMGET', {stats}, 'docs', 'total_len')
+  redis.call('HSET', {stats}, 'indexed_seq', {indexed_seq},
+             'docs', tonumber(s[1] or '0') + tonumber(ARGV[{info}]),
+             'total_len', string.format('%.17g', tonumber(s[2] or '0') + tonumber(ARGV[{info} + 1])))
+"""
+
 __all__ = [
     "APPEND",
+    "BACKFILL",
     "COMMIT_CONSTRAINTS",
     "COMMIT_SUMMARY",
     "ERASE",
     "ERASE_BEFORE",
     "FINISH_DELETION",
+    "INDEX_HEAD",
     "LIST_KEY",
     "LOAD",
     "OPEN_DELETION",
+    "POSTINGS",
     "RECORD_JOB",
     "RELEASE_LOCK",
     "SET_EMOTIONS",
     "TRACE_PUT",
 ]
 
-# KEYS: sess, turns, emo, tenant index, idle index, users index
+# KEYS: sess, turns, emo, tenant index, idle index, users index, recall postings, recall stats
 # ARGV: expected ('' = none), now, session id, idle member, answer index (0 = none), n,
-#       user id ('' = none), user index prefix, then per turn: json, emotion ('' = none), content
-# Returns {1, last} (appended), {0, last} (compare-and-set lost), {2, last} (another user's).
+#       user id ('' = none), user index prefix, then per turn: json, emotion ('' = none), content,
+#       then the recall index: the last_seq its postings assume ('' = none computed), the
+#       SHA-1 of that turn's JSON ('' = not checked), new indexed_seq, docs, length, then per
+#       row: term, block, packed postings, postings
+# Returns {1, last, 1 if the index was written else 0} (appended), {0, last} (compare-and-set
+# lost), {2, last} (another user's), {3, last} (the postings assumed another last_seq, last
+# turn or index state: nothing written, redo).
+# The index is written when it is current (indexed_seq = last) or the session is new; a
+# session written before the index existed is left to the catch-up (BACKFILL).
 APPEND = """
 local last = tonumber(redis.call('HGET', KEYS[1], 'last_seq') or '0')
 if ARGV[1] ~= '' and tonumber(ARGV[1]) ~= last then return {0, last} end
@@ -45,6 +77,13 @@ local owner = redis.call('HGET', KEYS[1], 'user_id')
 if ARGV[7] ~= '' and owner and owner ~= ARGV[7] then return {2, last} end
 local n = tonumber(ARGV[6])
 if n == 0 then return {1, last} end
+local x = 8 + n * 3
+local ix = redis.call('HGET', KEYS[8], 'indexed_seq')
+local index = (ix and tonumber(ix) == last) or (not ix and last == 0)
+if index and (ARGV[x + 1] == '' or tonumber(ARGV[x + 1]) ~= last or (ARGV[x + 2] ~= ''
+    and redis.sha1hex(redis.call('HGET', KEYS[2], last) or '') ~= ARGV[x + 2])) then
+  return {3, last}
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], 'created_at', ARGV[2], 'summary_version', 0,
              'summary_covers_seq', 0, 'constraints_version', 0, 'emotions_version', 0,
@@ -71,13 +110,14 @@ if answer > 0 then
              'last_answer_seq', last + answer)
 end
 if scored == 1 then redis.call('HINCRBY', KEYS[1], 'emotions_version', 1) end
+if index then""" + _write_postings("KEYS[7]", "KEYS[8]", "x + 6", "last + n", "x + 4") + """end
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[4])
 if owner then
   redis.call('ZADD', ARGV[8] .. owner, ARGV[2], ARGV[3])
   redis.call('ZADD', KEYS[6], ARGV[2], owner)
 end
-return {1, last}
+return {1, last, index and 1 or 0}
 """
 
 # KEYS: sess, turns, emo; ARGV: recent, max_uncovered, key_moments, threshold
@@ -317,4 +357,48 @@ for _, t in ipairs(gone) do
   redis.call('ZREM', KEYS[4], t)
 end
 return 1
+"""
+
+# KEYS: sess, turns, index stats; ARGV: -
+# Returns {last_seq, the last turn's JSON (false = none), indexed_seq (false = no index)}.
+INDEX_HEAD = """
+local last = redis.call('HGET', KEYS[1], 'last_seq') or '0'
+local doc = false
+if last ~= '0' then doc = redis.call('HGET', KEYS[2], last) end
+return {tonumber(last), doc, redis.call('HGET', KEYS[3], 'indexed_seq')}
+"""
+
+# KEYS: postings, index stats; ARGV: first block, then terms
+# Returns {term, block, packed, ...} for the terms' blocks from the first one up to the
+# block of indexed_seq, in block order per term.
+POSTINGS = f"""
+local ix = tonumber(redis.call('HGET', KEYS[2], 'indexed_seq') or '0')
+local first, top = tonumber(ARGV[1]), math.floor(ix / {BLOCK})
+local out = {{}}
+for i = 2, #ARGV do
+  for start = first, top, 500 do
+    local fields = {{}}
+    for b = start, math.min(start + 499, top) do fields[#fields + 1] = b .. ':' .. ARGV[i] end
+    local got = redis.call('HMGET', KEYS[1], unpack(fields))
+    for j = 1, #fields do
+      if got[j] then
+        out[#out + 1] = ARGV[i]
+        out[#out + 1] = start + j - 1
+        out[#out + 1] = got[j]
+      end
+    end
+  end
+end
+return out
+"""
+
+# KEYS: sess, postings, index stats
+# ARGV: indexed_seq the caller read ('' = no index yet), then the rows as for APPEND:
+#       new indexed_seq, docs, length, then per row: term, block, packed, postings
+# Returns 1 (written), 0 (the index moved meanwhile: nothing written).
+BACKFILL = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local ix = redis.call('HGET', KEYS[3], 'indexed_seq')
+if (ix or '') ~= ARGV[1] then return 0 end
+""" + _write_postings("KEYS[2]", "KEYS[3]", "5", "ARGV[2]", "3") + """return 1
 """

@@ -99,6 +99,8 @@ REDIS_SESSION_KEYS: tuple[RedisKind, ...] = (
     RedisKind(kind="trace_turns", prefix="trn"),
     RedisKind(kind="trace_ages", prefix="tra"),
     RedisKind(kind="idempotency", prefix="idk", lists_keys=True),
+    RedisKind(kind="recall_postings", prefix="rp"),
+    RedisKind(kind="recall_index", prefix="ri", count_fields="indexed_seq"),
 )
 
 

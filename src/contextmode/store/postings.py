@@ -1,7 +1,7 @@
 """The recall index kept in the store: BM25 postings written with the turns.
 
 A store with this ability (SQLite, PostgreSQL, Redis) writes, in the same
-transaction as the turns it appends, each new turn's postings: for every term
+transaction (Redis: script run) as the turns it appends, each new turn's postings: for every term
 of the turn (as `memory.recall.index.turn_counts` counts it, the same function
 the in-memory index uses) one packed record ``(seq, tf, dl)``, appended to the
 term's row for the turn's *block* of `BLOCK` consecutive seqs. It also keeps

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -43,8 +44,10 @@ from ._codec import (
 )
 from ._driver_errors import redis_errors
 from ._redis_lifecycle import RedisLifecycle
+from ._redis_postings import RedisPostings
 from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
 from .lifecycle import REDIS_SESSION_KEYS
+from .postings import analyze_texts
 
 __all__ = ["RedisStore"]
 
@@ -63,7 +66,7 @@ def _decode(seq: int, doc: str, score: str | None) -> Turn:
                 emotion=float(score) if score else None)
 
 
-class RedisStore(RedisLifecycle, ClosesOnExit):
+class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
     """A `Store` in Redis; ``namespace`` prefixes every key (default ``cm:``)."""
 
     def __init__(self, url: str, *, namespace: str = "cm:") -> None:
@@ -73,6 +76,9 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         self.namespace = namespace
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
+        self._raw_client: Any = None
+        self._postings_script: Any = None
+        self._heads = OrderedDict()
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -113,6 +119,7 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         self, tenant: str, session_id: str, cutoff: int | str, record: str = ""
     ) -> dict[str, int]:
         """Run the ERASE script: the session and every registered kind; counts ({} = kept)."""
+        self._heads.pop((tenant, session_id), None)  # its last turn, kept for the next append
         k = self._keys(tenant, session_id)
         path = k["member"]
         keys = [k["sess"], k["ix"], k["idle"], k["users"],
@@ -133,12 +140,14 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
             "user_prefix": f"{ns}u:{tenant}/",
             "traces": f"{ns}tr:{path}", "trace_turns": f"{ns}trn:{path}",
             "trace_ages": f"{ns}tra:{path}", "idempotency": f"{ns}idk:{path}",
+            "rpostings": f"{ns}rp:{path}", "rindex": f"{ns}ri:{path}",
         }
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        await self._close_raw()
 
     # -- turn log ---------------------------------------------------------------
 
@@ -156,6 +165,10 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         k = self._keys(tenant, session_id)
         turns = list(turns)
         answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
+        # Analysed once, before any script: a redone append only renumbers the postings.
+        analyzed = analyze_texts([t.content for t in turns] + [
+            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
+        ]) if turns else {}
         args: list[Any] = [
             "" if expected_last_seq is None else expected_last_seq, now_micros(), session_id,
             k["member"], answer, len(turns), user_id or "", k["user_prefix"],
@@ -163,9 +176,16 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         for turn in turns:
             args += [_encode(turn), "" if turn.emotion is None else repr(float(turn.emotion)),
                      turn.content]
-        ok, last = await self._script(
-            "APPEND", [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"], k["users"]], args
-        )
+        keys = [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"], k["users"],
+                k["rpostings"], k["rindex"]]
+        ok, head = 3, None
+        while ok == 3:  # another writer moved the session meanwhile: compute again
+            head = await self.index_head(k, (tenant, session_id)) if turns else None
+            index = head.rows(turns, analyzed) if head is not None else [""]
+            reply = await self._script("APPEND", keys, args + index)
+            ok, last = int(reply[0]), int(reply[1])
+        if ok == 1 and turns:
+            self.head_after((tenant, session_id), last, turns, args[-3], indexed=reply[2] == 1)
         if ok == 2:
             raise owner_error(session_id)
         if not ok:
@@ -226,8 +246,8 @@ class RedisStore(RedisLifecycle, ClosesOnExit):
         tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         async with self._guard() as client:
-            last = int(await client.hget(k["sess"], "last_seq") or 0)
-            upper = last if to_seq is None else min(to_seq, last)
+            # A bounded range needs no read of last_seq: seqs past it are simply absent.
+            upper = to_seq if to_seq is not None else int(await client.hget(k["sess"], "last_seq") or 0)
             seqs = list(range(max(1, from_seq), upper + 1))
             out: list[Turn] = []
             for start in range(0, len(seqs), 1000):

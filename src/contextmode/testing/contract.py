@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
+from ..memory.recall_text import analyze
 from ..store.base import (
     IdempotencyRecord,
     IdempotencyRecords,
@@ -36,6 +37,7 @@ from ..store.base import (
     TurnLocks,
     keeps_traces,
 )
+from ..store.postings import IndexStats, has_postings, postings_for, unpack
 from ..trace import TraceLayer, TurnTrace
 from ..types import ChatMessage, Constraint, NewTurn, Summary, ToolCall, tool_metadata
 from .ci import ci_required
@@ -124,6 +126,48 @@ class StoreContract:
         assert await store.claim_idempotency(_T, "k2", "first", session_id=_S, lease_s=0.05) is None
         await asyncio.sleep(0.3)
         assert await store.claim_idempotency(_T, "k2", "retry", session_id=_S, lease_s=60) is None
+
+    # -- optional: the recall index kept beside the log (store.postings) -------------
+
+    async def test_recall_index_is_written_with_the_turns_and_erased_with_them(
+        self, store: Store
+    ) -> None:
+        log = store
+        if not has_postings(store):
+            return  # an optional protocol: recall then indexes the turns in its process
+
+        async def writer(name: str) -> None:  # racing appends: each one's postings stay whole
+            for i in range(12):
+                await log.append(_T, _S, [
+                    NewTurn(role="user", content=f"{name} coffee 咖啡 number {i}", tokens=3),
+                    NewTurn(role="assistant", content=f"garden {name} {i}", tokens=3,
+                            metadata={"speaker": "Bob"}),
+                ])
+
+        await asyncio.gather(*(writer(name) for name in ("ann", "cai", "dee")))
+        await log.append(_T, _S, [NewTurn(role="system", content="coffee rules", tokens=2)])
+        turns = await log.turns(_T, _S)
+        expected = postings_for(turns, None)  # the whole log indexed in one pass
+        stats = await store.index_stats(_T, _S)
+        assert (stats.exists, stats.indexed_seq, stats.docs) == (True, 73, 72)  # no system turn
+        assert stats.total_len == pytest.approx(expected.length, rel=1e-12)
+        want: dict[str, list[tuple[int, bytes]]] = {}
+        for term, block, data in expected.rows:
+            want.setdefault(term, []).append((block, data))
+        stored = await store.postings(_T, _S, sorted(want))
+        assert {t: unpack(rows).tolist() for t, rows in stored.items()} == {
+            t: unpack(sorted(rows)).tolist() for t, rows in want.items()
+        }
+        coffee, bob, garden = (analyze(word)[0] for word in ("coffee", "Bob", "garden"))
+        counts = await store.term_counts(_T, _S, [coffee, bob, "nowhere"])
+        assert counts == {t: len(unpack(want[t])) for t in (coffee, bob)}
+        assert counts[coffee] == 72  # 36 questions, and the 36 answers after them (expansion)
+        assert not (await store.index_stats("tenant-b", _S)).exists
+        assert await store.postings("tenant-b", _S, [coffee]) == {}
+        assert await log.delete(_T, _S)
+        assert await store.index_stats(_T, _S) == IndexStats()
+        assert await store.postings(_T, _S, [coffee, garden]) == {}
+        assert await store.term_counts(_T, _S, [coffee]) == {}
 
     # -- the append-only log ------------------------------------------------------
 

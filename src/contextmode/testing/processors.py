@@ -3,7 +3,7 @@
 Each satisfies one protocol of `contextmode.processors.base`, so an `Engine`
 can run a whole turn offline:
 
-- `KeywordDetector`: needs context exactly when seed 000's follow-up intent keywords match;
+- `KeywordDetector`: needs context exactly when the follow-up intent keywords match;
 - `PrefixRewriter`: appends the last user message as ``（指：…）``;
 - `JoiningSummarizer`: the previous summary plus the new turns joined by `` / ``;
 - `SpiceExtractor`: pins ``spice = 不吃辣`` when a user says 不吃辣;

@@ -11,10 +11,10 @@ Query: the message's terms at full weight; when the message is short and leans
 on the conversation ("那个按钮在哪?"), terms of the last turns are added at a
 lower weight (query expansion), so the index can still find the topic.
 
-Where the index lives: a store that keeps it (`store.postings`: SQLite and
-PostgreSQL write each turn's postings in the append's transaction) is queried
+Where the index lives: a store that keeps it (`store.postings`: SQLite, PostgreSQL
+and Redis write each turn's postings with the append) is queried
 directly — only the query terms' postings are read, never the turns
-(`stored`). Otherwise (memory store, Redis, or a session not yet caught up
+(`stored`). Otherwise (memory store, or a session not yet caught up
 by ``contextmode index``) indexes live in this process, one per session, in an
 LRU of ``max_sessions``: the first use rebuilds a session's index from the store
 (one pass over its turns, ~20 µs a turn), later uses add only the turns that
@@ -274,7 +274,7 @@ class Recaller:
             stats = await store.index_stats(state.tenant, state.session_id)
             if stats.exists and stats.indexed_seq >= state.last_seq:
                 hits = await self.rank_stored(store, source, state, message, stats, exclude_from)
-                return await self._turns_of(source, state, hits, limit)
+                return await self._turns_of(source, state, hits, limit, "bm25")
         entry = self._entry(state.tenant, state.session_id)
         if entry.created_at is not None and state.created_at != entry.created_at:
             self.forget(state.tenant, state.session_id)
@@ -286,10 +286,11 @@ class Recaller:
                 entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
                 dense=entry.dense,
             )
-        return await self._turns_of(store, state, hits, limit)
+        return await self._turns_of(store, state, hits, limit, "bm25" if entry.dense is None else "bm25+dense")
 
     async def _turns_of(
-        self, store: TurnSource, state: SessionState, hits: list[RecallHit], limit: int | None
+        self, store: TurnSource, state: SessionState, hits: list[RecallHit], limit: int | None,
+        ranker: str,
     ) -> list[Turn]:
         if limit is not None:
             hits = hits[:limit]
@@ -297,7 +298,7 @@ class Recaller:
             return []
         by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
         # Each recalled turn says why it is here (the inspector shows it; never stored).
-        return [_with_reason(by_seq[h.seq], h) for h in hits if h.seq in by_seq]
+        return [_with_reason(by_seq[h.seq], h, ranker) for h in hits if h.seq in by_seq]
 
     async def rank_stored(
         self,
@@ -334,8 +335,8 @@ class Recaller:
         return hits
 
 
-def _with_reason(turn: Turn, hit: RecallHit) -> Turn:
-    reason: dict[str, float | int] = {"score": round(hit.score, 4)}
+def _with_reason(turn: Turn, hit: RecallHit, ranker: str) -> Turn:
+    reason: dict[str, float | int | str] = {"score": round(hit.score, 4), "ranker": ranker}
     if hit.neighbour_of is not None:
         reason["neighbour_of"] = hit.neighbour_of
     return replace(turn, metadata={**turn.metadata, "recall": reason})
@@ -352,6 +353,8 @@ class RecallReason:
     """Query terms (the message's, or borrowed/feedback ones) found in the turn."""
     neighbour_of: int | None = None
     """Set when the turn came in as the turn before hit ``neighbour_of``."""
+    ranker: str = ""
+    """``bm25``, or ``bm25+dense`` (BM25 and embedding ranks fused)."""
 
 
 def explain_recall(
@@ -369,6 +372,7 @@ def explain_recall(
             score=info.get("score"),
             matched=tuple(t for t in weights if t in terms),
             neighbour_of=info.get("neighbour_of"),
+            ranker=str(info.get("ranker", "")),
         ))
     return out
 

@@ -106,6 +106,8 @@ class StoredIndex:
                 if sealed_now > start:
                     self._cache.sealed[term] = (sealed_now, sealed)
                 tail = unpack([r for r in fetched if r[0] >= sealed_now])
+                # Another worker may have appended since the statistics were read.
+                tail = tail[tail["seq"] <= self._stats.indexed_seq]
                 self._arrays[term] = np.concatenate([sealed, tail]) if len(tail) else sealed
                 self._df[term] = len(self._arrays[term])
 

@@ -4,6 +4,11 @@
 // Opening a session, sending a message and previewing run one after another (`serial`), so a
 // slow load can never redraw the chat over a turn sent meanwhile. Polling for background jobs
 // runs beside them and only ever redraws the inspector.
+//
+// Several tabs (or clients) on one session: a tab that finishes a turn tells the others
+// (BroadcastChannel), and an idle, visible page checks every FOLLOW_MS whether the session
+// moved; either way the page reloads the session and redraws the chat when it shows
+// something else than the stored history, so turns never interleave or go missing.
 
 import { ApiError, apiKey, getSession, getTurnContext, listSessions, previewContext, readAsDataURL, setApiKey, streamMessage } from "./api.js";
 import { addError, addUserMessage, highlightTurn, renderHistory, startAnswer } from "./chat.js";
@@ -13,6 +18,8 @@ import { renderContext, renderSession, traceContext } from "./inspector.js";
 
 const POLL_MS = 400;
 const POLL_LIMIT = 40; // ≈16 s of polling while background jobs are pending
+const FOLLOW_MS = 2000; // an idle, visible page checks this often for turns made elsewhere
+const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel("contextmode.turns") : null;
 
 const state = {
   sessionId: null,
@@ -129,6 +136,39 @@ async function pollJobs() {
   }
 }
 
+/** The seqs of the bubbles the chat shows, in order (bubbles not numbered yet left out). */
+function shownSeqs() {
+  return [...document.querySelectorAll("#messages .message")].map((node) => Number(node.dataset.seq)).filter(Number.isFinite);
+}
+
+/** True when the chat shows exactly the loaded history (from its first turn on). */
+function historyShown(session) {
+  const stored = (session?.turns ?? []).map((turn) => turn.seq);
+  const shown = shownSeqs().filter((seq) => seq >= (stored[0] ?? 1));
+  return shown.length === stored.length && shown.every((seq, i) => seq === stored[i]);
+}
+
+/** Catch up with turns made elsewhere: reload the session, redraw the chat if it differs. */
+async function follow() {
+  const view = state.view;
+  if (state.sending || !(await loadSession())) return;
+  if (view !== state.view || state.sending) return;
+  if (!historyShown(state.session)) renderHistory(state.session?.turns ?? []);
+  pollJobs();
+}
+
+/** Has the session moved since this page loaded it? One small read; catch up when it has. */
+async function checkForTurns() {
+  if (state.sending || queued > 0 || document.visibilityState !== "visible" || !state.sessionId) return;
+  let latest = null;
+  try {
+    latest = await getSession(state.sessionId, 1);
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 404)) return; // the next check retries
+  }
+  if ((latest?.last_seq ?? 0) !== (state.session?.last_seq ?? 0) && !state.sending) serial(follow);
+}
+
 async function openSession(id) {
   state.view += 1;
   state.sessionId = id;
@@ -206,6 +246,7 @@ async function streamTurn(sessionId, message) {
   const user = shown() && state.sessionId === sessionId ? addUserMessage(message.text, message.images) : null;
   let answer = null;
   let started = false;
+  let finished = false; // the done event came: both bubbles carry their stored numbers
   try {
     const expectedSeq = (state.session?.last_seq ?? 0) + 1;
     const body = { message: message.text, images: message.images, mode: message.mode };
@@ -221,6 +262,7 @@ async function streamTurn(sessionId, message) {
       } else if (event.type === "delta") {
         answer?.append(event.text);
       } else if (event.type === "done") {
+        finished = true;
         user.number(event.user_seq, event.turn);
         state.currentSeq = event.user_seq;
         state.source = { kind: "turn", turn: event.turn };
@@ -240,7 +282,13 @@ async function streamTurn(sessionId, message) {
   if (!shown()) return;
   await refreshSessionList();
   // Constraint extraction, the summary and emotion scoring run after the answer: poll.
-  if (await loadSession()) pollJobs();
+  if (await loadSession()) {
+    // Another tab's turns may have landed around this one: show the stored order. (A failed
+    // turn's bubbles are not numbered: they stay as drawn, with their error.)
+    if (finished && !historyShown(state.session)) renderHistory(state.session?.turns ?? []);
+    channel?.postMessage({ session: sessionId, lastSeq: state.session?.last_seq ?? 0 });
+    pollJobs();
+  }
 }
 
 /** Show what the model received at exchange `turn` (the kept trace), for a past turn. */
@@ -319,6 +367,12 @@ function wire() {
     applyLanguage();
   });
   $("#key-button").addEventListener("click", askForKey);
+  channel?.addEventListener("message", (event) => {
+    const { session, lastSeq } = event.data ?? {};
+    if (session === state.sessionId && lastSeq !== (state.session?.last_seq ?? 0) && !state.sending) serial(follow);
+  });
+  document.addEventListener("visibilitychange", checkForTurns);
+  setInterval(checkForTurns, FOLLOW_MS);
   $("#key-dialog").addEventListener("close", () => {
     const choice = $("#key-dialog").returnValue;
     if (choice !== "save" && choice !== "forget") return;

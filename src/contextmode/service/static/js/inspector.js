@@ -29,6 +29,7 @@ export function traceContext(trace) {
     detection: { needs_context: trace.needs_context, intent: trace.intent, score: trace.detection_score, reason: trace.detection_reason },
     rewrite: trace.rewrite,
     messages: trace.messages,
+    recalled: trace.recalled,
     prepare_ms: trace.prepare_ms,
     trace,
   };
@@ -214,6 +215,44 @@ function keyMomentWhy(item, layer) {
   return t("keyMomentWhy", item.emotion.toFixed(2), layer.threshold ?? 0.7);
 }
 
+/** Why an older turn is in the context: recall's ranker, score, matched terms (or the hit it
+ * is the turn before); a key moment's emotion intensity. */
+export function recallReason(turn) {
+  const parts = [`#${turn.seq}`, layerLabel(turn.layer)];
+  if (turn.layer === "key_moments") {
+    if (turn.score != null) parts.push(t("keyMomentIntensity", turn.score.toFixed(2)));
+    return parts.join(" · ");
+  }
+  if (turn.score != null) parts.push(t("recallScore", turn.ranker === "bm25+dense" ? t("rankerFused") : "BM25", turn.score));
+  if (turn.matched?.length) parts.push(t("recallMatched", turn.matched.join(", ")));
+  if (turn.neighbour_of != null) parts.push(t("recallNeighbour", turn.neighbour_of));
+  else if (!turn.matched?.length) parts.push(t("recallRelated"));
+  return parts.join(" · ");
+}
+
+function recalledCard(ctx) {
+  const recalled = ctx.recalled ?? [];
+  if (!recalled.length) return null;
+  return el(
+    "section",
+    { class: "card", id: "recalled-card" },
+    el("h3", {}, t("recalledTitle")),
+    el("p", { class: "muted" }, t("recalledHelp")),
+    el(
+      "ol",
+      { class: "recalled-turns" },
+      recalled.map((turn) =>
+        el(
+          "li",
+          { dataset: { seq: turn.seq, layer: turn.layer, matched: (turn.matched ?? []).join(",") } },
+          el("span", { class: "item-meta recall-why" }, recallReason(turn)),
+          turn.text ? el("span", { class: "item-text" }, turn.text) : null,
+        ),
+      ),
+    ),
+  );
+}
+
 /** Draw the context of a turn (`source` {kind: "turn", seq} or {kind: "preview"}); null clears it. */
 export function renderContext(ctx, source) {
   const root = $("#context-view");
@@ -237,6 +276,7 @@ export function renderContext(ctx, source) {
     windowBar(ctx),
     el("h3", {}, t("layers")),
     el("div", { class: "layers", id: "layers" }, ctx.layers.map((layer) => layerRow(layer, ctx, widest))),
+    recalledCard(ctx),
     rewriteCard(ctx),
     past ? diffCard(ctx) : null,
     ctx.messages?.length
@@ -259,6 +299,10 @@ export function renderContext(ctx, source) {
       ctx.dropped_seqs.length ? seqList(ctx.dropped_seqs) : t("noneDropped"),
     ),
   );
+  // A long item scrolls inside its box: it must be reachable by keyboard to scroll it.
+  for (const item of root.querySelectorAll(".items li, .recalled-turns li")) {
+    if (item.scrollHeight > item.clientHeight) item.tabIndex = 0;
+  }
 }
 
 function timeline(session, ctx, currentSeq) {

@@ -1,0 +1,241 @@
+"""The recall index in Redis (see `store.postings`), mixed into `RedisStore`.
+
+Keys of one session (``P`` = namespace + ``tenant/session_id``): ``{ns}rp:P``, a
+hash ``block:term`` → packed postings (`postings.POSTING` records, appended by
+the APPEND script in the same script run as the turns they index), and
+``{ns}ri:P``, a hash of the index statistics (``indexed_seq``, ``docs``,
+``total_len``) and of each term's document frequency (``df:term``). Packed
+postings are bytes, so they are read through a second client that does not
+decode replies.
+
+An append needs the turn before its first one (document expansion) and the
+index state before it can compute postings: it reads both (INDEX_HEAD), then
+runs APPEND with the ``last_seq`` it assumed; if another writer moved the
+session in between, APPEND writes nothing and the append is computed again. After
+an append, what the next append of the session would read is kept in this process
+(`RedisPostings.head_after`; a bounded LRU of short turns, each kept 30 s at most and
+dropped at once when this process erases the session, so a forgotten turn's text does not
+linger), so a worker that keeps writing one session (a question, then its answer) skips
+that read: APPEND checks the assumed ``last_seq`` and the
+SHA-1 of that turn's JSON, so a stale entry (another worker wrote, or the session was
+deleted and re-created) is caught and costs one redo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ..types import NewTurn, Turn
+from . import _redis_scripts as lua
+from ._codec import check_ids
+from .postings import POSTING, IndexStats, PostingRows, postings_for
+
+__all__ = ["IndexHead", "RedisPostings", "index_args"]
+
+
+_KEEP_SESSIONS = 1024
+_KEEP_DOC_CHARS = 4096
+_KEEP_S = 30.0
+
+
+def _sha1(doc: str) -> str:
+    return hashlib.sha1(doc.encode()).hexdigest() if doc else ""
+
+
+def index_args(rows: PostingRows, indexed_seq: int) -> list[Any]:
+    """Script arguments for ``rows``: new indexed_seq, docs, length, then per row
+    ``term, block, packed, postings``; lengths go as exact decimal strings."""
+    args: list[Any] = [indexed_seq, rows.docs, repr(float(rows.length))]
+    for term, block, data in rows.rows:
+        args += [term, block, data, len(data) // POSTING.itemsize]
+    return args
+
+
+@dataclass(frozen=True)
+class IndexHead:
+    """What an append reads before computing its postings (the INDEX_HEAD script)."""
+
+    last: int
+    previous: Turn | None
+    """The turn at ``last`` (its terms expand the first appended turn's)."""
+    indexed_seq: int | None
+    """``None``: the session has no index (new, or written before the index existed)."""
+    digest: str = ""
+    """SHA-1 of the stored JSON of the turn at ``last`` (APPEND checks it; '' = unchecked)."""
+
+    @property
+    def writes_index(self) -> bool:
+        """Whether an append after ``last`` indexes its turns (index current, or new session)."""
+        return self.indexed_seq == self.last if self.indexed_seq is not None else self.last == 0
+
+    def rows(self, turns: Sequence[NewTurn], analyzed: Mapping[str, list[str]]) -> list[Any]:
+        """APPEND's index arguments: ``assumed last_seq`` then `index_args` ([''] = none)."""
+        if not self.writes_index:
+            return [""]
+        numbered = [
+            Turn(seq=self.last + i, role=t.role, content=t.content, tokens=t.tokens,
+                 created_at=t.created_at, metadata=dict(t.metadata))
+            for i, t in enumerate(turns, start=1)
+        ]
+        added = postings_for(numbered, self.previous, analyzed=analyzed)
+        return [self.last, self.digest, *index_args(added, self.last + len(numbered))]
+
+
+class RedisPostings:
+    """`PostingsStore` for `RedisStore` (see the module docstring)."""
+
+    namespace: str
+    url: str
+    _raw_client: Any
+    _postings_script: Any
+    _heads: OrderedDict[tuple[str, str], tuple[float, IndexHead]]
+    """What the next append of a session needs, as this process last wrote it, and when."""
+
+    def _guard(self) -> AbstractAsyncContextManager[Any]:
+        raise NotImplementedError  # RedisStore's own
+
+    async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def _keys(self, tenant: str, session_id: str) -> dict[str, str]:
+        raise NotImplementedError
+
+    async def turns(
+        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+    ) -> list[Turn]:
+        raise NotImplementedError
+
+    @asynccontextmanager
+    async def _raw(self) -> AsyncIterator[Any]:
+        """A client whose replies stay bytes (packed postings), errors mapped like `_guard`."""
+        async with self._guard():
+            if self._raw_client is None:
+                import redis.asyncio as aioredis
+                from redis.asyncio.retry import Retry
+                from redis.backoff import NoBackoff
+                from redis.exceptions import ConnectionError as LostConnection
+
+                # Reads only, so a connection found dead (the server restarted since this
+                # client last spoke) is retried once on a new one.
+                self._raw_client = aioredis.Redis.from_url(
+                    self.url, decode_responses=False,
+                    retry=Retry(NoBackoff(), 1), retry_on_error=[LostConnection],
+                )
+                self._postings_script = self._raw_client.register_script(lua.POSTINGS)
+            yield self._raw_client
+
+    async def _close_raw(self) -> None:
+        if self._raw_client is not None:
+            await self._raw_client.aclose()
+            self._raw_client = None
+
+    async def index_head(self, k: dict[str, str], key: tuple[str, str]) -> IndexHead:
+        """What an append after the session's last turn needs: kept by this process's last
+        append of it, else read in one script."""
+        from .redis import _decode
+
+        kept = self._heads.pop(key, None)
+        if kept is not None and time.monotonic() - kept[0] <= _KEEP_S:
+            return kept[1]
+        last, doc, indexed = await self._script("INDEX_HEAD", [k["sess"], k["turns"], k["rindex"]], [])
+        previous = _decode(int(last), doc, None) if doc else None
+        return IndexHead(int(last), previous, None if indexed is None else int(indexed), _sha1(doc or ""))
+
+    def head_after(
+        self, key: tuple[str, str], before: int, turns: Sequence[NewTurn], doc: str, indexed: bool
+    ) -> None:
+        """Keep what the next append needs after ``turns`` were appended after seq ``before``
+        (``doc``: the last one's stored JSON; ``indexed``: APPEND wrote their postings; if it
+        did not, the entry says "no index" and APPEND decides again)."""
+        if len(doc) > _KEEP_DOC_CHARS:
+            return  # a long turn (a tool result) is not held in memory: the next append reads it
+        last = before + len(turns)
+        t = turns[-1]
+        previous = Turn(seq=last, role=t.role, content=t.content, tokens=t.tokens,
+                        created_at=t.created_at, metadata=dict(t.metadata))
+        self._heads[key] = (time.monotonic(), IndexHead(last, previous, last if indexed else None, _sha1(doc)))
+        while len(self._heads) > _KEEP_SESSIONS:
+            self._heads.popitem(last=False)
+
+    async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
+        k = self._keys(*check_ids(tenant, session_id))
+        async with self._guard() as client:
+            row = await client.hmget(k["rindex"], ["indexed_seq", "docs", "total_len"])
+        if row[0] is None:
+            return IndexStats()
+        return IndexStats(indexed_seq=int(row[0]), docs=int(row[1] or 0),
+                          total_len=float(row[2] or 0.0), exists=True)
+
+    async def postings(
+        self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
+    ) -> dict[str, list[tuple[int, bytes]]]:
+        k = self._keys(*check_ids(tenant, session_id))
+        out: dict[str, list[tuple[int, bytes]]] = {}
+        if not terms:
+            return out
+        async with self._raw():
+            flat = await self._postings_script(
+                keys=[k["rpostings"], k["rindex"]], args=[from_block, *terms]
+            )
+        for i in range(0, len(flat), 3):
+            out.setdefault(flat[i].decode(), []).append((int(flat[i + 1]), bytes(flat[i + 2])))
+        return out
+
+    async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
+        k = self._keys(*check_ids(tenant, session_id))
+        wanted = list(dict.fromkeys(terms))
+        if not wanted:
+            return {}
+        async with self._guard() as client:
+            counts = await client.hmget(k["rindex"], [f"df:{t}" for t in wanted])
+        return {t: int(c) for t, c in zip(wanted, counts, strict=True) if c is not None}
+
+    async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        keys = [k["sess"], k["rpostings"], k["rindex"]]
+        while True:
+            async with self._guard() as client:
+                last = await client.hget(k["sess"], "last_seq")
+                indexed = await client.hget(k["rindex"], "indexed_seq")
+            if last is None:
+                return 0
+            done = int(indexed or 0)
+            if done >= int(last):
+                if indexed is None:  # an empty log: the index exists from now on
+                    await self._script("BACKFILL", keys, ["", done, 0, "0.0"])
+                return 0
+            turns = await self.turns(tenant, session_id, from_seq=done + 1, to_seq=done + batch)
+            if not turns:
+                return 0
+            before = await self.turns(tenant, session_id, from_seq=done, to_seq=done) if done else []
+            added = postings_for(turns, before[0] if before else None)
+            args = ["" if indexed is None else indexed, *index_args(added, turns[-1].seq)]
+            if await self._script("BACKFILL", keys, args):
+                return len(turns)
+            # Another catch-up of this session wrote first: read its state again.
+
+    async def sessions_to_index(self, *, limit: int = 1000) -> list[tuple[str, str, int, int]]:
+        out: list[tuple[str, str, int, int]] = []
+        async with self._guard() as client:
+            members = await client.zrange(f"{self.namespace}idle", 0, -1)
+            for start in range(0, len(members), 500):
+                part = [m.partition("/") for m in members[start : start + 500]]
+                async with client.pipeline(transaction=False) as pipe:
+                    for tenant, _, sid in part:
+                        k = self._keys(tenant, sid)
+                        pipe.hget(k["sess"], "last_seq")
+                        pipe.hget(k["rindex"], "indexed_seq")
+                    replies = await pipe.execute()
+                for (tenant, _, sid), last, done in zip(part, replies[::2], replies[1::2], strict=True):
+                    if last is not None and (done is None or int(done) < int(last)):
+                        out.append((tenant, sid, int(done or 0), int(last)))
+                        if len(out) >= limit:
+                            return out
+        return out
