@@ -152,7 +152,7 @@ def _cached_count(counter: TokenCounter) -> Callable[[str], int]:
 def cut_to_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
     """The longest suffix of ``text`` (prefixed with "…") that fits ``max_tokens``.
 
-    Keeps the newest part of a turn that cannot fit whole (seed 001); ``""``
+    Keeps the newest part of a turn that cannot fit whole; ``""``
     when not even the ellipsis fits.
     """
     if count(text) <= max_tokens:
@@ -558,7 +558,7 @@ def _recent_candidates(turns: Sequence[Turn], limits: ToolLimits, shape: _Shape)
 
 def _fill_units(cands: Sequence[_Candidate], limit: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:
     """Recent turns newest first, a unit at a time; the window stays contiguous. The newest
-    plain turn alone too big keeps its newest part (seed 001); a unit is never cut."""
+    plain turn alone too big keeps its newest part; a unit is never cut."""
     picked: list[_Candidate] = []
     spent = 0
     i = 0

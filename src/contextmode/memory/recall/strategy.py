@@ -1,6 +1,6 @@
 """The recall strategies: ``default`` (shipped) and ``hybrid_recall``.
 
-``hybrid_recall`` is seed 001's hybrid plus a recall layer.
+``hybrid_recall`` is the ``hybrid`` strategy plus a recall layer.
 
 Layers: a short recent window (the last ``recent_turns`` turns), the summary,
 key moments, and the older turns a `Recaller` found relevant to the message
@@ -10,8 +10,8 @@ are reachable through recall when they matter, which spends the budget on
 what the message is about rather than on whatever was said last.
 
 Default shares: recall 0.60, recent 0.20, summary 0.10, key moments 0.05,
-constraints 0.05 (pinned constraints get a share of their own, as seed 003's
-200-token profile does, so a long list of extracted facts cannot crowd out
+constraints 0.05 (pinned constraints get a share of their own, as a short user
+profile would, so a long list of extracted facts cannot crowd out
 everything else).
 Shares are starting points: what a layer does not need (a short recent window,
 no key moments, nothing recalled) flows to the others (`memory.budget.allocate`).
@@ -74,8 +74,8 @@ class DefaultStrategy(HybridRecall):
     turns before it that the summary does not cover yet follow as further
     recent candidates (oldest dropped first). When nothing older is relevant to
     the message, the recall layer asks for nothing and its share flows to those
-    turns, so the context is then what ``sliding_summary`` would give (seed
-    003's summary + recent turns) plus pins and key moments. The recent layer
+    turns, so the context is then what ``sliding_summary`` would give (summary
+    + recent turns) plus pins and key moments. The recent layer
     stays one unbroken stretch of the log: the extension stops at a turn that
     recall or the key moments already show.
     """
