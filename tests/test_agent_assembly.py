@@ -170,7 +170,8 @@ def check(turns: list[Turn], next_message: str | None, strategy: str, budget_tok
     assert [m.role for m in after] == [m.role for m in _expected_step(step)]
     exact = count_messages(c, messages)  # type: ignore[arg-type]
     assert exact == ctx.total_tokens <= budget.input_tokens
-    if pins and ctx.accounts["constraints"].items < pins:
+    pinned = ctx.accounts.get("constraints")
+    if pins and (pinned.items if pinned else 0) < pins:
         # Only when the current agent step, cut to bare markers, leaves no room for them.
         current = ctx.layer("current")
         assert current is not None and step
