@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
-from ..memory.recall_text import analyze
+from ..memory.recall.text import analyze
 from ..store.base import (
     IdempotencyRecord,
     IdempotencyRecords,
