@@ -24,7 +24,7 @@ from .settings import LLMSettings, ResponseFormatMode, check_model_request_allow
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["ModelUsage", "OpenAIChatModel", "is_looping", "map_openai_error", "wire_message"]
+__all__ = ["ModelUsage", "OpenAIChatModel", "OpenAIOptions", "is_looping", "map_openai_error", "wire_message"]
 
 logger = logging.getLogger("contextmode.models.openai")
 
