@@ -35,7 +35,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"store", "memory"}),
     frozenset({"assembly"}),
     frozenset({"jobs", "trace", "engine", "agent_turn", "lifecycle"}),
-    frozenset({"api", "service", "cli", "evaluation", "testing", "integrations"}),
+    frozenset({"api", "service", "cli", "evaluation", "testing", "integrations", "__main__"}),
 )
 CHECKED = ("text", "models", "processors")
 ROOT = Path(contextmode.__file__).parent
