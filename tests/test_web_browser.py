@@ -27,6 +27,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
+from contextmode.engine import Processors
 from contextmode.errors import ModelUnavailable
 from contextmode.service import ServiceSettings, create_app
 from contextmode.settings import EngineSettings
@@ -204,7 +205,7 @@ def jobs_server(
 ) -> Iterator[tuple[LiveServer, GatedExtractor]]:
     tmp = tmp_path_factory.mktemp("web-jobs")
     extractor = GatedExtractor()
-    engine = _engine(tmp, extractor=extractor, job_attempts=1)
+    engine = _engine(tmp, processors=dataclasses.replace(Processors.offline(), extractor=extractor), job_attempts=1)
     app = create_app(engine, ServiceSettings(image_dir=tmp / "images"))
     try:
         with LiveServer(app) as live:
