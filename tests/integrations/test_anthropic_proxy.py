@@ -23,8 +23,8 @@ from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
 from contextmode.testing.stub_server import StubRequest, StubServer, tool_agent_reply
 from contextmode.tokens import count_messages
-from test_service import make_engine, make_settings, sse_events
-from test_service_http import serving
+from tests.service.test_service import make_engine, make_settings, sse_events
+from tests.service.test_service_http import serving
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40).decode()
 TOOLS = [

@@ -14,7 +14,7 @@ from contextmode.service import ServiceSettings, create_app
 from contextmode.store.memory import MemoryStore
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.types import ChatMessage
-from test_service import SlowModel, client_for, make_engine, make_settings, sse_events
+from tests.service.test_service import SlowModel, client_for, make_engine, make_settings, sse_events
 
 SID = "idem-1"
 URL = f"/v1/sessions/{SID}/messages"

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from contextmode.service import ServiceSettings, create_app
-from test_web_browser import (
+from tests.web.test_web_browser import (
     WAIT_MS,
     GatedModel,
     LiveServer,
@@ -31,7 +31,7 @@ from test_web_browser import (
 pytestmark = pytest.mark.browser
 __all__ = ["browser", "model_server", "server"]
 
-AXE_JS = Path(os.environ.get("CONTEXTMODE_AXE_JS", Path(__file__).resolve().parents[1] / ".ci" / "node" / "node_modules" / "axe-core" / "axe.min.js"))
+AXE_JS = Path(os.environ.get("CONTEXTMODE_AXE_JS", Path(__file__).resolve().parents[2] / ".ci" / "node" / "node_modules" / "axe-core" / "axe.min.js"))
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,7 @@ def test_no_serious_accessibility_violations(browser: Any, stub_server: tuple[Li
     # A real answer first: the follow-up template expands it (an engine notice is no answer).
     server, _ = stub_server
     if not AXE_JS.exists():
-        from test_web_browser import _unavailable
+        from tests.web.test_web_browser import _unavailable
 
         _unavailable(f"axe-core is missing ({AXE_JS}; npm install --prefix .ci/node axe-core)")
     page = open_page(browser, f"{server.url}/#session=web-axe")
@@ -211,7 +211,7 @@ def test_no_serious_accessibility_violations(browser: Any, stub_server: tuple[Li
 def serious_violations(page: Any) -> list[str]:
     """axe-core's serious and critical findings on the page as it stands."""
     if not AXE_JS.exists():
-        from test_web_browser import _unavailable
+        from tests.web.test_web_browser import _unavailable
 
         _unavailable(f"axe-core is missing ({AXE_JS}; npm install --prefix .ci/node axe-core)")
     # The page's policy refuses inline scripts: axe is evaluated through the driver instead.

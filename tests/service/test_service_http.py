@@ -23,7 +23,7 @@ import uvicorn
 from contextmode.models.openai import OpenAIChatModel
 from contextmode.service import create_app
 from contextmode.testing.stub_server import StubRequest, StubServer
-from test_service import SlowModel, make_engine, make_settings, sse_events
+from tests.service.test_service import SlowModel, make_engine, make_settings, sse_events
 
 
 @contextmanager

@@ -20,7 +20,7 @@ from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.stub_server import StubServer, tool_agent_reply
 from contextmode.tokens import count_messages
 from contextmode.types import ChatMessage, SessionKey, ToolCall
-from test_service import make_engine, make_settings
+from tests.service.test_service import make_engine, make_settings
 
 TOOLS = [
     {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}},

@@ -15,7 +15,13 @@ from contextmode.service.codes import BadImage
 from contextmode.service.images import ImageFiles, decode_images, sniff_image_type
 from contextmode.testing.models import BrokenStream, FunctionModel
 from contextmode.types import ChatMessage
-from test_service import assert_error, client_for, make_engine, make_settings, sse_events
+from tests.service.test_service import (
+    assert_error,
+    client_for,
+    make_engine,
+    make_settings,
+    sse_events,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 40

@@ -9,7 +9,7 @@ from pathlib import Path
 from radon.complexity import add_inner_blocks, cc_visit
 from radon.visitors import Function
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "contextmode"
+SRC = Path(__file__).resolve().parents[2] / "src" / "contextmode"
 MAX_COMPLEXITY = 20
 MAX_PARAMETERS = 8
 

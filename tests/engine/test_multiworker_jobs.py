@@ -1,6 +1,6 @@
 """Summary jobs across attempts and workers, in one process on the memory store.
 
-The multi-process tests (`test_multiworker.py`) prove single-flight under load; these
+The multi-process tests (`tests/service/test_multiworker.py`) prove single-flight under load; these
 pin the two cases that could make a summary be computed twice for one range.
 """
 

@@ -15,7 +15,7 @@ from contextmode.jobs import JobRunner, JobSettings
 from contextmode.store._driver_errors import asyncpg_errors, redis_errors
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
 from contextmode.types import ChatMessage, ImageRef, SessionKey
-from test_engine import echo, make_engine
+from tests.engine.test_engine import echo, make_engine
 
 
 def test_a_request_is_checked_when_it_is_made() -> None:

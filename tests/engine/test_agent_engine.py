@@ -13,7 +13,7 @@ from contextmode.memory.recall import Recaller
 from contextmode.store.memory import MemoryStore
 from contextmode.testing.models import FunctionModel
 from contextmode.types import NewTurn, SessionKey, ToolCall, tool_metadata
-from test_service import make_engine
+from tests.service.test_service import make_engine
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 _FILLER = ["the weather is nice", "let us talk about music", "I had pasta for lunch", "work was busy today"]

@@ -17,7 +17,7 @@ from contextmode.api import build_engine
 from contextmode.testing.models import FunctionModel
 from contextmode.types import NewTurn
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def run_cli(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:

@@ -48,7 +48,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 IN_CI = ci_required()
-DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
 WAIT_MS = 30_000
 """Upper bound for one wait on the page (a turn, or its background jobs); not a speed assertion."""
 

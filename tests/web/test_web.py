@@ -15,7 +15,7 @@ pytest.importorskip("fastapi")
 
 from contextmode.service import ServiceSettings, create_app
 from contextmode.service.web import STATIC_DIR, WEB_HEADERS
-from test_service import make_engine
+from tests.service.test_service import make_engine
 
 JS_FILES = sorted((STATIC_DIR / "js").glob("*.js"))
 

@@ -15,7 +15,7 @@ import pytest
 from contextmode.errors import ModelError
 from contextmode.service import create_app
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
-from test_service import SlowModel, client_for, make_engine, make_settings
+from tests.service.test_service import SlowModel, client_for, make_engine, make_settings
 
 PNG_URL = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40).decode()
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from contextmode.service import create_app
 from contextmode.service.bodyscan import JsonShape
 from contextmode.service.responses import MAX_ERROR_BYTES, validation_details
-from test_service import client_for, make_engine, make_settings
+from tests.service.test_service import client_for, make_engine, make_settings
 
 CHUNK = 65_536
 URL = "/v1/sessions/s1/messages"

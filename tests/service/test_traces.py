@@ -20,7 +20,7 @@ from contextmode.trace import (
     trace_to_json,
 )
 from contextmode.types import ChatMessage
-from test_service import assert_error, client_for, make_engine, make_settings
+from tests.service.test_service import assert_error, client_for, make_engine, make_settings
 
 pytest.importorskip("fastapi")
 

@@ -170,7 +170,7 @@ def test_limits_come_from_the_environment() -> None:
     assert (settings.max_message_chars, settings.max_body_bytes, settings.max_images, settings.max_image_bytes) == (
         10, 2048, 1, 100,
     )
-    docs = (Path(__file__).parents[1] / "docs" / "service.md").read_text()
+    docs = (Path(__file__).parents[2] / "docs" / "service.md").read_text()
     for name in ("CONTEXTMODE_MAX_MESSAGE_CHARS", "CONTEXTMODE_MAX_BODY_BYTES", "CONTEXTMODE_MAX_IMAGES",
                  "CONTEXTMODE_MAX_IMAGE_BYTES"):
         assert name in docs

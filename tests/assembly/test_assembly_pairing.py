@@ -11,7 +11,7 @@ from contextmode.assembly import AssemblyConfig, assemble, to_messages
 from contextmode.assembly.assemble import paired_turns
 from contextmode.memory import Budget
 from contextmode.types import Turn
-from test_assembly import COUNTER, NOW, make_state, make_turn
+from tests.assembly.test_assembly import COUNTER, NOW, make_state, make_turn
 
 
 def _interleaved(n: int) -> tuple[Turn, ...]:

@@ -31,7 +31,7 @@ from contextmode.processors.emotion_model import (
     load_emotion_model,
 )
 
-SHIPPED = Path(__file__).parents[1] / "src/contextmode/processors/data/emotion_zh.json"
+SHIPPED = Path(__file__).parents[2] / "src/contextmode/processors/data/emotion_zh.json"
 
 
 def test_shipped_model_is_small_and_records_what_it_was_fitted_on() -> None:
