@@ -25,13 +25,22 @@ import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from fastapi import Header
 from fastapi.responses import Response
 
 from ..errors import InputError
 from ..store.base import IdempotencyRecords, Store
 from .codes import IdempotencyKeyReused, RequestInProgress
 from .sse import SSEResponse
+
+IdempotencyKey = Annotated[
+    str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
+]
+"""The ``Idempotency-Key`` header of the routes that create turns."""
+SessionHeader = Annotated[str | None, Header(description="The session this message belongs to.")]
+"""The proxies' ``X-Session-Id`` header."""
 
 __all__ = ["LEASE_S", "TTL_S", "Claim", "claim"]
 

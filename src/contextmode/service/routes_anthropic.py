@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
 from ..agent_turn import AgentRequest
@@ -42,7 +42,7 @@ from .anthropic_wire import (
     system_text,
     wire_items,
 )
-from .idempotency import claim
+from .idempotency import IdempotencyKey, SessionHeader, claim
 from .images import DecodedImage, ImageFiles, decode_images
 from .openai_tools import agent_request
 from .state import AppState, Tenant, app_state
@@ -114,10 +114,8 @@ async def create_message(
     body: MessagesRequest,
     tenant: Tenant,
     state: State,
-    x_session_id: Annotated[str | None, Header(description="The session this message belongs to.")] = None,
-    idempotency_key: Annotated[
-        str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
-    ] = None,
+    x_session_id: SessionHeader = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Any:
     session_id, user_id = _session(body, x_session_id)
     items = wire_items(body.messages)
@@ -221,7 +219,7 @@ async def count_tokens(
     body: MessagesRequest,
     tenant: Tenant,
     state: State,
-    x_session_id: Annotated[str | None, Header(description="The session this message belongs to.")] = None,
+    x_session_id: SessionHeader = None,
 ) -> Any:
     """``input_tokens``: the assembled context for the last user message (summary, pins, recall,
     recent turns, the message), counted as the model would receive it; tool definitions are not counted."""

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -25,7 +25,7 @@ from ..engine import USE_DEFAULT, Engine, TurnRequest, UseDefault
 from ..errors import InputError
 from ..types import SessionKey, validate_id
 from .codes import code_for_exception, public_message
-from .idempotency import claim
+from .idempotency import IdempotencyKey, SessionHeader, claim
 from .images import ImageFiles, decode_images
 from .openai_tools import ProxyReply, agent_request, agent_response
 from .responses import openai_error_body
@@ -174,10 +174,8 @@ async def chat_completions(
     body: ChatCompletionRequest,
     tenant: Tenant,
     state: State,
-    x_session_id: Annotated[str | None, Header(description="The session this message belongs to.")] = None,
-    idempotency_key: Annotated[
-        str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
-    ] = None,
+    x_session_id: SessionHeader = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Any:
     session_id = x_session_id or body.user
     if not session_id:

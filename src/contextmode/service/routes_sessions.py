@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
@@ -17,7 +17,7 @@ from ..lifecycle.forget import forget
 from ..store.lifecycle import is_lifecycle_store
 from ..types import SessionKey, validate_id
 from .codes import SUCCESS, code_for_exception, public_message
-from .idempotency import claim
+from .idempotency import IdempotencyKey, claim
 from .images import ImageFiles, decode_images
 from .schemas import (
     ConstraintOut,
@@ -149,9 +149,7 @@ async def post_message(
     body: MessageRequest,
     tenant: Tenant,
     state: State,
-    idempotency_key: Annotated[
-        str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
-    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Any:
     key = _key(tenant, session_id)
     check_message(body.message, state.settings)
