@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
 from ..agent_turn import AgentRequest, ToolResult
 from ..engine import USE_DEFAULT, Engine, TurnEvent, TurnResult, UseDefault
@@ -25,9 +25,10 @@ from ..errors import InputError
 from ..models.base import ToolCallDelta
 from ..types import SessionKey
 from .metrics import ServiceMetrics
-from .sse import DONE, SSEResponse, sse_event
+from .sse import DONE, sse_event
+from .turns import Streamed, Whole, step_runners
 
-__all__ = ["ProxyReply", "agent_request", "agent_response"]
+__all__ = ["ProxyReply", "agent_request", "agent_step"]
 
 
 class _Message(Protocol):
@@ -120,25 +121,20 @@ def _completion(result: TurnResult, reply: ProxyReply) -> JSONResponse:
     )
 
 
-async def agent_response(
+def agent_step(
     engine: Engine, key: SessionKey, step: AgentRequest, reply: ProxyReply, metrics: ServiceMetrics
-) -> Response:
-    """Run the step and answer in OpenAI's shape (a completion, or a chunk stream)."""
-    events = engine.stream_agent(key, step, mode=engine.settings.mode, system_prompt=reply.system_prompt)
-    if not reply.stream:
-        last: TurnEvent | None = None
-        async for event in events:
-            last = event
-        if last is not None and last.kind == "failed":
-            raise last.error
-        assert last is not None and last.kind == "done", "an agent step's stream ends with done or failed"
-        metrics.observe_turn(last.result, outcome="ok")
-        return _completion(last.result, reply)
-    first = await anext(events)  # prepared: errors found while preparing answer as errors
-    assert first.kind == "prepared"
-    return SSEResponse(
-        _chunks(events, reply, metrics), on_close=events.aclose,  # type: ignore[attr-defined]
-        headers=dict(reply.headers),
+) -> tuple[Whole, Streamed]:
+    """`serve_turn`'s runners for the step, answering in OpenAI's shape (a completion, or a chunk
+    stream): under the session's turn lock and ``Idempotency-Key``, counted like a chat turn."""
+    mode = engine.settings.mode
+
+    def events() -> AsyncIterator[TurnEvent]:
+        return engine.stream_agent(key, step, mode=mode, system_prompt=reply.system_prompt)
+
+    return step_runners(
+        events, mode, metrics,
+        json=lambda result: _completion(result, reply),
+        body=lambda _started, stream: _chunks(stream, reply),
     )
 
 
@@ -151,7 +147,7 @@ def _tool_call_chunk(call: ToolCallDelta) -> dict[str, Any]:
     return {"tool_calls": [piece]}
 
 
-async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply, metrics: ServiceMetrics) -> AsyncIterator[bytes]:
+async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply) -> AsyncIterator[bytes]:
     from .codes import code_for_exception, public_message
     from .routes_openai import _chunk, openai_error_body
 
@@ -167,7 +163,6 @@ async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply, metrics: 
                     yield _chunk(completion_id, created, model, _tool_call_chunk(event.call), None)
                 case "done":
                     result = event.result
-                    metrics.observe_turn(result, outcome="ok")
                     yield _chunk(completion_id, created, model, {}, "tool_calls" if result.tool_calls else "stop")
                     if reply.include_usage:
                         yield sse_event({"id": completion_id, "object": "chat.completion.chunk", "created": created,

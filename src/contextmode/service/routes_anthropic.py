@@ -21,7 +21,7 @@ with the last user message would send now (``Engine.prepare``: nothing written).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
@@ -49,13 +49,15 @@ from .state import AppState, Tenant, app_state
 from .turns import (
     Interrupted,
     StartedStream,
+    Streamed,
+    Whole,
     check_message,
     coalesce,
     interrupted_response,
     run_turn,
     serve_turn,
-    start_events,
     start_stream,
+    step_runners,
 )
 
 __all__ = ["router"]
@@ -149,10 +151,6 @@ async def create_message(
     )
 
 
-Whole = Callable[[], Awaitable[Response]]
-Streamed = Callable[[], Awaitable[tuple[StartedStream, AsyncIterator[bytes]]]]
-
-
 def _system_prompt(body: MessagesRequest) -> str | UseDefault | None:
     """The request's ``system`` as the turn's system prompt (`USE_DEFAULT`, the engine's, when absent)."""
     return USE_DEFAULT if body.system is None else system_text(body.system)
@@ -185,30 +183,15 @@ def _chat_turn(call: _Call, request: TurnRequest, decoded: list[DecodedImage]) -
 
 
 def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
-    """An agent step (`Engine.stream_agent`), like the OpenAI proxy's (`openai_tools.agent_response`),
+    """An agent step (`Engine.stream_agent`), run as the OpenAI proxy runs it (`step_runners`),
     under the same session lock and ``Idempotency-Key`` as a chat turn."""
-    engine, metrics = call.engine, call.state.metrics
+    engine = call.engine
     mode = engine.settings.mode
 
     def events() -> AsyncIterator[TurnEvent]:
         return engine.stream_agent(call.key, step, mode=mode, system_prompt=call.system_prompt)
 
-    async def whole() -> Response:
-        last: TurnEvent | None = None
-        async for event in events():
-            last = event
-        if last is not None and last.kind == "failed":
-            raise last.error
-        assert last is not None and last.kind == "done", "an agent step's stream ends with done or failed"
-        metrics.observe_turn(last.result, outcome="ok")
-        return call.json(last.result)
-
-    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        # Errors found while preparing answer as errors; then counted like a chat turn's stream.
-        started = await start_events(events(), mode, images=ImageFiles(), metrics=metrics)
-        return started, call.body(started, started.events)
-
-    return whole, streamed
+    return step_runners(events, mode, call.state.metrics, json=call.json, body=call.body)
 
 
 @router.post(

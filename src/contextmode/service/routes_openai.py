@@ -27,13 +27,15 @@ from ..types import SessionKey, validate_id
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader, claim
 from .images import ImageFiles, decode_images
-from .openai_tools import ProxyReply, agent_request, agent_response
+from .openai_tools import ProxyReply, agent_request, agent_step
 from .responses import openai_error_body
 from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
 from .turns import (
     Interrupted,
     StartedStream,
+    Streamed,
+    Whole,
     check_message,
     coalesce,
     interrupted_response,
@@ -185,13 +187,33 @@ async def chat_completions(
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     model = body.model or state.engine.model.name
     headers = {"x-session-id": session_id}
+    engine = state.engine
     step = agent_request(body.messages, body.tools, body.tool_choice)
     if step is not None:
         if body.user:
             validate_id(body.user, "user id")
         reply = ProxyReply(model=model, stream=body.stream, include_usage=include_usage,
                            system_prompt=system_prompt, headers=headers)
-        return await agent_response(state.engine, key, step, reply, state.metrics)
+        whole, streamed = agent_step(engine, key, step, reply, state.metrics)
+    else:
+        request, image_urls = _chat_request(body, key, system_prompt, idempotency_key, state)
+        whole, streamed = _chat_turn(request, image_urls, model, include_usage, state)
+    held, replay = await claim(
+        engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()],
+        session_id=session_id,
+    )
+    if replay is not None:
+        return replay
+    return await serve_turn(
+        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed, headers=headers
+    )
+
+
+def _chat_request(
+    body: ChatCompletionRequest, key: SessionKey, system_prompt: str | UseDefault | None,
+    idempotency_key: str | None, state: AppState,
+) -> tuple[TurnRequest, list[str]]:
+    """The chat turn the request carries (its last ``user`` message), checked, and its image URLs."""
     last_user = next((m for m in reversed(body.messages) if m.role == "user"), None)
     if last_user is None:
         raise InputError("messages must contain a user message")
@@ -199,16 +221,17 @@ async def chat_completions(
     if not message.strip():
         raise InputError("the last user message has no text")
     check_message(message, state.settings)
-    engine = state.engine
-    request = TurnRequest(key=key, message=message, mode=engine.settings.mode, system_prompt=system_prompt,
+    request = TurnRequest(key=key, message=message, mode=state.engine.settings.mode, system_prompt=system_prompt,
                           user_id=body.user or None, idempotency_key=idempotency_key)
+    return request, image_urls
+
+
+def _chat_turn(
+    request: TurnRequest, image_urls: list[str], model: str, include_usage: bool, state: AppState
+) -> tuple[Whole, Streamed]:
+    """`serve_turn`'s runners for a chat turn (images decoded now, written when it runs)."""
+    engine, headers = state.engine, {"x-session-id": request.key.session_id}
     decoded = decode_images(image_urls, state.settings)
-    held, replay = await claim(
-        engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()],
-        session_id=session_id,
-    )
-    if replay is not None:
-        return replay
 
     def with_images() -> tuple[TurnRequest, ImageFiles]:
         images = ImageFiles.write(decoded, state.settings.image_dir)
@@ -243,9 +266,7 @@ async def chat_completions(
         started = await start_stream(engine, turn, images=images, metrics=state.metrics)
         return started, _chunks(started, engine, model, include_usage, state)
 
-    return await serve_turn(
-        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed, headers=headers
-    )
+    return whole, streamed
 
 
 def _system_prompt(messages: list[ProxyMessage]) -> str | UseDefault | None:

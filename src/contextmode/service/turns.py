@@ -34,13 +34,17 @@ from .state import AppState
 __all__ = [
     "Interrupted",
     "StartedStream",
+    "Streamed",
+    "Whole",
     "check_message",
     "coalesce",
     "interrupted_response",
+    "run_events",
     "run_turn",
     "serve_turn",
     "start_events",
     "start_stream",
+    "step_runners",
 ]
 
 # C0 controls but tab, newline and carriage return, and DEL: never text a user typed, and
@@ -90,17 +94,25 @@ async def run_turn(engine: Engine, request: TurnRequest, *, images: ImageFiles, 
     A model failure after the user turn was stored is raised as `Interrupted`,
     carrying the partial answer the engine stored, so the client sees it.
     """
+    return await run_events(engine.stream(request), _mode(engine, request), images=images, metrics=metrics)
+
+
+async def run_events(
+    stream: AsyncIterator[TurnEvent], mode: str, *, images: ImageFiles, metrics: ServiceMetrics
+) -> TurnResult:
+    """`run_turn` for a stream already opened (``Engine.stream_agent``'s): read it to its end and
+    count the outcome (``ok``, ``partial`` or ``error``); `Interrupted` on ``Failed``."""
     last: TurnEvent | None = None
     try:
-        async for event in engine.stream(request):
+        async for event in stream:
             last = event
     except ModelError:  # raised while preparing: nothing was stored
-        metrics.count_turn(_mode(engine, request), "error")
+        metrics.count_turn(mode, "error")
         raise
     finally:
         images.cleanup()
     if last is not None and last.kind == "failed":
-        metrics.count_turn(_mode(engine, request), "error")
+        metrics.count_turn(mode, "error")
         raise Interrupted(last.error, last.partial_answer) from last.error
     assert last is not None and last.kind == "done", "a turn's stream ends with done or failed"
     metrics.observe_turn(last.result, outcome="partial" if last.result.partial else "ok")
@@ -241,6 +253,39 @@ async def start_events(
     return StartedStream(prepared=first.prepared, events=counted(), close=close)
 
 
+Whole = Callable[[], Awaitable[Response]]
+"""Runs a turn and builds its whole (JSON) response."""
+Streamed = Callable[[], Awaitable[tuple[StartedStream, AsyncIterator[bytes]]]]
+"""Starts a streamed turn and gives its events as the route's SSE bytes."""
+
+
+def step_runners(
+    open_events: Callable[[], AsyncIterator[TurnEvent]],
+    mode: str,
+    metrics: ServiceMetrics,
+    *,
+    json: Callable[[TurnResult], Response],
+    body: Callable[[StartedStream, AsyncIterator[TurnEvent]], AsyncIterator[bytes]],
+) -> tuple[Whole, Streamed]:
+    """`serve_turn`'s two runners for an agent step (``open_events`` opens ``Engine.stream_agent``),
+    counted like a chat turn: ``json`` builds the whole answer's response (a model failure is raised
+    as its error), ``body`` turns a started stream's events into the route's SSE bytes."""
+
+    async def whole() -> Response:
+        try:
+            result = await run_events(open_events(), mode, images=ImageFiles(), metrics=metrics)
+        except Interrupted as stop:
+            raise stop.error from None
+        return json(result)
+
+    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
+        # Errors found while preparing answer as errors; then counted like a chat turn's stream.
+        started = await start_events(open_events(), mode, images=ImageFiles(), metrics=metrics)
+        return started, body(started, started.events)
+
+    return whole, streamed
+
+
 def interrupted_response(path: str, stop: Interrupted) -> Response:
     """The model's error, carrying the partial answer that was stored (``data.partial_answer``)."""
     return exception_response(path, stop.error, {"partial_answer": stop.partial, "interrupted": True})
@@ -252,8 +297,8 @@ async def serve_turn(
     session_id: str,
     held: Claim | None,
     *,
-    whole: Callable[[], Awaitable[Response]] | None,
-    streamed: Callable[[], Awaitable[tuple[StartedStream, AsyncIterator[bytes]]]],
+    whole: Whole | None,
+    streamed: Streamed,
     headers: dict[str, str] | None = None,
 ) -> Response:
     """Run one turn as the session's only turn, and keep its response for ``held``'s retries.
