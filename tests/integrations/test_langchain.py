@@ -260,3 +260,21 @@ def test_record_false_reads_a_session_and_stores_nothing(memory: ContextMode) ->
     assert [m.content for m in model.calls[-1] if not isinstance(m, SystemMessage)] == [
         "My cat is called Pixel.", "Lovely name.", "What is my cat called?"]
     assert len(memory.turns("lc-ro")) == 2
+
+
+def test_a_middleware_keeps_a_bounded_number_of_threads(memory: ContextMode, monkeypatch: pytest.MonkeyPatch) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from contextmode.integrations import langchain as adapter
+
+    monkeypatch.setattr(adapter, "SESSIONS_KEPT", 3, raising=False)
+    middleware = ContextModeMiddleware(memory=memory)
+    agent = create_agent(RecordingModel(messages=answers()), middleware=[middleware], checkpointer=InMemorySaver())
+    for n in range(8):
+        agent.invoke({"messages": [HumanMessage(f"hello from thread {n}")]}, {"configurable": {"thread_id": f"t{n}"}})
+        assert len(middleware._sessions) <= 3 and len(middleware._stored) <= 3
+    assert list(middleware._sessions) == ["t5", "t6", "t7"]
+    # A thread whose entry was dropped picks up from the store: nothing is stored twice.
+    agent.invoke({"messages": [HumanMessage("back on thread 0")]}, {"configurable": {"thread_id": "t0"}})
+    assert [t.content for t in memory.turns("t0") if t.role == "user"] == ["hello from thread 0", "back on thread 0"]
+    assert len(memory.turns("t0")) == 4

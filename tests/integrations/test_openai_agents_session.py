@@ -340,3 +340,45 @@ async def test_beyond_the_budget_get_items_is_the_assembled_context() -> None:
         assert len(await session.get_items(limit=10_000)) == 48  # the store keeps everything
     finally:
         session.memory.close()
+
+
+# -- the per-session locks ------------------------------------------------------------
+
+
+async def test_many_sessions_do_not_grow_the_lock_map_and_a_held_lock_is_kept(memory: ContextMode) -> None:
+    import gc
+
+    def keys() -> list[tuple[int, str]]:
+        return [k for k in list(ContextModeSession._locks) if k[0] == id(memory)]
+
+    held = ContextModeSession("held", memory=memory)
+    released = asyncio.Event()
+    acquired = concurrent.futures.Future[asyncio.Lock]()
+
+    async def hold() -> None:  # on the memory's loop thread, where the locks live
+        async with held._lock():
+            acquired.set_result(held._lock())
+            await released.wait()
+
+    holding = memory.submit(hold())
+    lock = acquired.result(timeout=10)
+    for n in range(200):
+        session = ContextModeSession(f"many-{n}", memory=memory)
+        await session.add_items([{"role": "user", "content": f"hello {n}"}])
+        assert len(await session.get_items()) == 1
+    gc.collect()
+    assert keys() == [(id(memory), "held")]  # 200 idle sessions left no lock behind
+    assert memory.submit(_lock_of(held)).result() is lock  # the lock in use was not replaced
+    memory.submit(_set(released)).result()
+    holding.result(timeout=10)
+    del lock, acquired  # the last references: now idle
+    gc.collect()
+    assert keys() == []
+
+
+async def _lock_of(session: ContextModeSession) -> asyncio.Lock:
+    return session._lock()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from langchain.agents.middleware import AgentMiddleware, AgentState
 from langchain_core.chat_history import BaseChatMessageHistory
@@ -52,6 +53,8 @@ from ..api import ContextMode, MessageRecord
 from ..assembly import Context, to_messages
 from ..types import ChatMessage, Role, ToolCall, Turn
 from ._session import SessionMemory
+
+V = TypeVar("V")
 
 __all__ = [
     "ID_PREFIX",
@@ -202,6 +205,17 @@ class ContextModeChatMessageHistory(BaseChatMessageHistory):
 
 # -- create_agent / create_react_agent ---------------------------------------------
 
+SESSIONS_KEPT = 1024
+"""Sessions (LangGraph threads) a middleware keeps at hand; the least recently used beyond are dropped."""
+
+
+def _keep_recent(entries: OrderedDict[str, V], key: str) -> None:
+    """Mark ``key`` used last and drop the least recently used entries beyond `SESSIONS_KEPT`."""
+    entries.move_to_end(key)
+    while len(entries) > SESSIONS_KEPT:
+        entries.popitem(last=False)
+
+
 
 class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     """Memory for a ``create_agent`` agent (module docstring).
@@ -230,9 +244,11 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         self._budget = budget
         self._user_id = user_id
         self._recording = record
-        self._sessions: dict[str, SessionMemory] = {}
-        self._stored: dict[str, set[str]] = {}
-        """Ids of the messages stored per session (seeded from the store on first use)."""
+        self._sessions: OrderedDict[str, SessionMemory] = OrderedDict()
+        """The sessions used lately, at most `SESSIONS_KEPT` (a dropped one is rebuilt on its next use)."""
+        self._stored: OrderedDict[str, set[str]] = OrderedDict()
+        """Ids of the messages stored per session (seeded from the store on first use), as many
+        sessions as ``_sessions``."""
         self.last_context: Context | None = None
 
     # -- plumbing -------------------------------------------------------------
@@ -249,6 +265,7 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         if session is None:
             session = self._sessions[sid] = SessionMemory(
                 sid, memory=self._memory, budget=self._budget, user_id=self._user_id)
+        _keep_recent(self._sessions, sid)
         return session
 
     async def _stored_ids(self, session: SessionMemory) -> set[str]:
@@ -259,13 +276,16 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                 if isinstance(data := t.metadata.get(_KEY), dict) and data.get("data", {}).get("id")
             }
             self._stored[session.session_id] = ids
+        _keep_recent(self._stored, session.session_id)
         return ids
 
     async def _record(self, session: SessionMemory, messages: Sequence[BaseMessage]) -> None:
         if not self._recording:
             return
         await session.record([message_to_record(m) for m in messages])
-        self._stored.setdefault(session.session_id, set()).update(str(m.id) for m in messages)
+        ids = self._stored.get(session.session_id)
+        if ids is not None:  # else dropped: seeded again from the store, these included
+            ids.update(str(m.id) for m in messages)
 
     async def _unstored(self, session: SessionMemory, messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         """The messages added since the adapter last saw the state (oldest first)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Literal, TypeVar, cast
@@ -224,7 +225,9 @@ class ContextModeSession:
     ``user_id`` names the session's owner (`ContextMode.forget` erases by it).
     """
 
-    _locks: ClassVar[dict[tuple[int, str], asyncio.Lock]] = {}
+    _locks: ClassVar[weakref.WeakValueDictionary[tuple[int, str], asyncio.Lock]] = weakref.WeakValueDictionary()
+    """One lock per (memory, session) while some call holds or awaits it: an idle lock is
+    dropped (the map does not grow with every session ever seen), a lock in use is never replaced."""
 
     def __init__(
         self,
