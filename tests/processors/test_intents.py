@@ -11,8 +11,8 @@ from contextmode.processors.intents import (
     INTENT_PRIORITY,
     build_follow_up_prompt,
     classify_follow_up_intent,
-    is_chinese,
 )
+from contextmode.text import is_chinese
 
 # Seed 000's keyword lists, verbatim.
 SEED000: dict[IntentKind, list[str]] = {

@@ -63,3 +63,42 @@ def test_english_text_never_loads_a_tagger(counted_cuts: Counter[str]) -> None:
     OfflineContextDetector().detect_texts("what about the second one?", ["I bought two laptops."])
     OfflineRewriter().rewrite_texts("is it fast?", ["Frank bought a Lenovo laptop.", "The Lenovo is light."])
     assert not counted_cuts
+
+
+def test_text_helpers_have_one_home() -> None:
+    """Every module takes the text helpers from `contextmode.text`, and none re-exports them."""
+    import ast
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    import contextmode
+    from contextmode import text
+
+    helpers = {name: getattr(text, name) for name in text.__all__}
+    root = Path(contextmode.__file__).parent
+    wrong: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if parts[1] == "text":
+            continue
+        package = name if parts[-1] == "__init__" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        from_text: set[str] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            origin = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            if origin == "contextmode.text" or origin.startswith("contextmode.text."):
+                from_text |= {a.asname or a.name for a in node.names}
+            elif origin.startswith("contextmode") and any(a.name in helpers for a in node.names):
+                module = importlib.import_module(origin)
+                wrong += [f"{name} imports {a.name} from {origin}" for a in node.names
+                          if getattr(module, a.name, None) is helpers.get(a.name)]
+        exported = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+        names = {e.value for value in exported if isinstance(value, ast.List | ast.Tuple)
+                 for e in value.elts if isinstance(e, ast.Constant)}
+        wrong += [f"{name} re-exports {n}" for n in sorted(names & from_text)]
+    assert wrong == []

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..text import is_chinese
 from ..tokens.base import TokenCounter
 from ..tokens.tools import count_turn, message_overhead
 from ..types import ToolCall, Turn
@@ -325,6 +326,4 @@ def as_sentence(turn: Turn) -> Turn:
     a summary says what was called and what came back, never raw JSON); others unchanged."""
     if turn.role != "tool" and not turn.tool_calls:
         return turn
-    from ..processors.intents import is_chinese
-
     return replace(turn, content=tool_sentence(turn, zh=is_chinese(turn.content[:200])), metadata={})

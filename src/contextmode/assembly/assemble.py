@@ -18,7 +18,7 @@ from functools import lru_cache
 from ..errors import ConfigError, MessageTooLarge
 from ..memory.budget import FLEXIBLE_LAYERS, Budget, LayerName, allocate
 from ..memory.strategies import MemoryPlan, Strategy, get_strategy
-from ..processors.intents import is_chinese
+from ..text import is_chinese
 from ..tokens.base import TokenCounter
 from ..tokens.tools import message_overhead
 from ..types import SessionState, Turn, utc_now

@@ -31,7 +31,8 @@ from typing import Annotated, Any
 import typer
 
 from ..processors.detect import DetectorModel, OfflineContextDetector
-from ..processors.intents import INTENT_KEYWORDS, is_chinese
+from ..processors.intents import INTENT_KEYWORDS
+from ..text import is_chinese
 from .metrics import binary_scores
 from .report import JsonFlag, in_sample, print_json_line, progress_steps
 

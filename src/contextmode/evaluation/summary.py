@@ -40,8 +40,8 @@ import typer
 
 from ..processors.audit import collect_facts, fact_kept, restore_facts, split_facts_line
 from ..processors.constraints import content_words
-from ..processors.lexicons import detect_language
 from ..processors.summarize import DEFAULT_BLOCK_CHARS, OfflineSummarizer
+from ..text import detect_language
 from ..types import Turn
 from .report import JsonFlag, print_figures, print_json_line, progress_steps
 

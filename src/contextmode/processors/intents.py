@@ -19,7 +19,6 @@ __all__ = [
     "INTENT_PRIORITY",
     "build_follow_up_prompt",
     "classify_follow_up_intent",
-    "is_chinese",
 ]
 
 INTENT_PRIORITY: tuple[IntentKind, ...] = ("simplify", "detail", "example", "summary", "pronoun")

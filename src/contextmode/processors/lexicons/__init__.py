@@ -11,14 +11,11 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
-from ...text.lang import Language, cjk_ratio, detect_language
+from ...text.lang import Language
 
 __all__ = [
     "EmotionWord",
-    "Language",
     "Modifier",
-    "cjk_ratio",
-    "detect_language",
     "emotion_words",
     "modifiers",
 ]
