@@ -118,3 +118,30 @@ def test_inspect_turn_json_is_the_routes_data(tmp_path: Path) -> None:
     assert "推荐一家餐厅" in table.stdout and "turn 2" in table.stdout
     missing = run_cli("inspect", "demo", "--turn", "7", "--store", url, home=tmp_path)
     assert missing.returncode == 1 and len(lines(missing)) == 1
+
+
+async def test_inspect_explains_recall_with_the_query_recall_was_given() -> None:
+    """``inspect`` says why a turn was recalled as the turn's trace does (`trace.recalled_turns`):
+    with the message recall searched for, not a rewrite the verifier did not accept."""
+    from dataclasses import replace
+
+    from contextmode.cli.app import _recall_reasons
+    from contextmode.processors.base import Rewrite
+    from contextmode.trace import recalled_turns
+
+    engine = build_engine(store="memory://", model=FunctionModel(lambda m: "ok"))
+    turns = [NewTurn(role="user", content="My locker code at the gym is 4417, please remember it.", tokens=12),
+             NewTurn(role="assistant", content="Noted, your gym locker code is 4417.", tokens=9)]
+    for n in range(30):
+        turns += [NewTurn(role="user", content=f"How many minutes are in {n + 2} hours?", tokens=8),
+                  NewTurn(role="assistant", content=f"{(n + 2) * 60} minutes.", tokens=3)]
+    await engine.store.append("local", "s", turns)
+    prepared = await engine.prepare("local", "s", "What was my locker code at the gym?")
+    rejected = Rewrite(text="How many minutes in 5 hours?", changed=True, verified=False)
+    reasons = _recall_reasons(replace(prepared, rewrite=rejected))
+    await engine.close()
+    expected = [{"seq": r.seq, "score": r.score, "matched": list(r.matched), "neighbour_of": r.neighbour_of,
+                 "ranker": r.ranker} for r in recalled_turns(prepared) if r.layer == "recall"]
+    assert reasons == expected
+    locker = next(r for r in reasons if r["seq"] == 1)
+    assert locker["matched"] and json.loads(json.dumps(locker)) == locker  # the message's terms; JSON as before

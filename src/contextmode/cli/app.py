@@ -152,7 +152,7 @@ def inspect(
                     "layers": {n: {"allocated": a.allocated, "used": a.used, "dropped": list(a.dropped_seqs)}
                                for n, a in prepared.context.accounts.items()},
                     "total_tokens": prepared.context.total_tokens,
-                    "recalled": _recall_reasons(prepared, message),
+                    "recalled": _recall_reasons(prepared),
                     "jobs": {k: {"ok": v.ok, "failed": v.failed, "last_error": v.last_error} for k, v in info.jobs.items()},
                 }, ensure_ascii=False))
                 return
@@ -162,7 +162,7 @@ def inspect(
             for name, stats in info.jobs.items():
                 console.print(f"job {name}: ok {stats.ok}, failed {stats.failed}" + (f", last error: {stats.last_error}" if stats.last_error else ""))
             console.print(prepared_panel(prepared))
-            for reason in _recall_reasons(prepared, message):
+            for reason in _recall_reasons(prepared):
                 console.print(
                     f"recalled turn {reason['seq']}: score {reason['score']}, matched "
                     f"{', '.join(reason['matched']) or '—'}"
@@ -174,17 +174,15 @@ def inspect(
     asyncio.run(run())
 
 
-def _recall_reasons(prepared: PreparedTurn, message: str) -> list[dict[str, Any]]:
-    """Why each turn shown in the recall layer was recalled (score, matched terms)."""
-    from dataclasses import asdict
+def _recall_reasons(prepared: PreparedTurn) -> list[dict[str, Any]]:
+    """Why each turn shown in the recall layer was recalled (score, matched terms), as the
+    turn's trace keeps it (`trace.recalled_turns`: the query recall was given)."""
+    from ..trace import recalled_turns
 
-    from ..memory.recall import explain_recall
-
-    layer = prepared.context.layer("recall")
-    shown = {item.seq for item in layer.items} if layer is not None else set()
-    recalled = [t for t in prepared.state.recalled if t.seq in shown]
-    query = prepared.rewrite.text if prepared.rewrite is not None and prepared.rewrite.changed else message
-    return [asdict(r) for r in explain_recall(query, prepared.state.turns, recalled)]
+    return [
+        {"seq": r.seq, "score": r.score, "matched": list(r.matched), "neighbour_of": r.neighbour_of, "ranker": r.ranker}
+        for r in recalled_turns(prepared) if r.layer == "recall"
+    ]
 
 
 @app.command()
