@@ -347,21 +347,25 @@ async def test_beyond_the_budget_get_items_is_the_assembled_context() -> None:
 
 async def test_many_sessions_do_not_grow_the_lock_map_and_a_held_lock_is_kept(memory: ContextMode) -> None:
     import gc
+    import threading
 
     def keys() -> list[tuple[int, str]]:
         return [k for k in list(ContextModeSession._locks) if k[0] == id(memory)]
 
     held = ContextModeSession("held", memory=memory)
     released = asyncio.Event()
-    acquired = concurrent.futures.Future[asyncio.Lock]()
+    acquired: dict[str, asyncio.Lock] = {}
+    ready = threading.Event()
 
     async def hold() -> None:  # on the memory's loop thread, where the locks live
         async with held._lock():
-            acquired.set_result(held._lock())
+            acquired["lock"] = held._lock()
+            ready.set()
             await released.wait()
 
     holding = memory.submit(hold())
-    lock = acquired.result(timeout=10)
+    assert ready.wait(timeout=10)
+    lock = acquired.pop("lock")
     for n in range(200):
         session = ContextModeSession(f"many-{n}", memory=memory)
         await session.add_items([{"role": "user", "content": f"hello {n}"}])
@@ -371,7 +375,7 @@ async def test_many_sessions_do_not_grow_the_lock_map_and_a_held_lock_is_kept(me
     assert memory.submit(_lock_of(held)).result() is lock  # the lock in use was not replaced
     memory.submit(_set(released)).result()
     holding.result(timeout=10)
-    del lock, acquired  # the last references: now idle
+    del lock  # the last reference: now idle
     gc.collect()
     assert keys() == []
 
