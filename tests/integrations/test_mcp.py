@@ -124,14 +124,17 @@ async def test_stdio_server_subprocess(tmp_path: Path) -> None:
         await reopened.aclose()
 
 
-async def test_streamable_http_server_subprocess(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def http_server(tmp_path: Path, **env: str) -> AsyncIterator[str]:
+    """``contextmode mcp --http`` in a subprocess (extra ``env``); yields its URL, and checks it
+    shuts down cleanly."""
     with socket.socket() as probe:  # a free port for the server
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     store = f"sqlite:///{tmp_path / 'memory.db'}"
     server = subprocess.Popen(
         [sys.executable, "-m", "contextmode", "mcp", "--http", "--port", str(port), "--store", store],
-        env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**_env(tmp_path), **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 60
@@ -141,11 +144,44 @@ async def test_streamable_http_server_subprocess(tmp_path: Path) -> None:
                 break
             assert server.poll() is None and time.monotonic() < deadline, server.stderr.read() if server.stderr else ""
             await asyncio.sleep(0.1)
-        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
-            await call(client, "remember", session_id="h", role="user", content="我叫小明，我对花生过敏")
-            context = await call(client, "get_context", session_id="h", message="我叫什么?")
-            assert "小明" in " ".join(m["content"] for m in context["messages"])
+        yield f"http://127.0.0.1:{port}/mcp"
     finally:
         server.terminate()
         assert server.wait(timeout=30) == 0  # a clean shutdown closes the store
+
+
+async def test_streamable_http_server_subprocess(tmp_path: Path) -> None:
+    async with http_server(tmp_path) as url, Client(url) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+        await call(client, "remember", session_id="h", role="user", content="我叫小明，我对花生过敏")
+        context = await call(client, "get_context", session_id="h", message="我叫什么?")
+        assert "小明" in " ".join(m["content"] for m in context["messages"])
+
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}}
+MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+async def test_http_transport_requires_the_services_api_key(tmp_path: Path) -> None:
+    import httpx
+
+    keys = {"CONTEXTMODE_API_KEYS": "key-local:local,key-other:other"}
+    async with http_server(tmp_path, **keys) as url, httpx.AsyncClient(timeout=30) as http:
+        refused = {}
+        for name, extra in (("none", {}), ("unknown", {"authorization": "Bearer nope"}),
+                            ("other tenant", {"x-api-key": "key-other"})):
+            reply = await http.post(url, json=INITIALIZE, headers={**MCP_HEADERS, **extra})
+            is_json = reply.headers.get("content-type", "").startswith("application/json")
+            refused[name] = (reply.status_code, reply.json().get("code") if is_json else reply.text[:40])
+        assert refused == {"none": (401, 40101), "unknown": (401, 40101), "other tenant": (401, 40101)}
+        for extra in ({"authorization": "Bearer key-local"}, {"x-api-key": "key-local"}):
+            accepted = await http.post(url, json=INITIALIZE, headers={**MCP_HEADERS, **extra})
+            assert accepted.status_code == 200 and "serverInfo" in accepted.text
+
+
+async def test_stdio_transport_takes_no_api_key(tmp_path: Path) -> None:
+    env = {**_env(tmp_path), "CONTEXTMODE_API_KEYS": "key-local:local"}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "contextmode", "mcp"], env=env)
+    async with Client(params) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == TOOLS

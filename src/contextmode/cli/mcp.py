@@ -13,7 +13,7 @@ __all__ = ["register"]
 def register(app: typer.Typer) -> None:
     @app.command("mcp")
     def mcp(
-        http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")] = False,
+        http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio (requires the service's API key when CONTEXTMODE_API_KEYS or _FILE is set).")] = False,
         host: Annotated[str, typer.Option(help="Bind address with --http.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(help="Port with --http.")] = 8765,
         path: Annotated[str, typer.Option(help="Endpoint path with --http.")] = "/mcp",

@@ -17,6 +17,10 @@ Built on the official ``mcp`` SDK (``mcp.server.mcpserver.MCPServer``; the ``mcp
 
     from contextmode.integrations.mcp_server import build_server
     build_server().run()                      # stdio, on the embedded defaults
+
+Over HTTP (``contextmode mcp --http``) the server takes the HTTP service's API keys
+(``CONTEXTMODE_API_KEYS`` / ``CONTEXTMODE_API_KEYS_FILE``): when any is configured, every
+request needs a key of the served tenant (`http_app`). stdio needs none: the client started it.
 """
 
 from __future__ import annotations
@@ -24,16 +28,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..api import ContextMode
 from ..errors import ConflictError, ContextModeError, MissingExtra
 from ..memory.recall import Recaller
-from ..service.codes import code_for_exception, public_message
+from ..service.auth import ApiKeys
+from ..service.codes import Unauthorized, code_for_exception, public_message
+from ..service.responses import exception_response
 from ..service.schemas import ConstraintOut, ContextOut
 from ..store.base import load_trace
 from ..trace import trace_to_dict
@@ -45,7 +52,7 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is installed wherever this is tested
     raise MissingExtra("mcp", exc.name or "mcp") from exc
 
-__all__ = ["MemoryTools", "RecalledOut", "RememberedOut", "RemovedPinOut", "build_server", "serve"]
+__all__ = ["MemoryTools", "RecalledOut", "RememberedOut", "RemovedPinOut", "build_server", "http_app", "serve"]
 
 Transport = Literal["stdio", "streamable-http"]
 _PIN_RETRIES = 3
@@ -221,17 +228,50 @@ def build_server(memory: ContextMode | None = None, *, name: str = "context-mode
 
 async def serve(
     server: MCPServer, memory: ContextMode, *, transport: Transport = "stdio",
-    host: str = "127.0.0.1", port: int = 8765, path: str = "/mcp",
+    host: str = "127.0.0.1", port: int = 8765, path: str = "/mcp", api_keys: Mapping[str, str] | None = None,
 ) -> None:
-    """Serve ``server`` until stopped, then close ``memory`` (its background jobs finish first)."""
+    """Serve ``server`` until stopped, then close ``memory`` (its background jobs finish first).
+
+    Over HTTP, ``api_keys`` (key → tenant; default: the HTTP service's, ``CONTEXTMODE_API_KEYS``
+    and ``CONTEXTMODE_API_KEYS_FILE``) are required as the service requires them (`http_app`).
+    """
     try:
         if transport == "stdio":
             await server.run_stdio_async()
         else:
-            app = server.streamable_http_app(streamable_http_path=path, host=host)
+            app = http_app(server, memory, host=host, path=path, api_keys=api_keys)
             await _http_server(app, host, port).serve()
     finally:
         await memory.aclose()
+
+
+def http_app(
+    server: MCPServer, memory: ContextMode, *, host: str = "127.0.0.1", path: str = "/mcp",
+    api_keys: Mapping[str, str] | None = None,
+) -> ASGIApp:
+    """The streamable-HTTP app of ``server``. With API keys configured (``api_keys``, default
+    the HTTP service's from the environment) every request needs one, sent as the service takes
+    it (``Authorization: Bearer <key>`` or ``X-API-Key: <key>``), and of ``memory``'s tenant:
+    else 401 with the service's error envelope (40101). No key configured: no authentication."""
+    from ..service.settings import api_keys_from_env
+
+    app: ASGIApp = server.streamable_http_app(streamable_http_path=path, host=host)
+    keys = ApiKeys(api_keys_from_env() if api_keys is None else api_keys)
+    if not keys.enabled:
+        return app
+    tenant = memory.tenant
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                if keys.tenant_for_headers(scope.get("headers", ())) != tenant:
+                    raise Unauthorized("this API key is not for the tenant this MCP server serves")
+            except Unauthorized as exc:
+                await exception_response(scope.get("path", ""), exc)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 def _http_server(app: Any, host: str, port: int) -> Any:

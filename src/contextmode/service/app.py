@@ -147,11 +147,8 @@ class _EdgeMiddleware:
         keys = self.state.keys
         if not keys.enabled or not scope.get("path", "").startswith("/v1/"):
             return True
-        headers = dict(scope.get("headers", ()))
-        authorization = headers.get(b"authorization", b"").decode("latin-1") or None
-        x_api_key = headers.get(b"x-api-key", b"").decode("latin-1") or None
         try:
-            keys.tenant_for(authorization, x_api_key)
+            keys.tenant_for_headers(scope.get("headers", ()))
         except Unauthorized as exc:
             await _send_error(scope, send, code_for_exception(exc), str(exc))
             return False

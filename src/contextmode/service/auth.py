@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .codes import Unauthorized
 
@@ -55,3 +55,10 @@ class ApiKeys:
         if found is None:
             raise Unauthorized("unknown API key")
         return found
+
+    def tenant_for_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> str:
+        """`tenant_for` on an ASGI scope's raw headers (``Authorization``, ``X-API-Key``)."""
+        found = dict(headers)
+        authorization = found.get(b"authorization", b"").decode("latin-1") or None
+        x_api_key = found.get(b"x-api-key", b"").decode("latin-1") or None
+        return self.tenant_for(authorization, x_api_key)

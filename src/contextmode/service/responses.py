@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from starlette.responses import JSONResponse  # fastapi re-exports it; the MCP server has no fastapi
 
 from .anthropic_wire import anthropic_error_body
 from .codes import ErrorCode, code_for_exception, http_status, public_message

@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from ..settings import env_int
 from ..types import validate_id
 
-__all__ = ["IMAGE_TYPES", "ServiceSettings", "parse_api_keys"]
+__all__ = ["IMAGE_TYPES", "ServiceSettings", "api_keys_from_env", "parse_api_keys"]
 
 IMAGE_TYPES = ("png", "jpeg", "gif", "webp")
 """Image types the boundary knows how to recognise by their magic bytes."""
@@ -142,11 +142,7 @@ class ServiceSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServiceSettings:
         """Read the settings (see the module docstring); raise `ConfigError` on bad values."""
         env = os.environ if env is None else env
-        keys: dict[str, str] = {}
-        if file := env.get("CONTEXTMODE_API_KEYS_FILE", "").strip():
-            keys.update(_keys_from_file(Path(file).expanduser()))
-        if spec := env.get("CONTEXTMODE_API_KEYS", "").strip():
-            keys.update(parse_api_keys(spec))
+        keys = api_keys_from_env(env)
         types = env.get("CONTEXTMODE_ALLOWED_IMAGE_TYPES", "").strip()
         image_dir = env.get("CONTEXTMODE_IMAGE_DIR", "").strip()
         defaults = cls()
@@ -173,6 +169,18 @@ class ServiceSettings:
             sse_ping_s=env_int(env, "CONTEXTMODE_SSE_PING_S", defaults.sse_ping_s, 1),
             forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
         )
+
+
+def api_keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """API key → tenant from ``CONTEXTMODE_API_KEYS_FILE`` and ``CONTEXTMODE_API_KEYS`` (the
+    latter wins on a key in both); empty when neither is set."""
+    env = os.environ if env is None else env
+    keys: dict[str, str] = {}
+    if file := env.get("CONTEXTMODE_API_KEYS_FILE", "").strip():
+        keys.update(_keys_from_file(Path(file).expanduser()))
+    if spec := env.get("CONTEXTMODE_API_KEYS", "").strip():
+        keys.update(parse_api_keys(spec))
+    return keys
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
