@@ -42,7 +42,7 @@ from .anthropic_wire import (
     system_text,
     wire_items,
 )
-from .idempotency import IdempotencyKey, SessionHeader, claim
+from .idempotency import IdempotencyKey, SessionHeader
 from .images import DecodedImage, ImageFiles, decode_images
 from .openai_tools import agent_request
 from .state import AppState, Tenant, app_state
@@ -55,7 +55,7 @@ from .turns import (
     coalesce,
     interrupted_response,
     run_turn,
-    serve_turn,
+    serve_once,
     start_stream,
     step_runners,
 )
@@ -139,15 +139,9 @@ async def create_message(
         request = TurnRequest(key=call.key, message=last_user.content, mode=engine.settings.mode,
                               system_prompt=call.system_prompt, user_id=user_id, idempotency_key=idempotency_key)
         whole, streamed = _chat_turn(call, request, decoded)
-    held, replay = await claim(
-        engine.store, tenant, idempotency_key, ["messages", session_id, body.model_dump_json()],
-        session_id=session_id,
-    )
-    if replay is not None:
-        return replay
-    return await serve_turn(
-        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed,
-        headers=call.headers,
+    return await serve_once(
+        state, call.key, idempotency_key, "messages", body.model_dump_json(),
+        whole=None if body.stream else whole, streamed=streamed, headers=call.headers,
     )
 
 

@@ -25,7 +25,7 @@ from ..engine import USE_DEFAULT, Engine, TurnRequest, UseDefault
 from ..errors import InputError
 from ..types import SessionKey, validate_id
 from .codes import code_for_exception, public_message
-from .idempotency import IdempotencyKey, SessionHeader, claim
+from .idempotency import IdempotencyKey, SessionHeader
 from .images import ImageFiles, decode_images
 from .openai_tools import ProxyReply, agent_request, agent_step
 from .responses import openai_error_body
@@ -40,7 +40,7 @@ from .turns import (
     coalesce,
     interrupted_response,
     run_turn,
-    serve_turn,
+    serve_once,
     start_stream,
 )
 
@@ -198,14 +198,9 @@ async def chat_completions(
     else:
         request, image_urls = _chat_request(body, key, system_prompt, idempotency_key, state)
         whole, streamed = _chat_turn(request, image_urls, model, include_usage, state)
-    held, replay = await claim(
-        engine.store, tenant, idempotency_key, ["chat.completions", session_id, body.model_dump_json()],
-        session_id=session_id,
-    )
-    if replay is not None:
-        return replay
-    return await serve_turn(
-        state, tenant, session_id, held, whole=None if body.stream else whole, streamed=streamed, headers=headers
+    return await serve_once(
+        state, key, idempotency_key, "chat.completions", body.model_dump_json(),
+        whole=None if body.stream else whole, streamed=streamed, headers=headers,
     )
 
 

@@ -21,9 +21,9 @@ from starlette.responses import Response
 
 from ..engine import Delta, Engine, PreparedTurn, TurnEvent, TurnRequest, TurnResult
 from ..errors import InputError, ModelError
-from ..types import require_text
+from ..types import SessionKey, require_text
 from .codes import MessageTooLong
-from .idempotency import Claim
+from .idempotency import Claim, claim
 from .images import ImageFiles
 from .metrics import ServiceMetrics
 from .responses import exception_response
@@ -41,6 +41,7 @@ __all__ = [
     "interrupted_response",
     "run_events",
     "run_turn",
+    "serve_once",
     "serve_turn",
     "start_events",
     "start_stream",
@@ -289,6 +290,28 @@ def step_runners(
 def interrupted_response(path: str, stop: Interrupted) -> Response:
     """The model's error, carrying the partial answer that was stored (``data.partial_answer``)."""
     return exception_response(path, stop.error, {"partial_answer": stop.partial, "interrupted": True})
+
+
+async def serve_once(
+    state: AppState,
+    key: SessionKey,
+    idempotency_key: str | None,
+    route: str,
+    body: str,
+    *,
+    whole: Whole | None,
+    streamed: Streamed,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """`serve_turn` behind the request's ``Idempotency-Key`` (`claim`): a retry of a finished
+    request replays its response; ``route``, the session and ``body`` (the canonical request body)
+    tell a retry from a new request."""
+    held, replay = await claim(
+        state.engine.store, key.tenant, idempotency_key, [route, key.session_id, body], session_id=key.session_id
+    )
+    if replay is not None:
+        return replay
+    return await serve_turn(state, key.tenant, key.session_id, held, whole=whole, streamed=streamed, headers=headers)
 
 
 async def serve_turn(
