@@ -82,6 +82,13 @@ async def test_a_running_request_answers_40904_and_a_failed_one_frees_its_key(tm
         ok = await client.post(URL, json={"message": "fixed"}, headers={"Idempotency-Key": "k-bad"})
         assert ok.status_code == 200
         assert len(await engine.store.turns("local", SID)) == 4
+        # Nor does one whose image is refused: the retry with a good body runs at once (no 40904).
+        image = {"message": "look", "images": ["data:image/png;base64,@@@@"]}
+        refused = await client.post(URL, json=image, headers={"Idempotency-Key": "k-img"})
+        assert refused.status_code == 400
+        retry = await client.post(URL, json={"message": "look"}, headers={"Idempotency-Key": "k-img"})
+        assert retry.status_code == 200, retry.json()
+        assert len(await engine.store.turns("local", SID)) == 6
 
 
 async def test_a_stream_is_replayed_as_a_stream(tmp_path: Path) -> None:

@@ -157,13 +157,14 @@ async def post_message(
         key=key, message=body.message, mode=body.mode or state.engine.settings.mode, user_id=body.user_id,
         idempotency_key=idempotency_key,
     )
+    # Images are checked before the key is claimed: a refused image must not hold the key for its lease.
+    decoded = decode_images(body.images, state.settings)
     held, replay = await claim(
         state.engine.store, tenant, idempotency_key, ["sessions", session_id, body.model_dump_json()],
         session_id=session_id,
     )
     if replay is not None:
         return replay
-    decoded = decode_images(body.images, state.settings)
     path = f"/v1/sessions/{session_id}/messages"
 
     def with_images() -> tuple[TurnRequest, ImageFiles]:
