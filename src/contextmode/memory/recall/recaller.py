@@ -75,8 +75,9 @@ class TurnSource(Protocol):
 class RecallSettings:
     """How recall ranks and expands (defaults chosen on principle, see docs/quality.md)."""
 
-    candidates: int = 48
-    """Index hits considered per message (before neighbours); the layer's budget decides how many fit."""
+    candidates: int = 64
+    """Index hits considered per message (before neighbours); the layer's budget decides how many fit.
+    With their neighbours, 64 hits fill the engine's `HybridRecall.recall_limit` (128 turns)."""
     neighbours: bool = True
     """Follow each hit with the turn just before it."""
     neighbour_weight: float = 0.5
