@@ -36,14 +36,13 @@ from datetime import datetime
 from typing import Protocol
 
 from ...store.postings import IndexStats, PostingsStore, has_postings
+from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, rrf_fuse
 from .index import BM25Index, RecallIndex, turn_text
 from .stored import StoredPostings
 from .strategy import HybridRecall
 from .text import analyze
-
-_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 _THREAD_BATCH = 256
 """Catch-ups of at least this many turns run in a worker thread."""
@@ -354,9 +353,9 @@ def named_speakers(message: str, speakers: Iterable[str]) -> set[str]:
     named = set()
     for name in speakers:
         key = name.strip().casefold()
-        if key and re.search(rf"(?<!\w){re.escape(key)}(?!\w)", text) or (
-            key and _CJK.search(key) and key in text
-        ):
+        if not key:
+            continue
+        if key in text if is_chinese(key) else re.search(rf"(?<!\w){re.escape(key)}(?!\w)", text):
             named.add(name)
     return named
 
