@@ -29,6 +29,12 @@ def test_named_speakers_match_whole_names_and_chinese_substrings() -> None:
     assert named_speakers("what did MEL paint", people) == {"Mel"}
     assert named_speakers("How are you?", people) == set()
     assert named_speakers("于春晓说过什么？", {"于春晓", "王小明"}) == {"于春晓"}
+    # Addressing a speaker is not asking about them.
+    assert named_speakers("Luna, do you remember my sister?", {"Luna", "Tom"}) == set()
+    assert named_speakers("Hey Luna! What did Tom say?", {"Luna", "Tom"}) == {"Tom"}
+    assert named_speakers("what did I tell you, Luna?", {"Luna", "Tom"}) == set()
+    assert named_speakers("王小明，你还记得吗？", {"王小明", "于春晓"}) == set()
+    assert named_speakers("Luna, what does Luna like?", {"Luna", "Tom"}) == {"Luna"}
 
 
 def test_focus_moves_the_named_speakers_turns_up_and_neighbours_follow() -> None:

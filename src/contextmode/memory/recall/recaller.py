@@ -348,16 +348,26 @@ class Recaller:
 
 def named_speakers(message: str, speakers: Iterable[str]) -> set[str]:
     """The ``speakers`` whose name ``message`` contains as a whole word (case-insensitive;
-    a Chinese name as a substring, since Chinese has no spaces)."""
+    a Chinese name as a substring, since Chinese has no spaces).
+
+    A name that only addresses someone ("Luna, do you remember my sister?", "…, Luna?",
+    "小红，你还记得吗") does not count: the message talks *to* that speaker, not about them.
+    """
     text = message.casefold()
     named = set()
     for name in speakers:
         key = name.strip().casefold()
         if not key:
             continue
-        if key in text if is_chinese(key) else re.search(rf"(?<!\w){re.escape(key)}(?!\w)", text):
+        name_re = re.escape(key) if is_chinese(key) else rf"(?<!\w){re.escape(key)}(?!\w)"
+        about = re.sub(_VOCATIVE.format(name=name_re), " ", text)
+        if re.search(name_re, about):
             named.add(name)
     return named
+
+
+_VOCATIVE = r"^\W*(?:(?:hey|hi|hello|dear)\s+)?{name}\s*[,，:：!！]|[,，]\s*{name}\W*$"
+"""A name at the start followed by a comma, or at the end after one: the addressee."""
 
 
 def focus_on_speakers(
