@@ -20,6 +20,9 @@ LRU of ``max_sessions``: the first use rebuilds a session's index from the store
 (one pass over its turns, ~20 µs a turn), later uses add only the turns that
 arrived since.
 
+After the turns are read, a message that names some of the session's speakers
+(``metadata["speaker"]``) lifts what those speakers said (`focus_on_speakers`).
+
 Each recalled turn carries ``metadata["recall"]`` (its score, and the hit a
 neighbour belongs to); `explain_recall` adds the matched query terms for the
 inspector.
