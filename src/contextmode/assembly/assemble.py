@@ -190,6 +190,8 @@ class _Candidate:
     """Recent turns: the turn as shown (tool calls, elided result)."""
     group: int | None = None
     """Recent turns: the unit (a call and its results) kept or dropped as a whole."""
+    optional: bool = False
+    """Constraints: a pinned fact, which comes first only within the layer's share."""
 
 
 def paired_turns(turns: Sequence[Turn]) -> list[Turn]:
@@ -370,9 +372,11 @@ def _candidates(
     """Each flexible layer's candidates and their costs, in priority order."""
     count, locale = frame.count, frame.locale
     candidates: dict[LayerName, list[_Candidate]] = {name: [] for name in FLEXIBLE_LAYERS}
-    for c in reversed(state.constraints):  # newest first: they win when space is short
+    # Newest first: they win when space is short; pinned facts after the preferences,
+    # constraints and identity (they come first only within the layer's share, see `allocate`).
+    for c in sorted(reversed(state.constraints), key=lambda c: c.kind == "fact"):
         line = constraint_line(c)
-        candidates["constraints"].append(_Candidate(line, count(line) + 1, c.source_seq))
+        candidates["constraints"].append(_Candidate(line, count(line) + 1, c.source_seq, optional=c.kind == "fact"))
     if plan.summary is not None and plan.summary.text.strip():
         text = data_text(plan.summary.text.strip())
         candidates["summary"].append(_Candidate(text, count(text) + 1, None))
@@ -416,12 +420,14 @@ def _allocate(
         for name, cands in candidates.items()
     }
     caps = {n: v for n, v in frame.budget.allocations.items() if n in FLEXIBLE_LAYERS} or None
-    tokens = allocate(available, demands, caps=caps, weights=weights)
+    optional = sum(c.cost for c in candidates["constraints"] if c.optional)
+    tokens = allocate(available, demands, caps=caps, weights=weights, optional_pins=optional)
     nominal = allocate(
         available,
         {n: (d if n == "constraints" else available) for n, d in demands.items()},
         caps=caps,
         weights=weights,
+        optional_pins=optional,
     )
     shown = {n: max(tokens[n], nominal.get(n, 0)) for n in tokens}
     return _Allocation(tokens=tokens, shown=shown, section_overheads=section_overheads)

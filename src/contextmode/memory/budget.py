@@ -126,6 +126,7 @@ def allocate(
     *,
     caps: Mapping[LayerName, int] | None = None,
     weights: Mapping[LayerName, float] | None = None,
+    optional_pins: int = 0,
 ) -> dict[LayerName, int]:
     """Split ``available`` tokens among flexible layers by water-filling.
 
@@ -136,13 +137,16 @@ def allocate(
     to their weights (caps act as weights), until nothing is left or nobody
     wants more. The result never exceeds ``available`` in total, nor any
     layer's demand.
+
+    ``optional_pins``: the part of the constraints' demand that does not come first (pinned
+    facts that recall can bring back verbatim when they matter, see `_constraints_first`).
     """
     layers = [name for name in FLEXIBLE_LAYERS if name in demands]
     if available <= 0 or not layers:
         return {name: 0 for name in layers}
     raw = _raw_weights(layers, caps, weights)
     if "constraints" in layers:
-        return _constraints_first(available, demands, raw, caps=caps, weights=weights)
+        return _constraints_first(available, demands, raw, caps=caps, weights=weights, optional=optional_pins)
     if caps:
         scale = min(1.0, available / max(1.0, sum(raw.values())))
         alloc = {name: int(raw[name] * scale) for name in layers}
@@ -173,17 +177,26 @@ def _constraints_first(
     *,
     caps: Mapping[LayerName, int] | None,
     weights: Mapping[LayerName, float] | None,
+    optional: int = 0,
 ) -> dict[LayerName, int]:
     """Pinned constraints come first (design article 003 puts them near the top because they
     must not be lost): their whole demand, within their cap when one is set. A long list must
     not crowd out the conversation: without a fixed allocation the pinned layer takes at most
-    its weighted share or a quarter, whichever is larger. The rest is allocated to the others."""
+    its weighted share or a quarter, whichever is larger. The rest is allocated to the others.
+
+    Without a fixed allocation, the ``optional`` part of the demand (pinned facts, as opposed
+    to preferences, hard constraints and identity) comes first only within the layer's
+    weighted share; beyond it, it takes only budget no other layer wants."""
     if caps:
         limit = caps.get("constraints", available)
+        pinned = min(demands["constraints"], limit, available)
     else:
         total_w = sum(raw.values()) or 1.0
         limit = int(available * max(raw["constraints"] / total_w, CONSTRAINTS_MAX_SHARE))
-    pinned = min(demands["constraints"], limit, available)
+        optional = max(0, min(optional, demands["constraints"]))
+        pinned = min(demands["constraints"] - optional, limit, available)
+        share = int(available * raw["constraints"] / total_w)
+        pinned += max(0, min(optional, share - pinned, available - pinned))
     rest_caps: dict[LayerName, int] | None = {n: v for n, v in caps.items() if n != "constraints"} if caps else None
     rest = allocate(
         available - pinned, {n: demands[n] for n in raw if n != "constraints"}, caps=rest_caps, weights=weights

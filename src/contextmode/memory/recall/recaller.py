@@ -20,6 +20,9 @@ LRU of ``max_sessions``: the first use rebuilds a session's index from the store
 (one pass over its turns, ~20 µs a turn), later uses add only the turns that
 arrived since.
 
+After the turns are read, a message that names some of the session's speakers
+(``metadata["speaker"]``) lifts what those speakers said (`focus_on_speakers`).
+
 Each recalled turn carries ``metadata["recall"]`` (its score, and the hit a
 neighbour belongs to); `explain_recall` adds the matched query terms for the
 inspector.
@@ -28,13 +31,15 @@ inspector.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
 from ...store.postings import IndexStats, PostingsStore, has_postings
+from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, rrf_fuse
 from .index import BM25Index, RecallIndex, turn_text
@@ -54,6 +59,8 @@ __all__ = [
     "TurnSource",
     "explain_recall",
     "fetch_turns",
+    "focus_on_speakers",
+    "named_speakers",
     "recall_query",
 ]
 
@@ -70,8 +77,9 @@ class TurnSource(Protocol):
 class RecallSettings:
     """How recall ranks and expands (defaults chosen on principle, see docs/quality.md)."""
 
-    candidates: int = 48
-    """Index hits considered per message (before neighbours); the layer's budget decides how many fit."""
+    candidates: int = 64
+    """Index hits considered per message (before neighbours); the layer's budget decides how many fit.
+    With their neighbours, 64 hits fill the engine's `HybridRecall.recall_limit` (128 turns)."""
     neighbours: bool = True
     """Follow each hit with the turn just before it."""
     neighbour_weight: float = 0.5
@@ -92,6 +100,10 @@ class RecallSettings:
     """How many feedback terms (highest idf summed over the feedback turns) are added."""
     feedback_weight: float = 0.3
     """Weight of a feedback term relative to the message's own terms."""
+    speaker_focus: float = 2.0
+    """When the message names some, not all, of the speakers among the candidates
+    (``metadata["speaker"]``: "What does Melanie do to destress?"), their turns' scores are
+    multiplied by this (neighbours follow their hit); 1 = off. See `focus_on_speakers`."""
     rrf_k: float = 60.0
     """Reciprocal-rank-fusion constant when dense retrieval is on (60, as in Cormack et al.)."""
     batch: int = 2000
@@ -274,7 +286,7 @@ class Recaller:
             stats = await store.index_stats(state.tenant, state.session_id)
             if stats.exists and stats.indexed_seq >= state.last_seq:
                 hits = await self.rank_stored(store, source, state, message, stats, exclude_from)
-                return await self._turns_of(source, state, hits, limit, "bm25")
+                return await self._turns_of(source, state, message, hits, limit, "bm25")
         entry = self._entry(state.tenant, state.session_id)
         if entry.created_at is not None and state.created_at != entry.created_at:
             self.forget(state.tenant, state.session_id)
@@ -286,17 +298,19 @@ class Recaller:
                 entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
                 dense=entry.dense,
             )
-        return await self._turns_of(store, state, hits, limit, "bm25" if entry.dense is None else "bm25+dense")
+        ranker = "bm25" if entry.dense is None else "bm25+dense"
+        return await self._turns_of(store, state, message, hits, limit, ranker)
 
     async def _turns_of(
-        self, store: TurnSource, state: SessionState, hits: list[RecallHit], limit: int | None,
-        ranker: str,
+        self, store: TurnSource, state: SessionState, message: str, hits: list[RecallHit],
+        limit: int | None, ranker: str,
     ) -> list[Turn]:
         if limit is not None:
             hits = hits[:limit]
         if not hits:
             return []
         by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
+        hits = focus_on_speakers(message, hits, by_seq, self.settings)
         # Each recalled turn says why it is here (the inspector shows it; never stored).
         return [_with_reason(by_seq[h.seq], h, ranker) for h in hits if h.seq in by_seq]
 
@@ -333,6 +347,65 @@ class Recaller:
         if settings.neighbours:
             hits = _with_neighbours(hits, settings.neighbour_weight, settings.following_weight)
         return hits
+
+
+def named_speakers(message: str, speakers: Iterable[str]) -> set[str]:
+    """The ``speakers`` whose name ``message`` contains as a whole word (case-insensitive;
+    a Chinese name as a substring, since Chinese has no spaces).
+
+    A name that only addresses someone ("Luna, do you remember my sister?", "…, Luna?",
+    "小红，你还记得吗") does not count: the message talks *to* that speaker, not about them.
+    """
+    text = message.casefold()
+    named = set()
+    for name in speakers:
+        key = name.strip().casefold()
+        if not key:
+            continue
+        name_re = re.escape(key) if is_chinese(key) else rf"(?<!\w){re.escape(key)}(?!\w)"
+        about = re.sub(_VOCATIVE.format(name=name_re), " ", text)
+        if re.search(name_re, about):
+            named.add(name)
+    return named
+
+
+_VOCATIVE = r"^\W*(?:(?:hey|hi|hello|dear)\s+)?{name}\s*[,，:：!！]|[,，]\s*{name}\W*$"
+"""A name at the start followed by a comma, or at the end after one: the addressee."""
+
+
+def focus_on_speakers(
+    message: str, hits: list[RecallHit], turns: Mapping[int, Turn], settings: RecallSettings
+) -> list[RecallHit]:
+    """``hits`` re-ranked towards the speakers the message names.
+
+    A question about one person ("What activities does Melanie partake in?") is answered
+    by what that person said: when the message names some but not all of the speakers
+    among the candidate turns (``metadata["speaker"]``), a hit spoken by a named speaker
+    scores ``settings.speaker_focus`` times its score, and a neighbour keeps its share of
+    its hit's new score. Without speaker names, or when every speaker is named, the
+    order is unchanged. Both index paths re-rank here, after reading the turns, so they
+    stay identical.
+    """
+    if settings.speaker_focus == 1.0 or not hits:
+        return hits
+    speaker_of = {
+        seq: speaker for seq, turn in turns.items()
+        if isinstance(speaker := turn.metadata.get("speaker"), str) and speaker
+    }
+    present = set(speaker_of.values())
+    named = named_speakers(message, present)
+    if not named or named == present:
+        return hits
+    factor = {
+        h.seq: settings.speaker_focus if speaker_of.get(h.seq) in named else 1.0
+        for h in hits if h.neighbour_of is None
+    }
+    focused = [
+        replace(h, score=h.score * factor.get(h.seq if h.neighbour_of is None else h.neighbour_of, 1.0))
+        for h in hits
+    ]
+    focused.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
+    return focused
 
 
 def _with_reason(turn: Turn, hit: RecallHit, ranker: str) -> Turn:
