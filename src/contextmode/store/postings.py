@@ -132,7 +132,8 @@ class PostingsStore(Protocol):
         self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
     ) -> dict[str, list[tuple[int, bytes]]]:
         """For each of ``terms`` that has postings: its ``(block, packed)`` rows with
-        ``block >= from_block``, in block order."""
+        ``block >= from_block``, in block order. A row may hold several consecutive
+        blocks (``block`` is then the first one's): readers split by seq, not by row."""
         ...
 
     async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:

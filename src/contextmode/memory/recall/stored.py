@@ -99,13 +99,14 @@ class StoredIndex:
         for start, group in by_start.items():
             rows = await self._store.postings(*self._key, group, from_block=start)
             for term in group:
-                fetched = rows.get(term, [])
+                fetched = unpack(rows.get(term, []))
                 old = self._cache.sealed.get(term, (0, np.empty(0, dtype=POSTING)))[1]
-                seal = [r for r in fetched if r[0] < sealed_now]
-                sealed = np.concatenate([old, unpack(seal)]) if seal else old
+                # Split by seq: a store may return several blocks in one row.
+                cut = int(np.searchsorted(fetched["seq"], sealed_now * BLOCK))
+                sealed = np.concatenate([old, fetched[:cut]]) if cut else old
                 if sealed_now > start:
                     self._cache.sealed[term] = (sealed_now, sealed)
-                tail = unpack([r for r in fetched if r[0] >= sealed_now])
+                tail = fetched[cut:]
                 # Another worker may have appended since the statistics were read.
                 tail = tail[tail["seq"] <= self._stats.indexed_seq]
                 self._arrays[term] = np.concatenate([sealed, tail]) if len(tail) else sealed
@@ -117,6 +118,12 @@ class StoredIndex:
     async def load_df(self, terms: Sequence[str]) -> None:
         """Document frequencies of ``terms`` without reading their postings."""
         missing = [t for t in dict.fromkeys(terms) if t not in self._df]
+        # A term whose sealed blocks are cached is counted from them and its open block
+        # (one short row); counting the others reads every row of theirs in the store.
+        cached = [t for t in missing if t in self._cache.sealed]
+        if cached:
+            await self.load_terms(cached)
+        missing = [t for t in missing if t not in self._df]
         if missing:
             counts = await self._store.term_counts(*self._key, missing)
             for term in missing:
