@@ -154,8 +154,7 @@ class StoredIndex:
                     continue
                 dl = postings["dl"]
                 norms = k1 * (1.0 - b + b * dl / (avgdl or 1.0))
-                seqs = postings["seq"].astype(np.int64)
-                scores[seqs] += bm25_scores(postings["tf"], norms, idf=idf, weight=weight, k1=k1)
+                scores[postings["seq"]] += bm25_scores(postings["tf"], norms, idf=idf, weight=weight, k1=k1)
                 touched = True
         return top_k(scores, k) if touched else []
 
