@@ -78,27 +78,34 @@ async def _write(
     )
 
 
+# One primary-key range per term (a lateral probe; ``OFFSET 0`` keeps the planner from
+# flattening it into a hash join over the whole session, which it picks whenever the
+# table's statistics are missing or stale, e.g. right after a bulk load: 100× slower).
+_POSTINGS = (
+    "SELECT q.term, p.block, p.data FROM unnest($3::text[]) AS q(term) CROSS JOIN LATERAL"
+    " (SELECT x.block, x.data FROM recall_postings x WHERE x.tenant = $1 AND x.session_id = $2"
+    " AND x.term = q.term AND x.block >= $4 ORDER BY x.block OFFSET 0) p"
+)
+_TERM_COUNTS = (
+    "SELECT q.term, (SELECT SUM(octet_length(x.data)) FROM recall_postings x"
+    " WHERE x.tenant = $1 AND x.session_id = $2 AND x.term = q.term) FROM unnest($3::text[]) AS q(term)"
+)
+
+
 async def postings(
     db: Conn, key: tuple[str, str], terms: Sequence[str], from_block: int
 ) -> dict[str, list[tuple[int, bytes]]]:
     out: dict[str, list[tuple[int, bytes]]] = {}
-    rows = await db.fetch(
-        f"SELECT term, block, data FROM recall_postings {_W} AND term = ANY($3::text[])"
-        " AND block >= $4 ORDER BY term, block",
-        *key, list(terms), from_block,
-    )
-    for row in rows:
-        out.setdefault(row[0], []).append((row[1], bytes(row[2])))
+    for term, block, data in await db.fetch(_POSTINGS, *key, list(dict.fromkeys(terms)), from_block):
+        out.setdefault(term, []).append((block, bytes(data)))
+    for rows in out.values():
+        rows.sort(key=lambda row: row[0])  # block order (already so, but not promised by SQL)
     return out
 
 
 async def term_counts(db: Conn, key: tuple[str, str], terms: Sequence[str]) -> dict[str, int]:
-    rows = await db.fetch(
-        f"SELECT term, SUM(octet_length(data)) FROM recall_postings {_W}"
-        " AND term = ANY($3::text[]) GROUP BY term",
-        *key, list(terms),
-    )
-    return {row[0]: int(row[1]) // POSTING.itemsize for row in rows}
+    rows = await db.fetch(_TERM_COUNTS, *key, list(dict.fromkeys(terms)))
+    return {row[0]: int(row[1]) // POSTING.itemsize for row in rows if row[1] is not None}
 
 
 async def backfill(db: Conn, key: tuple[str, str], batch: int) -> int:

@@ -369,24 +369,31 @@ return {tonumber(last), doc, redis.call('HGET', KEYS[3], 'indexed_seq')}
 """
 
 # KEYS: postings, index stats; ARGV: first block, then terms
-# Returns {term, block, packed, ...} for the terms' blocks from the first one up to the
-# block of indexed_seq, in block order per term.
+# Returns {term, block, packed, ...}: per term that has postings from the first block up to
+# the block of indexed_seq, one row, the block of its first posting and those blocks' packed
+# postings joined in block order (one reply item per term, not per block: the client parses
+# a few items instead of hundreds).
 POSTINGS = f"""
 local ix = tonumber(redis.call('HGET', KEYS[2], 'indexed_seq') or '0')
 local first, top = tonumber(ARGV[1]), math.floor(ix / {BLOCK})
 local out = {{}}
 for i = 2, #ARGV do
+  local parts, lowest = {{}}, false
   for start = first, top, 500 do
     local fields = {{}}
     for b = start, math.min(start + 499, top) do fields[#fields + 1] = b .. ':' .. ARGV[i] end
     local got = redis.call('HMGET', KEYS[1], unpack(fields))
     for j = 1, #fields do
       if got[j] then
-        out[#out + 1] = ARGV[i]
-        out[#out + 1] = start + j - 1
-        out[#out + 1] = got[j]
+        if not lowest then lowest = start + j - 1 end
+        parts[#parts + 1] = got[j]
       end
     end
+  end
+  if lowest then
+    out[#out + 1] = ARGV[i]
+    out[#out + 1] = lowest
+    out[#out + 1] = table.concat(parts)
   end
 end
 return out

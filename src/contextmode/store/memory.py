@@ -156,6 +156,12 @@ class MemoryStore:
         end = len(session.turns) if to_seq is None else min(to_seq, len(session.turns))
         return _kept(session.turns[max(0, from_seq - 1) : max(0, end)])
 
+    async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
+        session = self._sessions.get(self._key(tenant, session_id))
+        if session is None:
+            return []
+        return _kept([session.turns[s - 1] for s in sorted(set(seqs)) if 1 <= s <= len(session.turns)])
+
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
         session = self._sessions.get(self._key(tenant, session_id))
         if session is None:

@@ -289,6 +289,15 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             )
         return [_turn(r) for r in rows]
 
+    async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
+        key = check_ids(tenant, session_id)
+        wanted = sorted({int(s) for s in seqs})
+        if not wanted:
+            return []
+        async with self._db() as db:
+            rows = await db.fetch(_TURNS_BY_SEQS, *key, wanted)
+        return [_turn(r) for r in rows]
+
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
         key = check_ids(tenant, session_id)
         async with self._db() as db:

@@ -32,10 +32,12 @@ __all__ = [
     "IndexStats",
     "PostingRows",
     "PostingsStore",
+    "TurnsAt",
     "analyze_texts",
     "catch_up",
     "has_postings",
     "postings_for",
+    "reads_turns_at",
 ]
 
 BLOCK = 512
@@ -130,7 +132,8 @@ class PostingsStore(Protocol):
         self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
     ) -> dict[str, list[tuple[int, bytes]]]:
         """For each of ``terms`` that has postings: its ``(block, packed)`` rows with
-        ``block >= from_block``, in block order."""
+        ``block >= from_block``, in block order. A row may hold several consecutive
+        blocks (``block`` is then the first one's): readers split by seq, not by row."""
         ...
 
     async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
@@ -150,6 +153,21 @@ class PostingsStore(Protocol):
 def has_postings(store: object) -> TypeGuard[PostingsStore]:
     """True when ``store`` keeps the recall index itself."""
     return isinstance(store, PostingsStore)
+
+
+@runtime_checkable
+class TurnsAt(Protocol):
+    """A store that reads a session's turns at scattered seqs in one round trip (the
+    turns recall returns: hits and their neighbours, spread over the whole log)."""
+
+    async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
+        """The turns at ``seqs`` that exist, oldest first."""
+        ...
+
+
+def reads_turns_at(store: object) -> TypeGuard[TurnsAt]:
+    """True when ``store`` reads turns at a list of seqs in one call (`TurnsAt`)."""
+    return isinstance(store, TurnsAt)
 
 
 def unpack(rows: Sequence[tuple[int, bytes]]) -> np.ndarray:

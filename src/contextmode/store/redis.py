@@ -66,6 +66,19 @@ def _decode(seq: int, doc: str, score: str | None) -> Turn:
                 emotion=float(score) if score else None)
 
 
+async def _read_seqs(client: Any, k: dict[str, str], seqs: list[int]) -> list[Turn]:
+    """The turns at ``seqs`` (ascending) that exist: one pipeline per 1,000 seqs."""
+    out: list[Turn] = []
+    for start in range(0, len(seqs), 1000):
+        part = seqs[start : start + 1000]
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.hmget(k["turns"], part)
+            pipe.zmscore(k["emo"], [f"{s:012d}" for s in part])
+            docs, scores = await pipe.execute()
+        out += [_decode(s, d, c) for s, d, c in zip(part, docs, scores, strict=True) if d]
+    return out
+
+
 class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
     """A `Store` in Redis; ``namespace`` prefixes every key (default ``cm:``)."""
 
@@ -248,16 +261,13 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
         async with self._guard() as client:
             # A bounded range needs no read of last_seq: seqs past it are simply absent.
             upper = to_seq if to_seq is not None else int(await client.hget(k["sess"], "last_seq") or 0)
-            seqs = list(range(max(1, from_seq), upper + 1))
-            out: list[Turn] = []
-            for start in range(0, len(seqs), 1000):
-                part = seqs[start : start + 1000]
-                async with client.pipeline(transaction=False) as pipe:
-                    pipe.hmget(k["turns"], part)
-                    pipe.zmscore(k["emo"], [f"{s:012d}" for s in part])
-                    docs, scores = await pipe.execute()
-                out += [_decode(s, d, c) for s, d, c in zip(part, docs, scores, strict=True) if d]
-        return out
+            return await _read_seqs(client, k, list(range(max(1, from_seq), upper + 1)))
+
+    async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
+        tenant, session_id = check_ids(tenant, session_id)
+        k = self._keys(tenant, session_id)
+        async with self._guard() as client:
+            return await _read_seqs(client, k, sorted({int(s) for s in seqs if int(s) >= 1}))
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
         tenant, session_id = check_ids(tenant, session_id)

@@ -304,6 +304,21 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
 
         return await self._run(body)
 
+    async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
+        key = check_ids(tenant, session_id)
+        wanted = sorted({int(s) for s in seqs})
+
+        def body(db: Db) -> list[Turn]:
+            out: list[Turn] = []
+            for start in range(0, len(wanted), 500):
+                part = wanted[start : start + 500]
+                marks = ",".join("?" * len(part))
+                rows = db.execute(f"{_TURN_SELECT} AND t.seq IN ({marks}) ORDER BY t.seq", (*key, *part))
+                out += [_turn(r) for r in rows]
+            return out
+
+        return await self._run(lambda db: admin.read(db, lambda: body(db)))
+
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
         key = check_ids(tenant, session_id)
 

@@ -37,7 +37,7 @@ from ..store.base import (
     TurnLocks,
     keeps_traces,
 )
-from ..store.postings import IndexStats, has_postings, postings_for, unpack
+from ..store.postings import IndexStats, has_postings, postings_for, reads_turns_at, unpack
 from ..trace import TraceLayer, TurnTrace
 from ..types import ChatMessage, Constraint, NewTurn, Summary, ToolCall, tool_metadata
 from .ci import ci_required
@@ -291,6 +291,19 @@ class StoreContract:
         assert [t.seq for t in await store.turns(_T, _S, from_seq=4, to_seq=6)] == [4, 5, 6]
         assert [t.seq for t in await store.turns(_T, _S, from_seq=9)] == [9, 10]
         assert await store.turns(_T, _S, from_seq=11) == []
+
+    async def test_turns_at_scattered_seqs(self, store: Store) -> None:
+        reader: object = store
+        if not reads_turns_at(reader):
+            pytest.skip("this store reads turns by range only")
+        await store.append(_T, _S, new_turns(10))
+        await store.set_emotions(_T, _S, {7: 0.75})
+        got = await reader.turns_at(_T, _S, [9, 2, 7, 2, 0, 11, 40])
+        assert [t.seq for t in got] == [2, 7, 9]
+        assert got == [t for t in await store.turns(_T, _S) if t.seq in {2, 7, 9}]
+        assert got[1].emotion == 0.75
+        assert await reader.turns_at(_T, _S, []) == []
+        assert await reader.turns_at(_T, "nobody", [1]) == []
 
     async def test_agent_items_round_trip_append_only(self, store: Store) -> None:
         calls = (ToolCall(id="call_1", name="search", arguments='{"q": "里斯本"}'), ToolCall(id="call_2", name="read_file"))

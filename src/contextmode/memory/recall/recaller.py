@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Protocol
 
-from ...store.postings import IndexStats, PostingsStore, has_postings
+from ...store.postings import IndexStats, PostingsStore, has_postings, reads_turns_at
 from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, rrf_fuse
@@ -504,9 +504,14 @@ def _with_neighbours(hits: list[RecallHit], weight: float, following: float = 0.
 async def fetch_turns(
     store: TurnSource, tenant: str, session_id: str, seqs: Sequence[int]
 ) -> dict[int, Turn]:
-    """Turns by seq, read in as few contiguous ranges as the seqs allow."""
+    """Turns by seq: in one call when the store reads scattered seqs (`TurnsAt`), else
+    in as few contiguous ranges as the seqs allow."""
     wanted = sorted(set(seqs))
     out: dict[int, Turn] = {}
+    if reads_turns_at(store):
+        if wanted:
+            out = {turn.seq: turn for turn in await store.turns_at(tenant, session_id, wanted)}
+        return {seq: out[seq] for seq in wanted if seq in out}
     start = 0
     while start < len(wanted):
         end = start

@@ -84,7 +84,9 @@ class StoredIndex:
         self._key = (tenant, session_id)
         self._stats = stats
         self._cache = cache
-        self._arrays: dict[str, np.ndarray] = {}
+        self._parts: dict[str, tuple[np.ndarray, ...]] = {}
+        """term → its postings as disjoint arrays, seq ascending (the cached sealed blocks,
+        then the open block): scored part by part, never copied into one array."""
         self._terms_of: dict[int, tuple[str, ...]] = {}
         self._df: dict[str, int] = {}
 
@@ -93,23 +95,24 @@ class StoredIndex:
         sealed_now = (self._stats.indexed_seq + 1) // BLOCK
         by_start: dict[int, list[str]] = {}
         for term in dict.fromkeys(terms):
-            if term not in self._arrays:
+            if term not in self._parts:
                 start = self._cache.sealed.get(term, (0, None))[0]
                 by_start.setdefault(start, []).append(term)
         for start, group in by_start.items():
             rows = await self._store.postings(*self._key, group, from_block=start)
             for term in group:
-                fetched = rows.get(term, [])
+                fetched = unpack(rows.get(term, []))
                 old = self._cache.sealed.get(term, (0, np.empty(0, dtype=POSTING)))[1]
-                seal = [r for r in fetched if r[0] < sealed_now]
-                sealed = np.concatenate([old, unpack(seal)]) if seal else old
+                # Split by seq: a store may return several blocks in one row.
+                cut = int(np.searchsorted(fetched["seq"], sealed_now * BLOCK))
+                sealed = np.concatenate([old, fetched[:cut]]) if cut else old
                 if sealed_now > start:
                     self._cache.sealed[term] = (sealed_now, sealed)
-                tail = unpack([r for r in fetched if r[0] >= sealed_now])
+                tail = fetched[cut:]
                 # Another worker may have appended since the statistics were read.
                 tail = tail[tail["seq"] <= self._stats.indexed_seq]
-                self._arrays[term] = np.concatenate([sealed, tail]) if len(tail) else sealed
-                self._df[term] = len(self._arrays[term])
+                self._parts[term] = (sealed, tail) if len(tail) else (sealed,)
+                self._df[term] = len(sealed) + len(tail)
 
     def idf(self, term: str) -> float:
         return bm25_idf(self._stats.docs, self._df.get(term, 0))
@@ -117,6 +120,12 @@ class StoredIndex:
     async def load_df(self, terms: Sequence[str]) -> None:
         """Document frequencies of ``terms`` without reading their postings."""
         missing = [t for t in dict.fromkeys(terms) if t not in self._df]
+        # A term whose sealed blocks are cached is counted from them and its open block
+        # (one short row); counting the others reads every row of theirs in the store.
+        cached = [t for t in missing if t in self._cache.sealed]
+        if cached:
+            await self.load_terms(cached)
+        missing = [t for t in missing if t not in self._df]
         if missing:
             counts = await self._store.term_counts(*self._key, missing)
             for term in missing:
@@ -134,19 +143,19 @@ class StoredIndex:
         scores = np.zeros(self._stats.indexed_seq + 1, dtype=np.float64)
         touched = False
         for term, weight in weights.items():
-            postings = self._arrays.get(term)
-            if weight <= 0 or postings is None or not len(postings):
+            parts = self._parts.get(term)
+            if weight <= 0 or parts is None or not self._df.get(term):
                 continue
             idf = self.idf(term)
-            if exclude_from_seq is not None:
-                postings = postings[: int(np.searchsorted(postings["seq"], exclude_from_seq))]
-            if not len(postings):
-                continue
-            dl = postings["dl"]
-            norms = k1 * (1.0 - b + b * dl / (avgdl or 1.0))
-            seqs = postings["seq"].astype(np.int64)
-            scores[seqs] += bm25_scores(postings["tf"], norms, idf=idf, weight=weight, k1=k1)
-            touched = True
+            for postings in parts:
+                if exclude_from_seq is not None:
+                    postings = postings[: int(np.searchsorted(postings["seq"], exclude_from_seq))]
+                if not len(postings):
+                    continue
+                dl = postings["dl"]
+                norms = k1 * (1.0 - b + b * dl / (avgdl or 1.0))
+                scores[postings["seq"]] += bm25_scores(postings["tf"], norms, idf=idf, weight=weight, k1=k1)
+                touched = True
         return top_k(scores, k) if touched else []
 
     async def load_doc_terms(self, seqs: Sequence[int], read: TurnReader) -> None:
