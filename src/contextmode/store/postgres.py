@@ -36,7 +36,6 @@ from ._codec import (
     constraints_from_json,
     constraints_to_json,
     last_answer,
-    window_start,
 )
 from ._codec import metadata_json as _meta
 from ._driver_errors import asyncpg_errors
@@ -58,25 +57,46 @@ _TURN_COLUMNS = (
     " AND e.session_id = t.session_id AND e.seq = t.seq) AS emotion"
 )
 _TURN_SELECT = f"{_TURN_COLUMNS} FROM turns t WHERE t.tenant = $1 AND t.session_id = $2"
-# Turns by a list of seqs: one primary-key probe per seq (``LIMIT 1`` keeps the planner
-# from flattening the lateral into a scan of the session).
-_TURNS_BY_SEQS = (
-    f"{_TURN_COLUMNS} FROM unnest($3::bigint[]) AS q(seq) CROSS JOIN LATERAL"
+# The row of one turn inside `load`'s single statement: an anonymous record (a tuple to the
+# driver), in the order `_turn` reads.
+_TURN_ROW = (
+    "ROW(t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata::text,"
+    " (SELECT e.emotion FROM turn_emotions e WHERE e.tenant = t.tenant"
+    " AND e.session_id = t.session_id AND e.seq = t.seq))"
+)
+# `load` in one statement (one snapshot, so no transaction and one round trip): the session
+# row, its first verbatim seq (`window_start` in SQL), the tail and, with ``$5`` > 0, the key
+# moments: the strongest seqs before the tail, then one primary-key probe per seq (``LIMIT 1``
+# keeps the planner from flattening the lateral into a scan of the session). ``{floor}`` is a
+# literal so the planner can prove the partial index on emotions applies.
+_LOAD = (
+    "WITH s AS (SELECT last_seq, created_at, updated_at, last_answer, summary_text,"
+    " summary_covers_seq, summary_tokens, summary_version, summary_created_at,"
+    " constraints::text AS constraints, constraints_version,"
+    " GREATEST(1, last_seq - LEAST(GREATEST(last_seq - summary_covers_seq, $3::bigint),"
+    " GREATEST($4::bigint, 0)) + 1) AS first"
+    f" FROM sessions {_W})"
+    f" SELECT s.*, ARRAY(SELECT {_TURN_ROW} FROM turns t WHERE t.tenant = $1 AND t.session_id = $2"
+    " AND t.seq >= s.first ORDER BY t.seq) AS tail,"
+    f" ARRAY(SELECT {_TURN_ROW} FROM (SELECT seq FROM turn_emotions {_W} {{floor}}"
+    " AND emotion >= $6 AND seq < s.first AND $5::int > 0"
+    " ORDER BY emotion DESC, seq DESC LIMIT $5) AS q CROSS JOIN LATERAL"
     " (SELECT * FROM turns x WHERE x.tenant = $1 AND x.session_id = $2 AND x.seq = q.seq"
-    " LIMIT 1) t"
-    " ORDER BY t.seq"
+    " LIMIT 1) t ORDER BY t.seq) AS moments"
+    " FROM s"
 )
 
 
 def _turn(row: Any) -> Turn:
+    """A turn from a row (or record) of ``seq, role, content, tokens, created_at, metadata, emotion``."""
     return Turn(
-        seq=row["seq"],
-        role=row["role"],
-        content=row["content"],
-        tokens=row["tokens"],
-        created_at=row["created_at"],
-        metadata=json.loads(row["metadata"]),
-        emotion=row["emotion"],
+        seq=row[0],
+        role=row[1],
+        content=row[2],
+        tokens=row[3],
+        created_at=row[4],
+        metadata=json.loads(row[5]),
+        emotion=row[6],
     )
 
 
@@ -124,6 +144,14 @@ async def _write_turns(db: pg_postings.Conn, key: tuple[str, str], last: int, tu
     ]
 
 
+async def _keep_session(db: Any) -> None:
+    """The pool's reset of a released connection: nothing beyond asyncpg's own rollback of an
+    open transaction. asyncpg's default also runs ``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL`` (one round trip per release, a third of a turn's statements);
+    this store leaves nothing for it to undo: advisory locks and ``SET`` are transaction-scoped
+    (``pg_advisory_xact_lock``, ``SET LOCAL``), and it opens no cursor and listens to nothing."""
+
+
 class PostgresStore(PostgresLifecycle, ClosesOnExit):
     """A `Store` in PostgreSQL; ``schema`` names the schema holding its tables."""
 
@@ -152,6 +180,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                     min_size=self._min_size,
                     max_size=self._max_size,
                     server_settings={"search_path": self.schema},
+                    reset=_keep_session,
                 )
                 async with pool.acquire() as db:
                     await migrate(db, self.schema)
@@ -233,29 +262,14 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
         key = check_ids(tenant, session_id)
-        async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
+        floor = f"AND emotion >= {KEY_MOMENT_FLOOR}" if key_moment_threshold >= KEY_MOMENT_FLOOR else ""
+        async with self._db() as db:
             row = await db.fetchrow(
-                "SELECT last_seq, created_at, updated_at, last_answer, summary_text,"
-                " summary_covers_seq, summary_tokens, summary_version, summary_created_at,"
-                f" constraints::text AS constraints, constraints_version FROM sessions {_W}",
-                *key,
+                _LOAD.format(floor=floor), *key, recent, max_uncovered, max(key_moments, 0),
+                float(key_moment_threshold),
             )
-            if row is None:
-                return SessionState(tenant=tenant, session_id=session_id)
-            first = window_start(row["last_seq"], row["summary_covers_seq"], recent, max_uncovered)
-            tail = await db.fetch(f"{_TURN_SELECT} AND t.seq >= $3 ORDER BY t.seq", *key, first)
-            moments: list[Any] = []
-            if key_moments > 0:
-                # Two steps so each is a plain index range: strongest seqs, then those turns.
-                # The literal floor lets the planner prove the partial index applies.
-                floor = f"AND emotion >= {KEY_MOMENT_FLOOR}" if (
-                    key_moment_threshold >= KEY_MOMENT_FLOOR) else ""
-                seqs = await db.fetch(
-                    f"SELECT seq FROM turn_emotions {_W} {floor} AND emotion >= $3 AND seq < $4"
-                    " ORDER BY emotion DESC, seq DESC LIMIT $5",
-                    *key, key_moment_threshold, first, key_moments,
-                )
-                moments = await db.fetch(_TURNS_BY_SEQS, *key, [r["seq"] for r in seqs])
+        if row is None:
+            return SessionState(tenant=tenant, session_id=session_id)
         summary = None
         if row["summary_version"]:
             summary = Summary(
@@ -267,11 +281,11 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             tenant=tenant,
             session_id=session_id,
             last_seq=row["last_seq"],
-            turns=tuple(_turn(r) for r in tail),
+            turns=tuple(_turn(r) for r in row["tail"]),
             summary=summary,
             constraints=constraints_from_json(row["constraints"]),
             constraints_version=row["constraints_version"],
-            key_moments=tuple(_turn(r) for r in moments),
+            key_moments=tuple(_turn(r) for r in row["moments"]),
             last_answer=row["last_answer"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
