@@ -56,6 +56,7 @@ _TURN_COLUMNS = (
     " (SELECT e.emotion FROM turn_emotions e WHERE e.tenant = t.tenant"
     " AND e.session_id = t.session_id AND e.seq = t.seq) AS emotion"
 )
+_HEAD = f"SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE"
 _TURN_SELECT = f"{_TURN_COLUMNS} FROM turns t WHERE t.tenant = $1 AND t.session_id = $2"
 # The row of one turn inside `load`'s single statement: an anonymous record (a tuple to the
 # driver), in the order `_turn` reads.
@@ -104,36 +105,36 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-async def _write_turns(db: pg_postings.Conn, key: tuple[str, str], last: int, turns: Sequence[NewTurn], now: datetime) -> list[Turn]:
-    """Write ``turns`` after seq ``last`` (their emotions, the session's head and last answer)
-    inside the caller's transaction; the turns as stored."""
+async def _write_turns(
+    db: pg_postings.Conn, key: tuple[str, str], last: int, turns: Sequence[NewTurn], now: datetime,
+    user_id: str | None,
+) -> list[Turn]:
+    """Write ``turns`` after seq ``last`` (their emotions, the session's head and last answer,
+    its owner if it had none) inside the caller's transaction, in one statement; the turns as
+    stored."""
     seqs = list(range(last + 1, last + 1 + len(turns)))
-    await db.execute(
-        "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
-        " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
-        "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
-        ") AS u(s, r, c, k, a, m)",
-        *key, seqs, [t.role for t in turns], [t.content for t in turns],
-        [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
-        [_meta(t.metadata) for t in turns],
-    )
     scored = [(s, float(t.emotion)) for s, t in zip(seqs, turns, strict=True)
               if t.emotion is not None]
-    if scored:
-        await db.execute(
-            "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
-            " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)",
-            *key, [s for s, _ in scored], [e for _, e in scored],
-        )
     answer = last_answer(turns)
     answer_seq = max((s for s, t in zip(seqs, turns, strict=True)
                       if t.role == "assistant"), default=0)
     await db.execute(
-        "UPDATE sessions SET last_seq = $3, updated_at = $4,"
-        " last_answer = CASE WHEN $5::bigint > 0 THEN $6 ELSE last_answer END,"
-        " last_answer_seq = GREATEST(last_answer_seq, $5::bigint),"
-        f" emotions_version = emotions_version + $7 {_W}",
-        *key, seqs[-1], now, answer_seq, answer, int(bool(scored)),
+        "WITH w AS (INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
+        " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
+        "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
+        ") AS u(s, r, c, k, a, m)),"
+        " e AS (INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+        " SELECT $1, $2, u.s, u.e FROM unnest($9::bigint[], $10::float8[]) AS u(s, e))"
+        " UPDATE sessions SET last_seq = $11, updated_at = $12,"
+        " last_answer = CASE WHEN $13::bigint > 0 THEN $14 ELSE last_answer END,"
+        " last_answer_seq = GREATEST(last_answer_seq, $13::bigint),"
+        " emotions_version = emotions_version + $15, user_id = COALESCE(user_id, $16::text)"
+        f" {_W}",
+        *key, seqs, [t.role for t in turns], [t.content for t in turns],
+        [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
+        [_meta(t.metadata) for t in turns],
+        [s for s, _ in scored], [e for _, e in scored],
+        seqs[-1], now, answer_seq, answer, int(bool(scored)), user_id,
     )
     return [
         Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
@@ -230,13 +231,14 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         ])
         now = utc_now()
         async with self._db() as db, db.transaction():
-            if turns:
+            head = await db.fetchrow(_HEAD, *key)
+            if head is None and turns:  # a new session: created here (or by a concurrent first append)
                 await db.execute(
                     "INSERT INTO sessions (tenant, session_id, created_at, updated_at, user_id)"
                     " VALUES ($1, $2, $3, $3, $4) ON CONFLICT DO NOTHING",
                     *key, now, user_id,
                 )
-            head = await db.fetchrow(f"SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE", *key)
+                head = await db.fetchrow(_HEAD, *key)
             last = head["last_seq"] if head else 0
             if expected_last_seq is not None and expected_last_seq != last:
                 raise ConflictError(
@@ -245,9 +247,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             check_owner(head["user_id"] if head else None, user_id, session_id)
             if not turns:
                 return []
-            if head["user_id"] is None and user_id is not None:
-                await db.execute(f"UPDATE sessions SET user_id = $3 {_W}", *key, user_id)
-            numbered = await _write_turns(db, key, last, turns, now)
+            numbered = await _write_turns(db, key, last, turns, now, user_id)  # owner set if none
             await pg_postings.index_turns(db, key, numbered, last, analyzed)  # same transaction
         return numbered
 
@@ -351,22 +351,22 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
         key = check_ids(tenant, session_id)
         items = [(int(s), float(e)) for s, e in scores.items()]
-        async with self._db() as db, db.transaction():
-            last = await db.fetchval(f"SELECT last_seq FROM sessions {_W} FOR UPDATE", *key)
-            items = [(s, e) for s, e in items if last is not None and 1 <= s <= last]
-            if not items:
-                return
-            status = await db.execute(
-                "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
-                " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)"
+        if not items:
+            return
+        # One statement: lock the session row, upsert the scores of stored turns, and bump the
+        # emotions version only when a score changed.
+        async with self._db() as db:
+            await db.execute(
+                f"WITH h AS (SELECT last_seq FROM sessions {_W} FOR UPDATE),"
+                " c AS (INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+                " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e), h"
+                " WHERE u.s >= 1 AND u.s <= h.last_seq"
                 " ON CONFLICT (tenant, session_id, seq) DO UPDATE SET emotion = EXCLUDED.emotion"
-                " WHERE turn_emotions.emotion IS DISTINCT FROM EXCLUDED.emotion",
+                " WHERE turn_emotions.emotion IS DISTINCT FROM EXCLUDED.emotion RETURNING 1)"
+                f" UPDATE sessions SET emotions_version = emotions_version + 1 {_W}"
+                " AND EXISTS (SELECT 1 FROM c)",
                 *key, [s for s, _ in items], [e for _, e in items],
             )
-            if status != "INSERT 0 0":
-                await db.execute(
-                    f"UPDATE sessions SET emotions_version = emotions_version + 1 {_W}", *key
-                )
 
     async def record_job(
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
