@@ -2,8 +2,11 @@
 
 Appends lock the session row (``SELECT … FOR UPDATE``) and insert the whole
 batch in one transaction, so concurrent writers queue instead of interleaving.
-Loads run in one read-only ``REPEATABLE READ`` transaction and touch only the
-session row, the tail by primary key and the emotion index. Job locks are a
+A load is one statement (one snapshot, one round trip) and touches only the
+session row, the tail by primary key and the emotion index. Round trips are a large
+share of a worker's CPU per turn (each is a socket write and a wake-up), so a turn's
+writes take as few statements as their checks allow, and a released connection goes
+back to the pool without a reset query. Job locks are a
 table with a database-clock expiry and a sequence for fencing tokens.
 """
 
