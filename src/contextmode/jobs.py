@@ -18,13 +18,15 @@ import asyncio
 import logging
 import os
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard, runtime_checkable
 
 from .errors import ConfigError, LockNotAcquired, OutputRejected
-from .store.base import Store
+from .store.base import LockHandle, Store
 
 __all__ = ["HookedJobQueue", "JobFactory", "JobHooks", "JobQueue", "JobRunner", "JobSettings", "takes_hooks"]
 
@@ -119,6 +121,10 @@ class _SessionQueue:
     waiting: deque[tuple[str, JobFactory]] = field(default_factory=deque)
     running: str | None = None
     task: asyncio.Task[None] | None = None
+    lock: AbstractAsyncContextManager[LockHandle] | None = None
+    """The store's session lock, kept from one job to the next while more are waiting."""
+    lock_fits_until: float = 0.0
+    """Monotonic time up to which another attempt (``timeout_s``) still ends inside the lock's ttl."""
 
 
 class _LockBusy(Exception):
@@ -225,14 +231,17 @@ class JobRunner:
                 name, factory = queue.waiting.popleft()
                 queue.running = name
                 try:
-                    await self._run(key, name, factory)
+                    await self._run(key, name, factory, queue)
                 except Exception:  # a bug here must not stop the session's other jobs
                     log.exception("job runner failed on %s for %s/%s", name, *key)
                 finally:
                     queue.running = None
         finally:
-            if self._queues.get(key) is queue:
-                del self._queues[key]
+            try:
+                await self._unlock(queue)
+            finally:
+                if self._queues.get(key) is queue:
+                    del self._queues[key]
 
     def _delay(self, attempt: int) -> float:
         s = self.settings
@@ -240,11 +249,11 @@ class JobRunner:
         delay = min(s.max_delay_s, s.base_delay_s * growth)
         return delay * random.uniform(1 - s.jitter, 1 + s.jitter)
 
-    async def _run(self, key: tuple[str, str], name: str, factory: JobFactory) -> None:
+    async def _run(self, key: tuple[str, str], name: str, factory: JobFactory, queue: _SessionQueue) -> None:
         attempts = self.settings.attempts
         for attempt in range(1, attempts + 1):
             try:
-                await self._attempt(key, name, factory)
+                await self._attempt(key, name, factory, queue)
             except _LockBusy:
                 log.info("job %s for %s/%s skipped: another worker holds the session", name, *key)
                 return
@@ -266,24 +275,52 @@ class JobRunner:
             await self._record(key, name, ok=True)
             return
 
-    async def _attempt(self, key: tuple[str, str], name: str, factory: JobFactory) -> None:
+    async def _attempt(self, key: tuple[str, str], name: str, factory: JobFactory, queue: _SessionQueue) -> None:
+        """One attempt under the session lock. The lock stays held for the next waiting job while
+        that job's attempt, timeout included, still ends before the lock expires (one lock and
+        one release per burst of jobs instead of per job); a failed attempt releases it."""
         if self.store is None:
             await self._call(name, factory)
             return
-        for attempt in range(1, self.settings.lock_attempts + 1):
-            held = self.store.lock(*key, ttl_s=self.settings.lock_ttl_s)
+        await self._lock(key, queue)
+        try:
+            await self._call(name, factory)
+        except BaseException:
+            await self._unlock(queue)
+            raise
+        if not queue.waiting:
+            await self._unlock(queue)
+
+    async def _lock(self, key: tuple[str, str], queue: _SessionQueue) -> None:
+        """Hold the session lock in ``queue.lock`` (kept, or taken anew); `_LockBusy` if another
+        worker keeps it for every try."""
+        if queue.lock is not None:
+            if time.monotonic() < queue.lock_fits_until:
+                return
+            await self._unlock(queue)
+        assert self.store is not None
+        settings = self.settings
+        for attempt in range(1, settings.lock_attempts + 1):
+            taken = time.monotonic()  # before asking: the lock expires no sooner than taken + ttl
+            held = self.store.lock(*key, ttl_s=settings.lock_ttl_s)
             try:
                 await held.__aenter__()
             except LockNotAcquired:
-                if attempt < self.settings.lock_attempts:
+                if attempt < settings.lock_attempts:
                     await self._sleep(self._delay(attempt))
                 continue
-            try:
-                await self._call(name, factory)
-            finally:
-                await held.__aexit__(None, None, None)
+            queue.lock = held
+            queue.lock_fits_until = (
+                taken + settings.lock_ttl_s - settings.timeout_s if settings.timeout_s is not None else 0.0
+            )
             return
         raise _LockBusy
+
+    @staticmethod
+    async def _unlock(queue: _SessionQueue) -> None:
+        held, queue.lock = queue.lock, None
+        if held is not None:
+            await held.__aexit__(None, None, None)
 
     async def _call(self, name: str, factory: JobFactory) -> None:
         if self.settings.timeout_s is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from contextmode.errors import ConfigError
 from contextmode.jobs import JobFactory, JobRunner, JobSettings
 from contextmode.store import MemoryStore
+from contextmode.store.base import LockHandle
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.testing.contract import new_turns
 from contextmode.types import Summary
@@ -275,3 +277,76 @@ def test_settings_validation_and_env() -> None:
     assert (settings.attempts, settings.base_delay_s) == (5, 0.1)
     with pytest.raises(ConfigError):
         JobSettings.from_env({"CONTEXTMODE_JOB_ATTEMPTS": "three"})
+
+
+class _CountingLocks(MemoryStore):
+    """A MemoryStore that counts the session locks taken and notes whether one is held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = 0
+        self.held = False
+
+    def lock(self, tenant: str, session_id: str, *, ttl_s: float = 60.0) -> AbstractAsyncContextManager[LockHandle]:
+        inner = super().lock(tenant, session_id, ttl_s=ttl_s)
+
+        @asynccontextmanager
+        async def counted() -> AsyncIterator[LockHandle]:
+            async with inner as handle:
+                self.taken += 1
+                self.held = True
+                try:
+                    yield handle
+                finally:
+                    self.held = False
+
+        return counted()
+
+
+@pytest.mark.parametrize(
+    ("settings", "locks"),
+    [
+        (FAST, 1),  # 3 attempts of ≤ 5 s fit in a 10 s lock taken once
+        (JobSettings(base_delay_s=0.0, jitter=0.0, timeout_s=None, lock_ttl_s=10.0), 3),  # no bound: per job
+    ],
+)
+async def test_a_burst_of_jobs_keeps_the_session_lock_only_while_an_attempt_fits(
+    settings: JobSettings, locks: int
+) -> None:
+    store = _CountingLocks()
+    await store.append("t", "s", new_turns(1))
+    under_lock: list[bool] = []
+
+    async def job() -> None:
+        under_lock.append(store.held)
+
+    runner = JobRunner(store, settings)
+    for name in ("emotion", "constraints", "summary"):
+        runner.schedule("t", "s", name, job)
+    await runner.drain()
+    assert under_lock == [True, True, True]
+    assert store.taken == locks
+    assert not store.held  # released once the queue is empty
+    info = await store.info("t", "s")
+    assert info is not None and {n: s.ok for n, s in info.jobs.items()} == {"emotion": 1, "constraints": 1, "summary": 1}
+
+
+async def test_a_failed_attempt_releases_the_kept_lock_before_its_backoff() -> None:
+    store = _CountingLocks()
+    await store.append("t", "s", new_turns(1))
+    seen: list[bool] = []
+
+    async def flaky() -> None:
+        if not seen:
+            seen.append(True)
+            raise RuntimeError("once")
+
+    async def sleep(_: float) -> None:
+        seen.append(store.held)  # the retry's backoff: the lock must be free for other workers
+
+    runner = JobRunner(store, FAST, sleep=sleep)
+    runner.schedule("t", "s", "constraints", flaky)
+    runner.schedule("t", "s", "emotion", flaky)
+    await runner.drain()
+    assert seen == [True, False]
+    assert store.taken == 2  # the first attempt's lock, then one for the retry and the next job

@@ -75,7 +75,7 @@ async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> N
 
     store = engine.store
     for _ in range(5):  # compare-and-set: retry against a newer version
-        state = await store.load(key.tenant, key.session_id, recent=0)
+        state = await store.load(key.tenant, key.session_id, recent=0, max_uncovered=0)  # constraints only
         update = await engine.processors.extractor.extract(turn, state.constraints)
         if not update.upsert and not update.remove_keys:
             return

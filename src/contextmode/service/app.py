@@ -10,6 +10,7 @@ instead, since that is what the openai SDK parses.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -231,6 +232,11 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # What is alive at startup (modules, and lexicons or models already loaded) stays alive:
+        # the collector no longer scans it at every full collection (CPU on every turn). Once
+        # per process: later apps (tests) would otherwise pin the garbage of earlier ones.
+        if not gc.get_freeze_count():
+            gc.freeze()
         async with lifecycle_tasks(state):
             yield
         if state.owns_engine:

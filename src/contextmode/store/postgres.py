@@ -2,8 +2,11 @@
 
 Appends lock the session row (``SELECT … FOR UPDATE``) and insert the whole
 batch in one transaction, so concurrent writers queue instead of interleaving.
-Loads run in one read-only ``REPEATABLE READ`` transaction and touch only the
-session row, the tail by primary key and the emotion index. Job locks are a
+A load is one statement (one snapshot, one round trip) and touches only the
+session row, the tail by primary key and the emotion index. Round trips are a large
+share of a worker's CPU per turn (each is a socket write and a wake-up), so a turn's
+writes take as few statements as their checks allow, and a released connection goes
+back to the pool without a reset query. Job locks are a
 table with a database-clock expiry and a sequence for fencing tokens.
 """
 
@@ -36,7 +39,6 @@ from ._codec import (
     constraints_from_json,
     constraints_to_json,
     last_answer,
-    window_start,
 )
 from ._codec import metadata_json as _meta
 from ._driver_errors import asyncpg_errors
@@ -57,26 +59,48 @@ _TURN_COLUMNS = (
     " (SELECT e.emotion FROM turn_emotions e WHERE e.tenant = t.tenant"
     " AND e.session_id = t.session_id AND e.seq = t.seq) AS emotion"
 )
+_HEAD = f"SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE"
 _TURN_SELECT = f"{_TURN_COLUMNS} FROM turns t WHERE t.tenant = $1 AND t.session_id = $2"
-# Turns by a list of seqs: one primary-key probe per seq (``LIMIT 1`` keeps the planner
-# from flattening the lateral into a scan of the session).
-_TURNS_BY_SEQS = (
-    f"{_TURN_COLUMNS} FROM unnest($3::bigint[]) AS q(seq) CROSS JOIN LATERAL"
+# The row of one turn inside `load`'s single statement: an anonymous record (a tuple to the
+# driver), in the order `_turn` reads.
+_TURN_ROW = (
+    "ROW(t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata::text,"
+    " (SELECT e.emotion FROM turn_emotions e WHERE e.tenant = t.tenant"
+    " AND e.session_id = t.session_id AND e.seq = t.seq))"
+)
+# `load` in one statement (one snapshot, so no transaction and one round trip): the session
+# row, its first verbatim seq (`window_start` in SQL), the tail and, with ``$5`` > 0, the key
+# moments: the strongest seqs before the tail, then one primary-key probe per seq (``LIMIT 1``
+# keeps the planner from flattening the lateral into a scan of the session). ``{floor}`` is a
+# literal so the planner can prove the partial index on emotions applies.
+_LOAD = (
+    "WITH s AS (SELECT last_seq, created_at, updated_at, last_answer, summary_text,"
+    " summary_covers_seq, summary_tokens, summary_version, summary_created_at,"
+    " constraints::text AS constraints, constraints_version,"
+    " GREATEST(1, last_seq - LEAST(GREATEST(last_seq - summary_covers_seq, $3::bigint),"
+    " GREATEST($4::bigint, 0)) + 1) AS first"
+    f" FROM sessions {_W})"
+    f" SELECT s.*, ARRAY(SELECT {_TURN_ROW} FROM turns t WHERE t.tenant = $1 AND t.session_id = $2"
+    " AND t.seq >= s.first ORDER BY t.seq) AS tail,"
+    f" ARRAY(SELECT {_TURN_ROW} FROM (SELECT seq FROM turn_emotions {_W} {{floor}}"
+    " AND emotion >= $6 AND seq < s.first AND $5::int > 0"
+    " ORDER BY emotion DESC, seq DESC LIMIT $5) AS q CROSS JOIN LATERAL"
     " (SELECT * FROM turns x WHERE x.tenant = $1 AND x.session_id = $2 AND x.seq = q.seq"
-    " LIMIT 1) t"
-    " ORDER BY t.seq"
+    " LIMIT 1) t ORDER BY t.seq) AS moments"
+    " FROM s"
 )
 
 
 def _turn(row: Any) -> Turn:
+    """A turn from a row (or record) of ``seq, role, content, tokens, created_at, metadata, emotion``."""
     return Turn(
-        seq=row["seq"],
-        role=row["role"],
-        content=row["content"],
-        tokens=row["tokens"],
-        created_at=row["created_at"],
-        metadata=json.loads(row["metadata"]),
-        emotion=row["emotion"],
+        seq=row[0],
+        role=row[1],
+        content=row[2],
+        tokens=row[3],
+        created_at=row[4],
+        metadata=json.loads(row[5]),
+        emotion=row[6],
     )
 
 
@@ -84,36 +108,36 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-async def _write_turns(db: pg_postings.Conn, key: tuple[str, str], last: int, turns: Sequence[NewTurn], now: datetime) -> list[Turn]:
-    """Write ``turns`` after seq ``last`` (their emotions, the session's head and last answer)
-    inside the caller's transaction; the turns as stored."""
+async def _write_turns(
+    db: pg_postings.Conn, key: tuple[str, str], last: int, turns: Sequence[NewTurn], now: datetime,
+    user_id: str | None,
+) -> list[Turn]:
+    """Write ``turns`` after seq ``last`` (their emotions, the session's head and last answer,
+    its owner if it had none) inside the caller's transaction, in one statement; the turns as
+    stored."""
     seqs = list(range(last + 1, last + 1 + len(turns)))
-    await db.execute(
-        "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
-        " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
-        "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
-        ") AS u(s, r, c, k, a, m)",
-        *key, seqs, [t.role for t in turns], [t.content for t in turns],
-        [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
-        [_meta(t.metadata) for t in turns],
-    )
     scored = [(s, float(t.emotion)) for s, t in zip(seqs, turns, strict=True)
               if t.emotion is not None]
-    if scored:
-        await db.execute(
-            "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
-            " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)",
-            *key, [s for s, _ in scored], [e for _, e in scored],
-        )
     answer = last_answer(turns)
     answer_seq = max((s for s, t in zip(seqs, turns, strict=True)
                       if t.role == "assistant"), default=0)
     await db.execute(
-        "UPDATE sessions SET last_seq = $3, updated_at = $4,"
-        " last_answer = CASE WHEN $5::bigint > 0 THEN $6 ELSE last_answer END,"
-        " last_answer_seq = GREATEST(last_answer_seq, $5::bigint),"
-        f" emotions_version = emotions_version + $7 {_W}",
-        *key, seqs[-1], now, answer_seq, answer, int(bool(scored)),
+        "WITH w AS (INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
+        " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
+        "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
+        ") AS u(s, r, c, k, a, m)),"
+        " e AS (INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+        " SELECT $1, $2, u.s, u.e FROM unnest($9::bigint[], $10::float8[]) AS u(s, e))"
+        " UPDATE sessions SET last_seq = $11, updated_at = $12,"
+        " last_answer = CASE WHEN $13::bigint > 0 THEN $14 ELSE last_answer END,"
+        " last_answer_seq = GREATEST(last_answer_seq, $13::bigint),"
+        " emotions_version = emotions_version + $15, user_id = COALESCE(user_id, $16::text)"
+        f" {_W}",
+        *key, seqs, [t.role for t in turns], [t.content for t in turns],
+        [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
+        [_meta(t.metadata) for t in turns],
+        [s for s, _ in scored], [e for _, e in scored],
+        seqs[-1], now, answer_seq, answer, int(bool(scored)), user_id,
     )
     return [
         Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
@@ -122,6 +146,14 @@ async def _write_turns(db: pg_postings.Conn, key: tuple[str, str], last: int, tu
              metadata=dict(t.metadata))
         for s, t in zip(seqs, turns, strict=True)
     ]
+
+
+async def _keep_session(db: Any) -> None:
+    """The pool's reset of a released connection: nothing beyond asyncpg's own rollback of an
+    open transaction. asyncpg's default also runs ``pg_advisory_unlock_all(); CLOSE ALL;
+    UNLISTEN *; RESET ALL`` (one round trip per release, a third of a turn's statements);
+    this store leaves nothing for it to undo: advisory locks and ``SET`` are transaction-scoped
+    (``pg_advisory_xact_lock``, ``SET LOCAL``), and it opens no cursor and listens to nothing."""
 
 
 class PostgresStore(PostgresLifecycle, ClosesOnExit):
@@ -152,6 +184,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                     min_size=self._min_size,
                     max_size=self._max_size,
                     server_settings={"search_path": self.schema},
+                    reset=_keep_session,
                 )
                 async with pool.acquire() as db:
                     await migrate(db, self.schema)
@@ -201,13 +234,14 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         ])
         now = utc_now()
         async with self._db() as db, db.transaction():
-            if turns:
+            head = await db.fetchrow(_HEAD, *key)
+            if head is None and turns:  # a new session: created here (or by a concurrent first append)
                 await db.execute(
                     "INSERT INTO sessions (tenant, session_id, created_at, updated_at, user_id)"
                     " VALUES ($1, $2, $3, $3, $4) ON CONFLICT DO NOTHING",
                     *key, now, user_id,
                 )
-            head = await db.fetchrow(f"SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE", *key)
+                head = await db.fetchrow(_HEAD, *key)
             last = head["last_seq"] if head else 0
             if expected_last_seq is not None and expected_last_seq != last:
                 raise ConflictError(
@@ -216,9 +250,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             check_owner(head["user_id"] if head else None, user_id, session_id)
             if not turns:
                 return []
-            if head["user_id"] is None and user_id is not None:
-                await db.execute(f"UPDATE sessions SET user_id = $3 {_W}", *key, user_id)
-            numbered = await _write_turns(db, key, last, turns, now)
+            numbered = await _write_turns(db, key, last, turns, now, user_id)  # owner set if none
             await pg_postings.index_turns(db, key, numbered, last, analyzed)  # same transaction
         return numbered
 
@@ -233,29 +265,14 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
         key = check_ids(tenant, session_id)
-        async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
+        floor = f"AND emotion >= {KEY_MOMENT_FLOOR}" if key_moment_threshold >= KEY_MOMENT_FLOOR else ""
+        async with self._db() as db:
             row = await db.fetchrow(
-                "SELECT last_seq, created_at, updated_at, last_answer, summary_text,"
-                " summary_covers_seq, summary_tokens, summary_version, summary_created_at,"
-                f" constraints::text AS constraints, constraints_version FROM sessions {_W}",
-                *key,
+                _LOAD.format(floor=floor), *key, recent, max_uncovered, max(key_moments, 0),
+                float(key_moment_threshold),
             )
-            if row is None:
-                return SessionState(tenant=tenant, session_id=session_id)
-            first = window_start(row["last_seq"], row["summary_covers_seq"], recent, max_uncovered)
-            tail = await db.fetch(f"{_TURN_SELECT} AND t.seq >= $3 ORDER BY t.seq", *key, first)
-            moments: list[Any] = []
-            if key_moments > 0:
-                # Two steps so each is a plain index range: strongest seqs, then those turns.
-                # The literal floor lets the planner prove the partial index applies.
-                floor = f"AND emotion >= {KEY_MOMENT_FLOOR}" if (
-                    key_moment_threshold >= KEY_MOMENT_FLOOR) else ""
-                seqs = await db.fetch(
-                    f"SELECT seq FROM turn_emotions {_W} {floor} AND emotion >= $3 AND seq < $4"
-                    " ORDER BY emotion DESC, seq DESC LIMIT $5",
-                    *key, key_moment_threshold, first, key_moments,
-                )
-                moments = await db.fetch(_TURNS_BY_SEQS, *key, [r["seq"] for r in seqs])
+        if row is None:
+            return SessionState(tenant=tenant, session_id=session_id)
         summary = None
         if row["summary_version"]:
             summary = Summary(
@@ -267,11 +284,11 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             tenant=tenant,
             session_id=session_id,
             last_seq=row["last_seq"],
-            turns=tuple(_turn(r) for r in tail),
+            turns=tuple(_turn(r) for r in row["tail"]),
             summary=summary,
             constraints=constraints_from_json(row["constraints"]),
             constraints_version=row["constraints_version"],
-            key_moments=tuple(_turn(r) for r in moments),
+            key_moments=tuple(_turn(r) for r in row["moments"]),
             last_answer=row["last_answer"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
@@ -346,22 +363,22 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
         key = check_ids(tenant, session_id)
         items = [(int(s), float(e)) for s, e in scores.items()]
-        async with self._db() as db, db.transaction():
-            last = await db.fetchval(f"SELECT last_seq FROM sessions {_W} FOR UPDATE", *key)
-            items = [(s, e) for s, e in items if last is not None and 1 <= s <= last]
-            if not items:
-                return
-            status = await db.execute(
-                "INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
-                " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e)"
+        if not items:
+            return
+        # One statement: lock the session row, upsert the scores of stored turns, and bump the
+        # emotions version only when a score changed.
+        async with self._db() as db:
+            await db.execute(
+                f"WITH h AS (SELECT last_seq FROM sessions {_W} FOR UPDATE),"
+                " c AS (INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+                " SELECT $1, $2, u.s, u.e FROM unnest($3::bigint[], $4::float8[]) AS u(s, e), h"
+                " WHERE u.s >= 1 AND u.s <= h.last_seq"
                 " ON CONFLICT (tenant, session_id, seq) DO UPDATE SET emotion = EXCLUDED.emotion"
-                " WHERE turn_emotions.emotion IS DISTINCT FROM EXCLUDED.emotion",
+                " WHERE turn_emotions.emotion IS DISTINCT FROM EXCLUDED.emotion RETURNING 1)"
+                f" UPDATE sessions SET emotions_version = emotions_version + 1 {_W}"
+                " AND EXISTS (SELECT 1 FROM c)",
                 *key, [s for s, _ in items], [e for _, e in items],
             )
-            if status != "INSERT 0 0":
-                await db.execute(
-                    f"UPDATE sessions SET emotions_version = emotions_version + 1 {_W}", *key
-                )
 
     async def record_job(
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,

@@ -121,9 +121,10 @@ def create_worker_app() -> Any:
 
 
 async def warm_up(engine: Any) -> None:
-    """Run each offline processor once before serving, so the first requests and jobs
-    do not pay for loading lexicons and models (≈ 2 s on a busy 2-core box)."""
-    from ..types import utc_now
+    """Run each offline processor once before serving, and stream one short answer from the
+    model, so the first requests and jobs do not pay for loading lexicons, models and the
+    HTTP client's lazily imported modules (≈ 2 s on a busy 2-core box)."""
+    from ..types import ChatMessage, utc_now
 
     turn = Turn(seq=1, role="user", content="我不吃辣，预算两千以内。I'm vegetarian.", tokens=12, created_at=utc_now())
     try:
@@ -131,6 +132,8 @@ async def warm_up(engine: Any) -> None:
         await engine.emotion.score(turn.content)
         await engine.detector.detect("那个呢？", [turn])
         await engine.extractor.extract(turn, ())
+        async for _ in engine.model.stream([ChatMessage(role="user", content="ping")], max_tokens=1):
+            pass
     except Exception as exc:  # a cold start is slower, not broken
         logging.getLogger("contextmode.worker").warning("warm-up failed: %s", exc)
 
