@@ -60,6 +60,13 @@ _TURN_COLUMNS = (
     " AND e.session_id = t.session_id AND e.seq = t.seq) AS emotion"
 )
 _HEAD = f"SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE"
+# Turns at scattered seqs (a recall hit list): one primary-key probe per wanted seq.
+_TURNS_BY_SEQS = (
+    f"{_TURN_COLUMNS} FROM unnest($3::bigint[]) AS q(seq) CROSS JOIN LATERAL"
+    " (SELECT * FROM turns x WHERE x.tenant = $1 AND x.session_id = $2 AND x.seq = q.seq"
+    " LIMIT 1) t"
+    " ORDER BY t.seq"
+)
 _TURN_SELECT = f"{_TURN_COLUMNS} FROM turns t WHERE t.tenant = $1 AND t.session_id = $2"
 # The row of one turn inside `load`'s single statement: an anonymous record (a tuple to the
 # driver), in the order `_turn` reads.
