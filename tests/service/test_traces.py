@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,8 @@ import pytest
 
 from contextmode.errors import EmptyMessage, ModelUnavailable, StoreError
 from contextmode.store import MemoryStore
+from contextmode.store.base import LockHandle, load_trace
 from contextmode.store.lifecycle import DeletionRecord, Scope
-from contextmode.store.base import load_trace
 from contextmode.testing.models import BrokenStream, FunctionModel
 from contextmode.trace import (
     TurnTrace,
@@ -335,3 +336,48 @@ async def test_a_turn_whose_trace_was_not_written_says_so(tmp_path: Path) -> Non
         assert "just after the reply" in body["msg"]
     assert [t.role for t in await engine.store.turns("local", "s")] == ["user", "assistant"]
     await engine.drain()
+
+
+async def test_the_service_writes_the_trace_once_the_turn_lock_is_released(tmp_path: Path) -> None:
+    class Recording(MemoryStore):
+        """Notes, at each trace write, whether the session's turn lock is held."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.turn_running = False
+            self.lock_held_at_write: list[bool] = []
+
+        def turn_lock(
+            self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+        ) -> AbstractAsyncContextManager[LockHandle]:
+            inner = super().turn_lock(tenant, session_id, ttl_s=ttl_s)
+
+            @asynccontextmanager
+            async def tracked() -> AsyncIterator[LockHandle]:
+                async with inner as handle:
+                    self.turn_running = True
+                    try:
+                        yield handle
+                    finally:
+                        self.turn_running = False
+
+            return tracked()
+
+        async def put_trace(
+            self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0,
+            older_than: datetime | None = None,
+        ) -> None:
+            self.lock_held_at_write.append(self.turn_running)
+            await super().put_trace(tenant, session_id, trace, keep=keep, older_than=older_than)
+
+    store = Recording()
+    engine = make_engine(store=store)
+    async with client_for(create_app(engine, make_settings(tmp_path))) as client:
+        assert (await client.post("/v1/sessions/s/messages", json={"message": "我不吃辣"})).json()["code"] == 0
+        streamed = await client.post("/v1/sessions/s/messages", json={"message": "推荐一家餐厅", "stream": True})
+        assert "done" in streamed.text
+        for turn in (1, 2):
+            assert (await client.get(f"/v1/sessions/s/turns/{turn}/context")).json()["data"]["turn"] == turn
+    await engine.drain()
+    # Written after each reply's own store calls, never inside the turn.
+    assert store.lock_held_at_write == [False, False]
