@@ -30,8 +30,8 @@ from ..processors.base import (
 )
 from ..settings import EngineSettings, Mode
 from ..store.base import Store, TraceRecords, keeps_traces, load_trace
-from ..trace import TurnTrace
 from ..tokens.base import TokenCounter
+from ..trace import TurnTrace
 from ..types import SessionKey, SessionState, Summary, Turn
 from .persist import TraceWrites, record_turn
 from .prepare import load_state, prepare_turn
