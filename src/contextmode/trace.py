@@ -1,7 +1,7 @@
 """The kept trace of one exchange: exactly what the model received, and why.
 
-A `TurnTrace` is written with the answer (same shielded write, same store) for
-every live turn, numbered by exchange: turn 7 is the session's seventh user
+A `TurnTrace` is written just after the reply (`engine.persist.TraceWrites`; readers
+wait for a pending write) for every live turn, numbered by exchange: turn 7 is the session's seventh user
 message. It answers "what did the model see at turn 7?" after the fact, for the
 HTTP route ``GET /v1/sessions/{id}/turns/{n}/context``, ``contextmode inspect
 SESSION --turn N`` and the web inspector. One JSON codec (`trace_to_json` /

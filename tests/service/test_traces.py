@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from contextmode.errors import EmptyMessage, ModelUnavailable
+from contextmode.errors import EmptyMessage, ModelUnavailable, StoreError
 from contextmode.store import MemoryStore
-from contextmode.store.base import load_trace
+from contextmode.store.base import LockHandle, load_trace
+from contextmode.store.lifecycle import DeletionRecord, Scope
 from contextmode.testing.models import BrokenStream, FunctionModel
 from contextmode.trace import (
+    TurnTrace,
     cap_trace,
     message_to_dict,
     trace_from_json,
@@ -114,8 +119,6 @@ def test_codec_round_trip_and_cap_leave_short_traces_alone() -> None:
         await engine.drain()
         return await load_trace(engine.store, "local", "s", 1)
 
-    import asyncio
-
     trace = asyncio.run(one())
     assert trace_from_json(trace_to_json(trace)) == trace
     assert cap_trace(trace, 1_000_000) is trace
@@ -203,3 +206,178 @@ async def test_each_recalled_turn_says_why_in_the_trace_and_the_context(tmp_path
     mine = next(r for r in shown if r.seq == 1)
     assert (mine.matched, mine.ranker) == (list(hit.matched), "bm25") and (mine.score or 0) > 0
     assert mine.text is not None and ContextOut.of(prepared, full=False).recalled[0].text is None
+
+
+# -- the trace is written just after the reply ---------------------------------------------
+
+
+class HeldTraces(MemoryStore):
+    """A store whose trace writes wait until ``release`` is set (a slow trace write).
+
+    With ``racy`` the write checks the session first and writes after the wait without
+    checking again, as a PostgreSQL ``INSERT … SELECT`` racing an erase does: a write left
+    to finish after an erasure would bring the trace back.
+    """
+
+    def __init__(self, *, racy: bool = False) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.racy = racy
+        self.late: dict[tuple[str, str, int], TurnTrace] = {}
+        self.erasing = asyncio.Event()
+        """Set when an erasure has opened its deletion record."""
+
+    async def put_trace(
+        self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0, older_than: datetime | None = None
+    ) -> None:
+        if not self.racy:
+            await self.release.wait()
+            await super().put_trace(tenant, session_id, trace, keep=keep, older_than=older_than)
+            return
+        if await self.info(tenant, session_id) is None:
+            return
+        await self.release.wait()
+        self.late[(tenant, session_id, trace.turn)] = trace
+
+    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+        late = self.late.get((tenant, session_id, turn))
+        return late if late is not None else await super().get_trace(tenant, session_id, turn)
+
+    async def open_deletion(self, tenant: str, scope: Scope, target: str, *, actor: str) -> DeletionRecord:
+        self.erasing.set()
+        return await super().open_deletion(tenant, scope, target, actor=actor)
+
+    async def erase_session(self, tenant: str, session_id: str, *, record_id: int | None = None) -> dict[str, int]:
+        for key in [k for k in self.late if k[:2] == (tenant, session_id)]:
+            del self.late[key]
+        return await super().erase_session(tenant, session_id, record_id=record_id)
+
+
+async def test_the_reply_does_not_wait_for_the_trace_and_a_read_right_after_waits_for_it(tmp_path: Path) -> None:
+    store = HeldTraces()
+    model = FunctionModel(answer)
+    engine = make_engine(model, store=store)
+    async with client_for(create_app(engine, make_settings(tmp_path))) as client:
+        # The trace write is held: the reply still comes (it would never come if it waited).
+        r = await asyncio.wait_for(client.post("/v1/sessions/s/messages", json={"message": "我不吃辣"}), 30)
+        assert r.json()["code"] == 0 and r.json()["data"]["turn"] == 1
+        assert engine.trace_writes.pending("local", "s")
+        assert await store.get_trace("local", "s", 1) is None
+        read = asyncio.create_task(client.get("/v1/sessions/s/turns/1/context"))
+        direct = asyncio.create_task(engine.trace("local", "s", 1))
+        await asyncio.sleep(0.05)
+        assert not read.done() and not direct.done()  # both wait for the write, none answers 40402
+        store.release.set()
+        body = (await read).json()
+        assert body["code"] == 0 and body["data"]["typed"] == "我不吃辣"
+        assert [message_to_dict(m) for m in model.calls[0].messages] == body["data"]["messages"]
+        assert (await direct).turn == 1
+    assert not engine.trace_writes.pending("local", "s")
+    await engine.drain()
+
+
+async def test_drain_and_close_wait_for_pending_trace_writes() -> None:
+    store = HeldTraces()
+    engine = make_engine(store=store)
+    for text in ("一", "二", "三"):
+        await engine.turn("local", "s", text)
+    drained = asyncio.create_task(engine.drain())
+    await asyncio.sleep(0.05)
+    assert not drained.done()
+    store.release.set()
+    await drained
+    assert [t.turn for t in [await load_trace(store, "local", "s", n) for n in (1, 2, 3)]] == [1, 2, 3]
+
+    held = HeldTraces()
+    closing = make_engine(store=held)
+    await closing.turn("local", "s", "一")
+    closed = asyncio.create_task(closing.close())
+    await asyncio.sleep(0.05)
+    assert not closed.done()
+    held.release.set()
+    await closed
+    assert await held.get_trace("local", "s", 1) is not None
+
+
+async def test_a_forget_waits_for_the_pending_trace_so_it_never_comes_back(tmp_path: Path) -> None:
+    store = HeldTraces(racy=True)
+    engine = make_engine(store=store)
+    async with client_for(create_app(engine, make_settings(tmp_path))) as client:
+        r = await client.post("/v1/sessions/s/messages", json={"message": "我不吃辣"})
+        assert r.json()["code"] == 0
+        assert engine.trace_writes.pending("local", "s")
+        deleting = asyncio.create_task(client.delete("/v1/sessions/s"))
+        await store.erasing.wait()
+        for _ in range(50):  # an erasure that did not wait would be done by now (nothing here sleeps)
+            await asyncio.sleep(0)
+        store.release.set()  # the write finishes; the erase must come after it
+        assert (await deleting).json()["code"] == 0
+        await engine.drain()  # every write has ended: none came after the erasure
+        assert await store.get_trace("local", "s", 1) is None
+        assert_error(await client.get("/v1/sessions/s/turns/1/context"), 40401)
+    await engine.drain()
+
+
+async def test_a_turn_whose_trace_was_not_written_says_so(tmp_path: Path) -> None:
+    class LostTraces(MemoryStore):
+        """The process stopped between the reply and the trace write."""
+
+        async def put_trace(
+            self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0,
+            older_than: datetime | None = None,
+        ) -> None:
+            raise StoreError("gone")
+
+    engine = make_engine(store=LostTraces())
+    async with client_for(create_app(engine, make_settings(tmp_path))) as client:
+        r = await client.post("/v1/sessions/s/messages", json={"message": "我不吃辣"})
+        assert r.json()["code"] == 0
+        body = assert_error(await client.get("/v1/sessions/s/turns/1/context"), 40402)
+        assert "just after the reply" in body["msg"]
+    assert [t.role for t in await engine.store.turns("local", "s")] == ["user", "assistant"]
+    await engine.drain()
+
+
+async def test_the_service_writes_the_trace_once_the_turn_lock_is_released(tmp_path: Path) -> None:
+    class Recording(MemoryStore):
+        """Notes, at each trace write, whether the session's turn lock is held."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.turn_running = False
+            self.lock_held_at_write: list[bool] = []
+
+        def turn_lock(
+            self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+        ) -> AbstractAsyncContextManager[LockHandle]:
+            inner = super().turn_lock(tenant, session_id, ttl_s=ttl_s)
+
+            @asynccontextmanager
+            async def tracked() -> AsyncIterator[LockHandle]:
+                async with inner as handle:
+                    self.turn_running = True
+                    try:
+                        yield handle
+                    finally:
+                        self.turn_running = False
+
+            return tracked()
+
+        async def put_trace(
+            self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0,
+            older_than: datetime | None = None,
+        ) -> None:
+            self.lock_held_at_write.append(self.turn_running)
+            await super().put_trace(tenant, session_id, trace, keep=keep, older_than=older_than)
+
+    store = Recording()
+    engine = make_engine(store=store)
+    async with client_for(create_app(engine, make_settings(tmp_path))) as client:
+        assert (await client.post("/v1/sessions/s/messages", json={"message": "我不吃辣"})).json()["code"] == 0
+        streamed = await client.post("/v1/sessions/s/messages", json={"message": "推荐一家餐厅", "stream": True})
+        assert "done" in streamed.text
+        for turn in (1, 2):
+            assert (await client.get(f"/v1/sessions/s/turns/{turn}/context")).json()["data"]["turn"] == turn
+    await engine.drain()
+    # Written after each reply's own store calls, never inside the turn.
+    assert store.lock_held_at_write == [False, False]

@@ -128,10 +128,9 @@ def inspect(
         engine = build_engine(store=store)
         try:
             if turn is not None:
-                from ..store.base import load_trace
                 from ..trace import trace_to_dict
 
-                trace = await load_trace(engine.store, tenant, session, turn)
+                trace = await engine.trace(tenant, session, turn)
                 if as_json:
                     print(json.dumps(trace_to_dict(trace), ensure_ascii=False))
                 else:

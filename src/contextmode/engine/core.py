@@ -29,10 +29,11 @@ from ..processors.base import (
     Summarizer,
 )
 from ..settings import EngineSettings, Mode
-from ..store.base import Store
+from ..store.base import Store, TraceRecords, keeps_traces, load_trace
 from ..tokens.base import TokenCounter
+from ..trace import TurnTrace
 from ..types import SessionKey, SessionState, Summary, Turn
-from .persist import record_turn
+from .persist import TraceWrites, record_turn
 from .prepare import load_state, prepare_turn
 from .request import USE_DEFAULT, PreparedTurn, TurnEvent, TurnRequest, TurnResult, UseDefault
 from .schedule import schedule_jobs, summarize_now
@@ -73,6 +74,11 @@ class Engine:
         self.jobs: JobQueue = jobs or JobRunner(
             store, replace(JobSettings.from_env(), attempts=self.settings.job_attempts)
         )
+        self.trace_writes = TraceWrites()
+        """Each exchange's trace write, started as the reply goes out (`trace`, `drain` and
+        `close` wait for them)."""
+        self._keeper: tuple[object, TraceRecords | None] = (store, store if keeps_traces(store) else None)
+        """The store, and itself when it keeps traces: decided once per store, not per turn."""
 
     # -- the processors, by name (a new one replaces the `Processors` value) --
 
@@ -250,6 +256,29 @@ class Engine:
             "summary_cache": int(self._uncommitted.pop((tenant, session_id), None) is not None),
         }
 
+    # -- kept traces -------------------------------------------------------
+
+    def trace_keeper(self) -> TraceRecords | None:
+        """Where the turns' traces are kept: the store, when it keeps them and
+        ``settings.trace_keep`` is not 0; else ``None``."""
+        if not self.settings.trace_keep:
+            return None
+        store, keeper = self._keeper
+        if store is not self.store:  # the store was swapped: decide again
+            self._keeper = store, keeper = self.store, self.store if keeps_traces(self.store) else None
+        return keeper
+
+    async def settle_writes(self, tenant: str, session_id: str) -> None:
+        """Wait until the session's traces still being written are stored (they are
+        written just after each reply): before reading them, or erasing the session."""
+        await self.trace_writes.settle(tenant, session_id)
+
+    async def trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace:
+        """The kept trace of exchange ``turn`` (a write still running is waited for);
+        `SessionNotFound` / `TurnNotFound` otherwise (`store.base.load_trace`)."""
+        await self.settle_writes(tenant, session_id)
+        return await load_trace(self.store, tenant, session_id, turn)
+
     def processor_versions(self) -> dict[str, str]:
         """Seam → the implementation that served the turn, with the package version.
 
@@ -285,12 +314,20 @@ class Engine:
         return await summarize_now(self, SessionKey(tenant, session_id), force=force, upto=upto)
 
     async def drain(self) -> None:
-        """Wait for every scheduled background job (tests, shutdown)."""
+        """Wait for every pending trace write and scheduled background job (tests, shutdown)."""
+        await self.trace_writes.drain()
         await self.jobs.drain()
+        await self.trace_writes.drain()
 
     async def close(self, *, drain_timeout_s: float = 30.0) -> None:
-        """Finish background jobs (at most ``drain_timeout_s`` seconds, then cancel the rest:
-        a summary that did not run is scheduled again by the session's next turn) and close the store."""
+        """Finish the pending trace writes and background jobs (at most ``drain_timeout_s``
+        seconds each, then cancel the rest: a summary that did not run is scheduled again by
+        the session's next turn; a trace not written is missing) and close the store."""
+        try:
+            await asyncio.wait_for(self.trace_writes.drain(), drain_timeout_s)
+        except TimeoutError:
+            log.warning("trace writes still running after %.0f s at shutdown: cancelled", drain_timeout_s)
+            await self.trace_writes.aclose()
         try:
             await asyncio.wait_for(self.jobs.drain(), drain_timeout_s)
         except TimeoutError:

@@ -12,7 +12,7 @@ over one session store:
 
 The tools call `MemoryTools`, a small typed facade over the public `ContextMode`
 API (``arecord``, ``aprepare``) and, where it has no method, the store and engine
-functions the HTTP service uses (constraints, `Recaller.recall`, `load_trace`).
+functions the HTTP service uses (constraints, `Recaller.recall`, `Engine.trace`).
 Built on the official ``mcp`` SDK (``mcp.server.mcpserver.MCPServer``; the ``mcp`` extra)::
 
     from contextmode.integrations.mcp_server import build_server
@@ -42,7 +42,6 @@ from ..service.auth import ApiKeys
 from ..service.codes import Unauthorized, code_for_exception, public_message
 from ..service.responses import exception_response
 from ..service.schemas import ConstraintOut, ContextOut
-from ..store.base import load_trace
 from ..trace import trace_to_dict
 from ..types import validate_id
 
@@ -142,7 +141,7 @@ class MemoryTools:
         raise ConflictError(f"the pins of session {session_id!r} kept changing; try again")
 
     async def trace(self, session_id: str, turn: int) -> dict[str, Any]:
-        trace = await load_trace(self.memory.engine.store, self.tenant, validate_id(session_id), turn)
+        trace = await self.memory.engine.trace(self.tenant, validate_id(session_id), turn)
         return trace_to_dict(trace)
 
 

@@ -19,7 +19,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from ..errors import ConfigError, StoreError
 from ..store.base import Store
@@ -32,7 +32,7 @@ from ..store.lifecycle import (
 )
 from ..types import validate_id
 
-__all__ = ["LocalCaches", "forget", "lifecycle_store", "resume_forgets"]
+__all__ = ["LocalCaches", "PendingWrites", "forget", "lifecycle_store", "resume_forgets", "settle_writes"]
 
 _PAGE = 200
 
@@ -43,6 +43,27 @@ class LocalCaches(Protocol):
     def forget_local(self, tenant: str, session_id: str) -> Mapping[str, int]:
         """Drop everything held of the session; counts per kind."""
         ...
+
+
+@runtime_checkable
+class PendingWrites(Protocol):
+    """A holder that may still be writing a session's records after its reply (the `Engine`:
+    each exchange's trace); an erasure waits for them, so nothing comes back after it."""
+
+    async def settle_writes(self, tenant: str, session_id: str) -> None:
+        """Return once the session's writes still running are done."""
+        ...
+
+
+def _writes_pending(cache: object) -> TypeGuard[PendingWrites]:
+    return isinstance(cache, PendingWrites)
+
+
+async def settle_writes(caches: Sequence[LocalCaches], tenant: str, session_id: str) -> None:
+    """Wait for every write the ``caches`` still run for the session (before erasing it)."""
+    for cache in caches:
+        if _writes_pending(cache):
+            await cache.settle_writes(tenant, session_id)
 
 
 def lifecycle_store(store: Store) -> LifecycleStore:
@@ -100,6 +121,7 @@ async def _run(
     async for session_id in _session_ids(store, record.tenant, record.scope, record.target):
         if image_dir is not None:
             local["images"] += await _erase_images(store, record.tenant, session_id, image_dir)
+        await settle_writes(caches, record.tenant, session_id)
         for cache in caches:
             merge_counts(local, cache.forget_local(record.tenant, session_id))
         await store.erase_session(record.tenant, session_id, record_id=record.id)

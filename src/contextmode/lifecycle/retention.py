@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from ..store.base import Store
 from ..store.lifecycle import LifecycleStore, merge_counts
 from ..types import utc_now, validate_id
-from .forget import LocalCaches, lifecycle_store
+from .forget import LocalCaches, lifecycle_store, settle_writes
 
 __all__ = ["RetentionPolicy", "RetentionSettings", "enforce_retention"]
 
@@ -172,6 +172,7 @@ async def enforce_retention(
         local: dict[str, int] = {}
         doomed = await _doomed(lifecycle, tenant, policy, now)
         for session_id in sorted(doomed):
+            await settle_writes(caches, tenant, session_id)
             for cache in caches:
                 merge_counts(local, cache.forget_local(tenant, session_id))
             await lifecycle.erase_session(tenant, session_id, record_id=record.id)

@@ -240,7 +240,9 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
         async with lifecycle_tasks(state):
             yield
         if state.owns_engine:
-            await state.engine.close()
+            await state.engine.close()  # waits for the trace writes and the jobs first
+        else:
+            await state.engine.trace_writes.drain()  # the last replies' traces are not lost
 
     from .. import __version__
 

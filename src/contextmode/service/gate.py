@@ -39,6 +39,8 @@ class SessionGate:
         self.ttl_s = ttl_s
         self._local: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
         self._orphans: dict[tuple[str, str], LockHandle] = {}
+        self._locks: tuple[Store, TurnLocks | None] = (store, _turn_locks(store))
+        """The store, and itself when it has `TurnLocks`: decided once, not per turn."""
 
     @asynccontextmanager
     async def hold(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -66,18 +68,21 @@ class SessionGate:
 
     @asynccontextmanager
     async def _store_lock(self, tenant: str, session_id: str, deadline: float) -> AsyncIterator[None]:
-        if not isinstance(self.store, TurnLocks):
+        store, locks = self._locks
+        if store is not self.store:  # the store was swapped: decide again
+            self._locks = store, locks = self.store, _turn_locks(self.store)
+        if locks is None:
             yield
             return
         orphan = self._orphans.pop((tenant, session_id), None)
         if orphan is not None:  # our own lock, left when the store was unreachable at release
             try:
-                await self.store.release_turn_lock(orphan)
+                await locks.release_turn_lock(orphan)
             except Exception:
                 self._orphans[(tenant, session_id)] = orphan
         step = 0
         while True:
-            held: AbstractAsyncContextManager[LockHandle] = self.store.turn_lock(
+            held: AbstractAsyncContextManager[LockHandle] = locks.turn_lock(
                 tenant, session_id, ttl_s=self.ttl_s
             )
             try:
@@ -101,6 +106,10 @@ class SessionGate:
                 # it expires after ``ttl_s``.
                 log.warning("turn lock of session %s not released: %s", session_id, type(exc).__name__)
                 self._orphans[(tenant, session_id)] = handle
+
+
+def _turn_locks(store: Store) -> TurnLocks | None:
+    return store if isinstance(store, TurnLocks) else None
 
 
 def _busy(session_id: str) -> str:

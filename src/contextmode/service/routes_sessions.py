@@ -265,6 +265,7 @@ async def delete_session(session_id: SessionId, tenant: Tenant, state: State) ->
     if await store.info(tenant, session_id) is None:
         raise SessionNotFound(f"no session {session_id!r}")
     if not is_lifecycle_store(store):  # a custom store without the lifecycle abilities
+        await state.engine.settle_writes(tenant, session_id)  # a trace still being written
         state.engine.forget_local(tenant, session_id)
         if not await store.delete(tenant, session_id):
             raise SessionNotFound(f"no session {session_id!r}")

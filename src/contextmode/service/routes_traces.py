@@ -3,6 +3,7 @@
 The data is the kept trace (`contextmode.trace`) as `trace_to_dict` shapes it,
 so ``contextmode inspect SESSION --turn N --json`` prints the same object.
 Tenant-scoped like every session route: another tenant's session is not found.
+A trace is written just after its reply; a read that comes first waits for it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
-from ..store.base import load_trace
 from ..trace import trace_to_dict
 from ..types import validate_id
 from .codes import SUCCESS
@@ -44,5 +44,5 @@ async def get_turn_context(
     state: State,
 ) -> Any:
     validate_id(session_id)
-    trace = await load_trace(state.engine.store, tenant, session_id, turn)
+    trace = await state.engine.trace(tenant, session_id, turn)  # waits for a write still running
     return JSONResponse({"code": SUCCESS, "msg": "success", "data": trace_to_dict(trace)})

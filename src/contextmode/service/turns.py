@@ -331,16 +331,21 @@ async def serve_turn(
     held until the response is built, or for a stream until it closes; the
     idempotency key is released if the turn fails before a response exists.
     """
+    # The turn's trace is written once the session's turn lock is released (the reply is
+    # ready): its store write never queues ahead of the reply's own.
+    traces = state.engine.trace_writes
     try:
         if whole is not None:
-            async with state.gate.hold(tenant, session_id):
-                response = await whole()
-                if held is not None:
-                    await held.finish(response)
-                return response
+            with traces.held(tenant, session_id):
+                async with state.gate.hold(tenant, session_id):
+                    response = await whole()
+                    if held is not None:
+                        await held.finish(response)
+                    return response
         serial = AsyncExitStack()
-        await serial.enter_async_context(state.gate.hold(tenant, session_id))
+        serial.enter_context(traces.held(tenant, session_id))
         try:
+            await serial.enter_async_context(state.gate.hold(tenant, session_id))
             started, events = await streamed()
         except BaseException:
             await serial.aclose()

@@ -371,7 +371,8 @@ async def load_trace(store: Store, tenant: str, session_id: str, turn: int) -> T
     raise TurnNotFound(
         f"no kept context for turn {turn} of session {session_id!r}: turns count user messages "
         "from 1; a turn's context is kept only for live turns, within the retention setting "
-        "(CONTEXTMODE_TRACE_KEEP, CONTEXTMODE_TRACE_MAX_AGE_DAYS)"
+        "(CONTEXTMODE_TRACE_KEEP, CONTEXTMODE_TRACE_MAX_AGE_DAYS); it is written just after the "
+        "reply, so a turn whose process stopped at that moment is stored without it"
     )
 
 
