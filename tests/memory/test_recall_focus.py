@@ -41,7 +41,7 @@ def test_focus_moves_the_named_speakers_turns_up_and_neighbours_follow() -> None
     turns = {1: _turn(1, "Caroline"), 2: _turn(2, "Melanie"), 3: _turn(3, "Caroline"), 4: _turn(4, "Melanie")}
     hits = [RecallHit(seq=3, score=3.0), RecallHit(seq=4, score=2.0), RecallHit(seq=1, score=1.8),
             RecallHit(seq=2, score=1.0, neighbour_of=3)]
-    settings = RecallSettings(speaker_focus=2.0)
+    settings = RecallSettings(speaker_focus=2.0, focus_neighbours=True)
     focused = focus_on_speakers("What does Melanie like?", hits, turns, settings)
     assert [(h.seq, h.score) for h in focused] == [(4, 4.0), (3, 3.0), (1, 1.8), (2, 1.0)]
     # Both named, nobody named, or focus off: the order is unchanged.
@@ -53,8 +53,21 @@ def test_focus_moves_the_named_speakers_turns_up_and_neighbours_follow() -> None
 def test_focus_lifts_a_neighbour_with_its_hit() -> None:
     turns = {1: _turn(1, "Caroline"), 2: _turn(2, "Melanie"), 5: _turn(5, "Caroline")}
     hits = [RecallHit(seq=5, score=3.0), RecallHit(seq=2, score=2.0), RecallHit(seq=1, score=1.0, neighbour_of=2)]
-    focused = focus_on_speakers("Where does Melanie live?", hits, turns, RecallSettings(speaker_focus=2.0))
+    settings = RecallSettings(speaker_focus=2.0, focus_neighbours=True)
+    focused = focus_on_speakers("Where does Melanie live?", hits, turns, settings)
     assert [(h.seq, h.neighbour_of, h.score) for h in focused] == [(2, None, 4.0), (5, None, 3.0), (1, 2, 2.0)]
+
+
+def test_focus_lifts_only_what_the_named_speaker_said() -> None:
+    # By default a neighbour is lifted by who said it, not by its hit: the other speaker's turn
+    # before Melanie's hit stays where it was, Melanie's turn before Caroline's hit rises.
+    turns = {1: _turn(1, "Caroline"), 2: _turn(2, "Melanie"), 4: _turn(4, "Melanie"), 5: _turn(5, "Caroline")}
+    hits = [RecallHit(seq=5, score=3.0), RecallHit(seq=2, score=2.0),
+            RecallHit(seq=4, score=1.5, neighbour_of=5), RecallHit(seq=1, score=1.0, neighbour_of=2)]
+    focused = focus_on_speakers("Where does Melanie live?", hits, turns, RecallSettings(speaker_focus=2.0))
+    assert [(h.seq, h.neighbour_of, h.score) for h in focused] == [
+        (2, None, 4.0), (5, None, 3.0), (4, 5, 3.0), (1, 2, 1.0)
+    ]
 
 
 def test_turns_without_speakers_are_left_alone() -> None:

@@ -103,7 +103,12 @@ class RecallSettings:
     speaker_focus: float = 2.0
     """When the message names some, not all, of the speakers among the candidates
     (``metadata["speaker"]``: "What does Melanie do to destress?"), their turns' scores are
-    multiplied by this (neighbours follow their hit); 1 = off. See `focus_on_speakers`."""
+    multiplied by this; 1 = off. See `focus_on_speakers` and ``focus_neighbours``."""
+    focus_neighbours: bool = False
+    """Under speaker focus, a neighbour shares its hit's lift whoever said it (True); by default
+    (False) every turn, hit or neighbour, is lifted only when a named speaker said it — the
+    turn before a named speaker's hit is usually the other speaker's, and lifting it spent the
+    budget on turns that are not about the person asked about."""
     rrf_k: float = 60.0
     """Reciprocal-rank-fusion constant when dense retrieval is on (60, as in Cormack et al.)."""
     batch: int = 2000
@@ -380,9 +385,10 @@ def focus_on_speakers(
 
     A question about one person ("What activities does Melanie partake in?") is answered
     by what that person said: when the message names some but not all of the speakers
-    among the candidate turns (``metadata["speaker"]``), a hit spoken by a named speaker
-    scores ``settings.speaker_focus`` times its score, and a neighbour keeps its share of
-    its hit's new score. Without speaker names, or when every speaker is named, the
+    among the candidate turns (``metadata["speaker"]``), a turn spoken by a named speaker
+    (hit or neighbour) scores ``settings.speaker_focus`` times its score; with
+    ``settings.focus_neighbours`` a neighbour instead keeps its share of its hit's new
+    score, whoever said it. Without speaker names, or when every speaker is named, the
     order is unchanged. Both index paths re-rank here, after reading the turns, so they
     stay identical.
     """
@@ -397,13 +403,14 @@ def focus_on_speakers(
     if not named or named == present:
         return hits
     factor = {
-        h.seq: settings.speaker_focus if speaker_of.get(h.seq) in named else 1.0
-        for h in hits if h.neighbour_of is None
+        seq: settings.speaker_focus if speaker in named else 1.0 for seq, speaker in speaker_of.items()
     }
-    focused = [
-        replace(h, score=h.score * factor.get(h.seq if h.neighbour_of is None else h.neighbour_of, 1.0))
-        for h in hits
-    ]
+
+    def lifted(hit: RecallHit) -> RecallHit:
+        by = hit.neighbour_of if settings.focus_neighbours and hit.neighbour_of is not None else hit.seq
+        return replace(hit, score=hit.score * factor.get(by, 1.0))
+
+    focused = [lifted(h) for h in hits]
     focused.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
     return focused
 
