@@ -64,10 +64,10 @@ def test_benchmark_module_measures_through_the_adapter(stem: str, tmp_path: Path
     bench = _load(monkeypatch, stem, f"bench_integration_{stem}")
     assert isinstance(bench.NAME, str) and bench.NAME
     data = _locomo(tmp_path)
-    result = bench.measure(data, 300, None)
+    result = bench.measure(data, 250, None)
     assert result["questions"] == 4  # categories 1-4 only
-    library = evaluate_locomo(data / "locomo" / "locomo_dev.json", [300], ["default"], progress=False)
-    row = library["table"]["default"]["300"]
+    library = evaluate_locomo(data / "locomo" / "locomo_dev.json", [250], ["default"], progress=False)
+    row = library["table"]["default"]["250"]
     assert row["questions"] == 4
     assert 0 < result["recall"] < 1  # the budget leaves some evidence out: a real comparison
     assert result["recall"] == pytest.approx(row["recall"], abs=1e-4)
