@@ -140,3 +140,13 @@ async def test_a_deeply_nested_body_is_refused_at_the_edge(app: Any) -> None:
     status, payload, read = await _call(app, body, {"Authorization": "Bearer good-key"})
     assert status == 400 and "nested deeper than 32" in json.loads(payload)["msg"]
     assert read == 1
+
+
+async def test_a_get_with_a_hostile_body_still_gets_the_page(tmp_path: Path) -> None:
+    # The page's file response reads the body only to wait for the disconnect while it sends:
+    # a GET's body is never checked, so nothing is raised after the response has started.
+    app = create_app(make_engine(), make_settings(tmp_path))
+    async with client_for(app) as client:
+        for body in ("[" * 500 + "]" * 500, json.dumps({str(i): i for i in range(20_000)})):
+            page = await client.request("GET", "/", content=body, headers={"content-type": "application/json"})
+            assert page.status_code == 200 and "<html" in page.text.lower()

@@ -102,11 +102,14 @@ class _EdgeMiddleware:
         shape = JsonShape()
         max_items = self.state.settings.max_json_items
         max_depth = self.state.settings.max_json_depth
+        checks_body = scope.get("method") in _BODY_METHODS
 
         async def limited_receive() -> Message:
             nonlocal received
             message = await receive()
-            if message["type"] == "http.request":
+            # Only methods that carry a body have it checked: a GET's route never reads one, and the
+            # page's file response reads only to wait for the disconnect, while it sends.
+            if message["type"] == "http.request" and checks_body:
                 chunk = message.get("body", b"")
                 received += len(chunk)
                 if received > limit:
