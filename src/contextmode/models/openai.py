@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -258,7 +258,7 @@ class OpenAIChatModel:
         """The gate this model's calls pass (shared by every model on the same endpoint in this
         event loop), or ``None`` when the endpoint has no known slot limit."""
         if self._slots is None:
-            info = self._server_info or await asyncio.to_thread(self.server_info)
+            info = self._server_info if self._server_info is not None else await asyncio.to_thread(self.server_info)
             self._slots = info.slots or 0
         return endpoint_gate(self.base_url or _OPENAI_ENDPOINT, self._slots)
 
@@ -381,7 +381,9 @@ class OpenAIChatModel:
             async for event in events:
                 yield event
 
-    async def _stream_in_slot(self, request: dict[str, Any], deadline: float | None) -> AsyncIterator[ModelEvent]:
+    async def _stream_in_slot(
+        self, request: dict[str, Any], deadline: float | None
+    ) -> AsyncGenerator[ModelEvent, None]:
         self.last_finish_reason = None
         try:
             async with asyncio.timeout_at(deadline):
