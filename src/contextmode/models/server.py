@@ -120,11 +120,8 @@ def probe_server(
             props = _get_json(client, f"{root}/props")
             if isinstance(props, dict) and ("default_generation_settings" in props or "n_ctx" in props):
                 kind, tokenize = "llamacpp", f"{root}/tokenize"
-                settings = props.get("default_generation_settings")
-                n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else _int(props.get("n_ctx"))
-                if n_ctx is not None:
-                    window, source = n_ctx, "/props n_ctx"
-                slots = _int(props.get("total_slots"))
+                window, slots = _from_props(props)
+                source = "/props n_ctx" if window is not None else None
             models_window, models_source, owner = _window_from_models(_get_json(client, f"{base}/models"), model)
             owned = owner in ("llamacpp", "me")
             if owned:
@@ -141,6 +138,13 @@ def probe_server(
     except Exception as exc:  # a probe is advice; the configured values stand
         logger.info("probing %s failed: %s", root, type(exc).__name__)
     return ServerInfo(kind=kind, context_window=window, window_source=source, tokenize_url=tokenize, slots=slots)
+
+
+def _from_props(props: dict[str, object]) -> tuple[int | None, int | None]:
+    """(window, slots) from llama.cpp's ``GET /props``: ``n_ctx`` and ``total_slots``."""
+    settings = props.get("default_generation_settings")
+    n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else _int(props.get("n_ctx"))
+    return n_ctx, _int(props.get("total_slots"))
 
 
 _OVERFLOW_WORDS = 262_144
