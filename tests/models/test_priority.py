@@ -18,7 +18,9 @@ from contextmode.jobs import JobRunner, JobSettings
 from contextmode.models import LLMSettings, OpenAIChatModel, OpenAIOptions
 from contextmode.models.priority import (
     CallPriority,
+    GateState,
     PriorityGate,
+    Replies,
     answering,
     call_priority,
     endpoint_gate,
@@ -51,14 +53,14 @@ async def test_a_reply_takes_the_next_slot_before_background_calls_that_waited_l
     async def call(name: str, priority: CallPriority) -> None:
         await gate.acquire(priority)
         order.append(name)
-        gate.release()
+        gate.release(priority)
 
     await gate.acquire("background")  # a background call is running
     waiting = [asyncio.create_task(call(f"job-{i}", "background")) for i in (1, 2)]
     await until(lambda: gate.state().background_waiting == 2)
     reply = asyncio.create_task(call("reply", "reply"))
     await until(lambda: gate.state().replies_waiting == 1)
-    gate.release()  # the running background call ends (it was not cut short)
+    gate.release("background")  # the running background call ends (it was not cut short)
     await asyncio.gather(reply, *waiting)
     assert order == ["reply", "job-1", "job-2"]
     assert gate.state().running == 0
@@ -72,12 +74,28 @@ async def test_background_calls_take_free_slots_but_never_one_a_reply_waits_for(
     await until(lambda: gate.state().replies_waiting == 1)
     late_job = asyncio.create_task(gate.acquire("background"))
     await until(lambda: gate.state().background_waiting == 1)
-    gate.release()
+    gate.release("background")
     await queued_reply
     assert not late_job.done() and gate.state().running == 2
-    gate.release()
+    gate.release("reply")
     await late_job
-    assert gate.state() == gate.state().__class__(slots=2, running=2, replies_waiting=0, background_waiting=0)
+    assert gate.state() == GateState(slots=2, running=2, replies_waiting=0, background_waiting=0)
+
+
+async def test_with_more_slots_a_turn_keeps_one_free_and_background_calls_use_the_rest() -> None:
+    replies = Replies()
+    gate = PriorityGate(3, replies=replies)
+    with replies.answering():  # a turn between two of its calls: one slot kept for it
+        await gate.acquire("background")
+        await gate.acquire("background")
+        third = asyncio.create_task(gate.acquire("background"))
+        await until(lambda: gate.state().background_waiting == 1)
+        await gate.acquire("reply")  # the turn's next call takes the kept slot at once
+        assert gate.state().running == 3
+        gate.release("reply")
+        assert not third.done()
+    await third  # the turn is over: nothing is kept
+    assert gate.state().running == 3
 
 
 async def test_a_background_call_waiting_too_long_gives_up_and_leaves_the_queue() -> None:
@@ -91,7 +109,7 @@ async def test_a_background_call_waiting_too_long_gives_up_and_leaves_the_queue(
     with pytest.raises(asyncio.CancelledError):
         await cancelled
     assert gate.state().background_waiting == 0
-    gate.release()
+    gate.release("reply")
     assert gate.state().running == 0  # nobody was handed the slot
 
 
@@ -103,7 +121,7 @@ async def test_background_calls_wait_while_a_turn_is_being_answered() -> None:
     async def call(name: str, priority: CallPriority) -> None:
         await gate.acquire(priority)
         order.append(name)
-        gate.release()
+        gate.release(priority)
 
     async def turn() -> AsyncIterator[str]:
         for step in ("detect", "rewrite", "reply"):

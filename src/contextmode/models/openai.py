@@ -270,15 +270,16 @@ class OpenAIChatModel:
         if gate is None:
             yield
             return
+        priority = call_priority()
         try:
             async with asyncio.timeout_at(deadline):
-                await gate.acquire(call_priority(), wait_s=self._background_wait)
+                await gate.acquire(priority, wait_s=self._background_wait)
         except TimeoutError:
             raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
         try:
             yield
         finally:
-            gate.release()
+            gate.release(priority)
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)

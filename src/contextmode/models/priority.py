@@ -9,7 +9,8 @@ queue here instead, in a `PriorityGate` per endpoint (and event loop), before an
 - a **reply** call (anything on the response path: the reply, detection, rewriting) takes a
   free slot at once, or waits for the next one behind earlier replies only;
 - a **background** call (anything a background job does, marked with `in_background`) takes a
-  slot only when one is free, no reply call is waiting and no turn is being answered. A background call already running is not cut short (see docs/models.md).
+  slot only when one is free, no reply call is waiting, and one slot stays free for each turn
+  being answered (on a one-slot server: no turn is being answered). A background call already running is not cut short (see docs/models.md).
   Waiting longer than ``wait_s`` it gives up with `ModelTimeout` (the job records it as a
   failed attempt, nothing is stored); cancelled (shutdown), it leaves the queue at once.
 
@@ -19,8 +20,8 @@ each job's coroutine in `in_background`, and every model call made inside it is 
 A turn makes several reply calls one after the other (detection, rewriting, the reply) with a
 free slot for a moment between them; a background call admitted there would hold up the rest
 of the turn. So the engine also runs each turn inside `answering` (from preparing it to the end
-of its reply): while any turn of the event loop is being answered, background calls wait on
-every gate of that loop. An endpoint with no known slot limit gets no gate (`endpoint_gate`
+of its reply): every gate of the event loop keeps one slot free for each turn being answered
+that has no reply call running, which background calls may not take. An endpoint with no known slot limit gets no gate (`endpoint_gate`
 returns ``None``) and nothing waits.
 """
 
@@ -89,8 +90,8 @@ class SlotGate(Protocol):
         """Wait for a slot; a ``background`` call waiting over ``wait_s`` seconds raises `ModelTimeout`."""
         ...
 
-    def release(self) -> None:
-        """Give back a slot taken by `acquire`."""
+    def release(self, priority: CallPriority) -> None:
+        """Give back a slot taken by `acquire` with ``priority``."""
         ...
 
     def state(self) -> GateState: ...
@@ -115,9 +116,8 @@ class Replies:
             yield
         finally:
             self.active -= 1
-            if not self.active:
-                for gate in list(self._gates):
-                    gate.hand_over()
+            for gate in list(self._gates):  # the slot kept for this turn is free again
+                gate.hand_over()
 
 
 class PriorityGate:
@@ -135,22 +135,31 @@ class PriorityGate:
         self.slots = slots
         self.replies = replies or Replies()
         self.replies.attach(self)
-        self._running = 0
+        self._running: dict[CallPriority, int] = {"reply": 0, "background": 0}
         self._waiting: dict[CallPriority, deque[asyncio.Future[None]]] = {"reply": deque(), "background": deque()}
 
     def state(self) -> GateState:
-        return GateState(slots=self.slots, running=self._running,
+        return GateState(slots=self.slots, running=sum(self._running.values()),
                          replies_waiting=_live(self._waiting["reply"]),
                          background_waiting=_live(self._waiting["background"]))
 
+    def _free(self, priority: CallPriority) -> bool:
+        """A slot is free for ``priority``: for a background call, one slot stays kept for each
+        turn being answered that has no reply call running (its next call is coming)."""
+        running = sum(self._running.values())
+        if priority == "reply":
+            return running < self.slots
+        kept = max(0, self.replies.active - self._running["reply"])
+        return running + kept < self.slots
+
     def _may_enter(self, priority: CallPriority) -> bool:
-        if self._running >= self.slots or _live(self._waiting["reply"]):
+        if not self._free(priority) or _live(self._waiting["reply"]):
             return False
-        return priority == "reply" or (not self.replies.active and not _live(self._waiting["background"]))
+        return priority == "reply" or not _live(self._waiting["background"])
 
     async def acquire(self, priority: CallPriority, *, wait_s: float | None = None) -> None:
         if self._may_enter(priority):
-            self._running += 1
+            self._running[priority] += 1
             return
         queue = self._waiting[priority]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -160,42 +169,41 @@ class PriorityGate:
             async with asyncio.timeout(limit):
                 await future
         except TimeoutError:
-            self._abandon(future, queue)
+            self._abandon(future, queue, priority)
             raise ModelTimeout(
                 f"a background model call gave up after waiting {limit:g} s for a free slot "
                 f"(the endpoint serves {self.slots} at a time and replies go first)"
             ) from None
         except BaseException:  # cancelled (shutdown, the job's own timeout): leave the queue
-            self._abandon(future, queue)
+            self._abandon(future, queue, priority)
             raise
 
-    def _abandon(self, future: asyncio.Future[None], queue: deque[asyncio.Future[None]]) -> None:
+    def _abandon(
+        self, future: asyncio.Future[None], queue: deque[asyncio.Future[None]], priority: CallPriority
+    ) -> None:
         if future.done() and not future.cancelled():
-            self.release()  # the slot was handed over as the wait ended: pass it on
+            self.release(priority)  # the slot was handed over as the wait ended: pass it on
             return
         future.cancel()
         with suppress(ValueError):
             queue.remove(future)
 
-    def release(self) -> None:
-        self._running -= 1
+    def release(self, priority: CallPriority) -> None:
+        self._running[priority] -= 1
         self.hand_over()
 
     def hand_over(self) -> None:
-        """Give free slots to the calls waiting that may have one now."""
-        while self._running < self.slots and (future := self._next_waiter()) is not None:
-            future.set_result(None)
-            self._running += 1
-
-    def _next_waiter(self) -> asyncio.Future[None] | None:
-        kinds: tuple[CallPriority, ...] = ("reply",) if self.replies.active else ("reply", "background")
+        """Give free slots to the calls waiting that may have one now, replies first."""
+        kinds: tuple[CallPriority, ...] = ("reply", "background")
         for priority in kinds:
             queue = self._waiting[priority]
-            while queue:
+            while queue and self._free(priority):
                 future = queue.popleft()
                 if not future.done():
-                    return future
-        return None
+                    future.set_result(None)
+                    self._running[priority] += 1
+            if _live(queue):
+                return  # a reply still waiting keeps the background calls waiting too
 
     def __repr__(self) -> str:
         return f"PriorityGate({self.state()})"
