@@ -9,11 +9,13 @@ a loopback port, ``--n_ctx 4096``. Each processor's model is wrapped in a record
 every call and counts its tokens with the engine's counter (the server's tokenizer). An English
 and a Chinese conversation (``testing.local_model.CONVERSATIONS``) run back to back, turns sent
 without waiting for the background jobs (as ``contextmode serve`` does); the jobs are drained at
-the end. Figures:
+the end. The server answers one request at a time; the model layer's gate (``models.priority``)
+sends replies before background jobs' calls, and a background call waiting longer than
+``CONTEXTMODE_LLM_BACKGROUND_WAIT_S`` gives up (a failed attempt of its job). Figures:
 
 - per processor: calls, jobs ``ok``/``rejected``/``failed`` (background jobs, from the session's
   job stats), ``fallback`` (response-path calls answered by the offline processor), prompt and
-  completion tokens per call (means), p50 latency of a call;
+  completion tokens per call (means), p50 latency of a call (its wait for a slot included);
 - ``ungrounded_pins``: pinned constraints with words the user never said (must be 0);
 - ``turns_answered``, ``turn_p50_s`` / ``turn_p99_s``: wall time of ``Engine.turn``.
 """
@@ -157,19 +159,25 @@ async def run(base_url: str, turns: int) -> dict[str, Any]:
         said = list(messages[:turns])
         for message in said:
             started = time.perf_counter()
+            outcome = "answered"
             try:
                 result = await engine.turn("local", session, message)
                 answered += bool(result.answer.strip())
+                outcome = "answered" if result.answer.strip() else "empty"
             except Exception as exc:
                 errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                outcome = errors[-1][:80]
             turn_seconds.append(time.perf_counter() - started)
-            print(f"[{language} {len(turn_seconds)}] {turn_seconds[-1]:.1f} s", file=sys.stderr, flush=True)
+            print(f"[{language} {len(turn_seconds)}] {turn_seconds[-1]:.1f} s {outcome} "
+                  f"(answered so far {answered}, load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
         await engine.drain()
         info = await engine.store.info("local", session)
         assert info is not None
         for name, stats in info.jobs.items():
             for outcome in ("ok", "rejected", "failed"):
                 jobs[name][outcome] += getattr(stats, outcome)
+            print(f"[{language} jobs] {name}: ok {stats.ok} rejected {stats.rejected} failed {stats.failed}; "
+                  f"last error {(stats.last_error or '-')[:120]}", file=sys.stderr, flush=True)
         state = await engine.store.load("local", session, recent=0)
         bad_pins += ungrounded_pins([{"key": c.key, "value": c.value, "quote": c.quote} for c in state.constraints], said)
     job_of = {"summarizer": "summary", "extractor": "constraints", "emotion": "emotion"}
@@ -195,6 +203,7 @@ async def run(base_url: str, turns: int) -> dict[str, Any]:
         "context_window": engine.settings.context_window,
         "counter": engine.counter.name,
         "counter_exact": engine.counter.exact,
+        "endpoint_slots": reply_model.server_info().slots if hasattr(reply_model, "server_info") else None,
         "processors": table,
         "ungrounded_pins": len(bad_pins),
         "ungrounded_examples": bad_pins[:5],

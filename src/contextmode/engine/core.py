@@ -21,6 +21,7 @@ from ..jobs import JobQueue, JobRunner, JobSettings
 from ..memory.budget import Budget
 from ..memory.strategies import Strategy
 from ..models.base import ChatModel
+from ..models.priority import answering
 from ..processors.base import (
     ConstraintExtractor,
     ContextDetector,
@@ -173,7 +174,7 @@ class Engine:
         when the stream broke or the client went away; a `ModelError` ends the
         stream with ``Failed`` after the partial answer is safe.
         """
-        return stream_turn(self, request)
+        return answering(stream_turn(self, request))
 
     def stream_agent(
         self, key: SessionKey, step: AgentRequest, *, mode: Mode | None = None,
@@ -183,7 +184,7 @@ class Engine:
         out), streamed like `stream`; see `contextmode.agent_turn`."""
         from ..agent_turn import stream_agent_turn
 
-        return stream_agent_turn(self, key, step, mode=mode, metadata=metadata, system_prompt=system_prompt)
+        return answering(stream_agent_turn(self, key, step, mode=mode, metadata=metadata, system_prompt=system_prompt))
 
     @overload
     async def turn(self, request: TurnRequest, /) -> TurnResult: ...

@@ -1,5 +1,7 @@
 """Step 4 of a turn: the background jobs it schedules (emotion, constraints, summary), and
-the jobs themselves. They run off the response path, on the engine's `JobQueue`."""
+the jobs themselves. They run off the response path, on the engine's `JobQueue`; every model
+call a job makes is a background call (`models.priority.in_background`): on an endpoint with
+few slots, replies go first."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..assembly.agent import as_sentence
 from ..errors import ConflictError
 from ..memory.strategies import get_strategy
+from ..models.priority import in_background
 from ..processors.base import ContextualEmotionScorer, PriorTurn
 from ..types import SessionKey, Summary, Turn, utc_now
 from .request import PreparedTurn
@@ -25,14 +28,15 @@ def schedule_jobs(engine: Engine, key: SessionKey, user_turn: Turn, prepared: Pr
     """Schedule the jobs a new user turn needs; returns their names."""
     tenant, session_id = key.tenant, key.session_id
     jobs = ["emotion", "constraints"]
-    engine.jobs.schedule(tenant, session_id, "emotion", lambda: _score_emotion(engine, key, user_turn))
-    engine.jobs.schedule(tenant, session_id, "constraints", lambda: _extract_constraints(engine, key, user_turn))
+    engine.jobs.schedule(tenant, session_id, "emotion", lambda: in_background(_score_emotion(engine, key, user_turn)))
+    engine.jobs.schedule(tenant, session_id, "constraints",
+                         lambda: in_background(_extract_constraints(engine, key, user_turn)))
     upto = _summary_due(engine, user_turn, prepared)
     if upto is not None:
         jobs.append("summary")
         engine.jobs.schedule(
             tenant, session_id, "summary",
-            lambda: summarize_now(engine, key, upto=upto or None),
+            lambda: in_background(summarize_now(engine, key, upto=upto or None)),
             coalesce=True,
         )
     return jobs

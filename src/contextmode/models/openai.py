@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
 from ..types import ChatMessage
 from .base import JsonSchema, ModelEvent, TextDelta, ToolCallDelta, ToolChoice, ToolSpec
+from .priority import SlotGate, call_priority, endpoint_gate
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
 
@@ -29,6 +31,7 @@ __all__ = ["ModelUsage", "OpenAIChatModel", "OpenAIOptions", "is_looping", "map_
 logger = logging.getLogger("contextmode.models.openai")
 
 _KEY_LIKE = re.compile(r"\b(sk|pk|key|api[-_]?key)-[A-Za-z0-9_\-]{8,}", re.I)
+_OPENAI_ENDPOINT = "https://api.openai.com/v1"
 _NO_KEY = "not-needed"  # local servers (Ollama, vLLM, llama.cpp) ignore the key but the client wants one
 
 
@@ -128,6 +131,11 @@ class OpenAIOptions:
     """Wall-clock seconds one call may take in all; ``None`` = none."""
     response_format: ResponseFormatMode = "auto"
     """Structured-output wire format; ``auto`` probes the server on first use."""
+    slots: int | None = None
+    """Requests the endpoint answers at once: ``None`` = as the server says (probed on first
+    use), ``0`` = no limit. With a limit, replies go before background calls (`models.priority`)."""
+    background_wait_s: float | None = 30.0
+    """Seconds a background call waits for a free slot before it gives up; ``None`` = no limit."""
     server_info: ServerInfo | None = None
     """What the server is, when known: skips the probe."""
     client: AsyncOpenAI | None = None
@@ -149,6 +157,10 @@ class OpenAIChatModel:
     format (``response_format``): ``json_schema`` for OpenAI and vLLM,
     ``json_object`` with a ``schema`` for llama.cpp, found by `probe_server`
     on first use (``auto``), and adapted once if the server refuses it.
+
+    On an endpoint with a slot limit (``slots``, or the server's, see `ServerInfo.slots`) every
+    call first takes a slot from the endpoint's `PriorityGate`: replies before the calls of
+    background jobs (`models.priority`).
     """
 
     def __init__(
@@ -172,6 +184,7 @@ class OpenAIChatModel:
         self.last_finish_reason: str | None = None
         """How the most recent stream ended (``stop``, ``length``…; racy under concurrency)."""
         self._format: ResponseFormatMode = options.response_format
+        self._slots, self._background_wait = options.slots, options.background_wait_s
         self._server_info = options.server_info
         self._extra_headers = dict(options.extra_headers)
         self.temperature = options.temperature
@@ -225,6 +238,8 @@ class OpenAIChatModel:
                 reply_max_tokens=settings.reply_max_tokens,
                 deadline=settings.deadline,
                 response_format=settings.response_format,
+                slots=settings.slots,
+                background_wait_s=settings.background_wait_s,
                 client=client,
             ),
         )
@@ -238,6 +253,33 @@ class OpenAIChatModel:
         if self._server_info is None:
             self._server_info = probe_server(self.base_url, self.name, headers=self._extra_headers)
         return self._server_info
+
+    async def slot_gate(self) -> SlotGate | None:
+        """The gate this model's calls pass (shared by every model on the same endpoint in this
+        event loop), or ``None`` when the endpoint has no known slot limit."""
+        if self._slots is None:
+            info = self._server_info if self._server_info is not None else await asyncio.to_thread(self.server_info)
+            self._slots = info.slots or 0
+        return endpoint_gate(self.base_url or _OPENAI_ENDPOINT, self._slots)
+
+    @asynccontextmanager
+    async def _slot(self, deadline: float | None) -> AsyncIterator[None]:
+        """Hold one of the endpoint's slots (replies first, see `models.priority`) while a call
+        runs; a reply's wait counts in its deadline."""
+        gate = await self.slot_gate()
+        if gate is None:
+            yield
+            return
+        priority = call_priority()
+        try:
+            async with asyncio.timeout_at(deadline):
+                await gate.acquire(priority, wait_s=self._background_wait)
+        except TimeoutError:
+            raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
+        try:
+            yield
+        finally:
+            gate.release(priority)
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)
@@ -291,8 +333,10 @@ class OpenAIChatModel:
             # even after the client gave up; a stream stops when its connection closes, so a
             # call abandoned at its timeout frees the server for the next one.
             return "".join([e.text async for e in self._stream_request(request) if e.kind == "text"])
+        loop = asyncio.get_running_loop()
+        deadline = None if self.deadline is None else loop.time() + self.deadline
         try:
-            async with asyncio.timeout(self.deadline):
+            async with self._slot(deadline), asyncio.timeout_at(deadline):
                 completion = await self._create(request, stream=False)
         except TimeoutError:
             raise ModelTimeout(f"the model did not answer within the {self.deadline} s deadline") from None
@@ -333,6 +377,14 @@ class OpenAIChatModel:
     async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[ModelEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
+        async with self._slot(deadline), aclosing(self._stream_in_slot(request, deadline)) as events:
+            # closed before the slot is given back: the server stops an abandoned stream
+            async for event in events:
+                yield event
+
+    async def _stream_in_slot(
+        self, request: dict[str, Any], deadline: float | None
+    ) -> AsyncGenerator[ModelEvent, None]:
         self.last_finish_reason = None
         try:
             async with asyncio.timeout_at(deadline):

@@ -11,7 +11,9 @@ no known window. Read, in this order:
 - llama-cpp-python reports its window only when a prompt overflows it: one far larger than
   any local window is sent to ``/v1/completions`` and the 400's number is read;
 - a tokenizer endpoint: ``POST {root}/tokenize`` (llama.cpp) or
-  ``POST {base}/../extras/tokenize`` (llama-cpp-python).
+  ``POST {base}/../extras/tokenize`` (llama-cpp-python);
+- the parallel slots: ``total_slots`` in ``/props`` (llama.cpp); llama-cpp-python (no
+  ``/props``, ``owned_by: me``) serves one request at a time (see `models.priority`).
 
 The kind decides the structured-output wire format (`ResponseFormatMode`):
 llama.cpp servers take ``{"type": "json_object", "schema": …}`` and refuse
@@ -53,6 +55,9 @@ class ServerInfo:
     """Where ``context_window`` was read (``/props n_ctx``, ``/v1/models max_model_len``…)."""
     tokenize_url: str | None = None
     """An endpoint counting tokens with the served model's own tokenizer, if any."""
+    slots: int | None = None
+    """Requests the server answers at once, when known: llama.cpp's ``/props total_slots``;
+    1 for llama-cpp-python (it serves one request at a time). ``None`` = no known limit."""
 
     @property
     def response_format(self) -> Literal["json_schema", "json_object"]:
@@ -70,25 +75,26 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _window_from_models(body: object, model: str | None) -> tuple[int | None, str | None, bool]:
-    """(window, source, llama.cpp-owned) from a ``/v1/models`` body."""
+def _window_from_models(body: object, model: str | None) -> tuple[int | None, str | None, str | None]:
+    """(window, source, ``owned_by``) from a ``/v1/models`` body."""
     entries = body.get("data") if isinstance(body, dict) else None
     if not isinstance(entries, list):
-        return None, None, False
+        return None, None, None
     chosen = [e for e in entries if isinstance(e, dict) and e.get("id") == model] or [
         e for e in entries if isinstance(e, dict)
     ]
     if not chosen:
-        return None, None, False
+        return None, None, None
     entry = chosen[0]
-    llamacpp = entry.get("owned_by") in ("llamacpp", "me")
+    owner = entry.get("owned_by")
+    owner = owner if isinstance(owner, str) else None
     raw_meta = entry.get("meta")
     meta: dict[str, object] = raw_meta if isinstance(raw_meta, dict) else {}
     for key, where in (("max_model_len", entry), ("context_length", entry), ("context_window", entry),
                        ("n_ctx", meta), ("n_ctx_train", meta)):
         if (value := _int(where.get(key))) is not None:
-            return value, f"/v1/models {key}", llamacpp
-    return None, None, llamacpp
+            return value, f"/v1/models {key}", owner
+    return None, None, owner
 
 
 def probe_server(
@@ -108,21 +114,22 @@ def probe_server(
         return ServerInfo()
     root, base = server_root(base_url), base_url.rstrip("/")
     kind: ServerKind = "openai"
-    window, source, tokenize = None, None, None
+    window, source, tokenize, slots = None, None, None, None
     try:
         with httpx.Client(timeout=timeout, headers=dict(headers or {})) as client:
             props = _get_json(client, f"{root}/props")
             if isinstance(props, dict) and ("default_generation_settings" in props or "n_ctx" in props):
                 kind, tokenize = "llamacpp", f"{root}/tokenize"
-                settings = props.get("default_generation_settings")
-                n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else _int(props.get("n_ctx"))
-                if n_ctx is not None:
-                    window, source = n_ctx, "/props n_ctx"
-            models_window, models_source, owned = _window_from_models(_get_json(client, f"{base}/models"), model)
+                window, slots = _from_props(props)
+                source = "/props n_ctx" if window is not None else None
+            models_window, models_source, owner = _window_from_models(_get_json(client, f"{base}/models"), model)
+            owned = owner in ("llamacpp", "me")
             if owned:
                 kind = "llamacpp"
             if window is None and models_window is not None:
                 window, source = models_window, models_source
+            if slots is None and owner == "me":
+                slots = 1  # llama-cpp-python: one request at a time, under one lock
             if tokenize is None and owned and _tokenizes(client, f"{root}/extras/tokenize", model):
                 tokenize = f"{root}/extras/tokenize"
             if window is None and owned:
@@ -130,7 +137,14 @@ def probe_server(
                 source = "context_length_exceeded" if window else None
     except Exception as exc:  # a probe is advice; the configured values stand
         logger.info("probing %s failed: %s", root, type(exc).__name__)
-    return ServerInfo(kind=kind, context_window=window, window_source=source, tokenize_url=tokenize)
+    return ServerInfo(kind=kind, context_window=window, window_source=source, tokenize_url=tokenize, slots=slots)
+
+
+def _from_props(props: dict[str, object]) -> tuple[int | None, int | None]:
+    """(window, slots) from llama.cpp's ``GET /props``: ``n_ctx`` and ``total_slots``."""
+    settings = props.get("default_generation_settings")
+    n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else _int(props.get("n_ctx"))
+    return n_ctx, _int(props.get("total_slots"))
 
 
 _OVERFLOW_WORDS = 262_144

@@ -11,6 +11,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..settings import env_int
 
 __all__ = [
     "ALLOW_MODEL_REQUESTS_ENV",
@@ -39,7 +40,8 @@ class LLMSettings:
     ``CONTEXTMODE_LLM_MODEL``, ``CONTEXTMODE_LLM_TIMEOUT`` (seconds),
     ``CONTEXTMODE_LLM_MAX_RETRIES``, ``CONTEXTMODE_LLM_TEMPERATURE`` and
     ``CONTEXTMODE_LLM_EXTRA_HEADERS`` (a JSON object), ``CONTEXTMODE_LLM_REPLY_MAX_TOKENS``,
-    ``CONTEXTMODE_LLM_DEADLINE_S`` and ``CONTEXTMODE_LLM_RESPONSE_FORMAT``.
+    ``CONTEXTMODE_LLM_DEADLINE_S``, ``CONTEXTMODE_LLM_RESPONSE_FORMAT``, ``CONTEXTMODE_LLM_SLOTS``
+    and ``CONTEXTMODE_LLM_BACKGROUND_WAIT_S``.
     """
 
     base_url: str | None = None
@@ -63,6 +65,13 @@ class LLMSettings:
     keeping what arrived (``0`` in the env = none)."""
     response_format: ResponseFormatMode = "auto"
     """Structured-output wire format for processors that expect JSON."""
+    slots: int | None = None
+    """Requests the endpoint answers at once: ``None`` = as the server says (llama.cpp's
+    ``total_slots``, 1 for llama-cpp-python, else no limit); ``0`` = no limit. With a limit,
+    replies go before background jobs' calls (`models.priority`)."""
+    background_wait_s: float | None = 30.0
+    """Seconds a background job's call waits for a free slot before it gives up (``0`` in the
+    env = no limit; the job's own timeout still applies)."""
 
     @property
     def configured(self) -> bool:
@@ -108,6 +117,7 @@ class LLMSettings:
             raise ConfigError(
                 "CONTEXTMODE_LLM_REPLY_MAX_TOKENS must be an integer >= 0 and CONTEXTMODE_LLM_DEADLINE_S >= 0"
             )
+        slots, background_wait = _gate_settings(env)
         fmt = (text("RESPONSE_FORMAT") or "auto").lower()
         if fmt not in _FORMATS:
             raise ConfigError(f"CONTEXTMODE_LLM_RESPONSE_FORMAT must be one of {', '.join(_FORMATS)}, got {fmt!r}")
@@ -122,7 +132,20 @@ class LLMSettings:
             reply_max_tokens=int(reply_cap) or None,
             deadline=float(deadline) or None,
             response_format=fmt,
+            slots=slots,
+            background_wait_s=background_wait,
         )
+
+
+def _gate_settings(env: Mapping[str, str]) -> tuple[int | None, float | None]:
+    """``slots`` and ``background_wait_s`` from ``CONTEXTMODE_LLM_SLOTS`` / ``…_BACKGROUND_WAIT_S``."""
+    raw_slots = env.get("CONTEXTMODE_LLM_SLOTS", "").strip()
+    slots = env_int(env, "CONTEXTMODE_LLM_SLOTS", 0) if raw_slots else None
+    wait = _number(env.get("CONTEXTMODE_LLM_BACKGROUND_WAIT_S", "").strip() or None,
+                   "CONTEXTMODE_LLM_BACKGROUND_WAIT_S", 30.0)
+    if wait < 0:
+        raise ConfigError("CONTEXTMODE_LLM_BACKGROUND_WAIT_S must be >= 0")
+    return slots, float(wait) or None
 
 
 def _number(raw: str | None, name: str, default: float) -> float:

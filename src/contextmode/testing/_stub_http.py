@@ -143,7 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
             model = {"id": self.stub.model, "object": "model", "created": 0, "owned_by": owner}
             self._send_json(200, {"object": "list", "data": [model]})
         elif path == "/props" and llamacpp:
-            self._send_json(200, {"default_generation_settings": {"n_ctx": llamacpp}})
+            props: dict[str, object] = {"default_generation_settings": {"n_ctx": llamacpp}}
+            if self.stub.llamacpp_slots is not None:
+                props["total_slots"] = self.stub.llamacpp_slots
+            self._send_json(200, props)
         elif path == "/_stub/requests":
             self._send_json(200, [asdict(r) for r in self.stub.requests])
         else:

@@ -76,6 +76,9 @@ class StubOptions:
     """Makes the random failures repeatable."""
     record: bool = True
     """Keep every request (off for long load tests)."""
+    llamacpp_slots: int | None = None
+    """With ``llamacpp_window``: the ``total_slots`` its ``GET /props`` reports (the stub itself
+    answers any number of requests at once)."""
 
 
 class StubServer:
@@ -108,6 +111,7 @@ class StubServer:
         self.error_rate = options.error_rate
         self.record = options.record
         self.llamacpp_window = llamacpp_window
+        self.llamacpp_slots = options.llamacpp_slots
         """When set, the stub acts as llama.cpp's server: ``GET /props`` reports this ``n_ctx``,
         ``POST /tokenize`` counts tokens, ``/v1/models`` says ``owned_by: llamacpp`` and a
         ``json_schema`` response format is refused with 400."""
