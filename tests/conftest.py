@@ -12,3 +12,12 @@ pytest_plugins = ["pytester", "contextmode.testing.ci"]
 os.environ.setdefault("CONTEXTMODE_ALLOW_MODEL_REQUESTS", "0")
 # Never write to the developer's ~/.contextmode from a test.
 os.environ.setdefault("CONTEXTMODE_HOME", tempfile.mkdtemp(prefix="contextmode-test-home-"))
+
+# Property tests check behaviour, not speed: on a loaded 2-core machine Hypothesis's own
+# timing checks (a per-example deadline, "too slow" input generation) would fail at random.
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "contextmode", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("contextmode")
