@@ -270,3 +270,33 @@ def test_a_busy_tokenizer_falls_back_to_the_estimate_and_says_so() -> None:
         requests = len(server.requests)
         live.count("hello world")
         assert len(server.requests) == requests  # cached
+
+
+class _HalfCounter(CharTokenCounter):
+    """An estimate that counts Chinese at half its size (as an estimate fitted to other tokenizers may)."""
+
+    name = "half-chinese"
+
+    def count(self, text: str) -> int:
+        full = super().count(text)
+        return full // 2 if any("\u4e00" <= ch <= "\u9fff" for ch in text) else full
+
+
+def test_the_fallback_is_scaled_by_what_the_server_counted() -> None:
+    from contextmode.models.server import ServerTokenCounter
+
+    server = StubServer(llamacpp_window=2048)
+    with server as url:
+        counter = ServerTokenCounter(url.removesuffix("/v1") + "/tokenize", fallback=_HalfCounter(), timeout=0.5)
+        assert counter.count("预算两百以内，对海鲜过敏") == 12 and counter.exact
+        assert counter.count("we can spend thirty dollars per person") == 7
+    assert counter.fallback_ratio("不要辣") == 2.0  # the server counted twice the estimate
+    assert counter.fallback_ratio("no spicy food") == 1.0  # English was counted right
+    # The server no longer answers: the estimate counts, scaled by what the server said of that kind of text.
+    counter.url = "http://127.0.0.1:9/tokenize"
+    assert counter.count("我们下周去杭州玩三天") == 10 and not counter.exact
+    assert counter.count("three days in the mountains") == 5
+    # An estimate that overcounts is not scaled down (a count too small overflows the window).
+    over = ServerTokenCounter("http://127.0.0.1:9/tokenize", fallback=CharTokenCounter(), timeout=0.2)
+    over._calibrate("我们下周去杭州玩三天", 5)
+    assert over.fallback_ratio("我们") == 1.0

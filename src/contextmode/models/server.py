@@ -26,6 +26,7 @@ the project has no local tokenizer for; wrap it in `tokens.CachedCounter`.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections import OrderedDict
@@ -33,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from ..text.lang import is_chinese
 from ..tokens.base import TokenCounter
 from .settings import ResponseFormatMode, check_model_request_allowed
 
@@ -204,7 +206,16 @@ class ServerTokenCounter:
     generating may not answer in time (llama-cpp-python tokenizes under the same lock as
     generation): then ``fallback`` counts for ``pause_s`` seconds, ``exact`` is False
     meanwhile (each context reports it), and the server is asked again after that.
+
+    The fallback is calibrated against the server: every exact count is compared with the
+    fallback's count of the same text, separately for Chinese and other text, and a fallback
+    count is scaled by the largest ratio seen (never below 1). An estimate fitted to other
+    tokenizers can count a small model's Chinese at half its real size; scaled, a context
+    counted while the server is busy still fits the window.
     """
+
+    calibration_min_tokens = 4
+    """Texts shorter than this (by the fallback) say too little about the ratio to count."""
 
     message_overhead = 4
     """ChatML (SmolLM2, Qwen): ``<|im_start|>role\\n`` … ``<|im_end|>\\n``."""
@@ -225,7 +236,21 @@ class ServerTokenCounter:
         """False while the fallback counts (the server did not answer in time)."""
         self._cache: OrderedDict[str, int] = OrderedDict()
         self._cache_size = cache_size
+        self._ratio = {True: 1.0, False: 1.0}
+        """Largest server/fallback count ratio seen, for Chinese (True) and other text."""
 
+    def fallback_ratio(self, text: str) -> float:
+        """What a fallback count of ``text`` is multiplied by (1.0 until the server was seen)."""
+        return self._ratio[is_chinese(text)]
+
+    def _estimate(self, text: str) -> int:
+        return math.ceil(self.fallback.count(text) * self.fallback_ratio(text))
+
+    def _calibrate(self, text: str, exact: int) -> None:
+        estimate = self.fallback.count(text)
+        if estimate >= self.calibration_min_tokens:
+            chinese = is_chinese(text)
+            self._ratio[chinese] = max(self._ratio[chinese], exact / estimate)
 
     def count(self, text: str) -> int:
         if not text:
@@ -235,7 +260,7 @@ class ServerTokenCounter:
             return cached
         if not self.exact:
             if time.monotonic() < self._paused_until:
-                return self.fallback.count(text)
+                return self._estimate(text)
             self.exact = True
         body: dict[str, object] = (
             {"content": text, "add_special": False} if self._llamacpp_native else {"input": text, "model": self.model}
@@ -250,7 +275,8 @@ class ServerTokenCounter:
             self._paused_until, self.exact = time.monotonic() + self.pause_s, False
             logger.warning("the server's tokenizer at %s failed (%s); counting with %s for %.0f s",
                            self.url, type(exc).__name__, self.fallback.name, self.pause_s)
-            return self.fallback.count(text)
+            return self._estimate(text)
+        self._calibrate(text, len(tokens))
         self._cache[text] = len(tokens)
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
