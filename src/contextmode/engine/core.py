@@ -30,7 +30,7 @@ from ..processors.base import (
     Summarizer,
 )
 from ..settings import EngineSettings, Mode
-from ..store.base import Store, TraceRecords, keeps_traces, load_trace
+from ..store.base import Store, StoreAbility, TraceRecords, keeps_traces, load_trace
 from ..tokens.base import TokenCounter
 from ..trace import TurnTrace
 from ..types import SessionKey, SessionState, Summary, Turn
@@ -78,7 +78,7 @@ class Engine:
         self.trace_writes = TraceWrites()
         """Each exchange's trace write, started as the reply goes out (`trace`, `drain` and
         `close` wait for them)."""
-        self._keeper: tuple[object, TraceRecords | None] = (store, store if keeps_traces(store) else None)
+        self._keeper = StoreAbility(keeps_traces, store)
         """The store, and itself when it keeps traces: decided once per store, not per turn."""
 
     # -- the processors, by name (a new one replaces the `Processors` value) --
@@ -264,10 +264,7 @@ class Engine:
         ``settings.trace_keep`` is not 0; else ``None``."""
         if not self.settings.trace_keep:
             return None
-        store, keeper = self._keeper
-        if store is not self.store:  # the store was swapped: decide again
-            self._keeper = store, keeper = self.store, self.store if keeps_traces(self.store) else None
-        return keeper
+        return self._keeper.of(self.store)
 
     async def settle_writes(self, tenant: str, session_id: str) -> None:
         """Wait until the session's traces still being written are stored (they are

@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TypeGuard
 
 from ..errors import LockNotAcquired
-from ..store.base import LockHandle, Store, TurnLocks
+from ..store.base import LockHandle, Store, StoreAbility, TurnLocks
 
 __all__ = ["SessionBusy", "SessionGate"]
 
@@ -39,8 +40,7 @@ class SessionGate:
         self.ttl_s = ttl_s
         self._local: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
         self._orphans: dict[tuple[str, str], LockHandle] = {}
-        self._locks: tuple[Store, TurnLocks | None] = (store, _turn_locks(store))
-        """The store, and itself when it has `TurnLocks`: decided once, not per turn."""
+        self._locks = StoreAbility(has_turn_locks, store)
 
     @asynccontextmanager
     async def hold(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -68,9 +68,7 @@ class SessionGate:
 
     @asynccontextmanager
     async def _store_lock(self, tenant: str, session_id: str, deadline: float) -> AsyncIterator[None]:
-        store, locks = self._locks
-        if store is not self.store:  # the store was swapped: decide again
-            self._locks = store, locks = self.store, _turn_locks(self.store)
+        locks = self._locks.of(self.store)
         if locks is None:
             yield
             return
@@ -108,8 +106,9 @@ class SessionGate:
                 self._orphans[(tenant, session_id)] = handle
 
 
-def _turn_locks(store: Store) -> TurnLocks | None:
-    return store if isinstance(store, TurnLocks) else None
+def has_turn_locks(store: object) -> TypeGuard[TurnLocks]:
+    """True when ``store`` holds the second, per-turn session lock (`TurnLocks`)."""
+    return isinstance(store, TurnLocks)
 
 
 def _busy(session_id: str) -> str:

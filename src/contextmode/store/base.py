@@ -26,11 +26,11 @@ abilities in `store.lifecycle`, docs/lifecycle.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, Self, TypeGuard, runtime_checkable
+from typing import Generic, Protocol, Self, TypeGuard, TypeVar, runtime_checkable
 
 from ..errors import SessionNotFound, TurnNotFound
 from ..trace import TurnTrace
@@ -48,6 +48,7 @@ __all__ = [
     "SessionInfo",
     "SessionVersion",
     "Store",
+    "StoreAbility",
     "TraceRecords",
     "TurnLocks",
     "TurnLog",
@@ -352,6 +353,26 @@ class TraceRecords(Protocol):
 def keeps_traces(store: object) -> TypeGuard[TraceRecords]:
     """True when ``store`` keeps per-turn traces (all shipped backends do)."""
     return isinstance(store, TraceRecords)
+
+
+_Ability = TypeVar("_Ability")
+
+
+class StoreAbility(Generic[_Ability]):
+    """An optional ability of a store, checked once per store object rather than per turn
+    (a runtime Protocol check costs tens of microseconds); a store swapped later is checked
+    again."""
+
+    def __init__(self, check: Callable[[object], TypeGuard[_Ability]], store: object) -> None:
+        self._check = check
+        self._store = store
+        self._ability: _Ability | None = store if check(store) else None
+
+    def of(self, store: object) -> _Ability | None:
+        """``store`` as the ability, or ``None`` when it lacks it."""
+        if store is not self._store:
+            self._store, self._ability = store, store if self._check(store) else None
+        return self._ability
 
 
 async def load_trace(store: Store, tenant: str, session_id: str, turn: int) -> TurnTrace:
