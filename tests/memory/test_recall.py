@@ -12,7 +12,7 @@ import pytest
 
 from contextmode.memory import get_strategy
 from contextmode.memory.recall import HybridRecall, Recaller, RecallSettings, recall_query
-from contextmode.memory.recall.dense import DenseIndex, rrf_fuse
+from contextmode.memory.recall.dense import DenseIndex, convex_fuse, rrf_fuse
 from contextmode.memory.recall.index import BM25Index, BM25Params, turn_text
 from contextmode.memory.recall.text import analyze, stem
 from contextmode.store.memory import MemoryStore
@@ -278,6 +278,53 @@ async def test_recaller_with_embedder_fuses_both_rankings() -> None:
     recaller = Recaller(RecallSettings(neighbours=False), embedder=_HashEmbedder())
     recalled = await recaller.recall(store, state, "guitar")
     assert recalled and "guitar" in recalled[0].content
+
+
+def test_convex_fuse_keeps_how_far_ahead_a_bm25_hit_is() -> None:
+    # BM25: turn 1 far ahead of 2 and 3; dense: 1 is the least similar, 9 (no BM25 match) the most.
+    lexical = [(1, 10.0), (2, 1.0), (3, 0.9)]
+    seqs = np.array([1, 2, 3, 9])
+    sims = np.array([0.1, 0.5, 0.6, 0.9], dtype=np.float32)
+    fused = convex_fuse(lexical, seqs, sims, weight=0.3, k=4)
+    # 1: 0.7·1 + 0.3·0; 9: 0.3·1; 3: 0.7·0.09 + 0.3·0.625; 2: 0.7·0.1 + 0.3·0.5
+    assert [seq for seq, _ in fused] == [1, 9, 3, 2]
+    assert fused[0][1] == pytest.approx(0.7) and fused[2][1] == pytest.approx(0.2505)
+    # Ranks alone (RRF) let a turn BM25 ranks third overtake its clear winner.
+    assert rrf_fuse([[1, 2, 3], [9, 3, 2, 4, 5, 6, 7, 1]])[0][0] == 3
+    assert convex_fuse(lexical, seqs, sims, weight=0.3, k=2) == fused[:2]
+    assert convex_fuse([], seqs, sims, weight=0.3, k=1)[0][0] == 9
+    nothing_embedded = convex_fuse(lexical, np.array([], dtype=np.int64), np.array([], dtype=np.float32), weight=0.3, k=3)
+    assert [seq for seq, _ in nothing_embedded] == [1, 2, 3]
+    only_bm25 = convex_fuse(lexical, seqs, sims, weight=0.0, k=3)
+    assert [seq for seq, _ in only_bm25] == [1, 2, 3]
+    assert [score for _, score in only_bm25] == pytest.approx([1.0, 0.1, 0.09])
+
+
+class _EnglishOnlyEmbedder(_HashEmbedder):
+    """Cosines that favour the newest turns whatever the text: what an English model gives Chinese."""
+
+    english_only = True
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            out[row, 0] = 1.0
+            out[row, 1] = float(len(text) % 7)
+            out[row] /= np.linalg.norm(out[row])
+        return out
+
+
+async def test_an_english_only_embedder_leaves_a_chinese_message_to_bm25() -> None:
+    contents = [f"第{i}天我们聊了{'咖啡' if i == 5 else '天气'}和音乐" for i in range(40)]
+    plain, fused = MemoryStore(), MemoryStore()
+    state = await _session(plain, contents)
+    await _session(fused, contents)
+    bm25 = await Recaller(RecallSettings(neighbours=False)).recall(plain, state, "咖啡")
+    dense = Recaller(RecallSettings(neighbours=False), embedder=_EnglishOnlyEmbedder())
+    both = await dense.recall(fused, state, "咖啡")
+    assert [t.seq for t in both] == [t.seq for t in bm25] and "咖啡" in both[0].content
+    english = await dense.recall(fused, state, "coffee")
+    assert english  # an English message still goes through the dense ranking
 
 
 # -- the strategy ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Optional dense retrieval for recall: sentence embeddings, fused with BM25 by RRF.
+"""Optional dense retrieval for recall: sentence embeddings, fused with BM25.
 
 Lexical matching misses paraphrases ("destress" vs "pottery is like therapy");
 a small sentence-embedding model finds them. Nothing is downloaded at run
@@ -9,6 +9,16 @@ or from a local directory given by ``CONTEXTMODE_EMBEDDING_MODEL``.
 `DenseIndex` keeps one unit vector per turn in a matrix that grows by doubling,
 so adding a turn costs one embedding plus an O(1) row copy; a search is one
 matrix-vector product over the session's turns.
+
+Fusion (`convex_fuse`, the default): a convex combination of the two scores, BM25
+divided by the best BM25 score and cosine min-max scaled over the candidates, dense
+weighing ``RecallSettings.dense_weight``; it keeps how much better one hit is than
+the next, which reciprocal rank fusion (`rrf_fuse`, still available) throws away
+(Bruch et al., "An Analysis of Fusion Functions for Hybrid Retrieval", 2023). On
+LoCoMo dev RRF gained open-domain questions and lost as many single-hop ones;
+the convex combination gains both (docs/quality.md). An English-only embedder
+(`MiniLMEmbedder`, `EnglishOnly`) is not asked about a Chinese message: BM25 ranks
+it alone.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from ...types import Turn
 from .index import turn_text
 from .text import indexed
 
-__all__ = ["DenseIndex", "Embedder", "MiniLMEmbedder", "rrf_fuse"]
+__all__ = ["DenseIndex", "Embedder", "EnglishOnly", "MiniLMEmbedder", "convex_fuse", "english_only", "rrf_fuse"]
 
 ENV_MODEL = "CONTEXTMODE_EMBEDDING_MODEL"
 
@@ -41,10 +51,26 @@ class Embedder(Protocol):
         ...
 
 
+@runtime_checkable
+class EnglishOnly(Protocol):
+    """An embedder that says whether it only knows English (its cosines mean nothing for
+    Chinese: recall then ranks a Chinese message by BM25 alone)."""
+
+    english_only: bool
+
+
+def english_only(embedder: Embedder) -> bool:
+    """True when ``embedder`` declares itself English-only."""
+    return isinstance(embedder, EnglishOnly) and embedder.english_only
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 through sentence-transformers, from local files only."""
 
     dim = 384
+    english_only = True
+    """all-MiniLM-L6-v2 was trained on English pairs; a model given by directory may not be
+    (set ``english_only=False`` on the instance for a multilingual one)."""
 
     def __init__(
         self, model_dir: str | None = None, *, batch_size: int = 64, threads: int | None = 1
@@ -125,18 +151,28 @@ class DenseIndex:
         self._seqs[self._size : needed] = [t.seq for t in fresh]
         self._size = needed
 
+    def similarities(
+        self, query: str, *, exclude_from_seq: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every indexed turn below ``exclude_from_seq``: ``(seqs, cosines)``, seq ascending
+        (one query embedding, one matrix-vector product)."""
+        seqs = self._seqs[: self._size]
+        end = self._size if exclude_from_seq is None else int(np.searchsorted(seqs, exclude_from_seq))
+        if end == 0:
+            return seqs[:0], np.zeros(0, dtype=np.float32)
+        q = self.embedder.embed([query])[0]
+        return seqs[:end], self._vectors[:end] @ q
+
     def search(
         self, query: str, *, k: int, exclude_from_seq: int | None = None
     ) -> list[tuple[int, float]]:
         """The ``k`` turns most similar to ``query``: ``(seq, cosine)``, best first."""
         if self._size == 0 or k <= 0:
             return []
-        seqs = self._seqs[: self._size]
-        end = self._size if exclude_from_seq is None else int(np.searchsorted(seqs, exclude_from_seq))
+        seqs, sims = self.similarities(query, exclude_from_seq=exclude_from_seq)
+        end = len(seqs)
         if end == 0:
             return []
-        q = self.embedder.embed([query])[0]
-        sims = self._vectors[:end] @ q
         top = np.argpartition(-sims, k - 1)[:k] if end > k else np.arange(end)
         order = sorted(top.tolist(), key=lambda i: (-float(sims[i]), -int(seqs[i])))
         return [(int(seqs[i]), float(sims[i])) for i in order]
@@ -149,3 +185,30 @@ def rrf_fuse(rankings: Sequence[Sequence[int]], *, k: float = 60.0) -> list[tupl
         for rank, seq in enumerate(ranking, start=1):
             scores[seq] = scores.get(seq, 0.0) + 1.0 / (k + rank)
     return sorted(scores.items(), key=lambda item: (-item[1], -item[0]))
+
+
+def convex_fuse(
+    lexical: Sequence[tuple[int, float]], seqs: np.ndarray, sims: np.ndarray, *, weight: float, k: int
+) -> list[tuple[int, float]]:
+    """The ``k`` best of BM25's hits and the ``k`` turns most similar by cosine, scored
+    ``(1 − weight) · bm25 / best bm25 + weight · (cos − min) / (max − min)`` (min and max
+    over those candidates; a turn BM25 did not find counts 0 there), best first, on
+    equal scores the newer turn first. ``seqs``/``sims``: `DenseIndex.similarities`."""
+    if k <= 0:
+        return []
+    top = np.argpartition(-sims, k - 1)[:k] if len(sims) > k else np.arange(len(sims))
+    bm25 = dict(lexical)
+    pool = np.array(sorted(set(bm25) | set(seqs[top].tolist())), dtype=np.int64)
+    if not len(pool):
+        return []
+    # The cosine of each candidate (seqs ascending); a seq without an embedding counts 0.
+    at = np.minimum(np.searchsorted(seqs, pool), max(len(seqs) - 1, 0))
+    known = (seqs[at] == pool) if len(seqs) else np.zeros(len(pool), dtype=bool)
+    cosine = np.where(known, sims[at] if len(sims) else 0.0, 0.0).astype(np.float64)
+    low, spread = float(cosine.min()), float(cosine.max() - cosine.min()) or 1.0
+    best = max(bm25.values(), default=0.0) or 1.0
+    fused = {
+        seq: (1.0 - weight) * bm25.get(seq, 0.0) / best + weight * (float(cos) - low) / spread
+        for seq, cos in zip(pool.tolist(), cosine.tolist(), strict=True)
+    }
+    return sorted(fused.items(), key=lambda item: (-item[1], -item[0]))[:k]
