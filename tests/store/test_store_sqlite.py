@@ -270,3 +270,19 @@ async def test_a_store_used_from_another_thread_sends_its_calls_to_the_private_t
         assert await asyncio.to_thread(elsewhere) == 2
         assert len(hops.calls) == 1
         assert (await store.load("t", "s")).last_seq == 2 and len(hops.calls) == 1
+
+
+async def test_the_loops_writes_are_checkpointed_by_the_private_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextmode.store import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "_QUICK_CHECKPOINT_EVERY", 2)
+    path = tmp_path / "wal.db"
+    async with SQLiteStore(path) as store:
+        await store.append("t", "s", new_turns(1))
+        hops = _Hops(store)
+        for seq in range(2, 6):
+            await store.append("t", "s", new_turns(1, start=seq))
+        assert [getattr(fn, "__name__", "") for fn in hops.calls] == ["_passive_checkpoint"] * 2
+        assert [t.seq for t in await store.turns("t", "s")] == [1, 2, 3, 4, 5]

@@ -6,7 +6,8 @@ queue on SQLite's own lock (with a busy timeout) instead of failing on a
 read-to-write upgrade. Job locks are a table with an expiry time in the same file.
 
 The few small statements of a turn's reply path (the session's turn lock, its
-load, the two appends, idempotency records) first try a second connection on the
+load, the two appends, the trace write just after the reply, idempotency
+records) first try a second connection on the
 event loop's own thread (`_run_quick`): it has no busy timeout and never
 checkpoints, so it never waits. If the file is locked by any writer (this
 process's thread or another process) the call goes to the private thread and
@@ -17,6 +18,7 @@ statements on a loaded host; big reads and background writes stay on the thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
 import threading
@@ -230,7 +232,8 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         if writes:
             self._quick_writes += 1
             if self._quick_writes % _QUICK_CHECKPOINT_EVERY == 0:
-                await self._run(_passive_checkpoint)
+                with contextlib.suppress(StoreError):  # the write is committed; the WAL can wait
+                    await self._run(_passive_checkpoint)
         return result
 
     async def close(self) -> None:
