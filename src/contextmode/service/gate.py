@@ -51,9 +51,7 @@ class SessionGate:
         self._local[key] = (lock, users + 1)
         try:
             try:
-                # A free lock is taken at once: no task, no turn of the event loop (as `wait_for` costs).
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic()) or 0.001):
-                    await lock.acquire()
+                await asyncio.wait_for(lock.acquire(), max(0.0, deadline - time.monotonic()) or 0.001)
             except TimeoutError:
                 raise SessionBusy(_busy(session_id)) from None
             try:
