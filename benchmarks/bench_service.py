@@ -25,6 +25,11 @@ o200k token counter, ``sliding_summary``.
   with the per-turn trace kept (the shipped default); ``--compare-untraced``
   adds ``overhead_ms_p50_untraced``, the same figure with traces off (an
   eval-only switch), so the trace write's own cost shows.
+- ``server_cpu_ms_p50``: the server process's CPU time (``time.process_time``, all
+  its threads) from a turn's request received to its headers sent: robust to a
+  loaded machine, where wall times wait for a core. ``server_cpu_ms_per_turn_back_to_back``
+  is the server's whole CPU over the back-to-back run (turns, their background jobs
+  and trace writes) divided by its turns.
 - ``ttft_ratio_summary_due``: median time to first token (client side: request
   sent → first ``delta`` event) of streamed turns after which a summary is due
   (the ``done`` event lists a ``summary`` job; the summariser is a stub that
@@ -164,6 +169,32 @@ def _engine(kind: str, home: Path) -> Engine:
     )
 
 
+def _cpu_clocked(app: Any) -> Any:
+    """The app, with an ``x-bench-cpu-ms`` header (process CPU from request to headers) on
+    every response and ``GET /__bench/cpu`` (the process's CPU seconds so far)."""
+
+    async def clocked(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if scope["path"] == "/__bench/cpu":
+            body = json.dumps({"cpu_s": time.process_time()}).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        started = time.process_time()
+
+        async def timed_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                cpu = f"{(time.process_time() - started) * 1000:.3f}".encode()
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-bench-cpu-ms", cpu)]}
+            await send(message)
+
+        await app(scope, receive, timed_send)
+
+    return clocked
+
+
 def serve(kind: str) -> None:
     """Child process: serve the app on a free loopback port and print it."""
     import logging
@@ -178,7 +209,7 @@ def serve(kind: str) -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     print(f"PORT {sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(app, log_level="warning", http="httptools", access_log=False)
+    config = uvicorn.Config(_cpu_clocked(app), log_level="warning", http="httptools", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -232,10 +263,14 @@ def bench_overhead(sessions: int, turns: int, *, idle: bool, kind: str = "overhe
     prepare: list[float] = []
     model_ms: list[float] = []
     server_ms: list[float] = []
+    cpu_ms: list[float] = []
+    cpu_total = 0.0
     try:
         with httpx.Client(base_url=server.url, timeout=30) as client:
             for s in range(sessions + 1):
                 session = f"bench-{s}"
+                if s == 1:
+                    cpu_total = -client.get("/__bench/cpu").json()["cpu_s"]
                 for t in range(turns):
                     body = {"message": QUESTIONS[t % len(QUESTIONS)]}
                     started = time.perf_counter()
@@ -250,11 +285,15 @@ def bench_overhead(sessions: int, turns: int, *, idle: bool, kind: str = "overhe
                         continue  # warm-up session
                     walls.append(wall)
                     server_ms.append(float(r.headers["server-timing"].split("dur=")[1]))
+                    cpu_ms.append(float(r.headers["x-bench-cpu-ms"]))
                     # The model answers with two constant chunks: its own time is ~0. The
                     # engine's model_ms also covers storing the answer, so it is not subtracted.
                     overhead.append(wall)
                     model_ms.append(data["model_ms"])
                     prepare.append(data["context"]["prepare_ms"])
+            for s in range(1, sessions + 1):  # the last turns' background jobs are part of the cost
+                _idle(client, f"bench-{s}")
+            cpu_total += client.get("/__bench/cpu").json()["cpu_s"]
     finally:
         server.stop()
     return {
@@ -263,6 +302,8 @@ def bench_overhead(sessions: int, turns: int, *, idle: bool, kind: str = "overhe
         "engine_model_ms_p50": round(statistics.median(model_ms), 3),
         "server_p50": round(statistics.median(server_ms), 3),
         "prepare_p50": round(statistics.median(prepare), 3),
+        "cpu_p50": round(statistics.median(cpu_ms), 3),
+        "cpu_per_turn": round(cpu_total * 1000 / len(overhead), 3),
         "turns": len(overhead),
     }
 
@@ -335,21 +376,27 @@ def main() -> None:
         "overhead_turns": idle["turns"],
         "overhead_ms_p50_back_to_back": busy["p50"],
         "overhead_ms_p90_back_to_back": busy["p90"],
+        "server_cpu_ms_p50": idle["cpu_p50"],
+        "server_cpu_ms_per_turn_back_to_back": busy["cpu_per_turn"],
     }
     print(
         f"overhead per turn, jobs idle between turns: p50 {idle['p50']} ms, p90 {idle['p90']} ms "
         f"(server-side p50 {idle['server_p50']} ms, engine's model_ms p50 {idle['engine_model_ms_p50']} ms, "
-        f"engine prepare p50 {idle['prepare_p50']} ms, {idle['turns']} turns)"
+        f"engine prepare p50 {idle['prepare_p50']} ms, server CPU p50 {idle['cpu_p50']} ms, {idle['turns']} turns)"
     )
     print(
         f"overhead per turn, back to back (background jobs share the loop): p50 {busy['p50']} ms, "
-        f"p90 {busy['p90']} ms"
+        f"p90 {busy['p90']} ms; server CPU {busy['cpu_per_turn']} ms per turn with its jobs and trace"
     )
     if args.compare_untraced:
         untraced = bench_overhead(sessions, 10, idle=True, kind="overhead-untraced")
         result["overhead_ms_p50_untraced"] = untraced["p50"]
+        result["server_cpu_ms_p50_untraced"] = untraced["cpu_p50"]
         result["untraced"] = "eval-only switch: trace_keep=0, for the trace write's cost only"
-        print(f"overhead per turn with traces off (eval-only switch): p50 {untraced['p50']} ms")
+        print(
+            f"overhead per turn with traces off (eval-only switch): p50 {untraced['p50']} ms, "
+            f"server CPU p50 {untraced['cpu_p50']} ms"
+        )
     result |= bench_ttft(sessions, 8)
     print(
         f"TTFT p50: {result['ttft_ms_p50_summary_due']} ms with a summary due "

@@ -9,13 +9,19 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from contextmode.errors import LockNotAcquired, StoreError
 from contextmode.store._sqlite_schema import MIGRATIONS
 from contextmode.store.sqlite import SQLiteStore
+from contextmode.testing.contract import new_turns
+
+T = TypeVar("T")
 
 WRITER = textwrap.dedent(
     """
@@ -184,3 +190,99 @@ async def test_load_reads_through_indexes(tmp_path: Path) -> None:
         ]
     assert all("SCAN" not in plan for plan in plans), plans
     assert "turn_emotions_strength" in plans[0]
+
+
+class _Hops:
+    """Counts the calls a store sends to its private thread."""
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self.calls: list[object] = []
+        self._real = store._run
+        store._run = self._run  # type: ignore[method-assign]
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        self.calls.append(fn)
+        return await self._real(fn, *args)
+
+
+async def test_a_turns_store_calls_need_no_thread_hand_off_when_the_file_is_free(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "quick.db") as store:
+        await store.append("t", "s", new_turns(1))  # opens and migrates the file on the thread
+        hops = _Hops(store)
+        async with store.turn_lock("t", "s"):
+            state = await store.load("t", "s")
+            await store.append("t", "s", new_turns(1, start=2))
+            await store.append("t", "s", new_turns(1, start=3))
+        claimed = await store.claim_idempotency("t", "k", "f", session_id="s", lease_s=60)
+        await store.finish_idempotency("t", "k", status=200, response="{}", ttl_s=60)
+        assert hops.calls == []
+        assert state.last_seq == 1 and claimed is None
+        assert [t.seq for t in await store.turns("t", "s")] == [1, 2, 3]
+        with pytest.raises(LockNotAcquired):  # the lock taken on the loop was released there
+            async with store.turn_lock("t", "s"), store.turn_lock("t", "s"):
+                pass
+
+
+async def test_a_locked_file_sends_the_write_to_the_thread_and_the_loop_keeps_running(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    async with SQLiteStore(path, busy_timeout_s=10) as store:
+        await store.append("t", "s", new_turns(1))
+        hops = _Hops(store)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # another process's writer holds the file
+        try:
+            state = await store.load("t", "s")  # WAL: a read does not wait for the writer
+            assert state.last_seq == 1 and hops.calls == []
+            write = asyncio.create_task(store.append("t", "s", new_turns(1, start=2)))
+            started = time.monotonic()
+            for _ in range(10):
+                await asyncio.sleep(0.01)
+            assert time.monotonic() - started < 5  # the loop never waited for the lock
+            assert not write.done() and len(hops.calls) == 1  # the write waits on the thread
+        finally:
+            other.execute("COMMIT")
+            other.close()
+        stored = await asyncio.wait_for(write, 10)
+        assert [t.seq for t in stored] == [2]
+        assert [t.seq for t in await store.turns("t", "s")] == [1, 2]
+
+
+@pytest.mark.parametrize("where", [":memory:", "full"])
+async def test_a_memory_file_or_full_sync_keeps_every_call_on_the_thread(tmp_path: Path, where: str) -> None:
+    store = SQLiteStore(":memory:") if where == ":memory:" else SQLiteStore(tmp_path / "f.db", synchronous="FULL")
+    async with store:
+        await store.append("t", "s", new_turns(1))
+        hops = _Hops(store)
+        await store.append("t", "s", new_turns(1, start=2))
+        assert (await store.load("t", "s")).last_seq == 2  # a second ":memory:" connection would see nothing
+        assert len(hops.calls) == 2
+
+
+async def test_a_store_used_from_another_thread_sends_its_calls_to_the_private_thread(tmp_path: Path) -> None:
+    async with SQLiteStore(tmp_path / "threads.db") as store:
+        await store.append("t", "s", new_turns(1))
+        await store.load("t", "s")  # the loop's connection now belongs to this thread
+        hops = _Hops(store)
+
+        def elsewhere() -> int:
+            return asyncio.run(store.append("t", "s", new_turns(1, start=2)))[0].seq
+
+        assert await asyncio.to_thread(elsewhere) == 2
+        assert len(hops.calls) == 1
+        assert (await store.load("t", "s")).last_seq == 2 and len(hops.calls) == 1
+
+
+async def test_the_loops_writes_are_checkpointed_by_the_private_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextmode.store import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "_QUICK_CHECKPOINT_EVERY", 2)
+    path = tmp_path / "wal.db"
+    async with SQLiteStore(path) as store:
+        await store.append("t", "s", new_turns(1))
+        hops = _Hops(store)
+        for seq in range(2, 6):
+            await store.append("t", "s", new_turns(1, start=seq))
+        assert [getattr(fn, "__name__", "") for fn in hops.calls] == ["_passive_checkpoint"] * 2
+        assert [t.seq for t in await store.turns("t", "s")] == [1, 2, 3, 4, 5]

@@ -74,6 +74,8 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
 
 
 def _log_turn(prepared: PreparedTurn, user_turn: Turn, answer: Answer, jobs: list[str]) -> None:
+    if not log.isEnabledFor(logging.INFO):  # the line and its fields are not built for nothing
+        return
     ctx = prepared.context
     ttft = answer.ttft_ms
     rewritten = bool(prepared.rewrite and prepared.rewrite.changed)

@@ -1,17 +1,27 @@
 """The SQLite store: the embedded default, one file under ``CONTEXTMODE_HOME``.
 
-Stdlib `sqlite3` runs on one private thread per store (the event loop never
-blocks on disk). The file is in WAL mode; every write is a ``BEGIN IMMEDIATE``
-transaction, so writers from many processes queue on SQLite's own lock (with a
-busy timeout) instead of failing on a read-to-write upgrade. Job locks are a
-table with an expiry time in the same file.
+Stdlib `sqlite3` runs on one private thread per store. The file is in WAL mode;
+every write is a ``BEGIN IMMEDIATE`` transaction, so writers from many processes
+queue on SQLite's own lock (with a busy timeout) instead of failing on a
+read-to-write upgrade. Job locks are a table with an expiry time in the same file.
+
+The few small statements of a turn's reply path (the session's turn lock, its
+load, the two appends, the trace write just after the reply, idempotency
+records) first try a second connection on the
+event loop's own thread (`_run_quick`): it has no busy timeout and never
+checkpoints, so it never waits. If the file is locked by any writer (this
+process's thread or another process) the call goes to the private thread and
+waits there as every call does. A thread hand-off costs more than these
+statements on a loaded host; big reads and background writes stay on the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -63,6 +73,21 @@ _TURN_SELECT = (
 )
 
 
+_QUICK_CHECKPOINT_EVERY = 500
+"""The loop's connection never checkpoints; after this many of its writes the private
+thread runs a passive checkpoint (its own writes also do, past 1000 WAL pages)."""
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """The file is locked by another connection (``SQLITE_BUSY``/``SQLITE_LOCKED``, any variant)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _passive_checkpoint(db: Db) -> None:
+    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+
+
 def _turn(row: Sequence[Any]) -> Turn:
     return Turn(
         seq=row[0],
@@ -107,6 +132,12 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         self._closed = False
         # One thread owns the connection: calls are serialised without a lock.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="contextmode-sqlite")
+        # The event loop's own connection (`_run_quick`): only for a file (a second
+        # connection to ":memory:" would be another database) and without fsync at commit.
+        self._quick_ok = self.path not in ("", ":memory:") and self._synchronous in {"OFF", "NORMAL"}
+        self._quick: Db | None = None
+        self._quick_thread = 0
+        self._quick_writes = 0
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -142,6 +173,69 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
 
+    def _quick_db(self) -> Db | None:
+        """The calling thread's quick connection, opened on first use; ``None`` when calls
+        must go to the private thread (memory database, FULL sync, another thread, not
+        yet migrated by the private thread, or the file refused a second connection)."""
+        if not self._quick_ok or self._db is None:
+            return None
+        if self._quick is not None:
+            return self._quick if self._quick_thread == threading.get_ident() else None
+        try:
+            db = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error:
+            self._quick_ok = False
+            return None
+        try:
+            # No busy handler (timeout 0): a locked file answers at once. Never checkpoint
+            # here (that can fsync): the private thread does (`_QUICK_CHECKPOINT_EVERY`).
+            db.execute("PRAGMA secure_delete=ON")
+            db.execute(f"PRAGMA synchronous={self._synchronous}")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            wal = str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal"
+        except sqlite3.Error as exc:
+            db.close()
+            self._quick_ok = self._quick_ok and _busy(exc)  # locked now: try again next call
+            return None
+        if not wal:  # outside WAL mode readers block writers and commits fsync: thread only
+            db.close()
+            self._quick_ok = False
+            return None
+        self._quick, self._quick_thread = db, threading.get_ident()
+        return db
+
+    def _drop_quick(self) -> None:
+        """Close the quick connection (it could not end a transaction); the next call opens another."""
+        if self._quick is not None:
+            self._quick.close()
+            self._quick = None
+
+    async def _run_quick(self, fn: Callable[..., T], *args: Any, writes: bool = False) -> T:
+        """`_run` for a small statement of the reply path: on the event loop's connection when
+        the file is free (no thread hand-off), else on the private thread, waiting there."""
+        if self._closed:
+            raise StoreError(f"SQLite store {self.path!r} is closed")
+        db = self._quick_db()
+        if db is None:
+            return await self._run(fn, *args)
+        try:
+            result = fn(db, *args)
+        except sqlite3.Error as exc:
+            if db.in_transaction:  # `admin.write`/`read` end theirs; a bare statement has none
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    self._drop_quick()
+            if not _busy(exc):
+                raise StoreError(f"SQLite store {self.path!r} failed: {exc}") from exc
+            return await self._run(fn, *args)  # locked: wait for the writer on the thread
+        if writes:
+            self._quick_writes += 1
+            if self._quick_writes % _QUICK_CHECKPOINT_EVERY == 0:
+                with contextlib.suppress(StoreError):  # the write is committed; the WAL can wait
+                    await self._run(_passive_checkpoint)
+        return result
+
     async def close(self) -> None:
         def _close(db: Db) -> None:
             db.close()
@@ -149,6 +243,7 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
 
         if self._closed:
             return
+        self._drop_quick()
         if self._db is not None:
             await self._run(_close)
         self._closed = True
@@ -237,7 +332,7 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
             postings.index_turns(db, key, numbered, last, analyzed)  # same transaction as the turns
             return last, numbered
 
-        _, numbered = await self._run(lambda db: admin.write(db, lambda: body(db)))
+        _, numbered = await self._run_quick(lambda db: admin.write(db, lambda: body(db)), writes=True)
         return numbered
 
     async def load(
@@ -287,7 +382,7 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
                 updated_at=from_micros(row[2]),
             )
 
-        return await self._run(lambda db: admin.read(db, lambda: body(db)))
+        return await self._run_quick(lambda db: admin.read(db, lambda: body(db)))
 
     async def turns(
         self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
@@ -335,7 +430,7 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
                 emotions_version=row[3], created_at=from_micros(row[4]),
             )
 
-        return await self._run(body)
+        return await self._run_quick(body)
 
     # -- derived records --------------------------------------------------------
 
@@ -449,7 +544,9 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         older_than: datetime | None = None,
     ) -> None:
         cutoff = None if older_than is None else to_micros(older_than)
-        await self._run(traces.put_trace, check_ids(tenant, session_id), trace, keep, cutoff)
+        # Written just after the reply: on the loop's connection when the file is free, so the
+        # session's next turn does not find it locked by the private thread.
+        await self._run_quick(traces.put_trace, check_ids(tenant, session_id), trace, keep, cutoff, writes=True)
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
         return await self._run(traces.get_trace, check_ids(tenant, session_id), turn)
@@ -486,11 +583,11 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
 
     @asynccontextmanager
     async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
-        token = await self._run(admin.acquire_lock, key, ttl_s)
+        token = await self._run_quick(admin.acquire_lock, key, ttl_s, writes=True)
         try:
             yield LockHandle(key=key, token=token)
         finally:
-            await self._run(admin.release_lock, key, token)
+            await self._run_quick(admin.release_lock, key, token, writes=True)
 
     def lock(
         self, tenant: str, session_id: str, *, ttl_s: float = 60.0
@@ -505,7 +602,7 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
 
     async def release_turn_lock(self, handle: LockHandle) -> None:
-        await self._run(admin.release_lock, handle.key, handle.token)
+        await self._run_quick(admin.release_lock, handle.key, handle.token, writes=True)
 
     # -- idempotency records ----------------------------------------------------
 
@@ -513,12 +610,14 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
         tenant, session_id = check_ids(tenant, session_id)
-        return await self._run(admin.claim_idempotency, tenant, key, fingerprint, session_id, lease_s)
+        return await self._run_quick(
+            admin.claim_idempotency, tenant, key, fingerprint, session_id, lease_s, writes=True
+        )
 
     async def finish_idempotency(
         self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
     ) -> None:
-        await self._run(admin.finish_idempotency, tenant, key, status, response, ttl_s)
+        await self._run_quick(admin.finish_idempotency, tenant, key, status, response, ttl_s, writes=True)
 
     async def release_idempotency(self, tenant: str, key: str) -> None:
-        await self._run(admin.release_idempotency, tenant, key)
+        await self._run_quick(admin.release_idempotency, tenant, key, writes=True)
