@@ -125,3 +125,37 @@ async def test_put_trace_in_one_statement_keeps_what_the_three_statements_kept(s
                 assert kept["new"] == kept["old"], f"step {step}: turn {turn} keep {keep} older {older}"
     finally:
         await store.close()
+
+
+async def test_job_outcomes_in_one_write_count_as_one_at_a_time(schema: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from contextmode.store.base import JobOutcome
+    from contextmode.store.postgres import PostgresStore
+    from contextmode.testing.contract import new_turns
+
+    store = PostgresStore(DSN, schema=schema, max_size=2)
+    at = datetime(2026, 5, 1, tzinfo=UTC)
+    outcomes = [
+        JobOutcome(job="emotion", ok=True, finished_at=at),
+        JobOutcome(job="constraints", ok=False, error="empty quote", rejected=True, finished_at=at),
+        JobOutcome(job="summary", ok=False, error="timeout", finished_at=at + timedelta(seconds=1)),
+        JobOutcome(job="constraints", ok=False, error="bad json", finished_at=at + timedelta(seconds=2)),
+        JobOutcome(job="summary", ok=True, finished_at=at + timedelta(seconds=3)),
+    ]
+    try:
+        await store.append("t", "batch", new_turns(2))
+        await store.record_jobs("t", "batch", outcomes[:1])
+        await store.record_jobs("t", "batch", outcomes)
+        await store.record_jobs("t", "nobody", outcomes)  # unknown session: ignored
+        info = await store.info("t", "batch")
+        assert info is not None
+        stats = {name: (s.ok, s.failed, s.rejected, s.last_error, s.last_run) for name, s in info.jobs.items()}
+        assert stats == {
+            "emotion": (2, 0, 0, None, at),
+            "constraints": (0, 1, 1, "bad json", at + timedelta(seconds=2)),
+            "summary": (1, 1, 0, None, at + timedelta(seconds=3)),
+        }
+        assert await store.info("t", "nobody") is None
+    finally:
+        await store.close()

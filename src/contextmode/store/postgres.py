@@ -44,7 +44,15 @@ from ._codec import metadata_json as _meta
 from ._driver_errors import asyncpg_errors
 from ._pg_lifecycle import PostgresLifecycle, erase
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
-from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import (
+    ClosesOnExit,
+    IdempotencyRecord,
+    JobOutcome,
+    JobStats,
+    LockHandle,
+    SessionInfo,
+    SessionVersion,
+)
 from .lifecycle import SQL_SESSION_TABLES
 from .postings import IndexStats, analyze_texts
 
@@ -442,17 +450,33 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
         rejected: bool = False,
     ) -> None:
+        await self.record_jobs(
+            tenant, session_id, [JobOutcome(job=job, ok=ok, error=error, rejected=rejected, finished_at=utc_now())]
+        )
+
+    async def record_jobs(self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome]) -> None:
         key = check_ids(tenant, session_id)
+        if not outcomes:
+            return
+        # One row per job name (a statement may change a row only once): counts summed, the
+        # last outcome's error and time, as the outcomes one after the other would leave them.
+        rows: dict[str, list[Any]] = {}
+        for o in outcomes:
+            row = rows.setdefault(o.job, [0, 0, 0, None, None])
+            row[0] += int(o.ok)
+            row[1] += int(not o.ok and not o.rejected)
+            row[2] += int(not o.ok and o.rejected)
+            row[3], row[4] = (None if o.ok else o.error), _aware(o.finished_at)
         async with self._db() as db:
             await db.execute(
                 "INSERT INTO jobs (tenant, session_id, job, ok, failed, rejected, last_error, last_run)"
-                " SELECT $1, $2, $3, $4, $5, $6, $7, $8"
+                " SELECT $1, $2, u.j, u.o, u.f, u.r, u.e, u.t FROM unnest($3::text[], $4::int[], $5::int[],"
+                " $6::int[], $7::text[], $8::timestamptz[]) AS u(j, o, f, r, e, t)"
                 " WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = $1 AND session_id = $2)"
                 " ON CONFLICT (tenant, session_id, job) DO UPDATE SET ok = jobs.ok + EXCLUDED.ok,"
                 " failed = jobs.failed + EXCLUDED.failed, rejected = jobs.rejected + EXCLUDED.rejected,"
                 " last_error = EXCLUDED.last_error, last_run = EXCLUDED.last_run",
-                *key, job, int(ok), int(not ok and not rejected), int(not ok and rejected),
-                None if ok else error, utc_now(),
+                *key, list(rows), *([r[i] for r in rows.values()] for i in range(5)),
             )
 
     # -- administration ---------------------------------------------------------
