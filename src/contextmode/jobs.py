@@ -124,6 +124,8 @@ class _SessionQueue:
     task: asyncio.Task[None] | None = None
     lock: AbstractAsyncContextManager[LockHandle] | None = None
     """The store's session lock, kept from one job to the next while more are waiting."""
+    handle: LockHandle | None = None
+    """``lock``'s handle (a store with `JobOutcomes` releases it with the burst's outcomes)."""
     lock_fits_until: float = 0.0
     """Monotonic time up to which another attempt (``timeout_s``) still ends inside the lock's ttl."""
     outcomes: list[JobOutcome] = field(default_factory=list)
@@ -302,8 +304,8 @@ class JobRunner:
         except BaseException:
             await self._unlock(queue)
             raise
-        if not queue.waiting:
-            await self._unlock(queue)
+        if not queue.waiting and self._batches.of(self.store) is None:
+            await self._unlock(queue)  # else released with the burst's outcomes (`_count`)
 
     async def _lock(self, key: tuple[str, str], queue: _SessionQueue) -> None:
         """Hold the session lock in ``queue.lock`` (kept, or taken anew); `_LockBusy` if another
@@ -318,12 +320,12 @@ class JobRunner:
             taken = time.monotonic()  # before asking: the lock expires no sooner than taken + ttl
             held = self.store.lock(*key, ttl_s=settings.lock_ttl_s)
             try:
-                await held.__aenter__()
+                handle = await held.__aenter__()
             except LockNotAcquired:
                 if attempt < settings.lock_attempts:
                     await self._sleep(self._delay(attempt))
                 continue
-            queue.lock = held
+            queue.lock, queue.handle = held, handle
             queue.lock_fits_until = (
                 taken + settings.lock_ttl_s - settings.timeout_s if settings.timeout_s is not None else 0.0
             )
@@ -332,7 +334,7 @@ class JobRunner:
 
     @staticmethod
     async def _unlock(queue: _SessionQueue) -> None:
-        held, queue.lock = queue.lock, None
+        held, queue.lock, queue.handle = queue.lock, None, None
         if held is not None:
             await held.__aexit__(None, None, None)
 
@@ -366,12 +368,20 @@ class JobRunner:
             log.warning("could not record job %s for %s/%s: %s", name, *key, exc)
 
     async def _count(self, key: tuple[str, str], queue: _SessionQueue) -> None:
-        """Count the session's uncounted outcomes in one write (best effort, like `_record`)."""
+        """Count the session's uncounted outcomes in one write (best effort, like `_record`);
+        when no job waits, the session lock is released in that same write."""
         outcomes, queue.outcomes = queue.outcomes, []
         batches = self._batches.of(self.store)
-        if not outcomes or batches is None:
+        if batches is None:
             return
-        try:
-            await batches.record_jobs(*key, outcomes)
-        except Exception as exc:
-            log.warning("could not record jobs %s for %s/%s: %s", ",".join(o.job for o in outcomes), *key, exc)
+        release = queue.handle if not queue.waiting else None
+        if outcomes or release is not None:
+            try:
+                await batches.record_jobs(*key, outcomes, release=release)
+            except Exception as exc:
+                log.warning("could not record jobs %s for %s/%s: %s", ",".join(o.job for o in outcomes), *key, exc)
+        if release is not None:
+            try:
+                await self._unlock(queue)  # the store released it already: no second write
+            except Exception as exc:  # the job is done; the lock expires after its ttl
+                log.warning("could not release the job lock of %s/%s: %s", *key, exc)

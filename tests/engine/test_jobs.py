@@ -358,9 +358,13 @@ class _BatchingStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.writes: list[list[tuple[str, bool]]] = []
+        self.releases: list[LockHandle | None] = []
 
-    async def record_jobs(self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome]) -> None:
+    async def record_jobs(
+        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+    ) -> None:
         self.writes.append([(o.job, o.ok) for o in outcomes])
+        self.releases.append(release)
         for o in outcomes:
             await self.record_job(tenant, session_id, o.job, ok=o.ok, error=o.error, rejected=o.rejected)
 
@@ -386,6 +390,7 @@ async def test_a_burst_of_jobs_is_counted_in_one_write_when_it_ends() -> None:
     await runner.drain()
     assert done == ["emotion", "constraints", "summary"]
     assert store.writes == [[("emotion", True), ("constraints", False), ("summary", True)]]
+    assert [r is not None for r in store.releases] == [True]  # the session lock goes with them
     info = await store.info("t", "s")
     assert info is not None
     assert (info.jobs["emotion"].ok, info.jobs["summary"].ok) == (1, 1)

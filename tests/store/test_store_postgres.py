@@ -157,5 +157,12 @@ async def test_job_outcomes_in_one_write_count_as_one_at_a_time(schema: str) -> 
             "summary": (1, 1, 0, None, at + timedelta(seconds=3)),
         }
         assert await store.info("t", "nobody") is None
+        # With a held job lock: released in the same write; leaving its context writes nothing.
+        async with store.lock("t", "batch") as held:
+            await store.record_jobs("t", "batch", [], release=held)
+            async with store.lock("t", "batch") as second:  # free at once
+                assert second.token > held.token
+        async with store.lock("t", "batch"):
+            pass
     finally:
         await store.close()

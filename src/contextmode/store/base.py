@@ -238,8 +238,12 @@ class JobOutcomes(Protocol):
     """Optional: several job outcomes of one session counted in one write (the job runner
     counts a burst of jobs at once on a store that has it; PostgreSQL does)."""
 
-    async def record_jobs(self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome]) -> None:
-        """`DerivedRecords.record_job` for each outcome, in order, in one write."""
+    async def record_jobs(
+        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+    ) -> None:
+        """`DerivedRecords.record_job` for each outcome, in order, in one write; with ``release``
+        (a job lock of this store) that lock is released (fencing-checked) in the same write, and
+        leaving its context then writes nothing more."""
         ...
 
 

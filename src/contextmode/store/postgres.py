@@ -236,6 +236,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self._min_size, self._max_size = min_size, max_size
         self._pool: Any = None
         self._opening = asyncio.Lock()
+        self._released: set[tuple[str, int]] = set()
+        """Job locks `record_jobs` released; their context's exit has nothing left to do."""
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -454,10 +456,10 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             tenant, session_id, [JobOutcome(job=job, ok=ok, error=error, rejected=rejected, finished_at=utc_now())]
         )
 
-    async def record_jobs(self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome]) -> None:
+    async def record_jobs(
+        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+    ) -> None:
         key = check_ids(tenant, session_id)
-        if not outcomes:
-            return
         # One row per job name (a statement may change a row only once): counts summed, the
         # last outcome's error and time, as the outcomes one after the other would leave them.
         rows: dict[str, list[Any]] = {}
@@ -467,9 +469,12 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             row[1] += int(not o.ok and not o.rejected)
             row[2] += int(not o.ok and o.rejected)
             row[3], row[4] = (None if o.ok else o.error), _aware(o.finished_at)
+        if not rows and release is None:
+            return
         async with self._db() as db:
             await db.execute(
-                "INSERT INTO jobs (tenant, session_id, job, ok, failed, rejected, last_error, last_run)"
+                "WITH r AS (DELETE FROM job_locks WHERE key = $9 AND token = $10)"
+                " INSERT INTO jobs (tenant, session_id, job, ok, failed, rejected, last_error, last_run)"
                 " SELECT $1, $2, u.j, u.o, u.f, u.r, u.e, u.t FROM unnest($3::text[], $4::int[], $5::int[],"
                 " $6::int[], $7::text[], $8::timestamptz[]) AS u(j, o, f, r, e, t)"
                 " WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = $1 AND session_id = $2)"
@@ -477,7 +482,10 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                 " failed = jobs.failed + EXCLUDED.failed, rejected = jobs.rejected + EXCLUDED.rejected,"
                 " last_error = EXCLUDED.last_error, last_run = EXCLUDED.last_run",
                 *key, list(rows), *([r[i] for r in rows.values()] for i in range(5)),
+                release.key if release is not None else None, release.token if release is not None else None,
             )
+        if release is not None:
+            self._released.add((release.key, release.token))  # leaving the lock's context writes nothing
 
     # -- administration ---------------------------------------------------------
 
@@ -622,8 +630,11 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         try:
             yield LockHandle(key=key, token=token)
         finally:
-            async with self._db() as db:
-                await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", key, token)
+            if (key, token) in self._released:
+                self._released.discard((key, token))
+            else:
+                async with self._db() as db:
+                    await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", key, token)
 
     def lock(
         self, tenant: str, session_id: str, *, ttl_s: float = 60.0
