@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard, runtime_checkable
 
 from .errors import ConfigError, LockNotAcquired, OutputRejected
-from .store.base import LockHandle, Store
+from .store.base import JobOutcome, LockHandle, Store, StoreAbility, counts_job_batches
+from .types import utc_now
 
 __all__ = ["HookedJobQueue", "JobFactory", "JobHooks", "JobQueue", "JobRunner", "JobSettings", "takes_hooks"]
 
@@ -123,8 +124,16 @@ class _SessionQueue:
     task: asyncio.Task[None] | None = None
     lock: AbstractAsyncContextManager[LockHandle] | None = None
     """The store's session lock, kept from one job to the next while more are waiting."""
+    handle: LockHandle | None = None
+    """``lock``'s handle (a store with `JobOutcomes` releases it with the burst's outcomes)."""
     lock_fits_until: float = 0.0
     """Monotonic time up to which another attempt (``timeout_s``) still ends inside the lock's ttl."""
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    """Outcomes not yet counted in the store (one write per burst, on a store with `JobOutcomes`)."""
+
+
+_MAX_UNCOUNTED = 8
+"""Outcomes a busy session's burst keeps before counting them (at the latest when it ends)."""
 
 
 class _LockBusy(Exception):
@@ -151,6 +160,7 @@ class JobRunner:
         self.hooks = hooks
         self._sleep = sleep
         self._queues: dict[tuple[str, str], _SessionQueue] = {}
+        self._batches = StoreAbility(counts_job_batches, store)
 
     def schedule(
         self,
@@ -236,12 +246,18 @@ class JobRunner:
                     log.exception("job runner failed on %s for %s/%s", name, *key)
                 finally:
                     queue.running = None
+                if not queue.waiting or len(queue.outcomes) >= _MAX_UNCOUNTED:
+                    await self._count(key, queue)
         finally:
             try:
                 await self._unlock(queue)
             finally:
-                if self._queues.get(key) is queue:
-                    del self._queues[key]
+                try:
+                    if self._queues.get(key) is queue:  # else cancelled: the session is being erased
+                        await self._count(key, queue)
+                finally:
+                    if self._queues.get(key) is queue:
+                        del self._queues[key]
 
     def _delay(self, attempt: int) -> float:
         s = self.settings
@@ -259,7 +275,7 @@ class JobRunner:
                 return
             except OutputRejected as exc:  # the model answered unusably; nothing was stored, no retry
                 log.warning("job %s for %s/%s rejected the model's output: %s", name, *key, exc.reason)
-                await self._record(key, name, ok=False, error=exc.reason[:500], rejected=True)
+                await self._record(key, queue, name, ok=False, error=exc.reason[:500], rejected=True)
                 return
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"[:500]
@@ -270,9 +286,9 @@ class JobRunner:
                     continue
                 log.error("job %s for %s/%s gave up after %d attempts: %s",
                           name, *key, attempts, error)
-                await self._record(key, name, ok=False, error=f"after {attempts} attempts: {error}")
+                await self._record(key, queue, name, ok=False, error=f"after {attempts} attempts: {error}")
                 return
-            await self._record(key, name, ok=True)
+            await self._record(key, queue, name, ok=True)
             return
 
     async def _attempt(self, key: tuple[str, str], name: str, factory: JobFactory, queue: _SessionQueue) -> None:
@@ -288,8 +304,8 @@ class JobRunner:
         except BaseException:
             await self._unlock(queue)
             raise
-        if not queue.waiting:
-            await self._unlock(queue)
+        if not queue.waiting and self._batches.of(self.store) is None:
+            await self._unlock(queue)  # else released with the burst's outcomes (`_count`)
 
     async def _lock(self, key: tuple[str, str], queue: _SessionQueue) -> None:
         """Hold the session lock in ``queue.lock`` (kept, or taken anew); `_LockBusy` if another
@@ -304,12 +320,12 @@ class JobRunner:
             taken = time.monotonic()  # before asking: the lock expires no sooner than taken + ttl
             held = self.store.lock(*key, ttl_s=settings.lock_ttl_s)
             try:
-                await held.__aenter__()
+                handle = await held.__aenter__()
             except LockNotAcquired:
                 if attempt < settings.lock_attempts:
                     await self._sleep(self._delay(attempt))
                 continue
-            queue.lock = held
+            queue.lock, queue.handle = held, handle
             queue.lock_fits_until = (
                 taken + settings.lock_ttl_s - settings.timeout_s if settings.timeout_s is not None else 0.0
             )
@@ -318,7 +334,7 @@ class JobRunner:
 
     @staticmethod
     async def _unlock(queue: _SessionQueue) -> None:
-        held, queue.lock = queue.lock, None
+        held, queue.lock, queue.handle = queue.lock, None, None
         if held is not None:
             await held.__aexit__(None, None, None)
 
@@ -338,11 +354,34 @@ class JobRunner:
             raise
 
     async def _record(
-        self, key: tuple[str, str], name: str, *, ok: bool, error: str | None = None, rejected: bool = False
+        self, key: tuple[str, str], queue: _SessionQueue, name: str, *, ok: bool, error: str | None = None,
+        rejected: bool = False,
     ) -> None:
         if self.store is None:
+            return
+        if self._batches.of(self.store) is not None:  # counted with the rest of the burst (`_count`)
+            queue.outcomes.append(JobOutcome(job=name, ok=ok, error=error, rejected=rejected, finished_at=utc_now()))
             return
         try:
             await self.store.record_job(*key, name, ok=ok, error=error, rejected=rejected)
         except Exception as exc:  # stats are best effort; the job's own result stands
             log.warning("could not record job %s for %s/%s: %s", name, *key, exc)
+
+    async def _count(self, key: tuple[str, str], queue: _SessionQueue) -> None:
+        """Count the session's uncounted outcomes in one write (best effort, like `_record`);
+        when no job waits, the session lock is released in that same write."""
+        outcomes, queue.outcomes = queue.outcomes, []
+        batches = self._batches.of(self.store)
+        if batches is None:
+            return
+        release = queue.handle if not queue.waiting else None
+        if outcomes or release is not None:
+            try:
+                await batches.record_jobs(*key, outcomes, release=release)
+            except Exception as exc:
+                log.warning("could not record jobs %s for %s/%s: %s", ",".join(o.job for o in outcomes), *key, exc)
+        if release is not None:
+            try:
+                await self._unlock(queue)  # the store released it already: no second write
+            except Exception as exc:  # the job is done; the lock expires after its ttl
+                log.warning("could not release the job lock of %s/%s: %s", *key, exc)

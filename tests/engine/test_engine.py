@@ -197,3 +197,56 @@ async def test_offline_answers_are_marked_and_never_feed_the_rewriter() -> None:
     answers = [t for t in state.turns if t.role == "assistant"]
     assert answers and all(t.metadata["offline"] and t.metadata["model"] == "offline" for t in answers)
     assert seen == [["user"]]  # the offline description was left out of the rewrite's history
+
+
+class _ContextEmotion:
+    """A contextual emotion scorer that records the earlier turns it was given."""
+
+    def __init__(self) -> None:
+        self.priors: list[list[tuple[str, bool]]] = []
+
+    async def score(self, text: str) -> float:
+        return 0.5
+
+    async def score_in_context(self, text: str, prior: Sequence[object]) -> float:
+        self.priors.append([(p.text, p.same_speaker) for p in prior])  # type: ignore[attr-defined]
+        return 0.5
+
+
+class _CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.turn_reads = 0
+
+    async def turns(self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None) -> list[Turn]:
+        self.turn_reads += 1
+        return await super().turns(tenant, session_id, from_seq=from_seq, to_seq=to_seq)
+
+
+async def test_emotion_job_reads_the_turns_before_as_loaded_and_reads_again_around_a_notice() -> None:
+    from contextmode.engine.schedule import EMOTION_CONTEXT_TURNS
+
+    store, scorer = _CountingStore(), _ContextEmotion()
+    engine = Engine(store=store, model=FunctionModel(echo), counter=CharTokenCounter(),
+                    processors=Processors(detector=KeywordDetector(), rewriter=PrefixRewriter(),
+                                          summarizer=JoiningSummarizer(), extractor=SpiceExtractor(),
+                                          emotion=scorer),  # type: ignore[arg-type]
+                    settings=EngineSettings(strategy="window"))
+
+    async def expected(seq: int) -> list[tuple[str, bool]]:
+        earlier = await MemoryStore.turns(store, "t", "s", from_seq=max(1, seq - EMOTION_CONTEXT_TURNS), to_seq=seq - 1)
+        return [(t.content, t.role == "user") for t in earlier]
+
+    for i in range(3):
+        await engine.turn("t", "s", f"第{i}个问题")
+        await engine.drain()
+    assert store.turn_reads == 0  # the loaded tail held every turn before
+    assert scorer.priors == [await expected(1), await expected(3), await expected(5)]
+    assert len(scorer.priors[2]) == 4
+    # An engine notice in the window is not in the loaded state: the job reads the turns again.
+    await store.append("t", "s", [NewTurn(role="assistant", content="(离线)", tokens=1, metadata={"notice": True})])
+    await engine.turn("t", "s", "还在吗")
+    await engine.drain()
+    assert store.turn_reads == 1
+    assert scorer.priors[-1] == await expected(8)
+    assert ("(离线)", False) in scorer.priors[-1]

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from contextmode.errors import ConfigError
+from contextmode.errors import ConfigError, OutputRejected
 from contextmode.jobs import JobFactory, JobRunner, JobSettings
 from contextmode.store import MemoryStore
-from contextmode.store.base import LockHandle
+from contextmode.store.base import JobOutcome, LockHandle
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.testing.contract import new_turns
 from contextmode.types import Summary
@@ -350,3 +350,70 @@ async def test_a_failed_attempt_releases_the_kept_lock_before_its_backoff() -> N
     await runner.drain()
     assert seen == [True, False]
     assert store.taken == 2  # the first attempt's lock, then one for the retry and the next job
+
+
+class _BatchingStore(MemoryStore):
+    """A store that counts several job outcomes in one write (`JobOutcomes`), and says how."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[list[tuple[str, bool]]] = []
+        self.releases: list[LockHandle | None] = []
+
+    async def record_jobs(
+        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+    ) -> None:
+        self.writes.append([(o.job, o.ok) for o in outcomes])
+        self.releases.append(release)
+        for o in outcomes:
+            await self.record_job(tenant, session_id, o.job, ok=o.ok, error=o.error, rejected=o.rejected)
+
+
+async def test_a_burst_of_jobs_is_counted_in_one_write_when_it_ends() -> None:
+    store = _BatchingStore()
+    await store.append("t", "s", new_turns(2))
+    runner = JobRunner(store, FAST)
+    done: list[str] = []
+
+    def job(name: str, *, fail: bool = False) -> JobFactory:
+        async def run() -> None:
+            done.append(name)
+            assert store.writes == []  # nothing counted while the burst runs
+            if fail:
+                raise OutputRejected("empty quote")
+
+        return run
+
+    runner.schedule("t", "s", "emotion", job("emotion"))
+    runner.schedule("t", "s", "constraints", job("constraints", fail=True))
+    runner.schedule("t", "s", "summary", job("summary"))
+    await runner.drain()
+    assert done == ["emotion", "constraints", "summary"]
+    assert store.writes == [[("emotion", True), ("constraints", False), ("summary", True)]]
+    assert [r is not None for r in store.releases] == [True]  # the session lock goes with them
+    info = await store.info("t", "s")
+    assert info is not None
+    assert (info.jobs["emotion"].ok, info.jobs["summary"].ok) == (1, 1)
+    assert (info.jobs["constraints"].rejected, info.jobs["constraints"].last_error) == (1, "empty quote")
+
+
+async def test_a_cancelled_burst_counts_nothing_more() -> None:
+    store = _BatchingStore()
+    await store.append("t", "s", new_turns(2))
+    runner = JobRunner(store, FAST)
+    started = asyncio.Event()
+
+    async def quick() -> None:
+        pass
+
+    async def slow() -> None:
+        started.set()
+        await asyncio.sleep(10)
+
+    runner.schedule("t", "s", "emotion", quick)
+    runner.schedule("t", "s", "summary", slow)
+    await started.wait()
+    assert runner.cancel("t", "s") == 1  # the session is being erased
+    await asyncio.sleep(0)
+    await runner.drain()
+    assert store.writes == []

@@ -63,3 +63,106 @@ async def test_eight_connections_append_200_turns_each(schema: str) -> None:
     from contextmode.store.postgres import PostgresStore
 
     await check_concurrent_writers([PostgresStore(DSN, schema=schema, min_size=1, max_size=1) for _ in range(8)])
+
+
+# The three statements `put_trace` ran in one transaction before it became one statement.
+_W = "WHERE tenant = $1 AND session_id = $2"
+_THREE_STATEMENTS = (
+    "INSERT INTO turn_traces (tenant, session_id, turn, created_at, body)"
+    " SELECT $1, $2, $3, $4, $5 FROM sessions WHERE tenant = $1 AND session_id = $2"
+    " ON CONFLICT (tenant, session_id, turn)"
+    " DO UPDATE SET created_at = excluded.created_at, body = excluded.body",
+    f"DELETE FROM turn_traces {_W} AND turn <= (SELECT MAX(turn) FROM turn_traces {_W}) - $3",
+    f"DELETE FROM turn_traces {_W} AND created_at < $3 AND turn IN"
+    f" (SELECT turn FROM turn_traces {_W} ORDER BY turn LIMIT 8)",
+)
+
+
+async def test_put_trace_in_one_statement_keeps_what_the_three_statements_kept(schema: str) -> None:
+    """From random kept traces, a random write (a new, rewritten or old turn; count and age
+    limits; an unknown session) leaves the same traces as the three statements did."""
+    import random
+    from datetime import UTC, datetime, timedelta
+
+    from contextmode.store.postgres import PostgresStore
+    from contextmode.testing.contract import new_turns
+    from contextmode.trace import TurnTrace, trace_to_json
+
+    store = PostgresStore(DSN, schema=schema, max_size=2)
+    rng = random.Random(7)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    try:
+        for session in ("one", "new", "old"):
+            await store.append("t", session, new_turns(2))
+        async with store._db() as db:
+            for step in range(200):
+                rows = [(turn, base + timedelta(hours=rng.randint(0, 30)), f"{turn}")
+                        for turn in rng.sample(range(1, 21), rng.randint(0, 14))]
+                for session in ("new", "old"):
+                    await db.execute("DELETE FROM turn_traces WHERE session_id = $1", session)
+                    await db.executemany(
+                        "INSERT INTO turn_traces (tenant, session_id, turn, created_at, body)"
+                        " VALUES ('t', $1, $2, $3, $4)", [(session, *row) for row in rows])
+                turn = rng.randint(1, 22)
+                trace = TurnTrace(turn=turn, user_seq=1, answer_seq=2, typed=f"s{step}", sent=f"s{step}",
+                                  messages=(), created_at=base + timedelta(hours=rng.randint(0, 30)))
+                keep = rng.choice((0, 0, 1, 3, 5, 9, 12))
+                older = rng.choice((None, base + timedelta(hours=rng.randint(0, 30))))
+                ghost = rng.random() < 0.1  # no session: nothing is written, the limits still apply
+                await store.put_trace("t", "ghost" if ghost else "new", trace, keep=keep, older_than=older)
+                key = ("t", "ghost" if ghost else "old")
+                async with db.transaction():
+                    await db.execute(_THREE_STATEMENTS[0], *key, turn, trace.created_at, trace_to_json(trace))
+                    if keep:
+                        await db.execute(_THREE_STATEMENTS[1], *key, keep)
+                    if older is not None:
+                        await db.execute(_THREE_STATEMENTS[2], *key, older)
+                kept = {}
+                for copy in ("new", "old"):
+                    kept[copy] = [tuple(r) for r in await db.fetch(
+                        "SELECT turn, created_at, body FROM turn_traces WHERE tenant = 't' AND session_id = $1"
+                        " ORDER BY turn", copy)]
+                assert kept["new"] == kept["old"], f"step {step}: turn {turn} keep {keep} older {older}"
+    finally:
+        await store.close()
+
+
+async def test_job_outcomes_in_one_write_count_as_one_at_a_time(schema: str) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from contextmode.store.base import JobOutcome
+    from contextmode.store.postgres import PostgresStore
+    from contextmode.testing.contract import new_turns
+
+    store = PostgresStore(DSN, schema=schema, max_size=2)
+    at = datetime(2026, 5, 1, tzinfo=UTC)
+    outcomes = [
+        JobOutcome(job="emotion", ok=True, finished_at=at),
+        JobOutcome(job="constraints", ok=False, error="empty quote", rejected=True, finished_at=at),
+        JobOutcome(job="summary", ok=False, error="timeout", finished_at=at + timedelta(seconds=1)),
+        JobOutcome(job="constraints", ok=False, error="bad json", finished_at=at + timedelta(seconds=2)),
+        JobOutcome(job="summary", ok=True, finished_at=at + timedelta(seconds=3)),
+    ]
+    try:
+        await store.append("t", "batch", new_turns(2))
+        await store.record_jobs("t", "batch", outcomes[:1])
+        await store.record_jobs("t", "batch", outcomes)
+        await store.record_jobs("t", "nobody", outcomes)  # unknown session: ignored
+        info = await store.info("t", "batch")
+        assert info is not None
+        stats = {name: (s.ok, s.failed, s.rejected, s.last_error, s.last_run) for name, s in info.jobs.items()}
+        assert stats == {
+            "emotion": (2, 0, 0, None, at),
+            "constraints": (0, 1, 1, "bad json", at + timedelta(seconds=2)),
+            "summary": (1, 1, 0, None, at + timedelta(seconds=3)),
+        }
+        assert await store.info("t", "nobody") is None
+        # With a held job lock: released in the same write; leaving its context writes nothing.
+        async with store.lock("t", "batch") as held:
+            await store.record_jobs("t", "batch", [], release=held)
+            async with store.lock("t", "batch") as second:  # free at once
+                assert second.token > held.token
+        async with store.lock("t", "batch"):
+            pass
+    finally:
+        await store.close()

@@ -28,7 +28,10 @@ def schedule_jobs(engine: Engine, key: SessionKey, user_turn: Turn, prepared: Pr
     """Schedule the jobs a new user turn needs; returns their names."""
     tenant, session_id = key.tenant, key.session_id
     jobs = ["emotion", "constraints"]
-    engine.jobs.schedule(tenant, session_id, "emotion", lambda: in_background(_score_emotion(engine, key, user_turn)))
+    earlier = _loaded_before(prepared, user_turn)
+    engine.jobs.schedule(
+        tenant, session_id, "emotion", lambda: in_background(_score_emotion(engine, key, user_turn, earlier))
+    )
     engine.jobs.schedule(tenant, session_id, "constraints",
                          lambda: in_background(_extract_constraints(engine, key, user_turn)))
     upto = _summary_due(engine, user_turn, prepared)
@@ -60,13 +63,29 @@ def _summary_due(engine: Engine, user_turn: Turn, prepared: PreparedTurn | None)
     return None
 
 
-async def _score_emotion(engine: Engine, key: SessionKey, turn: Turn) -> None:
+def _loaded_before(prepared: PreparedTurn | None, turn: Turn) -> list[Turn] | None:
+    """The `EMOTION_CONTEXT_TURNS` turns before ``turn`` as preparing it loaded them, when it
+    loaded every one (no engine notice left out) and nothing was appended in between; else
+    ``None`` (the emotion job reads them from the store)."""
+    if prepared is None or prepared.state.last_seq != turn.seq - 1:
+        return None
+    first = max(1, turn.seq - EMOTION_CONTEXT_TURNS)
+    loaded = [t for t in prepared.state.turns if first <= t.seq < turn.seq]
+    if [t.seq for t in loaded] != list(range(first, turn.seq)):
+        return None
+    return loaded
+
+
+async def _score_emotion(engine: Engine, key: SessionKey, turn: Turn, earlier: list[Turn] | None) -> None:
     emotion = engine.processors.emotion
     if isinstance(emotion, ContextualEmotionScorer):
-        # The turns just before: the conversation's mood and the speaker's baseline.
-        earlier = await engine.store.turns(
-            key.tenant, key.session_id, from_seq=max(1, turn.seq - EMOTION_CONTEXT_TURNS), to_seq=turn.seq - 1
-        )
+        # The turns just before: the conversation's mood and the speaker's baseline (as the
+        # turn loaded them, or read again).
+        if earlier is None:
+            earlier = await engine.store.turns(
+                key.tenant, key.session_id, from_seq=max(1, turn.seq - EMOTION_CONTEXT_TURNS),
+                to_seq=turn.seq - 1,
+            )
         prior = [PriorTurn(text=t.content, same_speaker=t.role == turn.role) for t in earlier]
         score = await emotion.score_in_context(turn.content, prior)
     else:

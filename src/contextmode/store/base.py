@@ -42,6 +42,8 @@ __all__ = [
     "IdempotencyRecord",
     "IdempotencyRecords",
     "JobLocks",
+    "JobOutcome",
+    "JobOutcomes",
     "JobStats",
     "LockHandle",
     "SessionAdmin",
@@ -52,6 +54,7 @@ __all__ = [
     "TraceRecords",
     "TurnLocks",
     "TurnLog",
+    "counts_job_batches",
     "keeps_traces",
     "load_trace",
 ]
@@ -216,6 +219,37 @@ class DerivedRecords(Protocol):
         """Count a background job's outcome in the session's stats (ignored for unknown sessions):
         ``ok``, else ``rejected`` (the model's output was unusable; ``error`` is the reason) or failed."""
         ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobOutcome:
+    """One background job's outcome, as `DerivedRecords.record_job` counts it."""
+
+    job: str
+    ok: bool
+    error: str | None = None
+    rejected: bool = False
+    finished_at: datetime
+    """When the job ended (the stats' ``last_run``)."""
+
+
+@runtime_checkable
+class JobOutcomes(Protocol):
+    """Optional: several job outcomes of one session counted in one write (the job runner
+    counts a burst of jobs at once on a store that has it; PostgreSQL does)."""
+
+    async def record_jobs(
+        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+    ) -> None:
+        """`DerivedRecords.record_job` for each outcome, in order, in one write; with ``release``
+        (a job lock of this store) that lock is released (fencing-checked) in the same write, and
+        leaving its context then writes nothing more."""
+        ...
+
+
+def counts_job_batches(store: object) -> TypeGuard[JobOutcomes]:
+    """True when ``store`` counts several job outcomes in one write (`JobOutcomes`)."""
+    return isinstance(store, JobOutcomes)
 
 
 @runtime_checkable

@@ -44,7 +44,15 @@ from ._codec import metadata_json as _meta
 from ._driver_errors import asyncpg_errors
 from ._pg_lifecycle import PostgresLifecycle, erase
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
-from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import (
+    ClosesOnExit,
+    IdempotencyRecord,
+    JobOutcome,
+    JobStats,
+    LockHandle,
+    SessionInfo,
+    SessionVersion,
+)
 from .lifecycle import SQL_SESSION_TABLES
 from .postings import IndexStats, analyze_texts
 
@@ -98,6 +106,33 @@ _LOAD = (
 )
 
 
+# `put_trace` in one statement (atomic without a transaction): the write, then what the count
+# (``$6``, 0 = none) and the age (``$7``, NULL = none) drop, as if done in that order. The
+# newest turn is ``top``; turns up to ``cut`` = ``top - keep`` go; of the 8 lowest turns left
+# (a bounded look keeps each write O(1)) those older than ``$7`` go. The new trace (when the
+# session exists) takes part as written; it is not written if it would be dropped at once, and
+# its old version then goes too, so no row is both deleted and upserted in the statement.
+_PUT_TRACE = (
+    f"WITH c AS (SELECT x.ins, GREATEST((SELECT MAX(turn) FROM turn_traces {_W}),"
+    " CASE WHEN x.ins THEN $3::int END) AS top"
+    f" FROM (SELECT EXISTS (SELECT 1 FROM sessions {_W}) AS ins) x),"
+    " k AS (SELECT ins, CASE WHEN $6::int <> 0 THEN top - $6::int END AS cut FROM c),"
+    " f AS (SELECT q.turn, q.created_at FROM ((SELECT t.turn, t.created_at FROM turn_traces t, k"
+    " WHERE t.tenant = $1 AND t.session_id = $2 AND (k.cut IS NULL OR t.turn > k.cut)"
+    " AND NOT (k.ins AND t.turn = $3) ORDER BY t.turn LIMIT 8)"
+    " UNION ALL SELECT $3, $4 FROM k WHERE k.ins AND (k.cut IS NULL OR $3 > k.cut)) q"
+    " ORDER BY q.turn LIMIT 8),"
+    " doomed AS (SELECT turn FROM f WHERE $7::timestamptz IS NOT NULL AND created_at < $7::timestamptz),"
+    " d AS (DELETE FROM turn_traces t USING k WHERE t.tenant = $1 AND t.session_id = $2"
+    " AND ((k.cut IS NOT NULL AND t.turn <= k.cut) OR t.turn IN (SELECT turn FROM doomed)))"
+    " INSERT INTO turn_traces (tenant, session_id, turn, created_at, body)"
+    " SELECT $1, $2, $3, $4, $5 FROM k WHERE k.ins AND (k.cut IS NULL OR $3 > k.cut)"
+    " AND $3 NOT IN (SELECT turn FROM doomed)"
+    " ON CONFLICT (tenant, session_id, turn)"
+    " DO UPDATE SET created_at = excluded.created_at, body = excluded.body"
+)
+
+
 def _turn(row: Any) -> Turn:
     """A turn from a row (or record) of ``seq, role, content, tokens, created_at, metadata, emotion``."""
     return Turn(
@@ -111,47 +146,72 @@ def _turn(row: Any) -> Turn:
     )
 
 
+def _check_head(head: Any, expected_last_seq: int | None, user_id: str | None, session_id: str) -> None:
+    """Raise `ConflictError` when the session is not at ``expected_last_seq``, or `InputError`
+    when it belongs to another user than ``user_id`` (``head``: its row, or ``None``)."""
+    last = head["last_seq"] if head else 0
+    if expected_last_seq is not None and expected_last_seq != last:
+        raise ConflictError(f"session {session_id!r} is at seq {last}, expected {expected_last_seq}")
+    check_owner(head["user_id"] if head else None, user_id, session_id)
+
+
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+# An append's first statement: lock the session row, check the compare-and-set and the owner,
+# and write the turns (numbered after the locked ``last_seq``), their emotions and the session's
+# head (last seq, last answer, owner if it had none). Nothing is written unless the checks pass;
+# the row returned (none: no session yet) tells why. ``$3``/``$9`` are 1-based offsets
+# after the head, ``$13`` the offset of the batch's last answer (0: none).
+_APPEND = (
+    f"WITH h AS (SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE),"
+    " ok AS (SELECT last_seq FROM h WHERE ($15::bigint IS NULL OR last_seq = $15::bigint)"
+    " AND ($16::text IS NULL OR user_id IS NULL OR user_id = $16::text)),"
+    " w AS (INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at, metadata)"
+    " SELECT $1, $2, ok.last_seq + u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM ok, unnest("
+    "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
+    ") AS u(s, r, c, k, a, m)),"
+    " e AS (INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
+    " SELECT $1, $2, ok.last_seq + u.s, u.e FROM ok, unnest($9::bigint[], $10::float8[]) AS u(s, e)),"
+    " s AS (UPDATE sessions SET last_seq = ok.last_seq + $11, updated_at = $12,"
+    " last_answer = CASE WHEN $13::bigint > 0 THEN $14 ELSE sessions.last_answer END,"
+    " last_answer_seq = GREATEST(sessions.last_answer_seq,"
+    " CASE WHEN $13::bigint > 0 THEN ok.last_seq + $13::bigint ELSE 0 END),"
+    " emotions_version = sessions.emotions_version + $17,"
+    " user_id = COALESCE(sessions.user_id, $16::text)"
+    " FROM ok WHERE sessions.tenant = $1 AND sessions.session_id = $2)"
+    " SELECT last_seq, user_id, EXISTS (SELECT 1 FROM ok) AS written FROM h"
+)
+
+
 async def _write_turns(
-    db: pg_postings.Conn, key: tuple[str, str], last: int, turns: Sequence[NewTurn], now: datetime,
-    user_id: str | None,
-) -> list[Turn]:
-    """Write ``turns`` after seq ``last`` (their emotions, the session's head and last answer,
-    its owner if it had none) inside the caller's transaction, in one statement; the turns as
-    stored."""
-    seqs = list(range(last + 1, last + 1 + len(turns)))
-    scored = [(s, float(t.emotion)) for s, t in zip(seqs, turns, strict=True)
-              if t.emotion is not None]
-    answer = last_answer(turns)
-    answer_seq = max((s for s, t in zip(seqs, turns, strict=True)
-                      if t.role == "assistant"), default=0)
-    await db.execute(
-        "WITH w AS (INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at,"
-        " metadata) SELECT $1, $2, u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM unnest("
-        "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
-        ") AS u(s, r, c, k, a, m)),"
-        " e AS (INSERT INTO turn_emotions (tenant, session_id, seq, emotion)"
-        " SELECT $1, $2, u.s, u.e FROM unnest($9::bigint[], $10::float8[]) AS u(s, e))"
-        " UPDATE sessions SET last_seq = $11, updated_at = $12,"
-        " last_answer = CASE WHEN $13::bigint > 0 THEN $14 ELSE last_answer END,"
-        " last_answer_seq = GREATEST(last_answer_seq, $13::bigint),"
-        " emotions_version = emotions_version + $15, user_id = COALESCE(user_id, $16::text)"
-        f" {_W}",
-        *key, seqs, [t.role for t in turns], [t.content for t in turns],
+    db: pg_postings.Conn, key: tuple[str, str], turns: Sequence[NewTurn], now: datetime,
+    user_id: str | None, expected_last_seq: int | None,
+) -> Any:
+    """`_APPEND` for ``turns`` inside the caller's transaction, in one statement: the session's
+    row (``last_seq`` as it was before, ``user_id``, ``written``), or ``None`` if it has none."""
+    offsets = list(range(1, len(turns) + 1))
+    scored = [(i, float(t.emotion)) for i, t in zip(offsets, turns, strict=True) if t.emotion is not None]
+    answer_at = max((i for i, t in zip(offsets, turns, strict=True) if t.role == "assistant"), default=0)
+    return await db.fetchrow(
+        _APPEND,
+        *key, offsets, [t.role for t in turns], [t.content for t in turns],
         [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
         [_meta(t.metadata) for t in turns],
-        [s for s, _ in scored], [e for _, e in scored],
-        seqs[-1], now, answer_seq, answer, int(bool(scored)), user_id,
+        [i for i, _ in scored], [e for _, e in scored],
+        len(turns), now, answer_at, last_answer(turns), expected_last_seq, user_id, int(bool(scored)),
     )
+
+
+def _numbered(last: int, turns: Sequence[NewTurn]) -> list[Turn]:
+    """``turns`` as stored after seq ``last``."""
     return [
-        Turn(seq=s, role=t.role, content=t.content, tokens=t.tokens,
+        Turn(seq=last + i, role=t.role, content=t.content, tokens=t.tokens,
              created_at=_aware(t.created_at),
              emotion=None if t.emotion is None else float(t.emotion),
              metadata=dict(t.metadata))
-        for s, t in zip(seqs, turns, strict=True)
+        for i, t in enumerate(turns, start=1)
     ]
 
 
@@ -176,6 +236,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self._min_size, self._max_size = min_size, max_size
         self._pool: Any = None
         self._opening = asyncio.Lock()
+        self._released: set[tuple[str, int]] = set()
+        """Job locks `record_jobs` released; their context's exit has nothing left to do."""
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -241,24 +303,23 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         ])
         now = utc_now()
         async with self._db() as db, db.transaction():
-            head = await db.fetchrow(_HEAD, *key)
-            if head is None and turns:  # a new session: created here (or by a concurrent first append)
+            if not turns:
+                head = await db.fetchrow(_HEAD, *key)
+                _check_head(head, expected_last_seq, user_id, session_id)
+                return []
+            row = await _write_turns(db, key, turns, now, user_id, expected_last_seq)
+            if row is None:  # a new session: created here (or by a concurrent first append)
                 await db.execute(
                     "INSERT INTO sessions (tenant, session_id, created_at, updated_at, user_id)"
                     " VALUES ($1, $2, $3, $3, $4) ON CONFLICT DO NOTHING",
                     *key, now, user_id,
                 )
-                head = await db.fetchrow(_HEAD, *key)
-            last = head["last_seq"] if head else 0
-            if expected_last_seq is not None and expected_last_seq != last:
-                raise ConflictError(
-                    f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
-                )
-            check_owner(head["user_id"] if head else None, user_id, session_id)
-            if not turns:
-                return []
-            numbered = await _write_turns(db, key, last, turns, now, user_id)  # owner set if none
-            await pg_postings.index_turns(db, key, numbered, last, analyzed)  # same transaction
+                row = await _write_turns(db, key, turns, now, user_id, expected_last_seq)
+            if row is None or not row["written"]:
+                _check_head(row, expected_last_seq, user_id, session_id)
+                raise StoreError(f"session {session_id!r} was erased while being appended to")
+            numbered = _numbered(row["last_seq"], turns)
+            await pg_postings.index_turns(db, key, numbered, row["last_seq"], analyzed)  # same transaction
         return numbered
 
     async def load(
@@ -391,18 +452,40 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
         rejected: bool = False,
     ) -> None:
+        await self.record_jobs(
+            tenant, session_id, [JobOutcome(job=job, ok=ok, error=error, rejected=rejected, finished_at=utc_now())]
+        )
+
+    async def record_jobs(
+        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+    ) -> None:
         key = check_ids(tenant, session_id)
+        # One row per job name (a statement may change a row only once): counts summed, the
+        # last outcome's error and time, as the outcomes one after the other would leave them.
+        rows: dict[str, list[Any]] = {}
+        for o in outcomes:
+            row = rows.setdefault(o.job, [0, 0, 0, None, None])
+            row[0] += int(o.ok)
+            row[1] += int(not o.ok and not o.rejected)
+            row[2] += int(not o.ok and o.rejected)
+            row[3], row[4] = (None if o.ok else o.error), _aware(o.finished_at)
+        if not rows and release is None:
+            return
         async with self._db() as db:
             await db.execute(
-                "INSERT INTO jobs (tenant, session_id, job, ok, failed, rejected, last_error, last_run)"
-                " SELECT $1, $2, $3, $4, $5, $6, $7, $8"
+                "WITH r AS (DELETE FROM job_locks WHERE key = $9 AND token = $10)"
+                " INSERT INTO jobs (tenant, session_id, job, ok, failed, rejected, last_error, last_run)"
+                " SELECT $1, $2, u.j, u.o, u.f, u.r, u.e, u.t FROM unnest($3::text[], $4::int[], $5::int[],"
+                " $6::int[], $7::text[], $8::timestamptz[]) AS u(j, o, f, r, e, t)"
                 " WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = $1 AND session_id = $2)"
                 " ON CONFLICT (tenant, session_id, job) DO UPDATE SET ok = jobs.ok + EXCLUDED.ok,"
                 " failed = jobs.failed + EXCLUDED.failed, rejected = jobs.rejected + EXCLUDED.rejected,"
                 " last_error = EXCLUDED.last_error, last_run = EXCLUDED.last_run",
-                *key, job, int(ok), int(not ok and not rejected), int(not ok and rejected),
-                None if ok else error, utc_now(),
+                *key, list(rows), *([r[i] for r in rows.values()] for i in range(5)),
+                release.key if release is not None else None, release.token if release is not None else None,
             )
+        if release is not None:
+            self._released.add((release.key, release.token))  # leaving the lock's context writes nothing
 
     # -- administration ---------------------------------------------------------
 
@@ -482,27 +565,11 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         older_than: datetime | None = None,
     ) -> None:
         key = check_ids(tenant, session_id)
-        async with self._db() as db, db.transaction():
+        async with self._db() as db:
             await db.execute(
-                "INSERT INTO turn_traces (tenant, session_id, turn, created_at, body)"
-                " SELECT $1, $2, $3, $4, $5 FROM sessions WHERE tenant = $1 AND session_id = $2"
-                " ON CONFLICT (tenant, session_id, turn)"
-                " DO UPDATE SET created_at = excluded.created_at, body = excluded.body",
-                *key, trace.turn, _aware(trace.created_at), trace_to_json(trace),
+                _PUT_TRACE, *key, trace.turn, _aware(trace.created_at), trace_to_json(trace), keep,
+                None if older_than is None else _aware(older_than),
             )
-            if keep:
-                await db.execute(
-                    f"DELETE FROM turn_traces {_W} AND turn <= "
-                    f"(SELECT MAX(turn) FROM turn_traces {_W}) - $3",
-                    *key, keep,
-                )
-            if older_than is not None:
-                # Oldest traces have the lowest turns: a bounded look keeps each write O(1).
-                await db.execute(
-                    f"DELETE FROM turn_traces {_W} AND created_at < $3 AND turn IN"
-                    f" (SELECT turn FROM turn_traces {_W} ORDER BY turn LIMIT 8)",
-                    *key, _aware(older_than),
-                )
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
         key = check_ids(tenant, session_id)
@@ -563,8 +630,11 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         try:
             yield LockHandle(key=key, token=token)
         finally:
-            async with self._db() as db:
-                await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", key, token)
+            if (key, token) in self._released:
+                self._released.discard((key, token))
+            else:
+                async with self._db() as db:
+                    await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", key, token)
 
     def lock(
         self, tenant: str, session_id: str, *, ttl_s: float = 60.0
