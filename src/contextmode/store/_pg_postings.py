@@ -83,16 +83,17 @@ async def _write(
     )
     sealed = (turns[-1].seq + 1) // BLOCK
     if sealed > turns[0].seq // BLOCK:  # these turns complete a block
-        await seal(db, key, sealed)
+        await seal(db, key, turns[0].seq // BLOCK, sealed)
 
 
-async def seal(db: Conn, key: tuple[str, str], sealed: int) -> None:
-    """Merge the small rows of every block below ``sealed`` into one row per term and
-    block, and add their postings to the terms' frequency rows (one statement)."""
+async def seal(db: Conn, key: tuple[str, str], first: int, sealed: int) -> None:
+    """Merge the small rows of blocks ``first`` to ``sealed - 1`` (the ones that were open)
+    into one row per term and block, and add their postings to the terms' frequency rows
+    (one statement; the range skips the index entries of rows earlier seals deleted)."""
     per_block = BLOCK // SUB
     await db.execute(
-        "WITH m AS (DELETE FROM recall_recent WHERE tenant = $1 AND session_id = $2 AND block < $3"
-        " RETURNING term, block, data),"
+        "WITH m AS (DELETE FROM recall_recent WHERE tenant = $1 AND session_id = $2"
+        " AND block >= $4 AND block < $3 RETURNING term, block, data),"
         " p AS (INSERT INTO recall_postings (tenant, session_id, term, block, data)"
         f" SELECT $1, $2, term, block / {per_block}, string_agg(data, ''::bytea ORDER BY block)"
         f" FROM m GROUP BY term, block / {per_block}"
@@ -101,38 +102,44 @@ async def seal(db: Conn, key: tuple[str, str], sealed: int) -> None:
         " INSERT INTO recall_df (tenant, session_id, term, df)"
         f" SELECT $1, $2, term, SUM(octet_length(data)) / {POSTING.itemsize} FROM m GROUP BY term"
         " ON CONFLICT (tenant, session_id, term) DO UPDATE SET df = recall_df.df + excluded.df",
-        *key, sealed * per_block,
+        *key, sealed * per_block, first * per_block,
     )
 
 
-# The open block's sub-blocks (`postings.open_subs`), from block $4 on.
+# The open block's sub-blocks (`postings.open_subs`, from block $4 on), each probed with the
+# whole primary key: a probe never walks the entries of rows earlier seals deleted (without a
+# vacuum they stay in the index, and a scan by term alone reads them all). ``LIMIT`` (there
+# are at most 16) keeps the planner's estimate small: with generate_series's default of 1,000
+# rows, 80 terms cost enough to start the JIT compiler (~1 s).
 _OPEN = (
-    f"ARRAY(SELECT generate_series(GREATEST($4, (i.indexed_seq + 1) / {BLOCK}) * {BLOCK // SUB},"
-    f" i.indexed_seq / {SUB})::int) FROM recall_index i WHERE i.tenant = $1 AND i.session_id = $2"
+    f"SELECT g.b FROM recall_index i CROSS JOIN LATERAL generate_series(GREATEST($4,"
+    f" (i.indexed_seq + 1) / {BLOCK}) * {BLOCK // SUB}, i.indexed_seq / {SUB}) AS g(b)"
+    f" WHERE i.tenant = $1 AND i.session_id = $2 LIMIT {BLOCK // SUB}"
+)
+_OPEN_ROWS = (
+    "FROM o CROSS JOIN LATERAL (SELECT y.block, y.data FROM recall_recent y WHERE y.tenant = $1"
+    " AND y.session_id = $2 AND y.block = o.b AND y.term = q.term OFFSET 0) y"
 )
 # One primary-key range per term (a lateral probe; ``OFFSET 0`` keeps the planner from
 # flattening it into a hash join over the whole session, which it picks whenever the
 # table's statistics are missing or stale, e.g. right after a bulk load: 100× slower):
-# the sealed rows, then the open block's small rows (one probe per sub-block).
+# the sealed rows, then the open block's small rows.
 _POSTINGS = (
-    f"WITH o AS (SELECT {_OPEN})"
+    f"WITH o AS MATERIALIZED ({_OPEN})"
     " SELECT q.term, p.block, p.part, p.data FROM unnest($3::text[]) AS q(term) CROSS JOIN LATERAL"
     " (SELECT x.block, -1 AS part, x.data FROM recall_postings x WHERE x.tenant = $1"
     " AND x.session_id = $2 AND x.term = q.term AND x.block >= $4"
-    f" UNION ALL SELECT y.block / {BLOCK // SUB}, y.block, y.data FROM recall_recent y"
-    " WHERE y.tenant = $1 AND y.session_id = $2 AND y.block = ANY((SELECT * FROM o)::int[])"
-    " AND y.term = q.term OFFSET 0) p"
+    f" UNION ALL SELECT y.block / {BLOCK // SUB}, y.block, y.data {_OPEN_ROWS} OFFSET 0) p"
 )
 # Layout 2: the frequency row (sealed blocks); layout 1: the postings rows counted; then
 # the open block's small rows.
 _TERM_COUNTS = (
-    f"WITH o AS (SELECT {_OPEN.replace('$4', '0')})"
+    f"WITH o AS MATERIALIZED ({_OPEN.replace('$4', '0')})"
     " SELECT q.term, NULLIF(COALESCE(CASE WHEN i.layout >= $4 THEN (SELECT d.df FROM recall_df d"
     " WHERE d.tenant = $1 AND d.session_id = $2 AND d.term = q.term) ELSE (SELECT"
     f" SUM(octet_length(x.data)) / {POSTING.itemsize} FROM recall_postings x WHERE x.tenant = $1"
     " AND x.session_id = $2 AND x.term = q.term) END, 0) + COALESCE((SELECT"
-    f" SUM(octet_length(y.data)) / {POSTING.itemsize} FROM recall_recent y WHERE y.tenant = $1"
-    " AND y.session_id = $2 AND y.block = ANY((SELECT * FROM o)::int[]) AND y.term = q.term), 0), 0)"
+    f" SUM(octet_length(y.data)) / {POSTING.itemsize} {_OPEN_ROWS}), 0), 0)"
     " FROM unnest($3::text[]) AS q(term)"
     " LEFT JOIN recall_index i ON i.tenant = $1 AND i.session_id = $2"
 )
