@@ -90,9 +90,11 @@ def seal(
     merged: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
     for term, sub, data in [*rows, *more]:
         merged.setdefault((term, sub // per_block), []).append((sub, bytes(data)))
+    # In key order: the upserts sweep each B-tree once (a page read and written once, not
+    # once per term that lands on it).
     joined = [
         (term, block, b"".join(d for _, d in sorted(parts, key=lambda p: p[0])))
-        for (term, block), parts in merged.items()
+        for (term, block), parts in sorted(merged.items())
     ]
     db.executemany(
         "INSERT INTO recall_postings (tenant, session_id, term, block, data) VALUES (?, ?, ?, ?, ?)"
