@@ -8,6 +8,7 @@ import random
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,16 @@ from contextmode.store import _sqlite_schema
 from contextmode.store.base import Store
 from contextmode.store.factory import open_store
 from contextmode.store.memory import MemoryStore
-from contextmode.store.postings import PostingsStore, catch_up
+from contextmode.store.postings import (
+    LAYOUT,
+    POSTING,
+    PostingsStore,
+    catch_up,
+    postings_for,
+    unpack,
+)
 from contextmode.testing.backends import PG_DSN, Backend, fresh_store_url
-from contextmode.types import NewTurn, Role
+from contextmode.types import NewTurn, Role, Turn
 
 _WORDS = ["coffee", "weather", "garden", "running", "music", "movie", "dinner", "travel", "office",
           "project", "meeting", "weekend", "book", "pizza", "train", "river", "beach", "guitar",
@@ -119,7 +127,10 @@ async def _drop_index(backend: Backend, url: str) -> None:
         schema = url.partition("schema=")[2]
         conn = await asyncpg.connect(PG_DSN)
         try:
-            await conn.execute(f'DELETE FROM "{schema}".recall_postings; DELETE FROM "{schema}".recall_index')
+            await conn.execute(";".join(
+                f'DELETE FROM "{schema}".{table}'
+                for table in ("recall_postings", "recall_recent", "recall_df", "recall_index")
+            ))
         finally:
             await conn.close()
     else:
@@ -204,3 +215,121 @@ async def test_two_workers_answer_the_same_recall(backend: Backend, tmp_path: Pa
         finally:
             await writer.close()
             await reader.close()
+
+
+def _layout1_rows(turns: list[NewTurn]) -> list[tuple[str, int, bytes]]:
+    """The postings rows the index wrote before layout 2: one row per term and block of
+    512 seqs, the open block's too (as appends grew it)."""
+    log = [Turn(seq=i, role=t.role, content=t.content, tokens=t.tokens, metadata=t.metadata,
+                created_at=datetime(2026, 1, 1, tzinfo=UTC)) for i, t in enumerate(turns, 1)]
+    return list(postings_for(log, None).rows)
+
+
+def _layout1_sqlite(path: Path, sessions: dict[str, list[NewTurn]]) -> None:
+    """A file as the store wrote it before layout 2: every migration but the last, the
+    postings of each session in 512-seq rows and no frequency rows."""
+    assert _sqlite_schema.MIGRATIONS[-1].__name__ == "m008_recall_frequencies"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("BEGIN")
+    db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+    for migration in _sqlite_schema.MIGRATIONS[:-1]:
+        migration(db)
+        db.execute("INSERT INTO _migrations VALUES (?, datetime('now'))", (migration.__name__,))
+    for sid, turns in sessions.items():
+        db.execute("INSERT INTO sessions (tenant, session_id, last_seq, created_at, updated_at)"
+                   " VALUES ('t', ?, ?, 1, 1)", (sid, len(turns)))
+        db.executemany(
+            "INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at, metadata)"
+            " VALUES ('t', ?, ?, ?, ?, 5, 1, ?)",
+            [(sid, i, t.role, t.content, json.dumps(dict(t.metadata))) for i, t in enumerate(turns, 1)],
+        )
+        added = postings_for([Turn(seq=i, role=t.role, content=t.content, tokens=5, metadata=t.metadata,
+                                   created_at=datetime(2026, 1, 1, tzinfo=UTC))
+                              for i, t in enumerate(turns, 1)], None)
+        db.executemany("INSERT INTO recall_postings VALUES ('t', ?, ?, ?, ?)",
+                       [(sid, term, block, data) for term, block, data in added.rows])
+        db.execute("INSERT INTO recall_index VALUES ('t', ?, ?, ?, ?)",
+                   (sid, len(turns), added.docs, added.length))
+    db.execute("COMMIT")
+    db.close()
+
+
+async def _layout1_postgres(url: str, store: Store, sessions: dict[str, list[NewTurn]]) -> None:
+    """The same on PostgreSQL: the sessions appended, then their index rewritten as before."""
+    import asyncpg
+
+    for sid, turns in sessions.items():
+        for start in range(0, len(turns), 50):
+            await store.append("t", sid, turns[start : start + 50])
+    schema = url.partition("schema=")[2]
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(f'SET search_path TO "{schema}"')
+        await conn.execute("DELETE FROM recall_postings; DELETE FROM recall_recent; DELETE FROM recall_df;"
+                           " UPDATE recall_index SET layout = 1")
+        for sid, turns in sessions.items():
+            rows = _layout1_rows(turns)
+            await conn.executemany("INSERT INTO recall_postings VALUES ('t', $1, $2, $3, $4)",
+                                   [(sid, term, block, data) for term, block, data in rows])
+    finally:
+        await conn.close()
+
+
+async def _hits_of(store: Store, sid: str, query: str, recaller: Recaller) -> list[tuple[int, object]]:
+    state = await store.load("t", sid)
+    recalled = await recaller.recall(store, state, query, limit=40)
+    return [(t.seq, t.metadata["recall"]["score"]) for t in recalled]
+
+
+@pytest.mark.parametrize("backend", BACKENDS[:2])
+async def test_an_index_of_the_previous_layout_migrates_resumably(backend: Backend, tmp_path: Path) -> None:
+    """A database whose index was written before frequency rows and small open-block rows:
+    it answers as before, keeps indexing appends, and `catch_up` converts it session by
+    session (each in one transaction: an interruption loses nothing)."""
+    turns = {"a": _turns(1100, seed=7), "b": _turns(700, seed=8)}
+    old = {sid: t[:500] for sid, t in turns.items()}  # each one's open block part-filled
+    async with fresh_store_url(backend, tmp_path) as url:
+        if backend == "sqlite":
+            _layout1_sqlite(Path(url.removeprefix("sqlite:///")), old)
+        store = open_store(url)
+        try:
+            if backend == "postgres":
+                await _layout1_postgres(url, store, old)
+            assert isinstance(store, PostingsStore)
+            assert (await store.index_stats("t", "a")).layout == 1
+            recaller = Recaller()
+            reference = await _reference(old["a"])
+            for query in _QUERIES:  # layout 1 counts its postings
+                assert await _hits_of(store, "a", query, recaller) == reference[query]
+            # Appends go on indexing (the open block sealed over its old row, a second one begun).
+            for sid in turns:
+                for start in range(500, len(turns[sid]), 9):
+                    await store.append("t", sid, turns[sid][start : start + 9])
+            assert not recaller._entries
+            # Interrupted: session a converted, then the process stopped.
+            assert await store.index_backfill("t", "a") == 1100
+            assert (await store.index_stats("t", "a")).layout == LAYOUT
+            assert await store.sessions_to_index() == [("t", "b", 0, 700)]
+            seen: list[tuple[int, int]] = []
+            assert await catch_up(store, on_progress=lambda d, t: seen.append((d, t))) == 700
+            assert seen[-1] == (700, 700)
+            assert await store.sessions_to_index() == [] and await catch_up(store) == 0
+            for sid in turns:
+                stats = await store.index_stats("t", sid)
+                assert (stats.layout, stats.indexed_seq) == (LAYOUT, len(turns[sid]))
+                rows = _layout1_rows(turns[sid])
+                frequency: dict[str, int] = {}
+                for term, _, data in rows:
+                    frequency[term] = frequency.get(term, 0) + len(data) // POSTING.itemsize
+                assert await store.term_counts("t", sid, sorted(frequency)) == frequency
+                stored = await store.postings("t", sid, sorted(frequency))
+                assert {t: unpack(r).tolist() for t, r in stored.items()} == {
+                    t: unpack(sorted((b, d) for term, b, d in rows if term == t)).tolist() for t in frequency
+                }
+                expected = await _reference(turns[sid])
+                for query in _QUERIES:
+                    assert await _hits_of(store, sid, query, Recaller()) == expected[query]
+                    assert await _hits_of(store, sid, query, recaller) == expected[query]
+            assert not recaller._entries
+        finally:
+            await store.close()

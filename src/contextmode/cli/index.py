@@ -1,4 +1,5 @@
-"""``contextmode index``: build the stored recall index for sessions written before it existed."""
+"""``contextmode index``: build the stored recall index for sessions written before it existed,
+and convert sessions indexed in an older layout (see `store.postings.LAYOUT`)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         batch: Annotated[int, typer.Option(help="Turns indexed per transaction.", min=1)] = 2000,
     ) -> None:
-        """Build the stored recall index for turns written before it existed (resumable)."""
+        """Build the stored recall index for turns written before it existed, or convert an
+        index of an older layout (resumable)."""
         console = Console()
         try:
             asyncio.run(_run(console, store, batch))

@@ -50,7 +50,7 @@ async def erase(db: Any, key: tuple[str, str], record_id: int | None) -> dict[st
               "pins": int(row["pins"]) if row else 0}
     for kind in SQL_SESSION_TABLES:
         status = await db.execute(f"DELETE FROM {kind.table} {_W}", *key)
-        counts[kind.kind] = int(status.rsplit(" ", 1)[-1])
+        counts[kind.kind] = counts.get(kind.kind, 0) + int(status.rsplit(" ", 1)[-1])
     await _add_to_record(db, record_id, counts)
     return counts
 
@@ -94,7 +94,7 @@ class PostgresLifecycle:
             for kind in SQL_SESSION_TABLES:
                 if kind.per_turn:
                     status = await db.execute(f"DELETE FROM {kind.table} {_W} AND seq < $3", *key, seq)
-                    counts[kind.kind] = int(status.rsplit(" ", 1)[-1])
+                    counts[kind.kind] = counts.get(kind.kind, 0) + int(status.rsplit(" ", 1)[-1])
             await _add_to_record(db, record_id, counts)
         return counts
 

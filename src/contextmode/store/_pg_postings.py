@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Turn
-from .postings import POSTING, IndexStats, postings_for
+from .postings import BLOCK, LAYOUT, POSTING, SUB, IndexStats, postings_for
 
-__all__ = ["backfill", "index_turns", "lagging", "postings", "stats", "term_counts"]
+__all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
 
 Conn = Any  # asyncpg.Connection, imported lazily
 _W = "WHERE tenant = $1 AND session_id = $2"
@@ -21,10 +21,12 @@ _TURN_COLS = "t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata, NULL
 
 
 async def stats(db: Conn, key: tuple[str, str]) -> IndexStats:
-    row = await db.fetchrow(f"SELECT indexed_seq, docs, total_len FROM recall_index {_W}", *key)
+    row = await db.fetchrow(
+        f"SELECT indexed_seq, docs, total_len, layout FROM recall_index {_W}", *key
+    )
     if row is None:
         return IndexStats()
-    return IndexStats(indexed_seq=row[0], docs=row[1], total_len=row[2], exists=True)
+    return IndexStats(indexed_seq=row[0], docs=row[1], total_len=row[2], exists=True, layout=row[3])
 
 
 async def _previous(db: Conn, key: tuple[str, str], seq: int) -> Turn | None:
@@ -62,54 +64,121 @@ async def _write(
     db: Conn, key: tuple[str, str], turns: Sequence[Turn], previous: Turn | None,
     analyzed: Mapping[str, list[str]] | None = None,
 ) -> None:
-    added = postings_for(turns, previous, analyzed=analyzed)
-    # One round trip: the postings upsert and the statistics upsert.
+    """Postings of ``turns`` into the open block's small rows (`SUB` seqs a row, keyed
+    block first: an append writes a few hundred bytes on a page or two, not a growing
+    6 KB row and its TOAST per term) and the statistics, in one round trip; the blocks
+    these turns complete are merged (`seal`)."""
+    added = postings_for(turns, previous, analyzed=analyzed, block_size=SUB)
     await db.execute(
-        "WITH p AS (INSERT INTO recall_postings (tenant, session_id, term, block, data)"
-        " SELECT $1, $2, u.t, u.b, u.d FROM unnest($3::text[], $4::int[], $5::bytea[]) AS u(t, b, d)"
-        " ON CONFLICT (tenant, session_id, term, block)"
-        " DO UPDATE SET data = recall_postings.data || excluded.data)"
-        " INSERT INTO recall_index (tenant, session_id, indexed_seq, docs, total_len)"
-        " VALUES ($1, $2, $6, $7, $8) ON CONFLICT (tenant, session_id) DO UPDATE SET"
+        "WITH p AS (INSERT INTO recall_recent (tenant, session_id, block, term, data)"
+        " SELECT $1, $2, u.b, u.t, u.d FROM unnest($3::text[], $4::int[], $5::bytea[]) AS u(t, b, d)"
+        " ON CONFLICT (tenant, session_id, block, term)"
+        " DO UPDATE SET data = recall_recent.data || excluded.data)"
+        " INSERT INTO recall_index (tenant, session_id, indexed_seq, docs, total_len, layout)"
+        " VALUES ($1, $2, $6, $7, $8, $9) ON CONFLICT (tenant, session_id) DO UPDATE SET"
         " indexed_seq = excluded.indexed_seq, docs = recall_index.docs + excluded.docs,"
         " total_len = recall_index.total_len + excluded.total_len",
         *key, [r[0] for r in added.rows], [r[1] for r in added.rows], [r[2] for r in added.rows],
-        turns[-1].seq, added.docs, added.length,
+        turns[-1].seq, added.docs, added.length, LAYOUT,
+    )
+    sealed = (turns[-1].seq + 1) // BLOCK
+    if sealed > turns[0].seq // BLOCK:  # these turns complete a block
+        await seal(db, key, turns[0].seq // BLOCK, sealed)
+
+
+async def seal(db: Conn, key: tuple[str, str], first: int, sealed: int) -> None:
+    """Merge the small rows of blocks ``first`` to ``sealed - 1`` (the ones that were open)
+    into one row per term and block, and add their postings to the terms' frequency rows
+    (one statement; the range skips the index entries of rows earlier seals deleted)."""
+    per_block = BLOCK // SUB
+    await db.execute(
+        "WITH m AS (DELETE FROM recall_recent WHERE tenant = $1 AND session_id = $2"
+        " AND block >= $4 AND block < $3 RETURNING term, block, data),"
+        " p AS (INSERT INTO recall_postings (tenant, session_id, term, block, data)"
+        f" SELECT $1, $2, term, block / {per_block}, string_agg(data, ''::bytea ORDER BY block)"
+        f" FROM m GROUP BY term, block / {per_block}"
+        " ON CONFLICT (tenant, session_id, term, block)"
+        " DO UPDATE SET data = recall_postings.data || excluded.data)"
+        " INSERT INTO recall_df (tenant, session_id, term, df)"
+        f" SELECT $1, $2, term, SUM(octet_length(data)) / {POSTING.itemsize} FROM m GROUP BY term"
+        " ON CONFLICT (tenant, session_id, term) DO UPDATE SET df = recall_df.df + excluded.df",
+        *key, sealed * per_block, first * per_block,
     )
 
 
+# The open block's sub-blocks (`postings.open_subs`, from block $4 on), each probed with the
+# whole primary key: a probe never walks the entries of rows earlier seals deleted (without a
+# vacuum they stay in the index, and a scan by term alone reads them all). ``LIMIT`` (there
+# are at most 16) keeps the planner's estimate small: with generate_series's default of 1,000
+# rows, 80 terms cost enough to start the JIT compiler (~1 s).
+_OPEN = (
+    f"SELECT g.b FROM recall_index i CROSS JOIN LATERAL generate_series(GREATEST($4,"
+    f" (i.indexed_seq + 1) / {BLOCK}) * {BLOCK // SUB}, i.indexed_seq / {SUB}) AS g(b)"
+    f" WHERE i.tenant = $1 AND i.session_id = $2 LIMIT {BLOCK // SUB}"
+)
+_OPEN_ROWS = (
+    "FROM o CROSS JOIN LATERAL (SELECT y.block, y.data FROM recall_recent y WHERE y.tenant = $1"
+    " AND y.session_id = $2 AND y.block = o.b AND y.term = q.term OFFSET 0) y"
+)
 # One primary-key range per term (a lateral probe; ``OFFSET 0`` keeps the planner from
 # flattening it into a hash join over the whole session, which it picks whenever the
-# table's statistics are missing or stale, e.g. right after a bulk load: 100× slower).
+# table's statistics are missing or stale, e.g. right after a bulk load: 100× slower):
+# the sealed rows, then the open block's small rows.
 _POSTINGS = (
-    "SELECT q.term, p.block, p.data FROM unnest($3::text[]) AS q(term) CROSS JOIN LATERAL"
-    " (SELECT x.block, x.data FROM recall_postings x WHERE x.tenant = $1 AND x.session_id = $2"
-    " AND x.term = q.term AND x.block >= $4 ORDER BY x.block OFFSET 0) p"
+    f"WITH o AS MATERIALIZED ({_OPEN})"
+    " SELECT q.term, p.block, p.part, p.data FROM unnest($3::text[]) AS q(term) CROSS JOIN LATERAL"
+    " (SELECT x.block, -1 AS part, x.data FROM recall_postings x WHERE x.tenant = $1"
+    " AND x.session_id = $2 AND x.term = q.term AND x.block >= $4"
+    f" UNION ALL SELECT y.block / {BLOCK // SUB}, y.block, y.data {_OPEN_ROWS} OFFSET 0) p"
 )
+# Layout 2: the frequency row (sealed blocks); layout 1: the postings rows counted; then
+# the open block's small rows.
 _TERM_COUNTS = (
-    "SELECT q.term, (SELECT SUM(octet_length(x.data)) FROM recall_postings x"
-    " WHERE x.tenant = $1 AND x.session_id = $2 AND x.term = q.term) FROM unnest($3::text[]) AS q(term)"
+    f"WITH o AS MATERIALIZED ({_OPEN.replace('$4', '0')})"
+    " SELECT q.term, NULLIF(COALESCE(CASE WHEN i.layout >= $4 THEN (SELECT d.df FROM recall_df d"
+    " WHERE d.tenant = $1 AND d.session_id = $2 AND d.term = q.term) ELSE (SELECT"
+    f" SUM(octet_length(x.data)) / {POSTING.itemsize} FROM recall_postings x WHERE x.tenant = $1"
+    " AND x.session_id = $2 AND x.term = q.term) END, 0) + COALESCE((SELECT"
+    f" SUM(octet_length(y.data)) / {POSTING.itemsize} {_OPEN_ROWS}), 0), 0)"
+    " FROM unnest($3::text[]) AS q(term)"
+    " LEFT JOIN recall_index i ON i.tenant = $1 AND i.session_id = $2"
 )
 
 
 async def postings(
     db: Conn, key: tuple[str, str], terms: Sequence[str], from_block: int
 ) -> dict[str, list[tuple[int, bytes]]]:
-    out: dict[str, list[tuple[int, bytes]]] = {}
-    for term, block, data in await db.fetch(_POSTINGS, *key, list(dict.fromkeys(terms)), from_block):
-        out.setdefault(term, []).append((block, bytes(data)))
-    for rows in out.values():
-        rows.sort(key=lambda row: row[0])  # block order (already so, but not promised by SQL)
-    return out
+    parts: dict[str, list[tuple[int, int, bytes]]] = {}
+    for term, block, part, data in await db.fetch(
+        _POSTINGS, *key, list(dict.fromkeys(terms)), from_block
+    ):
+        parts.setdefault(term, []).append((block, part, bytes(data)))
+    # Seq order: block, then the sealed row before the small rows (not promised by SQL).
+    return {term: [(b, d) for b, _, d in sorted(rows)] for term, rows in parts.items()}
 
 
 async def term_counts(db: Conn, key: tuple[str, str], terms: Sequence[str]) -> dict[str, int]:
-    rows = await db.fetch(_TERM_COUNTS, *key, list(dict.fromkeys(terms)))
-    return {row[0]: int(row[1]) // POSTING.itemsize for row in rows if row[1] is not None}
+    rows = await db.fetch(_TERM_COUNTS, *key, list(dict.fromkeys(terms)), LAYOUT)
+    return {row[0]: int(row[1]) for row in rows if row[1] is not None}
+
+
+async def convert(db: Conn, key: tuple[str, str]) -> None:
+    """Give a session indexed at layout 1 its frequency rows, counted over its postings
+    rows (the open block's small rows are counted when read; replacing any a seal kept
+    meanwhile; caller holds the session row ``FOR UPDATE``, so no append slips in)."""
+    await db.execute(
+        "WITH counted AS (INSERT INTO recall_df (tenant, session_id, term, df)"
+        f" SELECT $1, $2, term, SUM(octet_length(data)) / {POSTING.itemsize} FROM recall_postings"
+        " WHERE tenant = $1 AND session_id = $2 GROUP BY term"
+        " ON CONFLICT (tenant, session_id, term) DO UPDATE SET df = excluded.df)"
+        " UPDATE recall_index SET layout = $3 WHERE tenant = $1 AND session_id = $2",
+        *key, LAYOUT,
+    )
 
 
 async def backfill(db: Conn, key: tuple[str, str], batch: int) -> int:
-    """Index the next ``batch`` turns the index lacks (caller holds a transaction)."""
+    """Index the next ``batch`` turns the index lacks, or convert a session indexed at
+    layout 1 (caller holds a transaction); return the turns done (0 = none left)."""
     from .postgres import _turn
 
     last = await db.fetchval(f"SELECT last_seq FROM sessions {_W} FOR UPDATE", *key)
@@ -117,29 +186,35 @@ async def backfill(db: Conn, key: tuple[str, str], batch: int) -> int:
         return 0
     current = await stats(db, key)
     done = current.indexed_seq
+    converted = 0
+    if current.exists and current.layout < LAYOUT:
+        await convert(db, key)
+        converted = done  # its turns count as done in `sessions_to_index`'s progress
     if done >= last:
         if not current.exists:
             await db.execute(
-                "INSERT INTO recall_index (tenant, session_id, indexed_seq, docs, total_len)"
-                " VALUES ($1, $2, 0, 0, 0) ON CONFLICT DO NOTHING", *key,
+                "INSERT INTO recall_index (tenant, session_id, indexed_seq, docs, total_len, layout)"
+                " VALUES ($1, $2, 0, 0, 0, $3) ON CONFLICT DO NOTHING", *key, LAYOUT,
             )
-        return 0
+        return converted
     rows = await db.fetch(
         f"SELECT {_TURN_COLS} FROM turns t {_W} AND t.seq > $3 AND t.seq <= $4 ORDER BY t.seq",
         *key, done, done + batch,
     )
     turns = [_turn(r) for r in rows]
     if not turns:
-        return 0
+        return converted
     await _write(db, key, turns, await _previous(db, key, done) if done else None)
-    return len(turns)
+    return converted + len(turns)
 
 
 async def lagging(db: Conn, limit: int) -> list[tuple[str, str, int, int]]:
+    """Sessions whose index lags their log, or is of an older layout (counted from 0)."""
     rows = await db.fetch(
-        "SELECT s.tenant, s.session_id, COALESCE(r.indexed_seq, 0), s.last_seq FROM sessions s"
+        "SELECT s.tenant, s.session_id, CASE WHEN r.layout < $2 THEN 0 ELSE"
+        " COALESCE(r.indexed_seq, 0) END, s.last_seq FROM sessions s"
         " LEFT JOIN recall_index r ON r.tenant = s.tenant AND r.session_id = s.session_id"
-        " WHERE r.indexed_seq IS NULL OR r.indexed_seq < s.last_seq LIMIT $1",
-        limit,
+        " WHERE r.indexed_seq IS NULL OR r.indexed_seq < s.last_seq OR r.layout < $2 LIMIT $1",
+        limit, LAYOUT,
     )
     return [(r[0], r[1], r[2], r[3]) for r in rows]

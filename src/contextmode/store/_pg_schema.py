@@ -213,6 +213,34 @@ async def m007_deletions(db: Conn) -> None:
     )
 
 
+async def m008_recall_frequencies(db: Conn) -> None:
+    # Recall index layout 2 (store/postings.py): the open block's postings in small rows of
+    # 32 seqs keyed block first (an append no longer rewrites a growing 6 KB row and its
+    # TOAST per term), merged into recall_postings when the block seals; each term's
+    # document frequency over the sealed blocks in a row of its own, added to at each seal.
+    # Sessions indexed before keep layout 1 until `contextmode index` converts them.
+    await db.execute(
+        """
+        CREATE TABLE recall_df (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            term text NOT NULL,
+            df bigint NOT NULL,
+            PRIMARY KEY (tenant, session_id, term)
+        );
+        CREATE TABLE recall_recent (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            block integer NOT NULL,
+            term text NOT NULL,
+            data bytea NOT NULL,
+            PRIMARY KEY (tenant, session_id, block, term)
+        );
+        ALTER TABLE recall_index ADD COLUMN layout integer NOT NULL DEFAULT 1;
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
@@ -225,6 +253,7 @@ MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m006_turn_traces,
     m006_session_users,
     m007_deletions,
+    m008_recall_frequencies,
 ]
 
 

@@ -138,7 +138,8 @@ def erase(db: Db, key: tuple[str, str], record_id: int | None = None) -> dict[st
     counts = {"sessions": int(row is not None), "summaries": int(bool(row and row[0])),
               "pins": int(row[1]) if row else 0}
     for kind in SQL_SESSION_TABLES:
-        counts[kind.kind] = db.execute(f"DELETE FROM {kind.table} {WHERE}", key).rowcount
+        erased = db.execute(f"DELETE FROM {kind.table} {WHERE}", key).rowcount
+        counts[kind.kind] = counts.get(kind.kind, 0) + erased
     db.execute(f"DELETE FROM sessions {WHERE}", key)
     add_to_record(db, record_id, counts)
     return counts

@@ -217,6 +217,39 @@ def m007_deletions(db: sqlite3.Connection) -> None:
     )
 
 
+def m008_recall_frequencies(db: sqlite3.Connection) -> None:
+    # Recall index layout 2 (store/postings.py): the open block's postings in small rows of
+    # 32 seqs keyed block first (an append rewrites a few hundred bytes on a page or two,
+    # not a growing 6 KB row per term), merged into `recall_postings` when the block seals;
+    # and each term's document frequency over the sealed blocks in a row of its own (one
+    # lookup instead of counting its postings), added to at each seal. Sessions indexed
+    # before keep layout 1 until `contextmode index` converts them; meanwhile they count.
+    db.execute(
+        """
+        CREATE TABLE recall_df (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            term TEXT NOT NULL,
+            df INTEGER NOT NULL,
+            PRIMARY KEY (tenant, session_id, term)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute(
+        """
+        CREATE TABLE recall_recent (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            block INTEGER NOT NULL,
+            term TEXT NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (tenant, session_id, block, term)
+        ) WITHOUT ROWID
+        """
+    )
+    db.execute("ALTER TABLE recall_index ADD COLUMN layout INTEGER NOT NULL DEFAULT 1")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
@@ -229,6 +262,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m006_turn_traces,
     m006_session_users,
     m007_deletions,
+    m008_recall_frequencies,
 ]
 
 

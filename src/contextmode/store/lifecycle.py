@@ -82,12 +82,15 @@ class RedisKind:
 # last by every backend and counted as ``sessions``, ``summaries`` and ``pins``.
 # To plug in a new table: add ``SqlKind(kind=..., table=...)`` here (the table must
 # have ``tenant`` and ``session_id`` columns), or a ``RedisKind`` for a Redis key.
+# Several tables may share a kind: their counts add up.
 SQL_SESSION_TABLES: tuple[SqlKind, ...] = (
     SqlKind(kind="turns", table="turns", per_turn=True),
     SqlKind(kind="emotion_scores", table="turn_emotions", per_turn=True),
     SqlKind(kind="job_stats", table="jobs"),
     SqlKind(kind="recall_postings", table="recall_postings"),
     SqlKind(kind="recall_index", table="recall_index"),
+    SqlKind(kind="recall_postings", table="recall_recent"),  # the open block's rows
+    SqlKind(kind="recall_df", table="recall_df"),
     SqlKind(kind="traces", table="turn_traces"),
     SqlKind(kind="idempotency", table="idempotency"),
 )

@@ -10,10 +10,20 @@ indexed seq). A worker then answers recall by reading only the query terms'
 rows, never the turns; sealed blocks (all of whose seqs are written) never
 change, so a worker may cache them.
 
+SQL stores (SQLite, PostgreSQL; `LAYOUT` 2) write the open block as small rows
+of `SUB` seqs keyed block first (``recall_recent``: an append rewrites a few
+hundred bytes on a page or two instead of a growing 6 KB row per term) and
+merge them into the block's rows when it seals, in the same transaction; they
+keep each term's document frequency over the sealed blocks in a row of its own
+(``recall_df``, added to at each seal), so a term's frequency is one lookup plus
+its open-block rows. Redis keeps its own layout (`_redis_postings`).
+
 A session written before the index existed has no statistics row: appends
 leave it alone (its index would have a hole) until `index_backfill` has caught
 it up (``contextmode index``, resumable: each batch commits its postings with
-the new ``indexed_seq``), and recall meanwhile uses the in-process index.
+the new ``indexed_seq``), and recall meanwhile uses the in-process index. A
+session indexed at layout 1 (before the frequency rows) counts its postings
+until the same command converts it (one transaction per session).
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ from ..types import Turn
 
 __all__ = [
     "BLOCK",
+    "LAYOUT",
     "POSTING",
+    "SUB",
     "IndexStats",
     "PostingRows",
     "PostingsStore",
@@ -36,13 +48,22 @@ __all__ = [
     "analyze_texts",
     "catch_up",
     "has_postings",
+    "open_subs",
     "postings_for",
     "reads_turns_at",
 ]
 
 BLOCK = 512
-"""Seqs per postings row: small enough that appending rewrites little (≤ 6 KB a row),
-large enough that a 100,000-turn session is ~200 rows for its commonest term."""
+"""Seqs per sealed postings row: a 100,000-turn session is ~200 rows for its commonest term."""
+
+SUB = 32
+"""Seqs per row of the open block (SQL stores): an append rewrites at most one such row
+(≤ 384 bytes); when the block seals, its rows are merged into one row of `BLOCK` seqs."""
+
+LAYOUT = 2
+"""Index layout a SQL store writes: 2 keeps each term's document frequency in a row of
+its own; a session indexed before (layout 1) counts its postings until `catch_up`
+converts it."""
 
 POSTING = np.dtype([("seq", "<i4"), ("tf", "<f4"), ("dl", "<f4")])
 """One packed posting: turn seq, term frequency, the turn's indexed length."""
@@ -61,6 +82,8 @@ class IndexStats:
     """Sum of the indexed turns' lengths (for the average document length)."""
     exists: bool = False
     """False for a session that has no statistics row (new, or not migrated)."""
+    layout: int = LAYOUT
+    """`LAYOUT` of the stored index (below it: `catch_up` converts the session)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +96,16 @@ class PostingRows:
     """Turns indexed."""
     length: float
     """Their total length."""
+    df: Mapping[str, int]
+    """term → how many of the turns contain it (added to its document frequency)."""
+
+
+def open_subs(indexed_seq: int, from_block: int = 0) -> range:
+    """The sub-blocks (`SUB` seqs each) of the open block up to ``indexed_seq``, from
+    block ``from_block`` on: where a SQL store's small rows can be (at most 16)."""
+    per_block = BLOCK // SUB
+    first = max(from_block, (indexed_seq + 1) // BLOCK) * per_block
+    return range(first, indexed_seq // SUB + 1)
 
 
 def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
@@ -84,10 +117,12 @@ def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
 
 
 def postings_for(
-    turns: Sequence[Turn], previous: Turn | None, *, analyzed: Mapping[str, list[str]] | None = None
+    turns: Sequence[Turn], previous: Turn | None, *,
+    analyzed: Mapping[str, list[str]] | None = None, block_size: int = BLOCK,
 ) -> PostingRows:
     """The postings of ``turns`` (consecutive seqs), given the turn just before them;
-    ``analyzed`` holds texts already analysed (`analyze_texts`)."""
+    ``analyzed`` holds texts already analysed (`analyze_texts`); rows are grouped by
+    blocks of ``block_size`` seqs (``block`` = seq // block_size)."""
     from ..memory.recall.index import BM25Params, turn_counts
     from ..memory.recall.text import analyze as analyze_text
     from ..memory.recall.text import indexed
@@ -110,14 +145,17 @@ def postings_for(
         dl = float(np.float32(sum(counts.values())))
         docs += 1
         length += dl
-        block = turn.seq // BLOCK
+        block = turn.seq // block_size
         for term, tf in counts.items():
             grouped.setdefault((term, block), []).append((turn.seq, tf, dl))
     rows = [
         (term, block, np.array(entries, dtype=POSTING).tobytes())
         for (term, block), entries in grouped.items()
     ]
-    return PostingRows(rows=rows, docs=docs, length=length)
+    df: dict[str, int] = {}
+    for (term, _), entries in grouped.items():
+        df[term] = df.get(term, 0) + len(entries)
+    return PostingRows(rows=rows, docs=docs, length=length, df=df)
 
 
 @runtime_checkable

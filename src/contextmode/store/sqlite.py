@@ -572,7 +572,9 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
 
     async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
         key = check_ids(tenant, session_id)
-        return await self._run(lambda db: postings.term_counts(db, key, list(terms)))
+        return await self._run(
+            lambda db: admin.read(db, lambda: postings.term_counts(db, key, list(terms)))
+        )
 
     async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
         key = check_ids(tenant, session_id)

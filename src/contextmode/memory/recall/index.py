@@ -227,30 +227,43 @@ class BM25Index:
         *,
         k: int,
         exclude_from_seq: int | None = None,
+        memo: dict[tuple[str, float], tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> list[tuple[int, float]]:
-        """Like `search`, with explicit per-term query weights (for query expansion)."""
+        """Like `search`, with explicit per-term query weights (for query expansion).
+
+        ``memo`` keeps each term's contributions for a second search of the same query
+        (feedback adds terms, the message's own keep their weights); pass the same dict
+        to both, with nothing added to the index in between."""
         if self._docs == 0 or k <= 0:
             return []
         k1 = self.params.k1
         norm = self._norm()
-        scores = np.zeros(len(self._doc_len), dtype=np.float64)
-        touched = False
+        memo = {} if memo is None else memo
+        seqs: list[np.ndarray] = []
+        contributions: list[np.ndarray] = []
         for term, weight in weights.items():
             seqs_arr = self._seqs.get(term)
             if weight <= 0 or seqs_arr is None:
                 continue
-            seqs = np.frombuffer(seqs_arr, dtype=np.int64)
-            tfs = np.frombuffer(self._tfs[term], dtype=np.float32)
-            if exclude_from_seq is not None:
-                end = int(np.searchsorted(seqs, exclude_from_seq))
-                seqs, tfs = seqs[:end], tfs[:end]
-            if not len(seqs):
-                continue
-            # Seqs are unique within one term's postings, so fancy-index += is exact.
-            scores[seqs] += bm25_scores(tfs, norm[seqs], idf=self.idf(term), weight=weight, k1=k1)
-            touched = True
-        if not touched:
+            done = memo.get((term, weight))
+            if done is None:
+                term_seqs = np.frombuffer(seqs_arr, dtype=np.int64)
+                tfs = np.frombuffer(self._tfs[term], dtype=np.float32)
+                if exclude_from_seq is not None:
+                    end = int(np.searchsorted(term_seqs, exclude_from_seq))
+                    term_seqs, tfs = term_seqs[:end], tfs[:end]
+                scored = bm25_scores(tfs, norm[term_seqs], idf=self.idf(term), weight=weight, k1=k1)
+                done = memo[(term, weight)] = (term_seqs, scored)
+            if len(done[0]):
+                seqs.append(done[0])
+                contributions.append(done[1])
+        if not seqs:
             return []
+        # Sums each turn's contributions in query-term order from 0, as a dense
+        # ``scores[seqs] +=`` per term would (seqs are unique within a term).
+        scores = np.bincount(
+            np.concatenate(seqs), weights=np.concatenate(contributions), minlength=len(self._doc_len)
+        )
         return top_k(scores, k)
 
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal, Protocol
 
+import numpy as np
+
 from ...store.postings import IndexStats, PostingsStore, has_postings, reads_turns_at
 from ...text.lang import is_chinese
 from ...types import SessionState, Turn
@@ -261,10 +263,11 @@ class Recaller:
         weights = recall_query(message, recent, settings)
         k = settings.candidates
         if isinstance(index, BM25Index):
-            found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)
+            memo: dict[tuple[str, float], tuple[np.ndarray, np.ndarray]] = {}  # shared by both passes
+            found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq, memo=memo)
             if settings.feedback_turns and found:
                 expanded = _feedback(index, weights, found[: settings.feedback_turns], settings)
-                found = index.search_terms(expanded, k=k, exclude_from_seq=exclude_from_seq)
+                found = index.search_terms(expanded, k=k, exclude_from_seq=exclude_from_seq, memo=memo)
         else:
             found = index.search(message, k=k, exclude_from_seq=exclude_from_seq)
         if dense is not None:

@@ -17,7 +17,7 @@ from datetime import datetime
 
 import numpy as np
 
-from ...store.postings import BLOCK, POSTING, IndexStats, PostingsStore, unpack
+from ...store.postings import BLOCK, LAYOUT, POSTING, IndexStats, PostingsStore, unpack
 from ...types import Turn
 from .index import BM25Params, bm25_idf, bm25_scores, top_k, turn_counts
 from .text import analyze, indexed
@@ -28,11 +28,47 @@ TurnReader = Callable[[Sequence[int]], Awaitable[dict[int, Turn]]]
 """Reads one session's turns by seq (`recall.fetch_turns` bound to the session)."""
 
 
+@dataclass(frozen=True)
+class _Postings:
+    """One term's postings as three contiguous columns, seq ascending: scoring them runs
+    unit-stride vector code (the packed records' fields are strided views, ~2× slower)."""
+
+    seq: np.ndarray
+    tf: np.ndarray
+    dl: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def cut(self, start: int, end: int | None = None) -> _Postings:
+        return _Postings(self.seq[start:end], self.tf[start:end], self.dl[start:end])
+
+    @staticmethod
+    def of(records: np.ndarray) -> _Postings:
+        """From packed `POSTING` records."""
+        return _Postings(
+            records["seq"].astype(np.intp),
+            np.ascontiguousarray(records["tf"]),
+            np.ascontiguousarray(records["dl"]),
+        )
+
+    @staticmethod
+    def join(first: _Postings, then: _Postings) -> _Postings:
+        if not len(first):
+            return then
+        return _Postings(*(np.concatenate([a, b]) for a, b in zip(
+            (first.seq, first.tf, first.dl), (then.seq, then.tf, then.dl), strict=True
+        )))
+
+
+_NONE = _Postings.of(np.empty(0, dtype=POSTING))
+
+
 @dataclass
 class _Cached:
     created_at: datetime | None
-    sealed: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
-    """term → (blocks below this are in the array, their postings)."""
+    sealed: dict[str, tuple[int, _Postings]] = field(default_factory=dict)
+    """term → (blocks below this are in the columns, their postings)."""
 
 
 class StoredPostings:
@@ -84,11 +120,12 @@ class StoredIndex:
         self._key = (tenant, session_id)
         self._stats = stats
         self._cache = cache
-        self._parts: dict[str, tuple[np.ndarray, ...]] = {}
+        self._parts: dict[str, tuple[_Postings, ...]] = {}
         """term → its postings as disjoint arrays, seq ascending (the cached sealed blocks,
         then the open block): scored part by part, never copied into one array."""
         self._terms_of: dict[int, tuple[str, ...]] = {}
         self._df: dict[str, int] = {}
+        self._contributions: dict[tuple[str, float, int | None], list[tuple[np.ndarray, np.ndarray]]] = {}
 
     async def load_terms(self, terms: Sequence[str]) -> None:
         """Read the postings of ``terms`` not read yet (sealed blocks from the cache)."""
@@ -101,16 +138,16 @@ class StoredIndex:
         for start, group in by_start.items():
             rows = await self._store.postings(*self._key, group, from_block=start)
             for term in group:
-                fetched = unpack(rows.get(term, []))
-                old = self._cache.sealed.get(term, (0, np.empty(0, dtype=POSTING)))[1]
+                fetched = _Postings.of(unpack(rows.get(term, [])))
+                old = self._cache.sealed.get(term, (0, _NONE))[1]
                 # Split by seq: a store may return several blocks in one row.
-                cut = int(np.searchsorted(fetched["seq"], sealed_now * BLOCK))
-                sealed = np.concatenate([old, fetched[:cut]]) if cut else old
+                cut = int(np.searchsorted(fetched.seq, sealed_now * BLOCK))
+                sealed = _Postings.join(old, fetched.cut(0, cut)) if cut else old
                 if sealed_now > start:
                     self._cache.sealed[term] = (sealed_now, sealed)
-                tail = fetched[cut:]
+                tail = fetched.cut(cut)
                 # Another worker may have appended since the statistics were read.
-                tail = tail[tail["seq"] <= self._stats.indexed_seq]
+                tail = tail.cut(0, int(np.searchsorted(tail.seq, self._stats.indexed_seq, side="right")))
                 self._parts[term] = (sealed, tail) if len(tail) else (sealed,)
                 self._df[term] = len(sealed) + len(tail)
 
@@ -120,9 +157,11 @@ class StoredIndex:
     async def load_df(self, terms: Sequence[str]) -> None:
         """Document frequencies of ``terms`` without reading their postings."""
         missing = [t for t in dict.fromkeys(terms) if t not in self._df]
-        # A term whose sealed blocks are cached is counted from them and its open block
-        # (one short row); counting the others reads every row of theirs in the store.
-        cached = [t for t in missing if t in self._cache.sealed]
+        # Layout 2 keeps one frequency row per term: one lookup for all. Before it, a term
+        # whose sealed blocks are cached is counted from them and its open block (a few
+        # short rows); counting the others reads every row of theirs in the store.
+        keeps_df = self._stats.layout >= LAYOUT
+        cached = [] if keeps_df else [t for t in missing if t in self._cache.sealed]
         if cached:
             await self.load_terms(cached)
         missing = [t for t in missing if t not in self._df]
@@ -134,29 +173,51 @@ class StoredIndex:
     def search_terms(
         self, weights: Mapping[str, float], *, k: int, exclude_from_seq: int | None = None
     ) -> list[tuple[int, float]]:
-        """Exact BM25 over the loaded terms, like `BM25Index.search_terms`."""
+        """Exact BM25 over the loaded terms, like `BM25Index.search_terms` (the same
+        additions in the same order: each turn's score sums its terms' contributions in
+        query order, starting from 0)."""
         docs = self._stats.docs
         if docs == 0 or k <= 0:
             return []
-        k1, b = self.params.k1, self.params.b
-        avgdl = self._stats.total_len / docs
-        scores = np.zeros(self._stats.indexed_seq + 1, dtype=np.float64)
-        touched = False
+        seqs: list[np.ndarray] = []
+        contributions: list[np.ndarray] = []
         for term, weight in weights.items():
-            parts = self._parts.get(term)
-            if weight <= 0 or parts is None or not self._df.get(term):
+            if weight <= 0 or term not in self._parts or not self._df.get(term):
                 continue
-            idf = self.idf(term)
-            for postings in parts:
-                if exclude_from_seq is not None:
-                    postings = postings[: int(np.searchsorted(postings["seq"], exclude_from_seq))]
-                if not len(postings):
-                    continue
-                dl = postings["dl"]
-                norms = k1 * (1.0 - b + b * dl / (avgdl or 1.0))
-                scores[postings["seq"]] += bm25_scores(postings["tf"], norms, idf=idf, weight=weight, k1=k1)
-                touched = True
-        return top_k(scores, k) if touched else []
+            for part_seqs, part_scores in self._scored(term, weight, exclude_from_seq):
+                seqs.append(part_seqs)
+                contributions.append(part_scores)
+        if not seqs:
+            return []
+        # bincount adds in input order, as the in-memory index's `scores[seqs] +=` per term does.
+        scores = np.bincount(
+            np.concatenate(seqs), weights=np.concatenate(contributions),
+            minlength=self._stats.indexed_seq + 1,
+        )
+        return top_k(scores, k)
+
+    def _scored(
+        self, term: str, weight: float, exclude_from_seq: int | None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A term's ``(seqs, BM25 contributions)`` per part, kept for the query's second
+        pass (feedback adds terms; the message's own keep their weights)."""
+        key = (term, weight, exclude_from_seq)
+        done = self._contributions.get(key)
+        if done is not None:
+            return done
+        k1, b = self.params.k1, self.params.b
+        avgdl = self._stats.total_len / self._stats.docs
+        idf = self.idf(term)
+        out = []
+        for postings in self._parts[term]:
+            if exclude_from_seq is not None:
+                postings = postings.cut(0, int(np.searchsorted(postings.seq, exclude_from_seq)))
+            if not len(postings):
+                continue
+            norms = k1 * (1.0 - b + b * postings.dl / (avgdl or 1.0))
+            out.append((postings.seq, bm25_scores(postings.tf, norms, idf=idf, weight=weight, k1=k1)))
+        self._contributions[key] = out
+        return out
 
     async def load_doc_terms(self, seqs: Sequence[int], read: TurnReader) -> None:
         """Index terms of turns ``seqs`` (re-analysed from the turns and the ones before)."""
