@@ -18,6 +18,7 @@ import pytest
 
 from contextmode.errors import LockNotAcquired, StoreError
 from contextmode.store._sqlite_schema import MIGRATIONS
+from contextmode.store.postings import BLOCK
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.testing.contract import new_turns
 
@@ -221,6 +222,21 @@ async def test_a_turns_store_calls_need_no_thread_hand_off_when_the_file_is_free
         with pytest.raises(LockNotAcquired):  # the lock taken on the loop was released there
             async with store.turn_lock("t", "s"), store.turn_lock("t", "s"):
                 pass
+
+
+async def test_an_append_that_completes_a_recall_block_runs_on_the_thread(tmp_path: Path) -> None:
+    """Merging a block's small index rows takes long (~0.2–0.5 s): never on the event loop."""
+    async with SQLiteStore(tmp_path / "seal.db") as store:
+        await store.append("t", "s", new_turns(BLOCK - 3))  # opens and migrates on the thread
+        hops = _Hops(store)
+        await store.append("t", "s", new_turns(1, start=BLOCK - 2))  # seq 510: the block stays open
+        assert hops.calls == []
+        await store.append("t", "s", new_turns(1, start=BLOCK - 1))  # seq 511 completes block 0
+        assert len(hops.calls) == 1
+        await store.append("t", "s", new_turns(1, start=BLOCK))
+        assert len(hops.calls) == 1
+        assert [t.seq for t in await store.turns("t", "s")] == list(range(1, BLOCK + 1))
+        assert (await store.index_stats("t", "s")).indexed_seq == BLOCK
 
 
 async def test_a_locked_file_sends_the_write_to_the_thread_and_the_loop_keeps_running(tmp_path: Path) -> None:

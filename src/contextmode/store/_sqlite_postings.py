@@ -13,7 +13,7 @@ from typing import Any
 from ..types import Turn
 from .postings import BLOCK, LAYOUT, POSTING, SUB, IndexStats, open_subs, postings_for
 
-__all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
+__all__ = ["backfill", "completes_block", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
 
 Db = sqlite3.Connection
 _W = "WHERE tenant = ? AND session_id = ?"
@@ -50,6 +50,12 @@ def index_turns(
     _write(db, key, turns, _previous(db, key, last) if last else None, analyzed)
 
 
+def completes_block(first_seq: int, last_seq: int) -> bool:
+    """True when turns ``first_seq``..``last_seq`` complete a block, so their append merges
+    the block's small rows (`seal`): the one append in `BLOCK` that takes long."""
+    return (last_seq + 1) // BLOCK > first_seq // BLOCK
+
+
 def _write(
     db: Db, key: tuple[str, str], turns: Sequence[Turn], previous: Turn | None,
     analyzed: Mapping[str, list[str]] | None = None,
@@ -60,7 +66,7 @@ def _write(
     added = postings_for(turns, previous, analyzed=analyzed, block_size=SUB)
     sealed_after = (turns[-1].seq + 1) // BLOCK
     first_open = sealed_after * (BLOCK // SUB)
-    if sealed_after > turns[0].seq // BLOCK:  # these turns complete a block
+    if completes_block(turns[0].seq, turns[-1].seq):
         seal(db, key, sealed_after, [(t, s, d) for t, s, d in added.rows if s < first_open])
     db.executemany(
         "INSERT INTO recall_recent (tenant, session_id, block, term, data) VALUES (?, ?, ?, ?, ?)"
