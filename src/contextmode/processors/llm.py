@@ -42,6 +42,7 @@ from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
 from ..text.lang import is_chinese
+from ..tokens.base import TokenCounter, count_messages
 from ..types import ChatMessage, Constraint, Summary, Turn
 from ._llm_text import clean_model_text, format_turns, parse_intensity, parse_yes_no
 from .audit import _cn_to_int, join_facts_line, restore_facts, split_facts_line
@@ -298,19 +299,32 @@ class LLMSummarizer:
         self.target_length, self.turn_chars, self.max_tokens = target_length, turn_chars, max_tokens
         self.timeout = timeout
 
+    def _fields(self, previous: Summary | None, turns: Sequence[Turn]) -> tuple[bool, dict[str, str | int]]:
+        """Whether the call is in Chinese, and the prompt's fields for it."""
+        previous_text = previous.text if previous else ""
+        chinese = any(is_chinese(t.content) for t in turns) or is_chinese(previous_text)
+        return chinese, {
+            "target_length": self.target_length,
+            "previous": previous_text or ("（无）" if chinese else "(none)"),
+            "turns": format_turns(turns, chinese=chinese, turn_chars=self.turn_chars, times=True),
+        }
+
+    def call_tokens(self, previous: Summary | None, turns: Sequence[Turn], counter: TokenCounter) -> int:
+        """Tokens of the model's window one call of ``turns`` takes: its request (as ``counter``
+        counts it) plus its ``max_tokens`` (``target_length`` × 2 when uncapped)."""
+        chinese, fields = self._fields(previous, turns)
+        messages = self.prompt.render(chinese=chinese, **fields)
+        return count_messages(counter, messages) + (self.max_tokens or 2 * self.target_length)
+
     async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
         previous_text = previous.text if previous else ""
         if not turns:
             return SummaryResult(text=previous_text)
-        chinese = any(is_chinese(t.content) for t in turns) or is_chinese(previous_text)
-        previous_shown = previous_text or ("（无）" if chinese else "(none)")
-        turns_shown = format_turns(turns, chinese=chinese, turn_chars=self.turn_chars, times=True)
-        fields: dict[str, str | int] = {"target_length": self.target_length, "previous": previous_shown,
-                                        "turns": turns_shown}
+        chinese, fields = self._fields(previous, turns)
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
-                target_length=self.target_length, previous=previous_shown, turns=turns_shown,
+                target_length=fields["target_length"], previous=fields["previous"], turns=fields["turns"],
             )
             text = clean_model_text(answer)
             if not text:
