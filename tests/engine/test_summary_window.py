@@ -17,7 +17,7 @@ from contextmode.api import build_engine
 from contextmode.engine import Engine, Processors
 from contextmode.errors import ModelError
 from contextmode.memory.strategies import get_strategy
-from contextmode.models.openai import OpenAIChatModel
+from contextmode.models.openai import OpenAIChatModel, OpenAIOptions
 from contextmode.processors.audit import AuditedSummarizer
 from contextmode.processors.base import fits_a_window
 from contextmode.processors.llm import LLMSummarizer
@@ -43,7 +43,7 @@ def _summaries() -> Iterator[str]:
 
 
 def _engine(url: str, *, max_tokens: int = 512) -> Engine:
-    model = OpenAIChatModel(model="smollm2", base_url=url, max_retries=0)
+    model = OpenAIChatModel(model="smollm2", base_url=url, max_retries=0, options=OpenAIOptions(reply_max_tokens=256))
     summarizer = AuditedSummarizer(LLMSummarizer(model, max_tokens=max_tokens, timeout=30))
     return build_engine(store=MemoryStore(), model=model,
                         processors=replace(Processors.offline(), summarizer=summarizer))

@@ -10,17 +10,18 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..assembly.agent import as_sentence
-from ..errors import ConfigError, ConflictError
+from ..errors import ConflictError, ContextWindowExceeded
 from ..memory.strategies import get_strategy
 from ..models.priority import in_background
 from ..processors.base import ContextualEmotionScorer, PriorTurn, fits_a_window
+from ..processors.window import usable_tokens
 from ..types import SessionKey, Summary, Turn, utc_now
 from .request import PreparedTurn
 
 if TYPE_CHECKING:
     from .core import Engine
 
-__all__ = ["EMOTION_CONTEXT_TURNS", "schedule_jobs", "summarize_now", "window_limit"]
+__all__ = ["EMOTION_CONTEXT_TURNS", "schedule_jobs", "summarize_now"]
 
 EMOTION_CONTEXT_TURNS = 20
 """Earlier turns a contextual emotion scorer reads (the offline one's context window)."""
@@ -139,12 +140,6 @@ async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False,
     return committed
 
 
-def window_limit(context_window: int) -> int:
-    """Tokens of a ``context_window`` one background call may use: a margin of 2 % (at least 16
-    tokens) stays free for the server's own template tokens and a counter's small misses."""
-    return context_window - max(16, context_window // 50)
-
-
 @dataclass
 class _Folding:
     """One summary job's walk over its due turns (read once), a chunk per model call."""
@@ -180,7 +175,7 @@ def _next_chunk(engine: Engine, previous: Summary | None, pending: Sequence[Turn
     summarizer = engine.processors.summarizer
     if not remembered or not fits_a_window(summarizer):
         return pending[-1].seq, remembered
-    limit = window_limit(engine.settings.context_window)
+    limit = usable_tokens(engine.settings.context_window)
 
     def cost(turns: Sequence[Turn]) -> int:
         return summarizer.call_tokens(previous, turns, engine.counter) or 0
@@ -202,10 +197,10 @@ def _cut_to_fit(engine: Engine, turn: Turn, cost: Callable[[Sequence[Turn]], int
         return replace(turn, content=turn.content[:chars].rstrip() + "…")
 
     if cost([cut(0)]) > limit:
-        raise ConfigError(
-            f"the summary prompt alone takes {cost([cut(0)])} tokens of the "
-            f"{engine.settings.context_window}-token context window: raise CONTEXTMODE_CONTEXT_WINDOW "
-            "or lower CONTEXTMODE_LLM_SUMMARY_MAX_TOKENS"
+        raise ContextWindowExceeded(
+            f"the summary call takes {cost([cut(0)])} tokens (its max_tokens included) with no turn in it, "
+            f"more than the {limit} usable of the {engine.settings.context_window}-token context window: "
+            "raise CONTEXTMODE_CONTEXT_WINDOW or lower CONTEXTMODE_LLM_SUMMARY_MAX_TOKENS"
         )
     low, high = 0, len(turn.content)
     while low < high:

@@ -58,6 +58,7 @@ from .base import (
     SummaryResult,
 )
 from .intents import classify_follow_up_intent
+from .window import Cut, ModelWindow, fit_fields
 
 __all__ = [
     "CONSTRAINTS_SCHEMA",
@@ -136,10 +137,15 @@ EMOTION_SCHEMA = JsonSchema(name="emotion", schema={
 
 async def _ask(
     model: ChatModel, prompt: Prompt, *, chinese: bool, max_tokens: int | None,
-    timeout: float | None = None, schema: JsonSchema | None = None, **fields: object,
+    timeout: float | None = None, schema: JsonSchema | None = None,
+    fit: tuple[ModelWindow | None, Sequence[Cut]] = (None, ()), **fields: str | int,
 ) -> str:
     """One call (``complete_json`` with ``schema`` when the model takes one); ``timeout``
-    (seconds) bounds it on top of the client's own."""
+    (seconds) bounds it on top of the client's own. ``fit``: the model's window, when known,
+    and the fields that may be cut so the call fits it (`window.fit_fields`)."""
+    window, cuts = fit
+    if window is not None:
+        fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     messages = prompt.render(chinese=chinese, **fields)
     try:
         async with asyncio.timeout(timeout):
@@ -190,11 +196,15 @@ class LLMContextDetector:
         max_tokens: int | None = LLMLimits.detect,
         timeout: float | None = 10.0,
         prompt: Prompt = DETECT,
+        window: ModelWindow | None = None,
     ) -> None:
         """``history_turns`` newest turns are shown; ``max_tokens`` caps the verdict; after
-        ``timeout`` seconds the turn goes on without the model (it is on the response path)."""
+        ``timeout`` seconds the turn goes on without the model (it is on the response path).
+        With the model's ``window``, a call that would not fit has its history cut (the newest
+        lines kept), then the message (its end kept)."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.history_turns, self.max_tokens, self.timeout = history_turns, max_tokens, timeout
+        self.window = window
 
     async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
         if not history:
@@ -203,6 +213,7 @@ class LLMContextDetector:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
+                fit=(self.window, (("history", "tail"), ("message", "tail"))),
                 message=message, history=format_turns(history[-self.history_turns :], chinese=chinese),
             )
             verdict = parse_yes_no(answer)
@@ -234,13 +245,16 @@ class LLMRewriter:
         max_tokens: int | None = LLMLimits.rewrite,
         timeout: float | None = 15.0,
         prompt: Prompt = REWRITE,
+        window: ModelWindow | None = None,
     ) -> None:
         """The newest ``history_turns`` turns (each cut to ``turn_chars`` characters) plus the
         summary are the memory context the rewrite sees; after ``timeout`` seconds the
-        message goes on unchanged (the rewrite is on the response path)."""
+        message goes on unchanged (the rewrite is on the response path). With the model's
+        ``window``, a call that would not fit has its summary cut, then its history (the newest
+        lines kept); the message is never cut (a message that alone does not fit stays as it is)."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.history_turns, self.turn_chars, self.max_tokens = history_turns, turn_chars, max_tokens
-        self.timeout = timeout
+        self.timeout, self.window = timeout, window
 
     async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
         original = message.strip()
@@ -250,6 +264,7 @@ class LLMRewriter:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
+                fit=(self.window, (("summary", "head"), ("history", "tail"))),
                 message=original, summary=summary or ("（无）" if chinese else "(none)"),
                 history=format_turns(history[-self.history_turns :], chinese=chinese, turn_chars=self.turn_chars),
             )
@@ -456,9 +471,13 @@ class LLMConstraintExtractor:
         max_value_chars: int = 200,
         timeout: float | None = 60.0,
         prompt: Prompt = CONSTRAINTS,
+        window: ModelWindow | None = None,
     ) -> None:
+        """With the model's ``window``, a call that would not fit has the message cut (its start
+        kept), then the list of what is remembered."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.max_tokens, self.max_value_chars, self.timeout = max_tokens, max_value_chars, timeout
+        self.window = window
 
     async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         if turn.role != "user" or not turn.content.strip():
@@ -468,7 +487,9 @@ class LLMConstraintExtractor:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens,
-                timeout=self.timeout, schema=CONSTRAINTS_SCHEMA, current=remembered, message=turn.content,
+                timeout=self.timeout, schema=CONSTRAINTS_SCHEMA,
+                fit=(self.window, (("message", "head"), ("current", "head"))),
+                current=remembered, message=turn.content,
             )
             return self._update(self._parse(answer), turn, current)
         except ModelError as exc:
@@ -519,9 +540,13 @@ class LLMEmotionScorer:
         text_chars: int = 2000,
         timeout: float | None = 30.0,
         prompt: Prompt = EMOTION,
+        window: ModelWindow | None = None,
     ) -> None:
+        """The text is cut to ``text_chars`` characters, and with the model's ``window`` further
+        (its start kept) when the call would not fit."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.max_tokens, self.text_chars, self.timeout = max_tokens, text_chars, timeout
+        self.window = window
 
     async def score(self, text: str) -> float:
         if not text.strip():
@@ -529,7 +554,8 @@ class LLMEmotionScorer:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=is_chinese(text), max_tokens=self.max_tokens,
-                timeout=self.timeout, schema=EMOTION_SCHEMA, text=text[: self.text_chars],
+                timeout=self.timeout, schema=EMOTION_SCHEMA, fit=(self.window, (("text", "head"),)),
+                text=text[: self.text_chars],
             )
             value = parse_intensity(answer)
             if value is None:
