@@ -178,6 +178,7 @@ def _next_chunk(engine: Engine, previous: Summary | None, pending: Sequence[Turn
     limit = usable_tokens(engine.settings.context_window)
 
     def cost(turns: Sequence[Turn]) -> int:
+        # None: no window to fit after all (an `AuditedSummarizer` around the offline one)
         return summarizer.call_tokens(previous, turns, engine.counter) or 0
 
     if cost(remembered) <= limit:
