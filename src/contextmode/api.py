@@ -42,6 +42,7 @@ from .memory.strategies import Strategy
 from .models.base import ChatModel
 from .models.offline import OfflineResponder
 from .models.server import ServerInfo
+from .processors.window import ModelWindow
 from .settings import EngineSettings, Mode
 from .store.base import Store
 from .store.lifecycle import DeletionRecord
@@ -57,9 +58,13 @@ DEFAULT_COUNTING_MODEL = "gpt-4o"
 ProcessorKind = Literal["offline", "llm"]
 
 
-def default_processors(model: ChatModel, kind: ProcessorKind | None = None) -> Processors:
+def default_processors(
+    model: ChatModel, kind: ProcessorKind | None = None, *, window: ModelWindow | None = None
+) -> Processors:
     """The processors `build_engine` uses: ``offline``, or ``llm`` ones calling ``model``
-    (``kind`` default: ``CONTEXTMODE_PROCESSORS``, else ``offline``)."""
+    (``kind`` default: ``CONTEXTMODE_PROCESSORS``, else ``offline``). ``window``: the model's
+    context window and counter; the ``llm`` processors cut the user's text so every call fits it
+    (`build_engine` passes the engine's)."""
     if kind is None:
         kind = os.environ.get("CONTEXTMODE_PROCESSORS", "offline")  # type: ignore[assignment]
     offline = Processors.offline()
@@ -81,12 +86,14 @@ def default_processors(model: ChatModel, kind: ProcessorKind | None = None) -> P
     # background jobs it raises, so the job is retried and, at worst, recorded as failed
     # (or as rejected, without retries, when the model's output was unusable).
     limits = LLMLimits.from_env()
+    # The summary's calls are fitted to the window by the engine, which folds the due turns in
+    # chunks (`engine.schedule.summarize_now`); the others cut the user's text to fit.
     return Processors(
-        detector=LLMContextDetector(model, fallback=offline.detector, max_tokens=limits.detect),
-        rewriter=LLMRewriter(model, fallback=offline.rewriter, max_tokens=limits.rewrite),
+        detector=LLMContextDetector(model, fallback=offline.detector, max_tokens=limits.detect, window=window),
+        rewriter=LLMRewriter(model, fallback=offline.rewriter, max_tokens=limits.rewrite, window=window),
         summarizer=AuditedSummarizer(LLMSummarizer(model, max_tokens=limits.summary)),
-        extractor=LLMConstraintExtractor(model, max_tokens=limits.constraints),
-        emotion=LLMEmotionScorer(model, max_tokens=limits.emotion),
+        extractor=LLMConstraintExtractor(model, max_tokens=limits.constraints, window=window),
+        emotion=LLMEmotionScorer(model, max_tokens=limits.emotion, window=window),
     )
 
 
@@ -100,6 +107,35 @@ class ServerDescribed(Protocol):
 def describes_server(model: object) -> TypeGuard[ServerDescribed]:
     """True when ``model`` can probe its server (see `models.server.probe_server`)."""
     return isinstance(model, ServerDescribed)
+
+
+@runtime_checkable
+class CapsReplies(Protocol):
+    """A model whose replies have a ``max_tokens`` cap (`OpenAIChatModel`: 1024 by default)."""
+
+    reply_max_tokens: int | None
+
+
+def caps_replies(model: object) -> TypeGuard[CapsReplies]:
+    """True when ``model`` says how long its replies may get."""
+    return isinstance(model, CapsReplies)
+
+
+def _reserve_the_reply(settings: EngineSettings, model: ChatModel) -> EngineSettings:
+    """Settings whose default reply reserve (a quarter of the window) is at least the model's
+    reply cap, so the context plus the longest reply fits the window. A reserve set in the
+    configuration stands (integrations use ``reply_reserve=0`` for an input-only budget)."""
+    cap = model.reply_max_tokens if caps_replies(model) else None
+    window = settings.context_window
+    if settings.reply_reserve is not None or not cap or cap <= window // 4:
+        return settings
+    if cap >= window:
+        raise ConfigError(
+            f"the reply cap is {cap} tokens (CONTEXTMODE_LLM_REPLY_MAX_TOKENS) but the context window is "
+            f"{window} tokens: set CONTEXTMODE_LLM_REPLY_MAX_TOKENS below {window}"
+        )
+    log.info("reply reserve: %d tokens, the model's reply cap (a quarter of the window is less)", cap)
+    return replace(settings, reply_reserve=cap)
 
 
 def _fit_server(
@@ -171,6 +207,7 @@ def build_engine(
     if model is None:
         model = model_from_env()
     settings, counter = _fit_server(settings, model, counter, window_set=window_set)
+    settings = _reserve_the_reply(settings, model)
     if counter is None:
         # The configured model's tokenizer; with none configured, o200k (gpt-4o family).
         counter = counter_for_model(named or DEFAULT_COUNTING_MODEL)
@@ -184,7 +221,8 @@ def build_engine(
     if callable(processors):
         processors = processors(model)
     elif not isinstance(processors, Processors):
-        processors = default_processors(model, processors)
+        processors = default_processors(
+            model, processors, window=ModelWindow(tokens=settings.context_window, counter=counter))
     if isinstance(recaller, UseDefault):
         # Recall costs O(new turn) per turn to index; it is used by strategies with a recall layer.
         from .memory.recall import Recaller as BM25Recaller

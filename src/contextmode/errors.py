@@ -17,6 +17,7 @@ ContextModeError
 ├── ModelError                     the chat model failed (timeouts, 429/5xx, bad output)
 │   ├── ModelTimeout
 │   ├── ModelUnavailable
+│   ├── ContextWindowExceeded      a call would not fit the model's context window (never sent)
 │   └── OutputRejected             the model answered, but unusably (schema, invented values)
 └── LockNotAcquired                another worker holds the session's job lock
 ```
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "ContextModeError",
+    "ContextWindowExceeded",
     "EmptyMessage",
     "InputError",
     "InvalidSessionId",
@@ -125,6 +127,11 @@ class ModelTimeout(ModelError):
 
 class ModelUnavailable(ModelError):
     """The chat model is unreachable, rate limited (429) or failing (5xx)."""
+
+
+class ContextWindowExceeded(ModelError):
+    """A model call would take more tokens (prompt plus ``max_tokens``) than the model's context
+    window even with the user's text cut to fit; it is not sent."""
 
 
 class OutputRejected(ModelError):

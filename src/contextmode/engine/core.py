@@ -307,7 +307,9 @@ class Engine:
         budget dropped), and then any number of due turns is enough. Returns False
         when fewer than ``summary_threshold`` turns are due (any number with
         ``force``), or when a newer summary won the race: the result is then
-        discarded, never overwriting it.
+        discarded, never overwriting it. A summariser that must fit the model's window
+        (`WindowedSummarizer`, the LLM one) is given the turns in chunks that fit
+        ``settings.context_window``, each committed before the next.
         """
         return await summarize_now(self, SessionKey(tenant, session_id), force=force, upto=upto)
 

@@ -5,13 +5,16 @@ few slots, replies go first."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..assembly.agent import as_sentence
-from ..errors import ConflictError
+from ..errors import ConflictError, ContextWindowExceeded
 from ..memory.strategies import get_strategy
 from ..models.priority import in_background
-from ..processors.base import ContextualEmotionScorer, PriorTurn
+from ..processors.base import ContextualEmotionScorer, PriorTurn, fits_a_window
+from ..processors.window import usable_tokens
 from ..types import SessionKey, Summary, Turn, utc_now
 from .request import PreparedTurn
 
@@ -111,7 +114,12 @@ async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> N
 
 
 async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False, upto: int | None = None) -> bool:
-    """Fold the turns outside the recent window into the summary (see `Engine.summarize_now`)."""
+    """Fold the turns outside the recent window into the summary (see `Engine.summarize_now`).
+
+    A summariser that must fit a model's window (`WindowedSummarizer`) folds them in chunks
+    that fit `EngineSettings.context_window`, and each chunk's summary is committed before
+    the next one is asked for: a job cut off half-way keeps what it committed, and its retry
+    starts after it."""
     tenant, session_id = key.tenant, key.session_id
     store = engine.store
     strategy = get_strategy(engine.settings.strategy)
@@ -126,28 +134,96 @@ async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False,
     due = end - start + 1
     if due <= 0 or (due < engine.settings.summary_threshold and not force):
         return False
-    expected = previous.version if previous else 0
+    folding = _Folding(engine=engine, key=key, end=end)
+    committed = False
     # An attempt cut off (job timeout) after the summariser answered keeps its result
     # here; the retry commits it instead of paying for the same range twice.
     uncommitted = engine._uncommitted
-    kept = uncommitted.pop((tenant, session_id), None)
-    if kept is not None and kept[:3] == (expected, start, info.created_at):
-        summary = kept[3]
-    else:
-        turns = await store.turns(tenant, session_id, from_seq=start, to_seq=end)
-        if not turns:
+    while start <= end:
+        expected = previous.version if previous else 0
+        kept = uncommitted.pop((tenant, session_id), None)
+        if kept is not None and kept[:3] == (expected, start, info.created_at):
+            summary: Summary | None = kept[3]
+        else:
+            summary = await folding.next_summary(previous, start)
+        if summary is None:
+            return committed
+        if len(uncommitted) >= 1024:
+            uncommitted.clear()
+        uncommitted[(tenant, session_id)] = (expected, start, info.created_at, summary)
+        committed = await store.commit_summary(tenant, session_id, summary, expected_version=expected)
+        uncommitted.pop((tenant, session_id), None)
+        if not committed:
             return False
-        # Engine notices are never summarised; the summary still covers their seqs.
-        # Tool calls and results are summarised as sentences, never raw JSON.
-        remembered = [as_sentence(t) for t in turns if not t.notice]
+        previous, start = replace(summary, version=expected + 1), summary.covers_seq + 1
+    return committed
+
+
+@dataclass
+class _Folding:
+    """One summary job's walk over its due turns (read once), a chunk per model call."""
+
+    engine: Engine
+    key: SessionKey
+    end: int
+    turns: Sequence[Turn] | None = None
+
+    async def next_summary(self, previous: Summary | None, start: int) -> Summary | None:
+        """``previous`` with the next chunk of turns from ``start`` folded in; ``None``: no turns."""
+        engine = self.engine
+        if self.turns is None:
+            self.turns = await engine.store.turns(self.key.tenant, self.key.session_id, from_seq=start, to_seq=self.end)
+        pending = [t for t in self.turns if t.seq >= start]
+        if not pending:
+            return None
+        covers, remembered = _next_chunk(engine, previous, pending)
         if remembered:
             text = (await engine.processors.summarizer.summarize(previous, remembered)).text
         else:
             text = previous.text if previous else ""
-        summary = Summary(text=text, covers_seq=turns[-1].seq, tokens=engine.counter.count(text), created_at=utc_now())
-    if len(uncommitted) >= 1024:
-        uncommitted.clear()
-    uncommitted[(tenant, session_id)] = (expected, start, info.created_at, summary)
-    committed = await store.commit_summary(tenant, session_id, summary, expected_version=expected)
-    uncommitted.pop((tenant, session_id), None)
-    return committed
+        return Summary(text=text, covers_seq=covers, tokens=engine.counter.count(text), created_at=utc_now())
+
+
+def _next_chunk(engine: Engine, previous: Summary | None, pending: Sequence[Turn]) -> tuple[int, list[Turn]]:
+    """The last turn the next summary covers and the turns its call is given: all of ``pending``,
+    or for a `WindowedSummarizer` the most that fit the window (at least one, cut to fit).
+
+    Engine notices are never summarised; the summary still covers their seqs. Tool calls
+    and results are summarised as sentences, never raw JSON."""
+    remembered = [as_sentence(t) for t in pending if not t.notice]
+    summarizer = engine.processors.summarizer
+    if not remembered or not fits_a_window(summarizer):
+        return pending[-1].seq, remembered
+    limit = usable_tokens(engine.settings.context_window)
+
+    def cost(turns: Sequence[Turn]) -> int:
+        # None: no window to fit after all (an `AuditedSummarizer` around the offline one)
+        return summarizer.call_tokens(previous, turns, engine.counter) or 0
+
+    if cost(remembered) <= limit:
+        return pending[-1].seq, remembered
+    low, high = 0, len(remembered) - 1  # the longest prefix that fits (all of them does not)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if cost(remembered[:mid]) <= limit else (low, mid - 1)
+    if low == 0:
+        return remembered[0].seq, [_cut_to_fit(engine, remembered[0], cost, limit)]
+    return remembered[low - 1].seq, remembered[:low]
+
+
+def _cut_to_fit(engine: Engine, turn: Turn, cost: Callable[[Sequence[Turn]], int], limit: int) -> Turn:
+    """``turn`` with its text cut (the start kept, "…" marking the cut) so one call fits ``limit``."""
+    def cut(chars: int) -> Turn:
+        return replace(turn, content=turn.content[:chars].rstrip() + "…")
+
+    if cost([cut(0)]) > limit:
+        raise ContextWindowExceeded(
+            f"the summary call takes {cost([cut(0)])} tokens (its max_tokens included) with no turn in it, "
+            f"more than the {limit} usable of the {engine.settings.context_window}-token context window: "
+            "raise CONTEXTMODE_CONTEXT_WINDOW or lower CONTEXTMODE_LLM_SUMMARY_MAX_TOKENS"
+        )
+    low, high = 0, len(turn.content)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if cost([cut(mid)]) <= limit else (low, mid - 1)
+    return cut(low)

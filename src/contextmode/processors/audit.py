@@ -13,11 +13,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..text import Language, analyze_text, detect_language
 from ..types import Summary, Turn
-from .base import Summarizer, SummaryResult
+from .base import Summarizer, SummaryResult, fits_a_window
+
+if TYPE_CHECKING:
+    from ..tokens.base import TokenCounter
 from .constraints import content_words, extract_constraints
 from .lexicons import emotion_words
 
@@ -331,6 +334,11 @@ class AuditedSummarizer:
         self.inner = inner
         self.max_restored = max_restored
         self.max_items = max_items
+
+    def call_tokens(self, previous: Summary | None, turns: Sequence[Turn], counter: TokenCounter) -> int | None:
+        """The inner summariser's cost of one call in a model's window (`WindowedSummarizer`);
+        ``None`` when it has no window to fit (the offline one)."""
+        return self.inner.call_tokens(previous, turns, counter) if fits_a_window(self.inner) else None
 
     async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
         """The inner summary of ``turns`` folded into ``previous``, then audited."""

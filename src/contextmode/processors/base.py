@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, runtime_checkable
 
 from ..types import Constraint, Summary, Turn
+
+if TYPE_CHECKING:
+    from ..tokens.base import TokenCounter
 
 __all__ = [
     "ConstraintExtractor",
@@ -26,6 +29,8 @@ __all__ = [
     "Rewriter",
     "Summarizer",
     "SummaryResult",
+    "WindowedSummarizer",
+    "fits_a_window",
 ]
 
 IntentKind = Literal["detail", "simplify", "example", "summary", "pronoun"]
@@ -102,6 +107,25 @@ class Summarizer(Protocol):
     async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
         """Fold ``turns`` (not yet covered) into ``previous`` and return the new summary."""
         ...
+
+
+@runtime_checkable
+class WindowedSummarizer(Summarizer, Protocol):
+    """A summariser whose one call must fit a model's context window (`LLMSummarizer`).
+
+    The engine then folds the due turns in chunks, each call within its window
+    (`engine.schedule.summarize_now`); a summariser without this ability gets every due turn at once.
+    """
+
+    def call_tokens(self, previous: Summary | None, turns: Sequence[Turn], counter: TokenCounter) -> int | None:
+        """Tokens of the model's window one `summarize` call of ``turns`` takes: the request it
+        sends (counted with ``counter``) plus the output it allows; ``None``: no window to fit."""
+        ...
+
+
+def fits_a_window(summarizer: object) -> TypeGuard[WindowedSummarizer]:
+    """True when ``summarizer`` can say what one call costs of a model's window."""
+    return isinstance(summarizer, WindowedSummarizer)
 
 
 @runtime_checkable

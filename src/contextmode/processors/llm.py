@@ -42,6 +42,7 @@ from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
 from ..text.lang import is_chinese
+from ..tokens.base import TokenCounter, count_messages
 from ..types import ChatMessage, Constraint, Summary, Turn
 from ._llm_text import clean_model_text, format_turns, parse_intensity, parse_yes_no
 from .audit import _cn_to_int, join_facts_line, restore_facts, split_facts_line
@@ -57,6 +58,7 @@ from .base import (
     SummaryResult,
 )
 from .intents import classify_follow_up_intent
+from .window import Cut, ModelWindow, fit_fields
 
 __all__ = [
     "CONSTRAINTS_SCHEMA",
@@ -135,10 +137,15 @@ EMOTION_SCHEMA = JsonSchema(name="emotion", schema={
 
 async def _ask(
     model: ChatModel, prompt: Prompt, *, chinese: bool, max_tokens: int | None,
-    timeout: float | None = None, schema: JsonSchema | None = None, **fields: object,
+    timeout: float | None = None, schema: JsonSchema | None = None,
+    fit: tuple[ModelWindow | None, Sequence[Cut]] = (None, ()), **fields: str | int,
 ) -> str:
     """One call (``complete_json`` with ``schema`` when the model takes one); ``timeout``
-    (seconds) bounds it on top of the client's own."""
+    (seconds) bounds it on top of the client's own. ``fit``: the model's window, when known,
+    and the fields that may be cut so the call fits it (`window.fit_fields`)."""
+    window, cuts = fit
+    if window is not None:
+        fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     messages = prompt.render(chinese=chinese, **fields)
     try:
         async with asyncio.timeout(timeout):
@@ -189,11 +196,15 @@ class LLMContextDetector:
         max_tokens: int | None = LLMLimits.detect,
         timeout: float | None = 10.0,
         prompt: Prompt = DETECT,
+        window: ModelWindow | None = None,
     ) -> None:
         """``history_turns`` newest turns are shown; ``max_tokens`` caps the verdict; after
-        ``timeout`` seconds the turn goes on without the model (it is on the response path)."""
+        ``timeout`` seconds the turn goes on without the model (it is on the response path).
+        With the model's ``window``, a call that would not fit has its history cut (the newest
+        lines kept), then the message (its end kept)."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.history_turns, self.max_tokens, self.timeout = history_turns, max_tokens, timeout
+        self.window = window
 
     async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
         if not history:
@@ -202,6 +213,7 @@ class LLMContextDetector:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
+                fit=(self.window, (("history", "tail"), ("message", "tail"))),
                 message=message, history=format_turns(history[-self.history_turns :], chinese=chinese),
             )
             verdict = parse_yes_no(answer)
@@ -233,13 +245,16 @@ class LLMRewriter:
         max_tokens: int | None = LLMLimits.rewrite,
         timeout: float | None = 15.0,
         prompt: Prompt = REWRITE,
+        window: ModelWindow | None = None,
     ) -> None:
         """The newest ``history_turns`` turns (each cut to ``turn_chars`` characters) plus the
         summary are the memory context the rewrite sees; after ``timeout`` seconds the
-        message goes on unchanged (the rewrite is on the response path)."""
+        message goes on unchanged (the rewrite is on the response path). With the model's
+        ``window``, a call that would not fit has its summary cut, then its history (the newest
+        lines kept); the message is never cut (a message that alone does not fit stays as it is)."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.history_turns, self.turn_chars, self.max_tokens = history_turns, turn_chars, max_tokens
-        self.timeout = timeout
+        self.timeout, self.window = timeout, window
 
     async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
         original = message.strip()
@@ -249,6 +264,7 @@ class LLMRewriter:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
+                fit=(self.window, (("summary", "head"), ("history", "tail"))),
                 message=original, summary=summary or ("（无）" if chinese else "(none)"),
                 history=format_turns(history[-self.history_turns :], chinese=chinese, turn_chars=self.turn_chars),
             )
@@ -298,19 +314,32 @@ class LLMSummarizer:
         self.target_length, self.turn_chars, self.max_tokens = target_length, turn_chars, max_tokens
         self.timeout = timeout
 
+    def _fields(self, previous: Summary | None, turns: Sequence[Turn]) -> tuple[bool, dict[str, str | int]]:
+        """Whether the call is in Chinese, and the prompt's fields for it."""
+        previous_text = previous.text if previous else ""
+        chinese = any(is_chinese(t.content) for t in turns) or is_chinese(previous_text)
+        return chinese, {
+            "target_length": self.target_length,
+            "previous": previous_text or ("（无）" if chinese else "(none)"),
+            "turns": format_turns(turns, chinese=chinese, turn_chars=self.turn_chars, times=True),
+        }
+
+    def call_tokens(self, previous: Summary | None, turns: Sequence[Turn], counter: TokenCounter) -> int:
+        """Tokens of the model's window one call of ``turns`` takes: its request (as ``counter``
+        counts it) plus its ``max_tokens`` (``target_length`` × 2 when uncapped)."""
+        chinese, fields = self._fields(previous, turns)
+        messages = self.prompt.render(chinese=chinese, **fields)
+        return count_messages(counter, messages) + (self.max_tokens or 2 * self.target_length)
+
     async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
         previous_text = previous.text if previous else ""
         if not turns:
             return SummaryResult(text=previous_text)
-        chinese = any(is_chinese(t.content) for t in turns) or is_chinese(previous_text)
-        previous_shown = previous_text or ("（无）" if chinese else "(none)")
-        turns_shown = format_turns(turns, chinese=chinese, turn_chars=self.turn_chars, times=True)
-        fields: dict[str, str | int] = {"target_length": self.target_length, "previous": previous_shown,
-                                        "turns": turns_shown}
+        chinese, fields = self._fields(previous, turns)
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
-                target_length=self.target_length, previous=previous_shown, turns=turns_shown,
+                target_length=fields["target_length"], previous=fields["previous"], turns=fields["turns"],
             )
             text = clean_model_text(answer)
             if not text:
@@ -442,9 +471,13 @@ class LLMConstraintExtractor:
         max_value_chars: int = 200,
         timeout: float | None = 60.0,
         prompt: Prompt = CONSTRAINTS,
+        window: ModelWindow | None = None,
     ) -> None:
+        """With the model's ``window``, a call that would not fit has the message cut (its start
+        kept), then the list of what is remembered."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.max_tokens, self.max_value_chars, self.timeout = max_tokens, max_value_chars, timeout
+        self.window = window
 
     async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         if turn.role != "user" or not turn.content.strip():
@@ -454,7 +487,9 @@ class LLMConstraintExtractor:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens,
-                timeout=self.timeout, schema=CONSTRAINTS_SCHEMA, current=remembered, message=turn.content,
+                timeout=self.timeout, schema=CONSTRAINTS_SCHEMA,
+                fit=(self.window, (("message", "head"), ("current", "head"))),
+                current=remembered, message=turn.content,
             )
             return self._update(self._parse(answer), turn, current)
         except ModelError as exc:
@@ -505,9 +540,13 @@ class LLMEmotionScorer:
         text_chars: int = 2000,
         timeout: float | None = 30.0,
         prompt: Prompt = EMOTION,
+        window: ModelWindow | None = None,
     ) -> None:
+        """The text is cut to ``text_chars`` characters, and with the model's ``window`` further
+        (its start kept) when the call would not fit."""
         self.model, self.fallback, self.prompt = model, fallback, prompt
         self.max_tokens, self.text_chars, self.timeout = max_tokens, text_chars, timeout
+        self.window = window
 
     async def score(self, text: str) -> float:
         if not text.strip():
@@ -515,7 +554,8 @@ class LLMEmotionScorer:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=is_chinese(text), max_tokens=self.max_tokens,
-                timeout=self.timeout, schema=EMOTION_SCHEMA, text=text[: self.text_chars],
+                timeout=self.timeout, schema=EMOTION_SCHEMA, fit=(self.window, (("text", "head"),)),
+                text=text[: self.text_chars],
             )
             value = parse_intensity(answer)
             if value is None:

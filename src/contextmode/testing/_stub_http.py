@@ -197,6 +197,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(400, {"error": {"message": "response_format json_schema is not supported",
                                             "type": "invalid_request_error"}})
             return
+        if stub.llamacpp_window and (overflow := stub._overflow(request)) is not None:
+            # llama-cpp-python refuses a prompt plus max_tokens larger than its n_ctx, in these words
+            self._send_json(400, {"error": {"message": overflow, "type": "invalid_request_error",
+                                            "code": "context_length_exceeded"}})
+            return
         if fault and fault.kind == "status":
             headers = {}
             if fault.retry_after is not None:

@@ -113,8 +113,9 @@ class StubServer:
         self.llamacpp_window = llamacpp_window
         self.llamacpp_slots = options.llamacpp_slots
         """When set, the stub acts as llama.cpp's server: ``GET /props`` reports this ``n_ctx``,
-        ``POST /tokenize`` counts tokens, ``/v1/models`` says ``owned_by: llamacpp`` and a
-        ``json_schema`` response format is refused with 400."""
+        ``POST /tokenize`` counts tokens, ``/v1/models`` says ``owned_by: llamacpp``, a
+        ``json_schema`` response format is refused with 400, and so is a chat request whose
+        prompt plus ``max_tokens`` exceeds the window (llama-cpp-python's words, see `overflows`)."""
         self._random = random.Random(options.seed)
         self._lock = threading.Lock()
         self._faults: deque[Fault] = deque()
@@ -124,6 +125,9 @@ class StubServer:
         self._thread: threading.Thread | None = None
         self._counter = CharTokenCounter()
         self._call_serial = 0
+        self.overflows: list[int] = []
+        """With ``llamacpp_window``: the tokens asked by each chat request refused as larger than
+        the window (prompt plus ``max_tokens``, as llama-cpp-python's server refuses them)."""
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -199,6 +203,7 @@ class StubServer:
         with self._lock:
             self._faults.clear()
             self._requests.clear()
+            self.overflows.clear()
 
     @property
     def requests(self) -> list[StubRequest]:
@@ -257,6 +262,21 @@ class StubServer:
             low, high = (mid, high) if self._counter.count(text[:mid]) <= limit else (low, mid - 1)
         cut = text[:low].rstrip()
         return [cut[i : i + n] for i in range(0, len(cut), n)] or [""], "length"
+
+    def _overflow(self, request: StubRequest) -> str | None:
+        """With ``llamacpp_window``: llama-cpp-python's message refusing a request whose prompt
+        plus ``max_tokens`` exceeds the window (recorded in `overflows`), else ``None``."""
+        body = request.body if isinstance(request.body, dict) else {}
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        prompt = self._usage(request, "")["prompt_tokens"]
+        asked = prompt + (limit if isinstance(limit, int) else 0)
+        if self.llamacpp_window is None or asked <= self.llamacpp_window:
+            return None
+        with self._lock:
+            self.overflows.append(asked)
+        return (f"This model's maximum context length is {self.llamacpp_window} tokens. However, you requested "
+                f"{asked} tokens ({prompt} in the messages, {asked - prompt} in the completion). "
+                "Please reduce the length of the messages or completion.")
 
     def _usage(self, request: StubRequest, answer: str) -> dict[str, int]:
         prompt = sum(self._counter.count(str(m.get("content") or "")) + 4 for m in request.messages) + 3
