@@ -87,9 +87,11 @@ class JobSettings:
     """Cap of one backoff, seconds."""
     jitter: float = 0.1
     """Each backoff is scaled by a random factor in ``[1 - jitter, 1 + jitter]`` (spreads workers)."""
-    timeout_s: float | None = 60.0
-    """Time limit of one attempt, seconds; ``None`` = none (``CONTEXTMODE_JOB_TIMEOUT_S``)."""
-    lock_ttl_s: float = 90.0
+    timeout_s: float | None = 120.0
+    """Time limit of one attempt, seconds; ``None`` = none (``CONTEXTMODE_JOB_TIMEOUT_S``).
+    Room for one model call of an LLM processor on a one-slot server: up to
+    ``CONTEXTMODE_LLM_BACKGROUND_WAIT_S`` (30 s) for the slot, then the call's own 60 s limit."""
+    lock_ttl_s: float = 150.0
     """Expiry of the session lock an attempt holds, seconds; longer than ``timeout_s``."""
     lock_attempts: int = 20
     """Tries to get a session lock held by another worker (with backoff) before skipping the job."""
@@ -110,8 +112,8 @@ class JobSettings:
             return cls(
                 attempts=int(env.get("CONTEXTMODE_JOB_ATTEMPTS") or 3),
                 base_delay_s=float(env.get("CONTEXTMODE_JOB_BASE_DELAY_S") or 0.5),
-                timeout_s=float(timeout) if timeout else 60.0,
-                lock_ttl_s=float(env.get("CONTEXTMODE_JOB_LOCK_TTL_S") or 90.0),
+                timeout_s=float(timeout) if timeout else 120.0,
+                lock_ttl_s=float(env.get("CONTEXTMODE_JOB_LOCK_TTL_S") or 150.0),
             )
         except ValueError as exc:
             raise ConfigError(f"invalid job setting: {exc}") from exc
@@ -342,7 +344,15 @@ class JobRunner:
         if self.settings.timeout_s is None:
             await self._counted(name, factory)
         else:
-            await asyncio.wait_for(self._counted(name, factory), self.settings.timeout_s)
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(self._counted(name, factory), self.settings.timeout_s)
+            except TimeoutError:
+                if time.monotonic() - started < self.settings.timeout_s:
+                    raise  # the job's own, not the attempt's limit
+                raise TimeoutError(
+                    f"the attempt took longer than {self.settings.timeout_s:g} s (CONTEXTMODE_JOB_TIMEOUT_S)"
+                ) from None
 
     async def _counted(self, name: str, factory: JobFactory) -> None:
         """One attempt; an exception it raises is a failed attempt for the hooks."""

@@ -251,6 +251,25 @@ async def test_timeouts_count_as_failures() -> None:
     assert "TimeoutError" in (info.jobs["emotion"].last_error or "")
 
 
+async def test_a_cut_attempt_says_which_limit_cut_it_and_a_jobs_own_timeout_is_left_alone() -> None:
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    async def times_out_itself() -> None:
+        raise TimeoutError("the model took too long")
+
+    store = MemoryStore()
+    await store.append("t", "s", new_turns(1))
+    runner = JobRunner(store, JobSettings(attempts=1, base_delay_s=0.0, jitter=0.0, timeout_s=0.05, lock_ttl_s=1))
+    runner.schedule("t", "s", "emotion", hangs)
+    runner.schedule("t", "s", "constraints", times_out_itself)
+    await runner.drain()
+    info = await store.info("t", "s")
+    assert info is not None
+    assert "longer than 0.05 s (CONTEXTMODE_JOB_TIMEOUT_S)" in (info.jobs["emotion"].last_error or "")
+    assert "the model took too long" in (info.jobs["constraints"].last_error or "")
+
+
 async def test_aclose_cancels_pending_work() -> None:
     started = asyncio.Event()
 
