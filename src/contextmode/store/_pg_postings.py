@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Turn
-from .postings import BLOCK, LAYOUT, POSTING, SUB, IndexStats, postings_for
+from .postings import BLOCK, LAYOUT, POSTING, SUB, IndexStats, completes_block, postings_for
 
 __all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
 
@@ -82,7 +82,7 @@ async def _write(
         turns[-1].seq, added.docs, added.length, LAYOUT,
     )
     sealed = (turns[-1].seq + 1) // BLOCK
-    if sealed > turns[0].seq // BLOCK:  # these turns complete a block
+    if completes_block(turns[0].seq, turns[-1].seq):
         await seal(db, key, turns[0].seq // BLOCK, sealed)
 
 

@@ -11,9 +11,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Turn
-from .postings import BLOCK, LAYOUT, POSTING, SUB, IndexStats, open_subs, postings_for
+from .postings import (
+    BLOCK,
+    LAYOUT,
+    POSTING,
+    SUB,
+    IndexStats,
+    completes_block,
+    open_subs,
+    postings_for,
+)
 
-__all__ = ["backfill", "completes_block", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
+__all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
 
 Db = sqlite3.Connection
 _W = "WHERE tenant = ? AND session_id = ?"
@@ -48,12 +57,6 @@ def index_turns(
     if not current.exists and last > 0:
         return  # written before the index existed: `contextmode index` catches it up
     _write(db, key, turns, _previous(db, key, last) if last else None, analyzed)
-
-
-def completes_block(first_seq: int, last_seq: int) -> bool:
-    """True when turns ``first_seq``..``last_seq`` complete a block, so their append merges
-    the block's small rows (`seal`): the one append in `BLOCK` that takes long."""
-    return (last_seq + 1) // BLOCK > first_seq // BLOCK
 
 
 def _write(

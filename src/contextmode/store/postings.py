@@ -47,6 +47,7 @@ __all__ = [
     "TurnsAt",
     "analyze_texts",
     "catch_up",
+    "completes_block",
     "has_postings",
     "open_subs",
     "postings_for",
@@ -59,6 +60,13 @@ BLOCK = 512
 SUB = 32
 """Seqs per row of the open block (SQL stores): an append rewrites at most one such row
 (≤ 384 bytes); when the block seals, its rows are merged into one row of `BLOCK` seqs."""
+
+
+def completes_block(first_seq: int, last_seq: int) -> bool:
+    """True when turns ``first_seq``..``last_seq`` complete a block, so their append merges
+    the block's small rows into its postings (a seal): the one append in `BLOCK` that takes long."""
+    return (last_seq + 1) // BLOCK > first_seq // BLOCK
+
 
 LAYOUT = 2
 """Index layout a SQL store writes: 2 keeps each term's document frequency in a row of

@@ -54,7 +54,7 @@ from ._codec import (
 from ._sqlite_lifecycle import SQLiteLifecycle
 from ._sqlite_schema import migrate
 from .base import ClosesOnExit, IdempotencyRecord, LockHandle, SessionInfo, SessionVersion
-from .postings import IndexStats, analyze_texts
+from .postings import IndexStats, analyze_texts, completes_block
 
 __all__ = ["SQLiteStore"]
 
@@ -287,7 +287,7 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
             check_owner(row[1] if row else None, user_id, session_id)
             if not turns:
                 return last, []
-            if db is self._quick and postings.completes_block(last + 1, last + len(turns)):
+            if db is self._quick and completes_block(last + 1, last + len(turns)):
                 raise _OffTheLoop  # this append merges a recall block: too long for the loop
             if row is None:
                 db.execute(
