@@ -110,6 +110,41 @@ def test_message_that_fits_alone_but_not_with_the_fixed_layers() -> None:
                  reply_reserve=0), config=config, now=NOW)
 
 
+class _BusyServerCounter(CharTokenCounter):
+    """Pieces counted exactly, long texts (the whole request) by a scaled estimate: what a
+    server's tokenizer does when it is too busy to answer while the request is totalled."""
+
+    whole = 120  # above the system prompt alone, below the whole request
+
+    def count(self, text: str) -> int:
+        n = super().count(text)
+        return n if n <= self.whole else 2 * n
+
+
+@pytest.mark.parametrize("fmt", ["messages", "text"])
+def test_memory_gives_way_when_the_whole_request_counts_more_than_its_pieces(fmt: str) -> None:
+    counter = _BusyServerCounter()
+    state = make_state(
+        conversation(8, first=7),
+        summary=Summary(text="用户工作压力大，睡眠不好。", covers_seq=6, tokens=12),
+        constraints=(Constraint(key="spice", value="不要辣", source_seq=3),
+                     Constraint(key="budget", value="预算两百以内", source_seq=5)),
+        key_moments=_moments(),
+    )
+    budget = Budget(context_window=300, reply_reserve=60)
+    ctx = assemble(state, "今天又是那种感觉", counter=counter, strategy="hybrid", budget=budget,
+                   config=AssemblyConfig(format=fmt), now=NOW)  # type: ignore[arg-type]
+    assert ctx.total_tokens <= ctx.input_budget
+    memory = ("constraints", "summary", "key_moments", "recent")
+    # Counted piece by piece, all the memory fits (as it does with an exact counter); counted
+    # whole, it does not: the turn is still assembled, with less memory, the message whole.
+    roomy = assemble(state, "今天又是那种感觉", counter=COUNTER, strategy="hybrid", budget=budget,
+                     config=AssemblyConfig(format=fmt), now=NOW)  # type: ignore[arg-type]
+    assert [layer.name for layer in roomy.layers if layer.name in memory] == list(memory)
+    assert [layer.name for layer in ctx.layers if layer.name in memory] != list(memory)
+    assert ctx.message == "今天又是那种感觉" and ctx.layer("current") is not None
+
+
 def test_standalone_rewrite_is_what_is_sent() -> None:
     ctx = assemble(make_state(conversation(2)), "它呢？", counter=COUNTER, now=NOW,
                    current=CurrentTurn(standalone="睡前散步有什么好处？"))

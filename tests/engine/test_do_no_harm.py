@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import pytest
+
 from contextmode.api import build_engine
 from contextmode.engine import Engine, Processors
 from contextmode.models.offline import OfflineResponder
@@ -159,6 +161,23 @@ async def test_decoupled_mode_sends_a_verified_rewrite_alone() -> None:
     await engine.turn("t", "s", "那个在哪？")
     assert [m.role for m in model.calls[-1].messages] == ["system", "user"]
     assert model.calls[-1].last_user == "楼外楼在哪？"
+
+
+@pytest.mark.parametrize("mode", ["decoupled", "contextual"])
+async def test_a_rewrite_that_does_not_fit_gives_way_to_the_users_words(mode: str) -> None:
+    # How much the turn takes with the verified rewrite (sent alone, or as a hint)…
+    engine, _ = await _after_hangzhou("楼外楼在哪？", mode=mode, reply_reserve=0)
+    roomy = await engine.turn("t", "s", "那个在哪？")
+    rewritten = roomy.prepared.context
+    assert "楼外楼在哪？" in rewritten.message + (rewritten.hint or "")
+    # …then a window one token short of its whole layers (memory would give way first): the
+    # user's own words are sent instead of an error.
+    memory = sum(a.used for name, a in rewritten.accounts.items() if name not in ("system", "current"))
+    engine, model = await _after_hangzhou("楼外楼在哪？", mode=mode, reply_reserve=0,
+                                          context_window=rewritten.total_tokens - memory - 1)
+    result = await engine.turn("t", "s", "那个在哪？")
+    assert model.calls[-1].last_user == "那个在哪？" and "楼外楼" not in model.calls[-1].system
+    assert result.prepared.context.hint is None and result.answer == "好的"
 
 
 # -- engine notices never feed memory -------------------------------------------------------

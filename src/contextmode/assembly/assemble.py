@@ -479,12 +479,29 @@ def _select(
 # -- agent items (tool calls and results): see assembly/agent.py -----------------
 
 
-def _drop_oldest_unit(chosen: dict[LayerName, list[_Candidate]], dropped: dict[LayerName, list[int]]) -> None:
-    """Drop the oldest recent turn, with the rest of its unit (a call and its results)."""
-    oldest = min(chosen["recent"], key=lambda c: c.seq or 0)
-    gone = [c for c in chosen["recent"] if c is oldest or (c.group is not None and c.group == oldest.group)]
-    chosen["recent"] = [c for c in chosen["recent"] if c not in gone]
-    dropped["recent"] = [*(c.seq for c in gone if c.seq is not None), *dropped["recent"]]
+_GIVE_UP_ORDER: tuple[LayerName, ...] = ("recall", "key_moments", "summary", "constraints")
+"""When the recent turns are all gone and the exact total is still over budget (a counter that
+estimates while its server is busy, boundary effects), these layers give up their last item in
+this order: memory shrinks, the turn is still answered (never worse than no memory)."""
+
+
+def _drop_one(chosen: dict[LayerName, list[_Candidate]], dropped: dict[LayerName, list[int]]) -> bool:
+    """Drop the oldest recent turn (with the rest of its unit: a call and its results), else the
+    last item of the first non-empty layer of `_GIVE_UP_ORDER`; False when nothing is left."""
+    if chosen.get("recent"):
+        oldest = min(chosen["recent"], key=lambda c: c.seq or 0)
+        gone = [c for c in chosen["recent"] if c is oldest or (c.group is not None and c.group == oldest.group)]
+        chosen["recent"] = [c for c in chosen["recent"] if c not in gone]
+        dropped["recent"] = [*(c.seq for c in gone if c.seq is not None), *dropped["recent"]]
+        return True
+    for name in _GIVE_UP_ORDER:
+        if chosen.get(name):
+            # Constraints are chosen facts-last, and newest first within each kind: the last one goes.
+            last = chosen[name].pop()
+            if last.seq is not None and name != "constraints":
+                dropped[name] = [*dropped.get(name, []), last.seq]
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -667,15 +684,15 @@ class _Rendered:
 
 
 def _render(rc: _RenderContext) -> Context:
-    """Render every layer in order; while boundary effects make the exact total exceed the
-    budget, drop the oldest recent unit and render again."""
+    """Render every layer in order; while the exact total exceeds the budget (boundary effects,
+    an estimating counter), drop the oldest recent unit, then other memory (`_drop_one`), and
+    render again. `MessageTooLarge` only when the whole layers alone do not fit."""
     frame = rc.frame
     while True:
         rendered = _render_layers(rc)
         total = _total(rc, rendered.sections)
-        if total <= frame.input_budget or not rc.selection.chosen.get("recent"):
+        if total <= frame.input_budget or not _drop_one(rc.selection.chosen, rc.selection.dropped):
             break
-        _drop_oldest_unit(rc.selection.chosen, rc.selection.dropped)
     if total > frame.input_budget:
         raise MessageTooLarge(total, frame.input_budget)
     return Context(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..assembly import Context, CurrentTurn, assemble, cut_to_tokens, to_messages
-from ..errors import NoPreviousAnswer
+from ..errors import MessageTooLarge, NoPreviousAnswer
 from ..memory.strategies import Strategy, get_strategy
 from ..processors.base import Detection, Rewrite
 from ..processors.intents import build_follow_up_prompt
@@ -134,19 +134,21 @@ def _assemble_step(
         # rewrite it sees the user's message and the last exchange.
         last = () if current != message else last_exchange(state.turns)
         assembled = replace(state, turns=last, summary=None, key_moments=(), recalled=())
-    return assemble(
-        assembled,
-        message,
-        counter=engine.counter,
-        strategy=strategy,
-        budget=engine.budget(),
-        config=engine.assembly_config(request.system_prompt),
-        now=request.now,
-        current=CurrentTurn(
-            standalone=current if current != message else None,
-            hint=step.verified_text if mode != "decoupled" and current == message else None,
-        ),
+    rewritten = CurrentTurn(
+        standalone=current if current != message else None,
+        hint=step.verified_text if mode != "decoupled" and current == message else None,
     )
+    config = engine.assembly_config(request.system_prompt)
+    try:
+        return assemble(assembled, message, counter=engine.counter, strategy=strategy, budget=engine.budget(),
+                        config=config, now=request.now, current=rewritten)
+    except MessageTooLarge:
+        if rewritten == CurrentTurn():
+            raise
+    # The rewrite (or its hint, or the follow-up prompt around the last answer) made the turn
+    # too large where the user's own words fit: send those, as when nothing was rewritten.
+    return assemble(assembled, message, counter=engine.counter, strategy=strategy, budget=engine.budget(),
+                    config=config, now=request.now)
 
 
 def without_notices(state: SessionState) -> SessionState:
