@@ -583,6 +583,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             await db.execute("DELETE FROM job_locks WHERE expires_at < clock_timestamp()")
             tenants = [r["tenant"] for r in gone]
             sids = [r["session_id"] for r in gone]
+            for key in zip(tenants, sids, strict=True):
+                self._heads.forget(key)
             for table in (kind.table for kind in SQL_SESSION_TABLES):
                 await db.execute(
                     f"DELETE FROM {table} x USING unnest($1::text[], $2::text[]) AS g(t, s)"
