@@ -171,20 +171,30 @@ async def _stored_store(backend: str) -> tuple[Store, Callable[[], Store], Calla
     raise SystemExit(f"unknown backend {backend!r} (sqlite, postgres, redis)")
 
 
-def _index_switch(backend: str) -> tuple[object, str]:
-    """The module whose ``index_turns`` writes the backend's postings during an append
-    (Redis: the class whose ``index_head`` reads what the postings need)."""
-    if backend == "redis":
-        from contextmode.store._redis_postings import RedisPostings
+def _index_switch(backend: str) -> list[tuple[object, str, Callable[..., object]]]:
+    """What writes the backend's postings during an append, and its stand-in that writes
+    none: ``(module or class, attribute, stand-in)``."""
+    if backend == "redis":  # the class whose ``index_head`` reads what the postings need
+        from contextmode.store._redis_postings import IndexHead, RedisPostings
 
-        return RedisPostings, "index_head"
+        async def lagging(*args: object) -> object:  # no read first, and a session whose index lags
+            return IndexHead(last=0, previous=None, indexed_seq=-1)
+
+        return [(RedisPostings, "index_head", lagging)]
+
+    async def skip(*args: object) -> object:
+        return False
+
     if backend == "sqlite":
         from contextmode.store import _sqlite_postings
 
-        return _sqlite_postings, "index_turns"
+        return [(_sqlite_postings, "index_turns", lambda *args: None)]
     from contextmode.store import _pg_postings
 
-    return _pg_postings, "index_turns"
+    # The append statement writes the postings (`append_args`); `index_turns` redoes them
+    # when its assumed head was stale, and seals.
+    return [(_pg_postings, "append_args", lambda *args: _pg_postings.NO_INDEX),
+            (_pg_postings, "index_turns", skip)]
 
 
 async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
@@ -222,20 +232,8 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
             started = time.perf_counter()
             await recaller.recall(store, state, query, limit=128)
             warm.append((time.perf_counter() - started) * 1000)
-        module, name = _index_switch(backend)
-        indexing = getattr(module, name)
-
-        async def skip(*args: object) -> object:
-            if backend == "redis":  # no read before the append, and a session whose index lags
-                from contextmode.store._redis_postings import IndexHead
-
-                return IndexHead(last=0, previous=None, indexed_seq=-1)
-            return None
-
-        def no_index(*args: object) -> None:
-            return None
-
-        off = skip if asyncio.iscoroutinefunction(indexing) else no_index
+        switch = _index_switch(backend)
+        indexing = [getattr(owner, name) for owner, name, _ in switch]
         if backend == "redis":  # "s2" is a session whose index lags: its appends write none
             await store.append("bench", "s2", [NewTurn(role="user", content="first", tokens=1)])
             async with store._guard() as client:  # type: ignore[attr-defined]
@@ -245,11 +243,13 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
         for i in range(300):
             turn = NewTurn(role="user", content=_line(rng, words, weights), tokens=20)
             use = i % 2 == 0
-            setattr(module, name, indexing if use else off)
+            for (owner, name, off), on in zip(switch, indexing, strict=True):
+                setattr(owner, name, on if use else off)
             started = time.perf_counter()
             await store.append("bench", "s2" if not use else "s", [turn])
             (with_index if use else without).append((time.perf_counter() - started) * 1000)
-        setattr(module, name, indexing)
+        for (owner, name, _), on in zip(switch, indexing, strict=True):
+            setattr(owner, name, on)
         result = {
             "cold_ms": round(statistics.median(colds), 2),
             "select_ms": round(statistics.median(warm), 2),

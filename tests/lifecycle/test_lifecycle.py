@@ -340,3 +340,29 @@ async def test_service_user_routes_and_a_session_never_changes_users(tmp_path: P
         assert r.json()["data"]["counts"]["sessions"] == 1
         assert [s["session_id"] for s in (await client.get("/v1/sessions")).json()["data"]["sessions"]] == ["s1"]
         await engine.drain()
+
+
+# -- a store's kept index heads go with what they hold -------------------------------------
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres),
+                                     pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.mark.parametrize("how", ["erase_session", "erase_turns_before", "purge_idle"])
+async def test_erasing_drops_the_last_turn_a_store_kept_in_memory(backend: Backend, how: str, tmp_path: Path) -> None:
+    # The append keeps the session's last turn in the process (the next append's index head);
+    # erasing must not leave the erased text there, whichever way it is erased.
+    async with fresh_store_url(backend, tmp_path) as url:
+        store = open_store(url)
+        try:
+            await store.append("t", "s", [NewTurn(role="user", content="我对海鲜过敏", tokens=6)])
+            heads = store._heads  # type: ignore[attr-defined]
+            assert ("t", "s") in heads
+            if how == "erase_session":
+                await store.erase_session("t", "s")
+            elif how == "erase_turns_before":
+                await store.erase_turns_before("t", "s", 2)
+            else:
+                assert await store.purge_idle(datetime.now(UTC) + timedelta(days=1)) >= 1
+            assert ("t", "s") not in heads
+        finally:
+            await store.close()

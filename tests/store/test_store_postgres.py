@@ -9,6 +9,7 @@ import pytest
 
 from contextmode.testing.contract import (
     StoreContract,
+    check_appends_after_another_worker_index_right,
     check_concurrent_writers,
     service_url,
     skip_or_fail,
@@ -57,6 +58,15 @@ class TestPostgresStore(StoreContract):
         store = PostgresStore(DSN, schema=schema, max_size=4)
         yield store
         await store.close()
+
+
+async def test_a_worker_appending_after_another_or_after_a_recreation_indexes_right(schema: str) -> None:
+    """Each append writes its postings in its own statement, computed for the head its
+    process's last append of the session left; a stale head is caught and redone."""
+    from contextmode.store.postgres import PostgresStore
+
+    async with PostgresStore(DSN, schema=schema) as one, PostgresStore(DSN, schema=schema) as two:
+        await check_appends_after_another_worker_index_right(one, two)
 
 
 async def test_eight_connections_append_200_turns_each(schema: str) -> None:

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from contextmode.testing.backends import REDIS_URL, fresh_store_url
-from contextmode.testing.contract import StoreContract, check_concurrent_writers, new_turns
+from contextmode.testing.contract import (
+    StoreContract,
+    check_appends_after_another_worker_index_right,
+    check_concurrent_writers,
+    new_turns,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -53,38 +58,11 @@ async def test_every_key_is_under_the_namespace(namespace: str) -> None:
     assert all(key.startswith(namespace) for key in keys)
 
 
-async def _index_matches_the_log(store: object) -> None:
-    """The stored postings equal the whole log indexed in one pass."""
-    from contextmode.store.postings import postings_for, unpack
-
-    turns = await store.turns("t", "s")  # type: ignore[attr-defined]
-    expected = postings_for(turns, None)
-    want: dict[str, list[tuple[int, bytes]]] = {}
-    for term, block, data in expected.rows:
-        want.setdefault(term, []).append((block, data))
-    stored = await store.postings("t", "s", sorted(want))  # type: ignore[attr-defined]
-    assert {t: unpack(r).tolist() for t, r in stored.items()} == {t: unpack(sorted(r)).tolist() for t, r in want.items()}
-    stats = await store.index_stats("t", "s")  # type: ignore[attr-defined]
-    assert (stats.indexed_seq, stats.docs) == (len(turns), expected.docs)
-
-
 async def test_a_worker_appending_after_another_or_after_a_recreation_indexes_right(namespace: str) -> None:
     from contextmode.store.redis import RedisStore
-    from contextmode.types import NewTurn
-
-    def pair(word: str) -> list[NewTurn]:
-        return [NewTurn(role="user", content=f"{word} question", tokens=2),
-                NewTurn(role="assistant", content=f"{word} answer", tokens=2)]
 
     async with RedisStore(REDIS_URL, namespace=namespace) as one, RedisStore(REDIS_URL, namespace=namespace) as two:
-        await one.append("t", "s", pair("apple"))
-        await two.append("t", "s", pair("banana"))  # one's kept state of the session is stale now
-        await one.append("t", "s", pair("cherry"))
-        await _index_matches_the_log(one)
-        # Deleted and written again by the other worker up to the same seq: the turn before the
-        # next append differs although its seq does not.
+        await check_appends_after_another_worker_index_right(one, two)
+        await two.append("t", "s", new_turns(2))
         assert await two.delete("t", "s")
         assert ("t", "s") not in two._heads  # the turn it kept for its next append went with it
-        await two.append("t", "s", pair("damson") + pair("elder") + pair("fig"))
-        await one.append("t", "s", pair("grape"))
-        await _index_matches_the_log(two)

@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import StoreError
 from ._codec import check_ids, check_user, dumps
 from .lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo, merge_counts
+from .postings import KeptHeads
 
 __all__ = ["PostgresLifecycle", "erase"]
 
@@ -58,6 +59,9 @@ async def erase(db: Any, key: tuple[str, str], record_id: int | None) -> dict[st
 class PostgresLifecycle:
     """Users, erasure, the deletion log and restore for `PostgresStore`."""
 
+    _heads: KeptHeads
+    """The store's kept index heads (a session's last turn): dropped with what they hold."""
+
     def _db(self) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError  # PostgresStore's own
 
@@ -82,6 +86,7 @@ class PostgresLifecycle:
         self, tenant: str, session_id: str, *, record_id: int | None = None
     ) -> dict[str, int]:
         key = check_ids(tenant, session_id)
+        self._heads.forget(key)
         async with self._db() as db, db.transaction():
             return await erase(db, key, record_id)
 
@@ -89,6 +94,7 @@ class PostgresLifecycle:
         self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
         key = check_ids(tenant, session_id)
+        self._heads.forget(key)
         counts: dict[str, int] = {}
         async with self._db() as db, db.transaction():
             for kind in SQL_SESSION_TABLES:

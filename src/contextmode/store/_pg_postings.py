@@ -10,10 +10,23 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..types import Turn
-from .postings import BLOCK, LAYOUT, POSTING, SUB, IndexStats, completes_block, postings_for
+from ..types import NewTurn, Turn
+from ._codec import metadata_json
+from .postings import (
+    BLOCK,
+    LAYOUT,
+    POSTING,
+    SUB,
+    IndexHead,
+    IndexStats,
+    completes_block,
+    postings_for,
+)
 
-__all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
+__all__ = [
+    "NO_INDEX", "append_args", "backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats",
+    "term_counts",
+]
 
 Conn = Any  # asyncpg.Connection, imported lazily
 _W = "WHERE tenant = $1 AND session_id = $2"
@@ -36,28 +49,63 @@ async def _previous(db: Conn, key: tuple[str, str], seq: int) -> Turn | None:
     return _turn(row) if row else None
 
 
+NO_INDEX: list[Any] = [None] * 11
+"""`append_args` for an append that neither writes nor reads the index (switched off)."""
+
+
+def append_args(
+    head: IndexHead | None, turns: Sequence[NewTurn], analyzed: Mapping[str, list[str]]
+) -> list[Any]:
+    """The append statement's index arguments: the postings of ``turns`` computed after
+    ``head`` (the head this process's last append of the session left, `KeptHeads`), which
+    the statement writes only if the session is still at that head (same last seq, index
+    current, the same turn there); without a head, ``-1`` (matches no session): the statement
+    returns what `index_turns` needs instead."""
+    if head is None or not head.writes_index:
+        return [-1, *NO_INDEX[1:]]
+    numbered = head.numbered(turns)
+    added = postings_for(numbered, head.previous, analyzed=analyzed, block_size=SUB)
+    prev = head.previous
+    return [
+        head.last, prev.role if prev else None, prev.content if prev else None,
+        metadata_json(prev.metadata) if prev else None,
+        [r[0] for r in added.rows], [r[1] for r in added.rows], [r[2] for r in added.rows],
+        numbered[-1].seq, added.docs, added.length, LAYOUT,
+    ]
+
+
 async def index_turns(
-    db: Conn, key: tuple[str, str], turns: Sequence[Turn], last: int, analyzed: Mapping[str, list[str]]
-) -> None:
-    """Index ``turns`` just appended after seq ``last`` when the index is current (or the
-    session is new); a session whose index lags is left to `backfill`."""
+    db: Conn, key: tuple[str, str], turns: Sequence[Turn], row: Any, analyzed: Mapping[str, list[str]]
+) -> bool:
+    """After the append statement (``row``) wrote ``turns``: seal the blocks they complete if
+    it wrote their postings, else index them here when the index is current (or the session
+    is new); a session whose index lags is left to `backfill`. True if they are indexed."""
     if not turns:
-        return
-    row = await db.fetchrow(
-        "SELECT r.indexed_seq, t.role, t.content, t.metadata FROM (SELECT 1) one"
-        " LEFT JOIN recall_index r ON r.tenant = $1 AND r.session_id = $2"
-        " LEFT JOIN turns t ON t.tenant = $1 AND t.session_id = $2 AND t.seq = $3",
-        *key, last,
-    )
+        return False
+    if row["indexed"]:
+        if completes_block(turns[0].seq, turns[-1].seq):
+            await seal(db, key, turns[0].seq // BLOCK, (turns[-1].seq + 1) // BLOCK)
+        return True
+    last = turns[0].seq - 1
+    if row["seen_seq"] != last or row["indexed_seq"] != last:
+        # The statement's snapshot predates a write that committed while it waited for the
+        # session's lock (or shows an index that lags): read the state again, under the lock.
+        row = await db.fetchrow(
+            "SELECT r.indexed_seq, ROW(t.role, t.content, t.metadata::text) AS previous"
+            " FROM (SELECT 1) one LEFT JOIN recall_index r ON r.tenant = $1 AND r.session_id = $2"
+            " LEFT JOIN turns t ON t.tenant = $1 AND t.session_id = $2 AND t.seq = $3",
+            *key, last,
+        )
     indexed = row["indexed_seq"]
     if (indexed is not None and indexed != last) or (indexed is None and last > 0):
-        return  # lagging or written before the index existed: `contextmode index` catches up
-    previous = None
-    if last and row["content"] is not None:
+        return False  # lagging or written before the index existed: `contextmode index` catches up
+    previous, before = None, row["previous"]
+    if last and before is not None and before[1] is not None:
         # Its metadata too: an engine notice lends no words to the turn after it.
-        previous = Turn(seq=last, role=row["role"], content=row["content"], tokens=0,
-                        created_at=turns[0].created_at, metadata=json.loads(row["metadata"]))
+        previous = Turn(seq=last, role=before[0], content=before[1], tokens=0,
+                        created_at=turns[0].created_at, metadata=json.loads(before[2]))
     await _write(db, key, turns, previous, analyzed)
+    return True
 
 
 async def _write(

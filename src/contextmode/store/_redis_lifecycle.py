@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import StoreError
 from ._codec import check_ids, check_user, from_micros, now_micros, to_micros
 from .lifecycle import DeletionRecord, Scope, UserInfo
+from .postings import KeptHeads
 
 __all__ = ["RedisLifecycle"]
 
@@ -33,6 +34,7 @@ class RedisLifecycle:
     """Users, erasure, the deletion log and restore for `RedisStore`."""
 
     namespace: str
+    _heads: KeptHeads
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError  # RedisStore's own
@@ -80,6 +82,7 @@ class RedisLifecycle:
         self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
         tenant, session_id = check_ids(tenant, session_id)
+        self._heads.forget((tenant, session_id))  # its last turn, kept for the next append
         k = self._keys(tenant, session_id)
         record = "" if record_id is None else f"{self.namespace}del:{record_id}"
         turns, scores = await self._script(

@@ -13,35 +13,25 @@ index state before it can compute postings: it reads both (INDEX_HEAD), then
 runs APPEND with the ``last_seq`` it assumed; if another writer moved the
 session in between, APPEND writes nothing and the append is computed again. After
 an append, what the next append of the session would read is kept in this process
-(`RedisPostings.head_after`; a bounded LRU of short turns, each kept 30 s at most and
-dropped at once when this process erases the session, so a forgotten turn's text does not
-linger), so a worker that keeps writing one session (a question, then its answer) skips
-that read: APPEND checks the assumed ``last_seq`` and the
-SHA-1 of that turn's JSON, so a stale entry (another worker wrote, or the session was
-deleted and re-created) is caught and costs one redo.
+(`postings.KeptHeads`), so a worker that keeps writing one session skips that read:
+APPEND checks the assumed ``last_seq`` and the SHA-1 of that turn's JSON, so a stale
+entry (another worker wrote, or the session was deleted and re-created) is caught and
+costs one redo.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from ..types import NewTurn, Turn
 from . import _redis_scripts as lua
 from ._codec import check_ids
-from .postings import POSTING, IndexStats, PostingRows, postings_for
+from .postings import POSTING, IndexHead, IndexStats, KeptHeads, PostingRows, postings_for
 
-__all__ = ["IndexHead", "RedisPostings", "index_args"]
-
-
-_KEEP_SESSIONS = 1024
-_KEEP_DOC_CHARS = 4096
-_KEEP_S = 30.0
+__all__ = ["IndexHead", "RedisPostings", "index_args", "index_rows"]
 
 
 def _sha1(doc: str) -> str:
@@ -57,34 +47,14 @@ def index_args(rows: PostingRows, indexed_seq: int) -> list[Any]:
     return args
 
 
-@dataclass(frozen=True)
-class IndexHead:
-    """What an append reads before computing its postings (the INDEX_HEAD script)."""
-
-    last: int
-    previous: Turn | None
-    """The turn at ``last`` (its terms expand the first appended turn's)."""
-    indexed_seq: int | None
-    """``None``: the session has no index (new, or written before the index existed)."""
-    digest: str = ""
-    """SHA-1 of the stored JSON of the turn at ``last`` (APPEND checks it; '' = unchecked)."""
-
-    @property
-    def writes_index(self) -> bool:
-        """Whether an append after ``last`` indexes its turns (index current, or new session)."""
-        return self.indexed_seq == self.last if self.indexed_seq is not None else self.last == 0
-
-    def rows(self, turns: Sequence[NewTurn], analyzed: Mapping[str, list[str]]) -> list[Any]:
-        """APPEND's index arguments: ``assumed last_seq`` then `index_args` ([''] = none)."""
-        if not self.writes_index:
-            return [""]
-        numbered = [
-            Turn(seq=self.last + i, role=t.role, content=t.content, tokens=t.tokens,
-                 created_at=t.created_at, metadata=dict(t.metadata))
-            for i, t in enumerate(turns, start=1)
-        ]
-        added = postings_for(numbered, self.previous, analyzed=analyzed)
-        return [self.last, self.digest, *index_args(added, self.last + len(numbered))]
+def index_rows(head: IndexHead, turns: Sequence[NewTurn], analyzed: Mapping[str, list[str]]) -> list[Any]:
+    """APPEND's index arguments after ``head``: ``assumed last_seq``, the digest, then
+    `index_args` (``['']`` = none)."""
+    if not head.writes_index:
+        return [""]
+    numbered = head.numbered(turns)
+    added = postings_for(numbered, head.previous, analyzed=analyzed)
+    return [head.last, head.digest, *index_args(added, head.last + len(numbered))]
 
 
 class RedisPostings:
@@ -94,8 +64,8 @@ class RedisPostings:
     url: str
     _raw_client: Any
     _postings_script: Any
-    _heads: OrderedDict[tuple[str, str], tuple[float, IndexHead]]
-    """What the next append of a session needs, as this process last wrote it, and when."""
+    _heads: KeptHeads
+    """What the next append of a session needs, as this process last wrote it."""
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError  # RedisStore's own
@@ -140,9 +110,9 @@ class RedisPostings:
         append of it, else read in one script."""
         from .redis import _decode
 
-        kept = self._heads.pop(key, None)
-        if kept is not None and time.monotonic() - kept[0] <= _KEEP_S:
-            return kept[1]
+        kept = self._heads.take(key)
+        if kept is not None:
+            return kept
         last, doc, indexed = await self._script("INDEX_HEAD", [k["sess"], k["turns"], k["rindex"]], [])
         previous = _decode(int(last), doc, None) if doc else None
         return IndexHead(int(last), previous, None if indexed is None else int(indexed), _sha1(doc or ""))
@@ -153,15 +123,7 @@ class RedisPostings:
         """Keep what the next append needs after ``turns`` were appended after seq ``before``
         (``doc``: the last one's stored JSON; ``indexed``: APPEND wrote their postings; if it
         did not, the entry says "no index" and APPEND decides again)."""
-        if len(doc) > _KEEP_DOC_CHARS:
-            return  # a long turn (a tool result) is not held in memory: the next append reads it
-        last = before + len(turns)
-        t = turns[-1]
-        previous = Turn(seq=last, role=t.role, content=t.content, tokens=t.tokens,
-                        created_at=t.created_at, metadata=dict(t.metadata))
-        self._heads[key] = (time.monotonic(), IndexHead(last, previous, last if indexed else None, _sha1(doc)))
-        while len(self._heads) > _KEEP_SESSIONS:
-            self._heads.popitem(last=False)
+        self._heads.keep(key, before, turns, indexed=indexed, digest=_sha1(doc), size=len(doc))
 
     async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
         k = self._keys(*check_ids(tenant, session_id))

@@ -54,7 +54,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import SQL_SESSION_TABLES
-from .postings import IndexStats, analyze_texts
+from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts
 
 __all__ = ["PostgresStore"]
 
@@ -180,17 +180,45 @@ _APPEND = (
     " CASE WHEN $13::bigint > 0 THEN ok.last_seq + $13::bigint ELSE 0 END),"
     " emotions_version = sessions.emotions_version + $17,"
     " user_id = COALESCE(sessions.user_id, $16::text)"
-    " FROM ok WHERE sessions.tenant = $1 AND sessions.session_id = $2)"
-    " SELECT last_seq, user_id, EXISTS (SELECT 1 FROM ok) AS written FROM h"
+    " FROM ok WHERE sessions.tenant = $1 AND sessions.session_id = $2),"
+    # The recall index (`_pg_postings.append_args`): postings computed for an assumed head
+    # (``$18`` = its last seq, ``$19``–``$21`` the turn there), written if the session is at
+    # it, its index current and that turn unchanged; otherwise the index state, the turn
+    # before the batch and the last seq as of the statement's snapshot (``seen_seq``: the lock
+    # may have waited for a write the snapshot does not show) come back for
+    # `_pg_postings.index_turns` (``$18`` NULL: none of it).
+    " ix AS (SELECT r.indexed_seq FROM recall_index r"
+    " WHERE r.tenant = $1 AND r.session_id = $2 AND $18::bigint IS NOT NULL),"
+    " go AS (SELECT 1 FROM ok WHERE ok.last_seq = $18::bigint"
+    " AND COALESCE((SELECT indexed_seq FROM ix), CASE WHEN ok.last_seq = 0 THEN 0::bigint END)"
+    " = ok.last_seq AND ($18::bigint = 0 OR EXISTS (SELECT 1 FROM turns p WHERE p.tenant = $1"
+    " AND p.session_id = $2 AND p.seq = $18::bigint AND p.role = $19::text"
+    " AND p.content = $20::text AND p.metadata = $21::jsonb))),"
+    " p AS (INSERT INTO recall_recent (tenant, session_id, block, term, data)"
+    " SELECT $1, $2, u.b, u.t, u.d FROM go, unnest($22::text[], $23::int[], $24::bytea[]) AS u(t, b, d)"
+    " ON CONFLICT (tenant, session_id, block, term)"
+    " DO UPDATE SET data = recall_recent.data || excluded.data),"
+    " r AS (INSERT INTO recall_index (tenant, session_id, indexed_seq, docs, total_len, layout)"
+    " SELECT $1, $2, $25::bigint, $26::bigint, $27::float8, $28::int FROM go"
+    " ON CONFLICT (tenant, session_id) DO UPDATE SET indexed_seq = excluded.indexed_seq,"
+    " docs = recall_index.docs + excluded.docs, total_len = recall_index.total_len + excluded.total_len)"
+    " SELECT last_seq, user_id, EXISTS (SELECT 1 FROM ok) AS written,"
+    " EXISTS (SELECT 1 FROM go) AS indexed, (SELECT indexed_seq FROM ix) AS indexed_seq,"
+    " (SELECT x.last_seq FROM sessions x WHERE x.tenant = $1 AND x.session_id = $2"
+    " AND $18::bigint IS NOT NULL) AS seen_seq,"
+    " (SELECT ROW(t.role, t.content, t.metadata::text) FROM turns t WHERE $18::bigint IS NOT NULL"
+    " AND NOT EXISTS (SELECT 1 FROM go) AND t.tenant = $1 AND t.session_id = $2"
+    " AND t.seq = h.last_seq) AS previous FROM h"
 )
 
 
 async def _write_turns(
     db: pg_postings.Conn, key: tuple[str, str], turns: Sequence[NewTurn], now: datetime,
-    user_id: str | None, expected_last_seq: int | None,
+    user_id: str | None, expected_last_seq: int | None, index: Sequence[Any],
 ) -> Any:
-    """`_APPEND` for ``turns`` inside the caller's transaction, in one statement: the session's
-    row (``last_seq`` as it was before, ``user_id``, ``written``), or ``None`` if it has none."""
+    """`_APPEND` for ``turns`` inside the caller's transaction, in one statement (``index``:
+    `_pg_postings.append_args`): the session's row (``last_seq`` as it was before,
+    ``user_id``, ``written``, and the index's columns), or ``None`` if it has none."""
     offsets = list(range(1, len(turns) + 1))
     scored = [(i, float(t.emotion)) for i, t in zip(offsets, turns, strict=True) if t.emotion is not None]
     answer_at = max((i for i, t in zip(offsets, turns, strict=True) if t.role == "assistant"), default=0)
@@ -201,6 +229,7 @@ async def _write_turns(
         [_meta(t.metadata) for t in turns],
         [i for i, _ in scored], [e for _, e in scored],
         len(turns), now, answer_at, last_answer(turns), expected_last_seq, user_id, int(bool(scored)),
+        *index,
     )
 
 
@@ -236,6 +265,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self._min_size, self._max_size = min_size, max_size
         self._pool: Any = None
         self._opening = asyncio.Lock()
+        self._heads = KeptHeads()
+        """What the next append of a session needs (its postings are written with its turns)."""
         self._released: set[tuple[str, int]] = set()
         """Job locks `record_jobs` released; their context's exit has nothing left to do."""
 
@@ -302,24 +333,30 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
         ])
         now = utc_now()
+        # The postings are computed for the head this process's last append left (if any) and
+        # written by the append's own statement; `index_turns` redoes them if it was stale.
+        index = pg_postings.append_args(self._heads.take(key), turns, analyzed) if turns else []
         async with self._db() as db, db.transaction():
             if not turns:
                 head = await db.fetchrow(_HEAD, *key)
                 _check_head(head, expected_last_seq, user_id, session_id)
                 return []
-            row = await _write_turns(db, key, turns, now, user_id, expected_last_seq)
+            row = await _write_turns(db, key, turns, now, user_id, expected_last_seq, index)
             if row is None:  # a new session: created here (or by a concurrent first append)
                 await db.execute(
                     "INSERT INTO sessions (tenant, session_id, created_at, updated_at, user_id)"
                     " VALUES ($1, $2, $3, $3, $4) ON CONFLICT DO NOTHING",
                     *key, now, user_id,
                 )
-                row = await _write_turns(db, key, turns, now, user_id, expected_last_seq)
+                if index[0] is not None:
+                    index = pg_postings.append_args(IndexHead(0, None, None), turns, analyzed)
+                row = await _write_turns(db, key, turns, now, user_id, expected_last_seq, index)
             if row is None or not row["written"]:
                 _check_head(row, expected_last_seq, user_id, session_id)
                 raise StoreError(f"session {session_id!r} was erased while being appended to")
             numbered = _numbered(row["last_seq"], turns)
-            await pg_postings.index_turns(db, key, numbered, row["last_seq"], analyzed)  # same transaction
+            indexed = await pg_postings.index_turns(db, key, numbered, row, analyzed)  # same transaction
+        self._heads.keep(key, row["last_seq"], turns, indexed=indexed)
         return numbered
 
     async def load(
@@ -532,6 +569,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
 
     async def delete(self, tenant: str, session_id: str) -> bool:
         key = check_ids(tenant, session_id)
+        self._heads.forget(key)
         async with self._db() as db, db.transaction():
             counts = await erase(db, key, None)
         return counts["sessions"] == 1
@@ -545,6 +583,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             await db.execute("DELETE FROM job_locks WHERE expires_at < clock_timestamp()")
             tenants = [r["tenant"] for r in gone]
             sids = [r["session_id"] for r in gone]
+            for key in zip(tenants, sids, strict=True):
+                self._heads.forget(key)
             for table in (kind.table for kind in SQL_SESSION_TABLES):
                 await db.execute(
                     f"DELETE FROM {table} x USING unnest($1::text[], $2::text[]) AS g(t, s)"

@@ -28,20 +28,24 @@ until the same command converts it (one transaction per session).
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
-from ..types import Turn
+from ..types import NewTurn, Turn
 
 __all__ = [
     "BLOCK",
     "LAYOUT",
     "POSTING",
     "SUB",
+    "IndexHead",
     "IndexStats",
+    "KeptHeads",
     "PostingRows",
     "PostingsStore",
     "TurnsAt",
@@ -106,6 +110,77 @@ class PostingRows:
     """Their total length."""
     df: Mapping[str, int]
     """term → how many of the turns contain it (added to its document frequency)."""
+
+
+@dataclass(frozen=True)
+class IndexHead:
+    """What an append needs before computing its postings: the session's last seq, the
+    turn there (its terms expand the first appended turn's) and the index state."""
+
+    last: int
+    previous: Turn | None
+    """The turn at ``last``."""
+    indexed_seq: int | None
+    """``None``: the session has no index (new, or written before the index existed)."""
+    digest: str = ""
+    """A store's fingerprint of the turn at ``last`` (Redis: SHA-1 of its JSON; '' = none)."""
+
+    @property
+    def writes_index(self) -> bool:
+        """Whether an append after ``last`` indexes its turns (index current, or new session)."""
+        return self.indexed_seq == self.last if self.indexed_seq is not None else self.last == 0
+
+    def numbered(self, turns: Sequence[NewTurn]) -> list[Turn]:
+        """``turns`` numbered after ``last`` (for their postings)."""
+        return [
+            Turn(seq=self.last + i, role=t.role, content=t.content, tokens=t.tokens,
+                 created_at=t.created_at, metadata=dict(t.metadata))
+            for i, t in enumerate(turns, start=1)
+        ]
+
+
+class KeptHeads:
+    """The `IndexHead` the next append of each session needs, as this process's last append
+    of it left it, so a worker that keeps writing one session (a question, then its answer)
+    need not read it first; the store's write checks the assumed head (last seq and that
+    turn), so a stale entry (another worker wrote, the session was re-created) costs a redo.
+    A bounded LRU of short turns, each kept ``seconds`` at most and dropped at once when this
+    process erases the session, so a forgotten turn's text does not linger."""
+
+    def __init__(self, *, sessions: int = 1024, seconds: float = 30.0, chars: int = 4096) -> None:
+        self._sessions, self._seconds, self._chars = sessions, seconds, chars
+        self._heads: OrderedDict[tuple[str, str], tuple[float, IndexHead]] = OrderedDict()
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._heads
+
+    def take(self, key: tuple[str, str]) -> IndexHead | None:
+        """The session's kept head, removed (an append either replaces it or must read)."""
+        kept = self._heads.pop(key, None)
+        if kept is None or time.monotonic() - kept[0] > self._seconds:
+            return None
+        return kept[1]
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._heads.pop(key, None)
+
+    def keep(
+        self, key: tuple[str, str], before: int, turns: Sequence[NewTurn], *,
+        indexed: bool, digest: str = "", size: int = 0,
+    ) -> None:
+        """Keep what the next append needs after ``turns`` were appended after seq ``before``
+        (``indexed``: their postings were written; if not, the entry says "no index" and the
+        next append's write decides again). A long last turn (``size`` chars stored, e.g. a
+        tool result) is not held in memory: the next append reads it."""
+        if not turns or max(size, len(turns[-1].content)) > self._chars:
+            return
+        last = before + len(turns)
+        t = turns[-1]
+        previous = Turn(seq=last, role=t.role, content=t.content, tokens=t.tokens,
+                        created_at=t.created_at, metadata=dict(t.metadata))
+        self._heads[key] = (time.monotonic(), IndexHead(last, previous, last if indexed else None, digest))
+        while len(self._heads) > self._sessions:
+            self._heads.popitem(last=False)
 
 
 def open_subs(indexed_seq: int, from_block: int = 0) -> range:

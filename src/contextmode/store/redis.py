@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -44,10 +43,10 @@ from ._codec import (
 )
 from ._driver_errors import redis_errors
 from ._redis_lifecycle import RedisLifecycle
-from ._redis_postings import RedisPostings
+from ._redis_postings import RedisPostings, index_rows
 from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
 from .lifecycle import REDIS_SESSION_KEYS
-from .postings import analyze_texts
+from .postings import KeptHeads, analyze_texts
 
 __all__ = ["RedisStore"]
 
@@ -91,7 +90,7 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
         self._scripts: dict[str, Any] = {}
         self._raw_client: Any = None
         self._postings_script: Any = None
-        self._heads = OrderedDict()
+        self._heads = KeptHeads()
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -132,7 +131,7 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
         self, tenant: str, session_id: str, cutoff: int | str, record: str = ""
     ) -> dict[str, int]:
         """Run the ERASE script: the session and every registered kind; counts ({} = kept)."""
-        self._heads.pop((tenant, session_id), None)  # its last turn, kept for the next append
+        self._heads.forget((tenant, session_id))  # its last turn, kept for the next append
         k = self._keys(tenant, session_id)
         path = k["member"]
         keys = [k["sess"], k["ix"], k["idle"], k["users"],
@@ -194,7 +193,7 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
         ok, head = 3, None
         while ok == 3:  # another writer moved the session meanwhile: compute again
             head = await self.index_head(k, (tenant, session_id)) if turns else None
-            index = head.rows(turns, analyzed) if head is not None else [""]
+            index = index_rows(head, turns, analyzed) if head is not None else [""]
             reply = await self._script("APPEND", keys, args + index)
             ok, last = int(reply[0]), int(reply[1])
         if ok == 1 and turns:

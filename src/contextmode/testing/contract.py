@@ -44,6 +44,7 @@ from .ci import ci_required
 
 __all__ = [
     "StoreContract",
+    "check_appends_after_another_worker_index_right",
     "check_concurrent_writers",
     "new_turns",
     "service_url",
@@ -617,3 +618,47 @@ async def check_concurrent_writers(stores: list[Store], *, turns_each: int = 200
         by_writer.setdefault(writer_id, []).append(int(index))
     assert sorted(by_writer) == sorted(f"w{k}" for k in range(len(stores)))
     assert all(indexes == list(range(turns_each)) for indexes in by_writer.values())
+
+
+async def _index_matches_the_log(store: Store, tenant: str, session_id: str) -> None:
+    """The stored postings and statistics equal the whole log indexed in one pass."""
+    turns = await store.turns(tenant, session_id)
+    assert has_postings(store)
+    expected = postings_for(turns, None)
+    want: dict[str, list[tuple[int, bytes]]] = {}
+    for term, block, data in expected.rows:
+        want.setdefault(term, []).append((block, data))
+    stored = await store.postings(tenant, session_id, sorted(want))
+    assert {t: unpack(r).tolist() for t, r in stored.items()} == {t: unpack(sorted(r)).tolist() for t, r in want.items()}
+    stats = await store.index_stats(tenant, session_id)
+    assert (stats.indexed_seq, stats.docs) == (len(turns), expected.docs)
+    counts = await store.term_counts(tenant, session_id, sorted(want))
+    assert counts == {t: len(unpack(r)) for t, r in want.items()}
+
+
+async def check_appends_after_another_worker_index_right(one: Store, two: Store) -> None:
+    """Two connections to one store append to a session in turns (each one's kept head of
+    the session goes stale), one turn at a time across a block's seal, and after the session
+    was deleted and written again up to the same seq by the other (the turn before the next
+    append differs although its seq does not): the index equals the log indexed in one pass."""
+    from ..store.postings import BLOCK
+
+    def pair(word: str) -> list[NewTurn]:
+        return [NewTurn(role="user", content=f"{word} question", tokens=2),
+                NewTurn(role="assistant", content=f"{word} answer", tokens=2)]
+
+    tenant, sid = "t", unique_id()
+    await one.append(tenant, sid, pair("apple"))
+    await two.append(tenant, sid, pair("banana"))  # one's kept head of the session is stale now
+    await one.append(tenant, sid, pair("cherry"))
+    await _index_matches_the_log(one, tenant, sid)
+    assert await two.delete(tenant, sid)
+    await two.append(tenant, sid, pair("damson") + pair("elder") + pair("fig"))  # seq 6 again
+    await one.append(tenant, sid, pair("grape"))
+    await _index_matches_the_log(two, tenant, sid)
+    await one.append(tenant, sid, new_turns(BLOCK - 16, prefix="bulk"))
+    for i in range(8):  # single turns across the seal at seq BLOCK, mostly from one worker
+        await (two if i % 3 == 2 else one).append(
+            tenant, sid, [NewTurn(role="user", content=f"kiwi {i}", tokens=1)]
+        )
+    await _index_matches_the_log(one, tenant, sid)
