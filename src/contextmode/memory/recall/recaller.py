@@ -89,6 +89,10 @@ class RecallSettings:
     following_weight: float = 0.0
     """Also follow each hit with the turn just after it (the reply to a hit), ranked at its
     score times this (0 = off)."""
+    answers: bool = True
+    """Follow a hit that asks something (a "?" in it) with the turn after it, its answer,
+    ranked like the turn before a hit (``neighbour_weight`` × the hit's score): the
+    question a hit answers comes in before it, the answer a hit asks for after it."""
     expansion_turns: int = 2
     """How many of the newest turns lend their terms to a short message."""
     expansion_weight: float = 0.3
@@ -324,8 +328,14 @@ class Recaller:
             hits = hits[:limit]
         if not hits:
             return []
-        by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
-        hits = focus_on_speakers(message, hits, by_seq, self.settings)
+        settings = self.settings
+        wanted = [h.seq for h in hits]
+        if settings.answers:  # read the turn after each hit too: it is the answer when the hit asks
+            wanted += [h.seq + 1 for h in hits if h.neighbour_of is None]
+        by_seq = await fetch_turns(store, state.tenant, state.session_id, wanted)
+        if settings.answers:
+            hits = with_answers(hits, by_seq, settings.neighbour_weight)[:limit]
+        hits = focus_on_speakers(message, hits, by_seq, settings)
         # Each recalled turn says why it is here (the inspector shows it; never stored).
         return [_with_reason(by_seq[h.seq], h, ranker) for h in hits if h.seq in by_seq]
 
@@ -425,6 +435,35 @@ def focus_on_speakers(
     return focused
 
 
+def asks(turn: Turn) -> bool:
+    """Whether ``turn`` asks something (a question mark in it, ASCII or full-width)."""
+    return "?" in turn.content or "？" in turn.content
+
+
+def with_answers(hits: list[RecallHit], turns: Mapping[int, Turn], weight: float) -> list[RecallHit]:
+    """``hits`` plus, after each hit that `asks` something, the turn that follows it (read into
+    ``turns``), ranked at ``weight`` × the hit's score; best first, as `_with_neighbours` orders.
+
+    A question's answer is the next turn ("What did you make in pottery class?" → "Bowls and a
+    cup!"): the index lends the answer the question's words at half weight, so the question
+    itself ranks first and the answer often not at all.
+    """
+    taken = {h.seq for h in hits}
+    extra = []
+    for hit in hits:
+        turn = turns.get(hit.seq)
+        if hit.neighbour_of is None and turn is not None and asks(turn):
+            seq = hit.seq + 1
+            if seq not in taken and seq in turns:
+                taken.add(seq)
+                extra.append(RecallHit(seq=seq, score=hit.score * weight, neighbour_of=hit.seq))
+    if not extra:
+        return hits
+    merged = hits + extra
+    merged.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
+    return merged
+
+
 def _with_reason(turn: Turn, hit: RecallHit, ranker: str) -> Turn:
     reason: dict[str, float | int | str] = {"score": round(hit.score, 4), "ranker": ranker}
     if hit.neighbour_of is not None:
@@ -442,7 +481,8 @@ class RecallReason:
     matched: tuple[str, ...]
     """Query terms (the message's, or borrowed/feedback ones) found in the turn."""
     neighbour_of: int | None = None
-    """Set when the turn came in as the turn before hit ``neighbour_of``."""
+    """Set when the turn came in as the turn before hit ``neighbour_of`` (or after it: the
+    answer to a hit that asks)."""
     ranker: str = ""
     """``bm25``, or ``bm25+dense`` (BM25 and embedding ranks fused)."""
 
