@@ -5,7 +5,8 @@ neither helps when the user asks about something said two hundred turns ago.
 The `Recaller` ranks the session's older turns against the message with an
 incremental BM25 index (`index.BM25Index`) and returns them best first
 for the ``recall`` layer, each optionally followed by the turn before it (the
-question a hit answers is often what makes it understandable).
+question a hit answers is often what makes it understandable), and a hit that
+asks something by the turn after it (its answer, `with_answers`).
 
 Query: the message's terms at full weight; when the message is short and leans
 on the conversation ("那个按钮在哪?"), terms of the last turns are added at a
@@ -47,7 +48,7 @@ from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
 from .index import BM25Index, RecallIndex, turn_text
 from .stored import StoredPostings
 from .strategy import HybridRecall
-from .text import analyze
+from .text import analyze, indexed
 
 _THREAD_BATCH = 256
 """Catch-ups of at least this many turns run in a worker thread."""
@@ -64,6 +65,7 @@ __all__ = [
     "focus_on_speakers",
     "named_speakers",
     "recall_query",
+    "with_answers",
 ]
 
 
@@ -435,14 +437,14 @@ def focus_on_speakers(
     return focused
 
 
-def asks(turn: Turn) -> bool:
+def _asks(turn: Turn) -> bool:
     """Whether ``turn`` asks something (a question mark in it, ASCII or full-width)."""
     return "?" in turn.content or "？" in turn.content
 
 
 def with_answers(hits: list[RecallHit], turns: Mapping[int, Turn], weight: float) -> list[RecallHit]:
-    """``hits`` plus, after each hit that `asks` something, the turn that follows it (read into
-    ``turns``), ranked at ``weight`` × the hit's score; best first, as `_with_neighbours` orders.
+    """``hits`` plus, after each hit that asks something (a question mark in it), the turn that
+    follows it (read into ``turns``; not a system turn or an engine notice), ranked at ``weight`` × the hit's score; best first, as `_with_neighbours` orders.
 
     A question's answer is the next turn ("What did you make in pottery class?" → "Bowls and a
     cup!"): the index lends the answer the question's words at half weight, so the question
@@ -452,9 +454,9 @@ def with_answers(hits: list[RecallHit], turns: Mapping[int, Turn], weight: float
     extra = []
     for hit in hits:
         turn = turns.get(hit.seq)
-        if hit.neighbour_of is None and turn is not None and asks(turn):
+        if hit.neighbour_of is None and turn is not None and _asks(turn):
             seq = hit.seq + 1
-            if seq not in taken and seq in turns:
+            if seq not in taken and seq in turns and indexed(turns[seq]):
                 taken.add(seq)
                 extra.append(RecallHit(seq=seq, score=hit.score * weight, neighbour_of=hit.seq))
     if not extra:
