@@ -76,7 +76,8 @@ class RecalledTurn:
     the newest turns when the message is short); empty for a turn found through related
     terms (feedback) or brought in as a neighbour."""
     neighbour_of: int | None = None
-    """Recall: set when the turn came in as the turn before hit ``neighbour_of``."""
+    """Recall: set when the turn came in as the turn before hit ``neighbour_of`` (or, when
+    its seq is higher, as the answer after a hit that asks)."""
     ranker: str = ""
     """Recall: ``bm25`` or ``bm25+dense``."""
 

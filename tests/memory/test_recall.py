@@ -213,6 +213,30 @@ async def test_neighbour_expansion_brings_the_previous_turn() -> None:
     assert [h.seq for h in plain] == [2]
 
 
+async def test_a_hit_that_asks_brings_its_answer_and_a_statement_does_not() -> None:
+    store = MemoryStore()
+    contents = ["What did you make in pottery class?", "Bowls and a cup!",
+                "The pottery class ends in June.", "Great, see you there."]
+    contents += [_ZH_FILLER[i % len(_ZH_FILLER)] for i in range(20)]
+    state = await _session(store, contents)
+
+    def recaller(*, answers: bool = True) -> Recaller:
+        # Without document expansion or feedback, so only the answer link brings turn 2.
+        return Recaller(RecallSettings(neighbours=False, feedback_turns=0, answers=answers),
+                        index_factory=lambda: BM25Index(BM25Params(previous_weight=0)))
+
+    recalled = await recaller().recall(store, state, "pottery class course")
+    assert sorted(t.seq for t in recalled) == [1, 2, 3]  # 4 follows a statement: not linked
+    answer = next(t for t in recalled if t.seq == 2)
+    assert answer.metadata["recall"]["neighbour_of"] == 1
+    hit = next(t for t in recalled if t.seq == 1)
+    assert answer.metadata["recall"]["score"] == pytest.approx(hit.metadata["recall"]["score"] * 0.5, abs=1e-3)
+    off = await recaller(answers=False).recall(store, state, "pottery class course")
+    assert sorted(t.seq for t in off) == [1, 3]
+    # The limit still holds once the answers are in.
+    assert len(await recaller().recall(store, state, "pottery class course", limit=2)) == 2
+
+
 async def test_recall_leaves_out_recent_turns_and_catches_up_incrementally() -> None:
     store = MemoryStore()
     state = await _session(store, [f"note {i} about kayaking" for i in range(30)])

@@ -165,12 +165,18 @@ def inspect(
                 console.print(
                     f"recalled turn {reason['seq']}: score {reason['score']}, matched "
                     f"{', '.join(reason['matched']) or '—'}"
-                    + (f" (the turn before {reason['neighbour_of']})" if reason["neighbour_of"] else "")
+                    + (f" ({_neighbour_side(reason['seq'], reason['neighbour_of'])} {reason['neighbour_of']})"
+                       if reason["neighbour_of"] else "")
                 )
         finally:
             await engine.close()
 
     asyncio.run(run())
+
+
+def _neighbour_side(seq: int, hit: int) -> str:
+    """How a recalled neighbour relates to its hit: the turn before it, or the answer after it."""
+    return "the turn before" if seq < hit else "the answer after"
 
 
 def _recall_reasons(prepared: PreparedTurn) -> list[dict[str, Any]]:

@@ -170,5 +170,6 @@ def _recall_detail(hit: RecalledTurn) -> str:
     if hit.matched:
         parts.append(f"matched {', '.join(hit.matched)}")
     if hit.neighbour_of is not None:
-        parts.append(f"the turn before seq {hit.neighbour_of}")
+        side = "the turn before" if hit.seq < hit.neighbour_of else "the answer after"
+        parts.append(f"{side} seq {hit.neighbour_of}")
     return f"; {'; '.join(parts)}" if parts else ""

@@ -75,7 +75,7 @@ class RecalledOut(BaseModel):
     role: str
     content: str
     score: float = Field(description="Ranking score (BM25; a neighbour gets its hit's score × 0.5).")
-    neighbour_of: int | None = Field(default=None, description="Set when it came in as the turn before hit seq.")
+    neighbour_of: int | None = Field(default=None, description="Set when it came in as the turn before hit seq (or the answer after it).")
 
 
 class RemovedPinOut(BaseModel):

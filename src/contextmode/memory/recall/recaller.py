@@ -5,7 +5,8 @@ neither helps when the user asks about something said two hundred turns ago.
 The `Recaller` ranks the session's older turns against the message with an
 incremental BM25 index (`index.BM25Index`) and returns them best first
 for the ``recall`` layer, each optionally followed by the turn before it (the
-question a hit answers is often what makes it understandable).
+question a hit answers is often what makes it understandable), and a hit that
+asks something by the turn after it (its answer, `with_answers`).
 
 Query: the message's terms at full weight; when the message is short and leans
 on the conversation ("那个按钮在哪?"), terms of the last turns are added at a
@@ -47,7 +48,7 @@ from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
 from .index import BM25Index, RecallIndex, turn_text
 from .stored import StoredPostings
 from .strategy import HybridRecall
-from .text import analyze
+from .text import analyze, indexed
 
 _THREAD_BATCH = 256
 """Catch-ups of at least this many turns run in a worker thread."""
@@ -64,6 +65,7 @@ __all__ = [
     "focus_on_speakers",
     "named_speakers",
     "recall_query",
+    "with_answers",
 ]
 
 
@@ -89,6 +91,10 @@ class RecallSettings:
     following_weight: float = 0.0
     """Also follow each hit with the turn just after it (the reply to a hit), ranked at its
     score times this (0 = off)."""
+    answers: bool = True
+    """Follow a hit that asks something (a "?" in it) with the turn after it, its answer,
+    ranked like the turn before a hit (``neighbour_weight`` × the hit's score): the
+    question a hit answers comes in before it, the answer a hit asks for after it."""
     expansion_turns: int = 2
     """How many of the newest turns lend their terms to a short message."""
     expansion_weight: float = 0.3
@@ -324,8 +330,14 @@ class Recaller:
             hits = hits[:limit]
         if not hits:
             return []
-        by_seq = await fetch_turns(store, state.tenant, state.session_id, [h.seq for h in hits])
-        hits = focus_on_speakers(message, hits, by_seq, self.settings)
+        settings = self.settings
+        wanted = [h.seq for h in hits]
+        if settings.answers:  # read the turn after each hit too: it is the answer when the hit asks
+            wanted += [h.seq + 1 for h in hits if h.neighbour_of is None]
+        by_seq = await fetch_turns(store, state.tenant, state.session_id, wanted)
+        if settings.answers:
+            hits = with_answers(hits, by_seq, settings.neighbour_weight)[:limit]
+        hits = focus_on_speakers(message, hits, by_seq, settings)
         # Each recalled turn says why it is here (the inspector shows it; never stored).
         return [_with_reason(by_seq[h.seq], h, ranker) for h in hits if h.seq in by_seq]
 
@@ -425,6 +437,35 @@ def focus_on_speakers(
     return focused
 
 
+def _asks(turn: Turn) -> bool:
+    """Whether ``turn`` asks something (a question mark in it, ASCII or full-width)."""
+    return "?" in turn.content or "？" in turn.content
+
+
+def with_answers(hits: list[RecallHit], turns: Mapping[int, Turn], weight: float) -> list[RecallHit]:
+    """``hits`` plus, after each hit that asks something (a question mark in it), the turn that
+    follows it (read into ``turns``; not a system turn or an engine notice), ranked at ``weight`` × the hit's score; best first, as `_with_neighbours` orders.
+
+    A question's answer is the next turn ("What did you make in pottery class?" → "Bowls and a
+    cup!"): the index lends the answer the question's words at half weight, so the question
+    itself ranks first and the answer often not at all.
+    """
+    taken = {h.seq for h in hits}
+    extra = []
+    for hit in hits:
+        turn = turns.get(hit.seq)
+        if hit.neighbour_of is None and turn is not None and _asks(turn):
+            seq = hit.seq + 1
+            if seq not in taken and seq in turns and indexed(turns[seq]):
+                taken.add(seq)
+                extra.append(RecallHit(seq=seq, score=hit.score * weight, neighbour_of=hit.seq))
+    if not extra:
+        return hits
+    merged = hits + extra
+    merged.sort(key=lambda h: (-h.score, h.neighbour_of is not None, -h.seq))
+    return merged
+
+
 def _with_reason(turn: Turn, hit: RecallHit, ranker: str) -> Turn:
     reason: dict[str, float | int | str] = {"score": round(hit.score, 4), "ranker": ranker}
     if hit.neighbour_of is not None:
@@ -442,7 +483,8 @@ class RecallReason:
     matched: tuple[str, ...]
     """Query terms (the message's, or borrowed/feedback ones) found in the turn."""
     neighbour_of: int | None = None
-    """Set when the turn came in as the turn before hit ``neighbour_of``."""
+    """Set when the turn came in as the turn before hit ``neighbour_of`` (or after it: the
+    answer to a hit that asks)."""
     ranker: str = ""
     """``bm25``, or ``bm25+dense`` (BM25 and embedding ranks fused)."""
 

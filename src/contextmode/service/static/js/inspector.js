@@ -225,7 +225,9 @@ export function recallReason(turn) {
   }
   if (turn.score != null) parts.push(t("recallScore", turn.ranker === "bm25+dense" ? t("rankerFused") : "BM25", turn.score));
   if (turn.matched?.length) parts.push(t("recallMatched", turn.matched.join(", ")));
-  if (turn.neighbour_of != null) parts.push(t("recallNeighbour", turn.neighbour_of));
+  if (turn.neighbour_of != null) {
+    parts.push(t(turn.seq > turn.neighbour_of ? "recallAnswer" : "recallNeighbour", turn.neighbour_of));
+  }
   else if (!turn.matched?.length) parts.push(t("recallRelated"));
   return parts.join(" · ");
 }
