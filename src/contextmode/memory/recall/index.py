@@ -15,9 +15,9 @@ are always those of the current collection: an index grown turn by turn scores
 exactly like one built from scratch.
 
 Search views those arrays through numpy without copying (`np.frombuffer`) and
-scores term by term into one dense accumulator, then takes the top k with
-`argpartition`: exact BM25, a few vector operations per query term, no Python
-loop over postings. At 100,000 turns a query costs about a millisecond (see
+sums the terms' contributions into one dense accumulator (`ScoreSums`, which a
+feedback pass extends), then takes the top k (`top_k`): exact BM25, a few vector
+operations per query term, no Python loop over postings. At 100,000 turns a query costs about a millisecond (see
 benchmarks/bench_recall.py), so no approximate pruning is needed.
 """
 
