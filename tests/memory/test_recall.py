@@ -13,7 +13,7 @@ import pytest
 from contextmode.memory import get_strategy
 from contextmode.memory.recall import HybridRecall, Recaller, RecallSettings, recall_query
 from contextmode.memory.recall.dense import DenseIndex, convex_fuse, rrf_fuse
-from contextmode.memory.recall.index import BM25Index, BM25Params, turn_text
+from contextmode.memory.recall.index import BM25Index, BM25Params, QueryMemo, top_k, turn_text
 from contextmode.memory.recall.text import analyze, stem
 from contextmode.store.memory import MemoryStore
 from contextmode.types import NewTurn, SessionState, Turn
@@ -126,6 +126,46 @@ def test_incremental_index_scores_like_a_from_scratch_bm25() -> None:
     for turn in turns:
         fresh.add(turn)
     assert fresh.search(queries[2], k=20) == grown.search(queries[2], k=20)
+
+
+def _argpartition_top(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """`top_k` as it was: argpartition over every scoring turn, then the order."""
+    hits = np.flatnonzero(scores)
+    if len(hits) > k:
+        hits = hits[np.argpartition(scores[hits], -k)[-k:]]
+    order = sorted(hits.tolist(), key=lambda seq: (-scores[seq], -seq))
+    return [(seq, float(scores[seq])) for seq in order]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_k_picks_what_argpartition_over_every_hit_picks(ties: bool) -> None:
+    rng = np.random.default_rng(7)
+    for size in (10, 100, 5_000, 20_000):
+        scores = rng.random(size)
+        scores[rng.random(size) < 0.3] = 0.0
+        if ties:  # many turns at a few score levels: the k-th score is shared
+            scores = np.round(scores * 4) / 4
+        for k in (1, 5, 48, 64):
+            expected = _argpartition_top(scores, k)
+            assert top_k(scores, k) == expected
+            if len(expected) == k:
+                floor = expected[-1][1] * rng.random()  # any score k turns reach
+                assert top_k(scores, k, floor=floor) == expected
+
+
+def test_a_feedback_search_adds_to_the_first_pass_sums_as_a_fresh_search_sums() -> None:
+    index = BM25Index()
+    for turn in _english_turns(400):
+        index.add(turn)
+    first = {"coffee": 1.0, "guitar": 1.0, "weekend": 0.3}
+    second = {**first, "beach": 0.3, "river": 0.3}
+    memo = QueryMemo()
+    assert index.search_terms(first, k=30, memo=memo) == index.search_terms(first, k=30)
+    extended = index.search_terms(second, k=30, memo=memo)
+    assert extended == index.search_terms(second, k=30)
+    assert extended != index.search_terms(first, k=30)
+    # A search whose terms do not extend the summed ones sums afresh.
+    assert index.search_terms({"river": 1.0}, k=30, memo=memo) == index.search_terms({"river": 1.0}, k=30)
 
 
 def test_document_expansion_finds_an_answer_by_its_question() -> None:

@@ -15,9 +15,9 @@ are always those of the current collection: an index grown turn by turn scores
 exactly like one built from scratch.
 
 Search views those arrays through numpy without copying (`np.frombuffer`) and
-scores term by term into one dense accumulator, then takes the top k with
-`argpartition`: exact BM25, a few vector operations per query term, no Python
-loop over postings. At 100,000 turns a query costs about a millisecond (see
+sums the terms' contributions into one dense accumulator (`ScoreSums`, which a
+feedback pass extends), then takes the top k (`top_k`): exact BM25, a few vector
+operations per query term, no Python loop over postings. At 100,000 turns a query costs about a millisecond (see
 benchmarks/bench_recall.py), so no approximate pruning is needed.
 """
 
@@ -38,7 +38,10 @@ from .text import analyze, indexed
 __all__ = [
     "BM25Index",
     "BM25Params",
+    "Contributions",
+    "QueryMemo",
     "RecallIndex",
+    "ScoreSums",
     "bm25_idf",
     "bm25_scores",
     "top_k",
@@ -108,7 +111,11 @@ def bm25_scores(
 ) -> np.ndarray:
     """BM25 contributions of one query term: ``tfs`` and ``norms`` (k1·(1 − b + b·dl/avgdl))
     per matching turn, float32 like the stored arrays, so every index scores alike."""
-    scores: np.ndarray = weight * idf * tfs * (k1 + 1.0) / (tfs + norms)
+    # weight·idf·tf·(k1 + 1) / (tf + norm), the same float32 operations in the same order,
+    # in place: one temporary fewer per step.
+    scores: np.ndarray = np.multiply(tfs, weight * idf)
+    scores *= k1 + 1.0
+    scores /= tfs + norms
     return scores
 
 
@@ -227,52 +234,137 @@ class BM25Index:
         *,
         k: int,
         exclude_from_seq: int | None = None,
-        memo: dict[tuple[str, float], tuple[np.ndarray, np.ndarray]] | None = None,
+        memo: QueryMemo | None = None,
     ) -> list[tuple[int, float]]:
         """Like `search`, with explicit per-term query weights (for query expansion).
 
-        ``memo`` keeps each term's contributions for a second search of the same query
-        (feedback adds terms, the message's own keep their weights); pass the same dict
-        to both, with nothing added to the index in between."""
+        ``memo`` keeps each term's contributions and their running sums for a second
+        search of the same query (feedback adds terms, the message's own keep their
+        weights: only the new terms are scored and added); pass the same `QueryMemo` to
+        both, with nothing added to the index in between."""
         if self._docs == 0 or k <= 0:
             return []
         k1 = self.params.k1
         norm = self._norm()
-        memo = {} if memo is None else memo
-        seqs: list[np.ndarray] = []
-        contributions: list[np.ndarray] = []
+        memo = QueryMemo() if memo is None else memo
+        scored: list[tuple[tuple[str, float], list[tuple[np.ndarray, np.ndarray]]]] = []
         for term, weight in weights.items():
             seqs_arr = self._seqs.get(term)
             if weight <= 0 or seqs_arr is None:
                 continue
-            done = memo.get((term, weight))
+            key = (term, weight)
+            done = memo.contributions.get(key)
             if done is None:
                 term_seqs = np.frombuffer(seqs_arr, dtype=np.int64)
                 tfs = np.frombuffer(self._tfs[term], dtype=np.float32)
                 if exclude_from_seq is not None:
                     end = int(np.searchsorted(term_seqs, exclude_from_seq))
                     term_seqs, tfs = term_seqs[:end], tfs[:end]
-                scored = bm25_scores(tfs, norm[term_seqs], idf=self.idf(term), weight=weight, k1=k1)
-                done = memo[(term, weight)] = (term_seqs, scored)
-            if len(done[0]):
-                seqs.append(done[0])
-                contributions.append(done[1])
-        if not seqs:
+                contribution = bm25_scores(
+                    tfs, norm.take(term_seqs), idf=self.idf(term), weight=weight, k1=k1
+                )
+                done = memo.contributions[key] = [(term_seqs, contribution)] if len(term_seqs) else []
+            if done:
+                scored.append((key, done))
+        return memo.sums.rank(scored, size=len(self._doc_len), k=k)
+
+
+Contributions = list[tuple[np.ndarray, np.ndarray]]
+"""One query term's BM25 contributions: ``(seqs ascending, contribution per seq)`` parts,
+disjoint, none empty."""
+
+
+class ScoreSums:
+    """One query's BM25 scores per seq, summed term by term in query order from 0.
+
+    A second `rank` whose terms start with the first's (pseudo-relevance feedback only
+    appends terms) adds only the new terms' contributions to the same sums: each seq's
+    score is the same additions in the same order either way, so the ranking is the same
+    as summing all terms afresh. Scores only grow when terms are added, so the first
+    pass's k-th best score bounds the second's from below (`top_k`'s ``floor``)."""
+
+    def __init__(self) -> None:
+        self._scores: np.ndarray | None = None
+        self._summed: list[tuple[str, float]] = []
+        self._kth = 0.0
+        self._k = 0
+
+    def rank(
+        self, scored: Sequence[tuple[tuple[str, float], Contributions]], *, size: int, k: int
+    ) -> list[tuple[int, float]]:
+        """The ``k`` best ``(seq, score)`` summing ``scored`` (term key → its non-empty
+        contributions, in query order) over seqs ``0..size-1``."""
+        if not scored:
             return []
-        # Sums each turn's contributions in query-term order from 0, as a dense
-        # ``scores[seqs] +=`` per term would (seqs are unique within a term).
-        scores = np.bincount(
-            np.concatenate(seqs), weights=np.concatenate(contributions), minlength=len(self._doc_len)
-        )
-        return top_k(scores, k)
+        keys = [key for key, _ in scored]
+        scores, summed = self._scores, len(self._summed)
+        extends = scores is not None and len(scores) == size and keys[:summed] == self._summed
+        if scores is None or not extends:
+            parts = [part for _, parts in scored for part in parts]
+            # bincount adds in input order: each seq's score sums its terms' contributions in
+            # query order from 0, as a ``scores[seqs] +=`` per term would (seqs unique per term).
+            scores = np.bincount(
+                np.concatenate([seqs for seqs, _ in parts]),
+                weights=np.concatenate([values for _, values in parts]),
+                minlength=size,
+            )
+            floor = 0.0
+        else:
+            for _, parts in scored[summed:]:
+                for seqs, values in parts:
+                    scores[seqs] += values
+            floor = self._kth if self._k == k else 0.0
+        found = top_k(scores, k, floor=floor)
+        self._scores, self._summed, self._k = scores, keys, k
+        self._kth = found[-1][1] if len(found) == k else 0.0
+        return found
 
 
-def top_k(scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+class QueryMemo:
+    """What one query's searches share (`BM25Index.search_terms`): each term's
+    contributions and their running sums. Valid while nothing is added to the index."""
+
+    def __init__(self) -> None:
+        self.contributions: dict[tuple[str, float], Contributions] = {}
+        self.sums = ScoreSums()
+
+
+def top_k(scores: np.ndarray, k: int, *, floor: float = 0.0) -> list[tuple[int, float]]:
     """The ``k`` best ``(seq, score)`` of a dense score array indexed by seq, best first;
-    on equal scores the newer turn first."""
-    hits = np.flatnonzero(scores)
-    if len(hits) > k:
-        top = np.argpartition(scores[hits], -k)[-k:]
-        hits = hits[top]
-    order = sorted(hits.tolist(), key=lambda seq: (-scores[seq], -seq))
-    return [(seq, float(scores[seq])) for seq in order]
+    on equal scores the newer turn first.
+
+    ``floor``: a score at least ``k`` turns are known to reach (0 = unknown); only turns
+    scoring that much are looked at. When more turns than fit tie at the k-th score,
+    which of them are kept is `np.argpartition`'s choice over all the turns that score,
+    as it always was, so the result never depends on ``floor``."""
+    hits = _unique_top(scores, k, floor)
+    if hits is None:
+        hits = np.flatnonzero(scores != 0)
+        if len(hits) > k:
+            hits = hits[np.argpartition(scores[hits], -k)[-k:]]
+    values = scores[hits].tolist()
+    order = sorted(zip(hits.tolist(), values, strict=True), key=lambda hit: (-hit[1], -hit[0]))
+    return [(seq, float(score)) for seq, score in order]
+
+
+_SAMPLE_STRIDE = 17
+"""Every this-many-th score estimates a floor for `top_k` (odd: turns alternate speakers)."""
+
+
+def _unique_top(scores: np.ndarray, k: int, floor: float) -> np.ndarray | None:
+    """The seqs of the ``k`` best scores when no tie at the k-th score leaves a choice
+    (exactly ``k`` turns score at least the k-th best, which is above 0); else None."""
+    if floor <= 0 and len(scores) >= 4 * k * _SAMPLE_STRIDE:
+        # The k-th best of a sample: its k best are k turns scoring at least that much.
+        floor = float(np.partition(scores[::_SAMPLE_STRIDE], -k)[-k])
+    candidates = np.flatnonzero(scores >= floor) if floor > 0 else None
+    values = scores if candidates is None else scores[candidates]
+    if len(values) < k:
+        return None
+    kth = float(np.partition(values, -k)[-k])
+    if kth <= 0:
+        return None
+    top = np.flatnonzero(values >= kth)
+    if len(top) != k:
+        return None
+    return top if candidates is None else candidates[top]

@@ -35,17 +35,15 @@ import asyncio
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Literal, Protocol
-
-import numpy as np
 
 from ...store.postings import IndexStats, PostingsStore, has_postings, reads_turns_at
 from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
-from .index import BM25Index, RecallIndex, turn_text
+from .index import BM25Index, QueryMemo, RecallIndex, turn_text
 from .stored import StoredPostings
 from .strategy import HybridRecall
 from .text import analyze, indexed
@@ -269,7 +267,7 @@ class Recaller:
         weights = recall_query(message, recent, settings)
         k = settings.candidates
         if isinstance(index, BM25Index):
-            memo: dict[tuple[str, float], tuple[np.ndarray, np.ndarray]] = {}  # shared by both passes
+            memo = QueryMemo()  # shared by both passes: the feedback pass adds only its terms
             found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq, memo=memo)
             if settings.feedback_turns and found:
                 expanded = _feedback(index, weights, found[: settings.feedback_turns], settings)
@@ -470,7 +468,14 @@ def _with_reason(turn: Turn, hit: RecallHit, ranker: str) -> Turn:
     reason: dict[str, float | int | str] = {"score": round(hit.score, 4), "ranker": ranker}
     if hit.neighbour_of is not None:
         reason["neighbour_of"] = hit.neighbour_of
-    return replace(turn, metadata={**turn.metadata, "recall": reason})
+    metadata = {**turn.metadata, "recall": reason}
+    if type(turn) is not Turn:
+        return replace(turn, metadata=metadata)
+    # `dataclasses.replace` without its per-call field walk (~2x faster; up to 128 turns a recall).
+    return Turn(**{name: getattr(turn, name) for name in _TURN_FIELDS}, metadata=metadata)
+
+
+_TURN_FIELDS = tuple(f.name for f in fields(Turn) if f.init and f.name != "metadata")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,7 @@
 
 A query reads the postings rows of its terms only, and scores them with the same
 BM25 functions as the in-memory `BM25Index` (`bm25_scores`, `bm25_idf`,
-`top_k`), so both give the same ranking. Sealed blocks (every seq of the block
+`ScoreSums`), so both give the same ranking. Sealed blocks (every seq of the block
 indexed) never change: this process keeps them per session (LRU), and a later
 query reads only the open block of each cached term. A session deleted and
 re-created is told apart by its creation time.
@@ -19,7 +19,7 @@ import numpy as np
 
 from ...store.postings import BLOCK, LAYOUT, POSTING, IndexStats, PostingsStore, unpack
 from ...types import Turn
-from .index import BM25Params, bm25_idf, bm25_scores, top_k, turn_counts
+from .index import BM25Params, Contributions, ScoreSums, bm25_idf, bm25_scores, turn_counts
 from .text import analyze, indexed
 
 __all__ = ["StoredIndex", "StoredPostings", "TurnReader"]
@@ -125,7 +125,9 @@ class StoredIndex:
         then the open block): scored part by part, never copied into one array."""
         self._terms_of: dict[int, tuple[str, ...]] = {}
         self._df: dict[str, int] = {}
-        self._contributions: dict[tuple[str, float, int | None], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._contributions: dict[tuple[str, float, int | None], Contributions] = {}
+        self._sums: dict[int | None, ScoreSums] = {}
+        """exclude_from_seq → the query's running score sums (`ScoreSums`)."""
 
     async def load_terms(self, terms: Sequence[str]) -> None:
         """Read the postings of ``terms`` not read yet (sealed blocks from the cache)."""
@@ -175,30 +177,23 @@ class StoredIndex:
     ) -> list[tuple[int, float]]:
         """Exact BM25 over the loaded terms, like `BM25Index.search_terms` (the same
         additions in the same order: each turn's score sums its terms' contributions in
-        query order, starting from 0)."""
+        query order, starting from 0; a second search of the query adds only its new terms)."""
         docs = self._stats.docs
         if docs == 0 or k <= 0:
             return []
-        seqs: list[np.ndarray] = []
-        contributions: list[np.ndarray] = []
+        scored: list[tuple[tuple[str, float], Contributions]] = []
         for term, weight in weights.items():
             if weight <= 0 or term not in self._parts or not self._df.get(term):
                 continue
-            for part_seqs, part_scores in self._scored(term, weight, exclude_from_seq):
-                seqs.append(part_seqs)
-                contributions.append(part_scores)
-        if not seqs:
-            return []
-        # bincount adds in input order, as the in-memory index's `scores[seqs] +=` per term does.
-        scores = np.bincount(
-            np.concatenate(seqs), weights=np.concatenate(contributions),
-            minlength=self._stats.indexed_seq + 1,
-        )
-        return top_k(scores, k)
+            parts = self._scored(term, weight, exclude_from_seq)
+            if parts:
+                scored.append(((term, weight), parts))
+        sums = self._sums.setdefault(exclude_from_seq, ScoreSums())
+        return sums.rank(scored, size=self._stats.indexed_seq + 1, k=k)
 
     def _scored(
         self, term: str, weight: float, exclude_from_seq: int | None
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
+    ) -> Contributions:
         """A term's ``(seqs, BM25 contributions)`` per part, kept for the query's second
         pass (feedback adds terms; the message's own keep their weights)."""
         key = (term, weight, exclude_from_seq)
