@@ -232,3 +232,52 @@ async def _collect_with(model: OpenAIChatModel, **kwargs: int) -> tuple[list[str
     except ModelError as exc:
         return chunks, exc
     return chunks, None
+
+
+def _sse_model(body: bytes) -> OpenAIChatModel:
+    """A model whose endpoint answers every streamed call with ``body`` (SSE), in process."""
+    import importlib
+
+    import openai
+
+    # The HTTP library the installed SDK is built on (httpx, or httpx2 for openai ≥ 3).
+    http = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+
+    def answer(request: object) -> object:
+        return http.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    client = openai.AsyncOpenAI(
+        api_key=SECRET, base_url="http://127.0.0.1:9/v1", max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(transport=http.MockTransport(answer)),
+    )
+    return OpenAIChatModel(
+        model="m", base_url="http://127.0.0.1:9/v1", options=OpenAIOptions(client=client, slots=0)
+    )
+
+
+async def test_the_stream_is_read_as_server_sent_events() -> None:
+    # Comments, event/id fields, a data field split over two lines, "data:" without its
+    # space, CRLF line ends, and bytes after [DONE] (never read as a chunk).
+    body = (
+        b': keep-alive\n\n'
+        b'event: message\nid: 1\ndata: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+        b'data: {"choices": [{"delta":\ndata: {"content": "lo"}}]}\n\n'
+        b'data:{"choices": [{"delta": {}, "finish_reason": "stop"}]}\r\n\r\n'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}\n\n'
+        b'data: [DONE]\n\ndata: {"choices": [{"delta": {"content": "never"}}]}\n\n'
+    )
+    model = _sse_model(body)
+    chunks, error = await _collect(model)
+    assert (chunks, error) == (["Hel", "lo"], None)
+    assert model.last_finish_reason == "stop"
+    assert model.last_usage == ModelUsage(prompt_tokens=7, completion_tokens=2)
+
+
+async def test_an_error_event_in_the_stream_is_a_model_error_after_the_partial_text() -> None:
+    body = (
+        b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+        b'data: {"error": {"message": "the server ran out of memory"}}\n\n'
+    )
+    chunks, error = await _collect(_sse_model(body))
+    assert chunks == ["Hel"]
+    assert type(error) is ModelError and "partial" in str(error) and "out of memory" in str(error)

@@ -176,3 +176,54 @@ async def test_job_outcomes_in_one_write_count_as_one_at_a_time(schema: str) -> 
             pass
     finally:
         await store.close()
+
+
+async def test_a_recall_reads_on_one_pooled_connection(schema: str) -> None:
+    """Inside `one_connection` a task's calls share one connection (a recall's statistics,
+    postings, counts and turns: one pool acquisition), a task it starts takes its own, and
+    the recalled turns are the same as with a connection per read."""
+    import asyncio
+
+    from contextmode.memory.recall import Recaller
+    from contextmode.store.postgres import PostgresStore
+    from contextmode.store.postings import one_connection
+    from contextmode.types import NewTurn
+
+    store = PostgresStore(DSN, schema=schema, max_size=3)
+    said = ["my sister is called Lucy", "noted", "we went kayaking in June", "nice",
+            "the weather is cold", "ok", "I like green tea", "sure", "tell me a joke", "ha"]
+    try:
+        await store.append("t", "s", [NewTurn(role="user" if i % 2 == 0 else "assistant", content=text, tokens=5)
+                                       for i, text in enumerate(said)])
+        state = await store.load("t", "s")
+        recaller = Recaller()
+        apart = await recaller.recall(store, state, "what is my sister called?")
+        acquired: list[int] = []
+
+        class Counting:  # the pool, counting its acquisitions
+            def __init__(self, pool: object) -> None:
+                self.pool = pool
+
+            def acquire(self) -> object:
+                acquired.append(1)
+                return self.pool.acquire()  # type: ignore[attr-defined]
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(self.pool, name)
+
+        store._pool = Counting(store._pool)
+        together = await recaller.recall(store, state, "what is my sister called?")
+        assert [t.seq for t in together] == [t.seq for t in apart] and together[0].content == said[0]
+        assert len(acquired) == 1
+        acquired.clear()
+        async with one_connection(store):
+            await store.index_stats("t", "s")
+            await asyncio.create_task(store.version("t", "s"))  # another task: its own connection
+            await store.turns_at("t", "s", [1, 3])
+        assert len(acquired) == 2
+        acquired.clear()
+        await store.index_stats("t", "s")
+        await store.index_stats("t", "s")
+        assert len(acquired) == 2
+    finally:
+        await store.close()

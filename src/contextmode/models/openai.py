@@ -9,6 +9,8 @@ appears in a ``repr``, an error message or a log line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -33,6 +35,10 @@ logger = logging.getLogger("contextmode.models.openai")
 _KEY_LIKE = re.compile(r"\b(sk|pk|key|api[-_]?key)-[A-Za-z0-9_\-]{8,}", re.I)
 _OPENAI_ENDPOINT = "https://api.openai.com/v1"
 _NO_KEY = "not-needed"  # local servers (Ollama, vLLM, llama.cpp) ignore the key but the client wants one
+_RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"
+"""The SDK's own switch behind ``with_streaming_response``: ``stream`` returns the response unread."""
+_DRAIN_S = 1.0
+"""How long the body after ``data: [DONE]`` is read for connection reuse before it is dropped."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,7 +398,7 @@ class OpenAIChatModel:
         except TimeoutError:
             raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
         finished, text, checked = False, "", 0
-        chunks = stream.__aiter__()
+        chunks = _sse_chunks(stream)
         try:
             while True:
                 try:
@@ -423,6 +429,7 @@ class OpenAIChatModel:
             else:
                 raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
         finally:
+            await chunks.aclose()
             await _close_quietly(stream)
         if not finished:
             raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
@@ -467,10 +474,13 @@ class OpenAIChatModel:
                 if stream:
                     # The SDK's ``create`` walks every message through its typed-dict
                     # transform and builds a pydantic model per chunk; the request is plain
-                    # JSON already and the chunks are read as dicts (`_events`).
+                    # JSON already. The SDK still sends it (auth, base URL, retries, status
+                    # errors), but hands back the unread response, as ``with_streaming_response``
+                    # does, whose SSE lines `_sse_chunks` reads as dicts (`_events`).
                     result = await self._client.post(
                         "/chat/completions", cast_to=object, body=kwargs, stream=True,
                         stream_cls=openai.AsyncStream[object],
+                        options={"headers": {_RAW_RESPONSE_HEADER: "stream"}},
                     )
                 else:
                     result = await self._client.chat.completions.create(**kwargs)
@@ -521,6 +531,45 @@ class OpenAIChatModel:
     async def aclose(self) -> None:
         """Close the underlying HTTP connection pool."""
         await self._client.close()
+
+
+async def _sse_chunks(response: Any) -> AsyncGenerator[Any, None]:
+    """The JSON objects of a streamed chat completion's SSE events, up to ``data: [DONE]``.
+
+    What the SDK's ``AsyncStream`` does, without its per-event objects: an event's ``data``
+    lines are joined by newlines and parsed as JSON; an object carrying ``error`` raises the
+    SDK's ``APIError`` (mapped by `map_openai_error` like any other stream failure); comments,
+    ``event:``, ``id:`` and ``retry:`` fields are skipped; after ``[DONE]`` the rest of the body
+    is read so the connection can be reused."""
+    import openai
+
+    data: list[str] = []
+    lines = response.iter_lines()
+    async for line in lines:
+        if line.startswith("data:"):
+            data.append(line[6:] if line.startswith("data: ") else line[5:])
+            continue
+        if line or not data:
+            continue
+        payload = "\n".join(data)
+        data = []
+        if payload.startswith("[DONE]"):
+            # The body ends right after [DONE]; read it so the connection can be reused.
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_DRAIN_S):
+                    async for _ in lines:
+                        pass
+            return
+        chunk = json.loads(payload)
+        if isinstance(chunk, dict) and chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message") if isinstance(error, dict) else None
+            raise openai.APIError(
+                message if isinstance(message, str) and message else "An error occurred during streaming",
+                request=response.http_request,
+                body=error,
+            )
+        yield chunk
 
 
 async def _close_quietly(stream: Any) -> None:

@@ -17,6 +17,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -267,6 +268,10 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self._opening = asyncio.Lock()
         self._heads = KeptHeads()
         """What the next append of a session needs (its postings are written with its turns)."""
+        self._held: ContextVar[tuple[asyncio.Task[Any] | None, Any] | None] = ContextVar(
+            "contextmode_pg_held", default=None
+        )
+        """The connection `one_connection` holds, and the task it holds it for."""
         self._released: set[tuple[str, int]] = set()
         """Job locks `record_jobs` released; their context's exit has nothing left to do."""
 
@@ -293,8 +298,13 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
 
     @asynccontextmanager
     async def _db(self) -> AsyncIterator[Any]:
-        """A pooled connection; the one place asyncpg and socket errors become StoreError."""
+        """A pooled connection (the task's own inside `one_connection`); the one place asyncpg
+        and socket errors become StoreError."""
         try:
+            held = self._held.get()
+            if held is not None and held[0] is asyncio.current_task():
+                yield held[1]
+                return
             pool = self._pool or await self._open_pool()
             async with pool.acquire() as db:
                 yield db
@@ -308,6 +318,22 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             if (error := translate(exc, asyncpg_errors(), f"PostgreSQL store failed: {exc}")) is not None:
                 raise error from exc
             raise
+
+    @asynccontextmanager
+    async def one_connection(self) -> AsyncIterator[None]:
+        """This task's calls share one pooled connection until the context ends (`SharesConnection`).
+
+        Only the task that entered the context uses it: tasks it starts take their own."""
+        held = self._held.get()
+        if held is not None and held[0] is asyncio.current_task():
+            yield
+            return
+        async with self._db() as db:
+            token = self._held.set((asyncio.current_task(), db))
+            try:
+                yield
+            finally:
+                self._held.reset(token)
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -48,11 +49,13 @@ __all__ = [
     "KeptHeads",
     "PostingRows",
     "PostingsStore",
+    "SharesConnection",
     "TurnsAt",
     "analyze_texts",
     "catch_up",
     "completes_block",
     "has_postings",
+    "one_connection",
     "open_subs",
     "postings_for",
     "reads_turns_at",
@@ -289,6 +292,22 @@ class TurnsAt(Protocol):
 def reads_turns_at(store: object) -> TypeGuard[TurnsAt]:
     """True when ``store`` reads turns at a list of seqs in one call (`TurnsAt`)."""
     return isinstance(store, TurnsAt)
+
+
+@runtime_checkable
+class SharesConnection(Protocol):
+    """A store whose calls in a row can share one pooled connection (PostgreSQL): a recall's
+    reads (statistics, postings, counts, turns) then take one connection from the pool, not one
+    each."""
+
+    def one_connection(self) -> AbstractAsyncContextManager[None]:
+        """Within this context, the calls this task makes run on one connection (no transaction)."""
+        ...
+
+
+def one_connection(store: object) -> AbstractAsyncContextManager[None]:
+    """``store.one_connection()`` when it `SharesConnection`, else a context that does nothing."""
+    return store.one_connection() if isinstance(store, SharesConnection) else nullcontext()
 
 
 def unpack(rows: Sequence[tuple[int, bytes]]) -> np.ndarray:

@@ -39,7 +39,13 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Literal, Protocol
 
-from ...store.postings import IndexStats, PostingsStore, has_postings, reads_turns_at
+from ...store.postings import (
+    IndexStats,
+    PostingsStore,
+    has_postings,
+    one_connection,
+    reads_turns_at,
+)
 from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
@@ -302,10 +308,11 @@ class Recaller:
         exclude_from = max(1, state.last_seq - recent_turns + 1)
         source = store
         if has_postings(store) and self.embedder is None:
-            stats = await store.index_stats(state.tenant, state.session_id)
-            if stats.exists and stats.indexed_seq >= state.last_seq:
-                hits = await self.rank_stored(store, source, state, message, stats, exclude_from)
-                return await self._turns_of(source, state, message, hits, limit, "bm25")
+            async with one_connection(store):  # PostgreSQL: one pool acquisition for all the reads
+                stats = await store.index_stats(state.tenant, state.session_id)
+                if stats.exists and stats.indexed_seq >= state.last_seq:
+                    hits = await self.rank_stored(store, source, state, message, stats, exclude_from)
+                    return await self._turns_of(source, state, message, hits, limit, "bm25")
         entry = self._entry(state.tenant, state.session_id)
         if entry.created_at is not None and state.created_at != entry.created_at:
             self.forget(state.tenant, state.session_id)
