@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ..assembly import Context, CurrentTurn, assemble, cut_to_tokens, to_messages
@@ -138,17 +139,16 @@ def _assemble_step(
         standalone=current if current != message else None,
         hint=step.verified_text if mode != "decoupled" and current == message else None,
     )
-    config = engine.assembly_config(request.system_prompt)
+    build = partial(assemble, assembled, message, counter=engine.counter, strategy=strategy,
+                    budget=engine.budget(), config=engine.assembly_config(request.system_prompt), now=request.now)
     try:
-        return assemble(assembled, message, counter=engine.counter, strategy=strategy, budget=engine.budget(),
-                        config=config, now=request.now, current=rewritten)
+        return build(current=rewritten)
     except MessageTooLarge:
         if rewritten == CurrentTurn():
             raise
     # The rewrite (or its hint, or the follow-up prompt around the last answer) made the turn
     # too large where the user's own words fit: send those, as when nothing was rewritten.
-    return assemble(assembled, message, counter=engine.counter, strategy=strategy, budget=engine.budget(),
-                    config=config, now=request.now)
+    return build()
 
 
 def without_notices(state: SessionState) -> SessionState:

@@ -135,11 +135,16 @@ class IndexHead:
 
     def numbered(self, turns: Sequence[NewTurn]) -> list[Turn]:
         """``turns`` numbered after ``last`` (for their postings)."""
-        return [
-            Turn(seq=self.last + i, role=t.role, content=t.content, tokens=t.tokens,
-                 created_at=t.created_at, metadata=dict(t.metadata))
-            for i, t in enumerate(turns, start=1)
-        ]
+        return _numbered(self.last, turns)
+
+
+def _numbered(last: int, turns: Sequence[NewTurn]) -> list[Turn]:
+    """``turns`` as the turns they become after seq ``last``."""
+    return [
+        Turn(seq=last + i, role=t.role, content=t.content, tokens=t.tokens,
+             created_at=t.created_at, metadata=dict(t.metadata))
+        for i, t in enumerate(turns, start=1)
+    ]
 
 
 class KeptHeads:
@@ -178,9 +183,7 @@ class KeptHeads:
         if not turns or max(size, len(turns[-1].content)) > self._chars:
             return
         last = before + len(turns)
-        t = turns[-1]
-        previous = Turn(seq=last, role=t.role, content=t.content, tokens=t.tokens,
-                        created_at=t.created_at, metadata=dict(t.metadata))
+        previous = _numbered(last - 1, turns[-1:])[0]
         self._heads[key] = (time.monotonic(), IndexHead(last, previous, last if indexed else None, digest))
         while len(self._heads) > self._sessions:
             self._heads.popitem(last=False)
