@@ -141,17 +141,19 @@ async def test_each_earlier_turn_is_read_once_as_the_context_of_the_next_scores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An earlier turn is the context of every next Chinese turn's score: its own logit is
-    computed once (an English one through VADER once), and the scores are those computed afresh."""
+    computed once (an English one through VADER once), and a score is the same when repeated."""
+    import uuid
+
     from contextmode.processors import emotion
 
-    said = ["I lost my job today and I am scared.", "我真的很难过，什么都不想做。", "What about rainy days?",
-            "你怎么能这样对我！", "算了，我们明天再说吧。"]
+    tag = uuid.uuid4().hex[:8]  # texts no earlier test has scored
+    said = [f"I lost my job today and I am scared ({tag}).", f"我真的很难过，什么都不想做。{tag}",
+            f"What about rainy days ({tag})?", f"你怎么能这样对我！{tag}", f"算了，我们明天再说吧。{tag}"]
     scorer = emotion.OfflineEmotionScorer()
 
     def prior(n: int) -> list[PriorTurn]:
         return [PriorTurn(text=t, same_speaker=i % 2 == n % 2) for i, t in enumerate(said[:n])]
 
-    emotion.text_logit.cache_clear()
     vader = emotion._vader()
     seen: list[str] = []
 
@@ -164,9 +166,4 @@ async def test_each_earlier_turn_is_read_once_as_the_context_of_the_next_scores(
     scores = [await scorer.score_in_context(said[n], prior(n)) for n in range(1, len(said))]
     # The first turn is the context of three Chinese turns, the third (scored itself) of two.
     assert seen.count(said[0]) == 1 and seen.count(said[2]) == 2
-    monkeypatch.undo()
-    fresh = []
-    for n in range(1, len(said)):
-        emotion.text_logit.cache_clear()
-        fresh.append(emotion.analyze_emotion(said[n], prior=prior(n)).intensity)
-    assert scores == fresh
+    assert scores == [await scorer.score_in_context(said[n], prior(n)) for n in range(1, len(said))]
