@@ -8,8 +8,9 @@ For each worker count the script starts, on loopback only, the stub model server
 before the first token) and that many uvicorn processes
 (``contextmode.testing.worker:create_worker_app``: the real service on
 ``build_engine()`` with a fresh PostgreSQL schema / Redis namespace, the stub as
-``CONTEXTMODE_LLM_BASE_URL``, offline processors, ``sliding_summary``, background
-summaries, constraints and emotion scores). ``--users`` conversations then run at
+``CONTEXTMODE_LLM_BASE_URL``, offline processors, the ``default`` strategy (recent turns,
+summary, pins, key moments and recall from the stored index), background summaries,
+constraints and emotion scores). ``--users`` conversations then run at
 once, each ``--turns`` non-stream turns one after the other, every request to a
 random worker; a run stops after ``--turns`` turns per user or ``--duration``
 seconds, whichever comes first (bounded in requests and in time).

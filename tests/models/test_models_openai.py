@@ -234,8 +234,9 @@ async def _collect_with(model: OpenAIChatModel, **kwargs: int) -> tuple[list[str
     return chunks, None
 
 
-def _sse_model(body: bytes) -> OpenAIChatModel:
-    """A model whose endpoint answers every streamed call with ``body`` (SSE), in process."""
+def _sse_model(body: bytes, *, piece: int = 0) -> OpenAIChatModel:
+    """A model whose endpoint answers every streamed call with ``body`` (SSE), in process
+    (sent ``piece`` bytes at a time when given)."""
     import importlib
 
     import openai
@@ -243,8 +244,13 @@ def _sse_model(body: bytes) -> OpenAIChatModel:
     # The HTTP library the installed SDK is built on (httpx, or httpx2 for openai ≥ 3).
     http = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
 
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), piece):
+            yield body[start:start + piece]
+
     def answer(request: object) -> object:
-        return http.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+        return http.Response(200, headers={"content-type": "text/event-stream"},
+                             content=pieces() if piece else body)
 
     client = openai.AsyncOpenAI(
         api_key=SECRET, base_url="http://127.0.0.1:9/v1", max_retries=0,
@@ -271,6 +277,22 @@ async def test_the_stream_is_read_as_server_sent_events() -> None:
     assert (chunks, error) == (["Hel", "lo"], None)
     assert model.last_finish_reason == "stop"
     assert model.last_usage == ModelUsage(prompt_tokens=7, completion_tokens=2)
+
+
+async def test_sse_lines_end_only_at_cr_or_lf_whatever_the_pieces_the_body_arrives_in() -> None:
+    # Raw U+2028, U+0085 and a form feed inside the JSON text (valid JSON, no line end in SSE),
+    # CR, LF and CRLF line ends, and multi-byte characters, cut every 1, 2, 3 and 7 bytes.
+    import json
+
+    texts = ["第一\u2028段", "a\x85b", "c\x0cd", "é🙂"]
+    ends = ["\n\n", "\r\r", "\r\n\r\n", "\n\r\n"]
+    body = "".join(
+        "data: " + json.dumps({"choices": [{"delta": {"content": t}}]}, ensure_ascii=False) + end
+        for t, end in zip(texts, ends, strict=True)
+    ) + 'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    for piece in (1, 2, 3, 7):
+        chunks, error = await _collect(_sse_model(body.encode(), piece=piece))
+        assert (chunks, error) == (texts, None), piece
 
 
 async def test_an_error_event_in_the_stream_is_a_model_error_after_the_partial_text() -> None:

@@ -135,3 +135,35 @@ async def test_strong_feelings_are_key_moments_and_plain_lines_are_not() -> None
     for text in ("把文件发给我", "The meeting is at 3pm in room 12."):
         assert await scorer.score(text) < KEY_MOMENT_THRESHOLD
     assert await scorer.score_in_context("你说什么", []) == await scorer.score("你说什么")
+
+
+async def test_each_earlier_turn_is_read_once_as_the_context_of_the_next_scores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An earlier turn is the context of every next Chinese turn's score: its own logit is
+    computed once (an English one through VADER once), and a score is the same when repeated."""
+    import uuid
+
+    from contextmode.processors import emotion
+
+    tag = uuid.uuid4().hex[:8]  # texts no earlier test has scored
+    said = [f"I lost my job today and I am scared ({tag}).", f"我真的很难过，什么都不想做。{tag}",
+            f"What about rainy days ({tag})?", f"你怎么能这样对我！{tag}", f"算了，我们明天再说吧。{tag}"]
+    scorer = emotion.OfflineEmotionScorer()
+
+    def prior(n: int) -> list[PriorTurn]:
+        return [PriorTurn(text=t, same_speaker=i % 2 == n % 2) for i, t in enumerate(said[:n])]
+
+    vader = emotion._vader()
+    seen: list[str] = []
+
+    class Counting:
+        def polarity_scores(self, text: str) -> dict[str, float]:
+            seen.append(text)
+            return vader.polarity_scores(text)
+
+    monkeypatch.setattr(emotion, "_vader", lambda: Counting())
+    scores = [await scorer.score_in_context(said[n], prior(n)) for n in range(1, len(said))]
+    # The first turn is the context of three Chinese turns, the third (scored itself) of two.
+    assert seen.count(said[0]) == 1 and seen.count(said[2]) == 2
+    assert scores == [await scorer.score_in_context(said[n], prior(n)) for n in range(1, len(said))]

@@ -227,3 +227,66 @@ async def test_a_recall_reads_on_one_pooled_connection(schema: str) -> None:
         assert len(acquired) == 2
     finally:
         await store.close()
+
+
+async def test_an_append_at_the_known_head_is_one_statement_and_writes_what_the_full_append_writes(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append at the head this process's last append left is one statement (no BEGIN and
+    COMMIT); the turns, emotions, head and recall index it leaves (a block sealed on the way,
+    a stale head and a failed compare-and-set in between) are the full append's."""
+    from dataclasses import replace
+
+    import asyncpg
+
+    from contextmode.errors import ConflictError
+    from contextmode.store import postgres
+    from contextmode.store.postgres import PostgresStore
+    from contextmode.testing.contract import new_turns
+
+    store = PostgresStore(DSN, schema=schema, max_size=1)
+    other = PostgresStore(DSN, schema=schema, max_size=1)  # another worker: leaves `store`'s head stale
+
+    async def run(session: str) -> None:
+        await store.append("t", session, new_turns(3))
+        for i in range(4, 530):
+            turns = new_turns(1, start=i)
+            if i == 100:
+                await other.append("t", session, turns)
+            elif i == 200:
+                with pytest.raises(ConflictError):
+                    await store.append("t", session, turns, expected_last_seq=1)
+                await store.append("t", session, turns, expected_last_seq=199)
+            else:
+                await store.append("t", session, [replace(t, emotion=0.5) for t in turns] if i % 7 else turns)
+
+    async def rows(session: str) -> list[list[tuple[object, ...]]]:
+        conn = await asyncpg.connect(DSN, server_settings={"search_path": schema})
+        try:
+            out = []
+            for table, order in [("turns", "seq"), ("turn_emotions", "seq"), ("recall_recent", "block, term"),
+                                 ("recall_postings", "term, block"), ("recall_df", "term"), ("recall_index", "1"),
+                                 ("sessions", "1")]:
+                found = await conn.fetch(f"SELECT * FROM {table} WHERE session_id = $1 ORDER BY {order}", session)
+                drop = {"session_id", "created_at", "updated_at"}
+                out.append([tuple(v for k, v in r.items() if k not in drop) for r in found])
+            return out
+        finally:
+            await conn.close()
+
+    try:
+        await run("fast")
+        queries: list[str] = []
+        async with store._db() as db:
+            db.add_query_logger(lambda record: queries.append(record.query))
+        await store.append("t", "fast", new_turns(1, start=530))
+        assert len(queries) == 1 and "BEGIN" not in queries[0]
+        monkeypatch.setattr(postgres, "_at_known_head", lambda index, count: False)  # every append the full one
+        await run("full")
+        await store.append("t", "full", new_turns(1, start=530))
+        fast, full = await rows("fast"), await rows("full")
+        assert [len(r) for r in fast] == [len(r) for r in full] and fast[2] and fast[3]
+        assert fast == full
+    finally:
+        await store.close()
+        await other.close()

@@ -544,7 +544,7 @@ async def _sse_chunks(response: Any) -> AsyncGenerator[Any, None]:
     import openai
 
     data: list[str] = []
-    lines = response.iter_lines()
+    lines = _sse_lines(response.http_response)
     async for line in lines:
         if line.startswith("data:"):
             data.append(line[6:] if line.startswith("data: ") else line[5:])
@@ -570,6 +570,27 @@ async def _sse_chunks(response: Any) -> AsyncGenerator[Any, None]:
                 body=error,
             )
         yield chunk
+
+
+async def _sse_lines(response: Any) -> AsyncGenerator[str, None]:
+    """The lines of an SSE body (``response``: the SDK's httpx response, read as it arrives),
+    without their ends: split at ``\\r\\n``, ``\\n`` or ``\\r`` as the SSE format says (and the
+    SDK's own decoder does, on bytes), decoded as UTF-8 (an invalid byte replaced, as httpx's
+    text decoder does). One loop over the body's bytes instead of httpx's text and line
+    iterators stacked on it (each an async generator step per chunk)."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        if not pending:
+            continue
+        lines = pending.splitlines(keepends=True)
+        last = lines[-1]
+        # An unended last line waits for more; so does one ended by \r (a \n may follow).
+        pending = last if not last.endswith(b"\n") else b""
+        for line in lines[:-1] if pending else lines:
+            yield line.rstrip(b"\r\n").decode("utf-8", "replace")
+    if pending:
+        yield pending.rstrip(b"\r\n").decode("utf-8", "replace")
 
 
 async def _close_quietly(stream: Any) -> None:

@@ -279,8 +279,10 @@ def _zh_text_logit(text: str) -> float:
     return model.text_logit(text, lexical)
 
 
+@lru_cache(maxsize=4096)
 def text_logit(text: str) -> float:
-    """The turn's own logit before context and calibration (cached: earlier turns repeat)."""
+    """The turn's own logit before context and calibration (cached: earlier turns repeat, as the
+    context of each next turn's score)."""
     if detect_language(text) == "zh":
         return _zh_text_logit(text)
     return logit(_en_raw(text, analyze_lexicon(text).intensity))

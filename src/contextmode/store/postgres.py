@@ -55,7 +55,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import SQL_SESSION_TABLES
-from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts
+from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts, completes_block
 
 __all__ = ["PostgresStore"]
 
@@ -165,10 +165,12 @@ def _aware(moment: datetime) -> datetime:
 # head (last seq, last answer, owner if it had none). Nothing is written unless the checks pass;
 # the row returned (none: no session yet) tells why. ``$3``/``$9`` are 1-based offsets
 # after the head, ``$13`` the offset of the batch's last answer (0: none).
-_APPEND = (
+_APPEND_AT = (
     f"WITH h AS (SELECT last_seq, user_id FROM sessions {_W} FOR UPDATE),"
+    " ix AS (SELECT r.indexed_seq FROM recall_index r"
+    " WHERE r.tenant = $1 AND r.session_id = $2 AND $18::bigint IS NOT NULL),"
     " ok AS (SELECT last_seq FROM h WHERE ($15::bigint IS NULL OR last_seq = $15::bigint)"
-    " AND ($16::text IS NULL OR user_id IS NULL OR user_id = $16::text)),"
+    " AND ($16::text IS NULL OR user_id IS NULL OR user_id = $16::text){only}),"
     " w AS (INSERT INTO turns (tenant, session_id, seq, role, content, tokens, created_at, metadata)"
     " SELECT $1, $2, ok.last_seq + u.s, u.r, u.c, u.k, u.a, u.m::jsonb FROM ok, unnest("
     "$3::bigint[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::text[]"
@@ -188,13 +190,7 @@ _APPEND = (
     # before the batch and the last seq as of the statement's snapshot (``seen_seq``: the lock
     # may have waited for a write the snapshot does not show) come back for
     # `_pg_postings.index_turns` (``$18`` NULL: none of it).
-    " ix AS (SELECT r.indexed_seq FROM recall_index r"
-    " WHERE r.tenant = $1 AND r.session_id = $2 AND $18::bigint IS NOT NULL),"
-    " go AS (SELECT 1 FROM ok WHERE ok.last_seq = $18::bigint"
-    " AND COALESCE((SELECT indexed_seq FROM ix), CASE WHEN ok.last_seq = 0 THEN 0::bigint END)"
-    " = ok.last_seq AND ($18::bigint = 0 OR EXISTS (SELECT 1 FROM turns p WHERE p.tenant = $1"
-    " AND p.session_id = $2 AND p.seq = $18::bigint AND p.role = $19::text"
-    " AND p.content = $20::text AND p.metadata = $21::jsonb))),"
+    " go AS (SELECT 1 FROM ok WHERE {at_head}),"
     " p AS (INSERT INTO recall_recent (tenant, session_id, block, term, data)"
     " SELECT $1, $2, u.b, u.t, u.d FROM go, unnest($22::text[], $23::int[], $24::bytea[]) AS u(t, b, d)"
     " ON CONFLICT (tenant, session_id, block, term)"
@@ -212,19 +208,33 @@ _APPEND = (
     " AND t.seq = h.last_seq) AS previous FROM h"
 )
 
+# The recall index's head is where `append_args` assumed it (``$18``): the session is at that
+# seq, its index is current, and the turn there is the one assumed.
+_AT_HEAD = (
+    "{seq} = $18::bigint AND COALESCE((SELECT indexed_seq FROM ix), CASE WHEN {seq} = 0 THEN 0::bigint END)"
+    " = {seq} AND ($18::bigint = 0 OR EXISTS (SELECT 1 FROM turns p WHERE p.tenant = $1"
+    " AND p.session_id = $2 AND p.seq = $18::bigint AND p.role = $19::text"
+    " AND p.content = $20::text AND p.metadata = $21::jsonb))"
+)
+_APPEND = _APPEND_AT.format(only="", at_head=_AT_HEAD.format(seq="ok.last_seq"))
+# The same statement writing nothing unless the head is as assumed: then it writes the turns
+# and their postings together, atomic on its own (no transaction: `PostgresStore.append`).
+_APPEND_AT_HEAD = _APPEND_AT.format(
+    only=" AND " + _AT_HEAD.format(seq="last_seq"), at_head=_AT_HEAD.format(seq="ok.last_seq"))
+
 
 async def _write_turns(
     db: pg_postings.Conn, key: tuple[str, str], turns: Sequence[NewTurn], now: datetime,
-    user_id: str | None, expected_last_seq: int | None, index: Sequence[Any],
+    user_id: str | None, expected_last_seq: int | None, index: Sequence[Any], statement: str = _APPEND,
 ) -> Any:
-    """`_APPEND` for ``turns`` inside the caller's transaction, in one statement (``index``:
+    """`_APPEND` (or ``statement``, `_APPEND_AT_HEAD`) for ``turns`` in one statement (``index``:
     `_pg_postings.append_args`): the session's row (``last_seq`` as it was before,
     ``user_id``, ``written``, and the index's columns), or ``None`` if it has none."""
     offsets = list(range(1, len(turns) + 1))
     scored = [(i, float(t.emotion)) for i, t in zip(offsets, turns, strict=True) if t.emotion is not None]
     answer_at = max((i for i, t in zip(offsets, turns, strict=True) if t.role == "assistant"), default=0)
     return await db.fetchrow(
-        _APPEND,
+        statement,
         *key, offsets, [t.role for t in turns], [t.content for t in turns],
         [t.tokens for t in turns], [_aware(t.created_at) for t in turns],
         [_meta(t.metadata) for t in turns],
@@ -232,6 +242,14 @@ async def _write_turns(
         len(turns), now, answer_at, last_answer(turns), expected_last_seq, user_id, int(bool(scored)),
         *index,
     )
+
+
+def _at_known_head(index: Sequence[Any], count: int) -> bool:
+    """True when `_APPEND_AT_HEAD` can do an append alone: its postings were computed for a
+    known head of a stored session (``index[0]``, -1: none) and it seals no block (a seal is
+    a second statement, in the transaction of the full append)."""
+    head = int(index[0]) if index and index[0] is not None else -1
+    return head > 0 and not completes_block(head + 1, head + count)
 
 
 def _numbered(last: int, turns: Sequence[NewTurn]) -> list[Turn]:
@@ -362,6 +380,15 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         # The postings are computed for the head this process's last append left (if any) and
         # written by the append's own statement; `index_turns` redoes them if it was stale.
         index = pg_postings.append_args(self._heads.take(key), turns, analyzed) if turns else []
+        if _at_known_head(index, len(turns)):
+            # The usual append: one statement, without BEGIN and COMMIT around it. It writes
+            # only if the session is at the head assumed, and then does all the work below.
+            async with self._db() as db:
+                row = await _write_turns(db, key, turns, now, user_id, expected_last_seq, index, _APPEND_AT_HEAD)
+            if row is not None and row["written"]:
+                self._heads.keep(key, row["last_seq"], turns, indexed=True)
+                return _numbered(row["last_seq"], turns)
+            # Nothing was written (another head, a failed check): the full append below.
         async with self._db() as db, db.transaction():
             if not turns:
                 head = await db.fetchrow(_HEAD, *key)
