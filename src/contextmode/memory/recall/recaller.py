@@ -50,6 +50,7 @@ from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
 from .index import BM25Index, QueryMemo, RecallIndex, turn_text
+from .semantic import Thesaurus, default_thesaurus, expand
 from .stored import StoredPostings
 from .strategy import HybridRecall
 from .text import analyze, indexed
@@ -121,6 +122,14 @@ class RecallSettings:
     (False) every turn, hit or neighbour, is lifted only when a named speaker said it — the
     turn before a named speaker's hit is usually the other speaker's, and lifting it spent the
     budget on turns that are not about the person asked about."""
+    semantic_neighbours: int = 5
+    """Semantic query expansion (`semantic.expand`): each English content term of the message
+    also asks for up to this many of its nearest terms by meaning in the shipped thesaurus
+    (distilled from all-MiniLM-L6-v2; "martial" → "karate", "taekwondo"); 0 = off."""
+    semantic_floor: float = 0.6
+    """Only neighbours at least this similar (cosine of the words' MiniLM embeddings) are added."""
+    semantic_weight: float = 0.4
+    """A neighbour's weight is this × its similarity (the message's own terms weigh 1)."""
     fusion: Literal["convex", "rrf"] = "convex"
     """How BM25 and dense rankings are fused when an embedder is given: a convex combination
     of the scaled scores (`dense.convex_fuse`), or reciprocal rank fusion (`dense.rrf_fuse`)."""
@@ -147,13 +156,21 @@ class RecallHit:
 
 
 def recall_query(
-    message: str, recent: Sequence[Turn], settings: RecallSettings
-) -> Counter[str] | dict[str, float]:
-    """The weighted query terms for ``message`` (term → weight)."""
+    message: str, recent: Sequence[Turn], settings: RecallSettings,
+    thesaurus: Thesaurus | None = None,
+) -> dict[str, float]:
+    """The weighted query terms for ``message`` (term → weight): its own terms, their
+    nearest terms by meaning (``thesaurus``, default the shipped one; see
+    ``RecallSettings.semantic_neighbours``) and, for a short message, the newest turns' terms."""
     own = Counter(analyze(message))
-    if len(own) >= settings.short_message_terms or not recent:
-        return own
     weights: dict[str, float] = {term: float(n) for term, n in own.items()}
+    if settings.semantic_neighbours > 0:
+        weights = expand(
+            message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
+            floor=settings.semantic_floor, weight=settings.semantic_weight,
+        )
+    if len(own) >= settings.short_message_terms or not recent:
+        return weights
     for turn in recent[-settings.expansion_turns :]:
         for term in analyze(turn.content):
             if term not in own:
