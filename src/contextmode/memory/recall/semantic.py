@@ -2,10 +2,10 @@
 
 BM25 finds a turn only through a word it shares with the question; "What martial arts
 has John done?" never meets "I'm off to do some taekwondo!". `Thesaurus` holds, for each
-of ~30,000 common English index terms, its nearest other terms by meaning with their
+of ~15,000 English index terms (the whole words of the model's vocabulary), its nearest other terms by meaning with their
 cosine similarity, distilled once offline from all-MiniLM-L6-v2
 (``scripts/distill_thesaurus.py``: each word embedded alone, the model2vec way; the file is
-``data/thesaurus_en.npz``, under 1 MB). At query time it is a dictionary look-up, numpy
+``data/thesaurus_en.npz``, 0.4 MB). At query time it is a dictionary look-up, numpy
 only, no model: `expand` adds each English content term's neighbours above a similarity
 floor as further query terms, weighted ``weight × similarity`` (below the message's own
 terms, like pseudo-relevance feedback). Because expansion only adds query terms, the
