@@ -108,3 +108,24 @@ def test_neighbours_respect_count_and_floor() -> None:
     # "dog" keeps its own weight; "kitten" comes once, at the best proposal.
     assert weights == {"cat": 1.0, "dog": 1.0, "kitten": pytest.approx(0.45)}
     assert expand("a cat", {"cat": 1.0}, thesaurus, neighbours=0, floor=0.5, weight=0.5) == {"cat": 1.0}
+
+
+class _Counts:
+    def __init__(self, docs: int, df: dict[str, int]) -> None:
+        self.docs = docs
+        self._df = df
+
+    def df(self, term: str) -> int:
+        return self._df.get(term, 0)
+
+
+def test_a_neighbour_in_many_turns_is_not_added() -> None:
+    settings = RecallSettings()
+    near = [t for t, _ in default_thesaurus().neighbours(
+        "martial", k=settings.semantic_neighbours, floor=settings.semantic_floor)]
+    common, rare = near[0], near[1]
+    counts = _Counts(docs=1000, df={common: 51, rare: 50, "martial": 900})
+    weights = recall_query("martial", [], settings, counts=counts)
+    # Over 5 % of the turns: worth little (idf) and costly to score; the message's own term stays.
+    assert common not in weights and rare in weights and weights["martial"] == 1.0
+    assert common in recall_query("martial", [], settings)

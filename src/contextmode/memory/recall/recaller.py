@@ -130,6 +130,9 @@ class RecallSettings:
     """Only neighbours at least this similar (cosine of the words' MiniLM embeddings) are added."""
     semantic_weight: float = 0.4
     """A neighbour's weight is this × its similarity (the message's own terms weigh 1)."""
+    semantic_max_share: float = 0.05
+    """A neighbour found in more than this share of the session's turns is not added: its
+    idf makes it worth little, and scoring it reads long postings (a cost guard)."""
     fusion: Literal["convex", "rrf"] = "convex"
     """How BM25 and dense rankings are fused when an embedder is given: a convex combination
     of the scaled scores (`dense.convex_fuse`), or reciprocal rank fusion (`dense.rrf_fuse`)."""
@@ -157,17 +160,26 @@ class RecallHit:
 
 def recall_query(
     message: str, recent: Sequence[Turn], settings: RecallSettings,
-    thesaurus: Thesaurus | None = None,
+    thesaurus: Thesaurus | None = None, *, counts: TermCounts | None = None,
 ) -> dict[str, float]:
     """The weighted query terms for ``message`` (term → weight): its own terms, their
     nearest terms by meaning (``thesaurus``, default the shipped one; see
-    ``RecallSettings.semantic_neighbours``) and, for a short message, the newest turns' terms."""
+    ``RecallSettings.semantic_neighbours``; with ``counts``, the index's document
+    frequencies, none found in more than ``semantic_max_share`` of the turns) and, for a
+    short message, the newest turns' terms."""
     own = Counter(analyze(message))
     weights: dict[str, float] = {term: float(n) for term, n in own.items()}
     if settings.semantic_neighbours > 0:
+        keep = None
+        if counts is not None:
+            most = settings.semantic_max_share * counts.docs
+
+            def keep(term: str) -> bool:
+                return counts.df(term) <= most
+
         weights = expand(
             message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
-            floor=settings.semantic_floor, weight=settings.semantic_weight,
+            floor=settings.semantic_floor, weight=settings.semantic_weight, keep=keep,
         )
     if len(own) >= settings.short_message_terms or not recent:
         return weights
@@ -176,6 +188,15 @@ def recall_query(
             if term not in own:
                 weights[term] = max(weights.get(term, 0.0), settings.expansion_weight)
     return weights
+
+
+class TermCounts(Protocol):
+    """Document frequencies of an index (`BM25Index`, `StoredIndex` once ``load_df`` ran)."""
+
+    @property
+    def docs(self) -> int: ...
+
+    def df(self, term: str) -> int: ...
 
 
 @dataclass
@@ -287,7 +308,8 @@ class Recaller:
     ) -> list[RecallHit]:
         """Hits for ``message``, best first, neighbours placed by their discounted score."""
         settings = self.settings
-        weights = recall_query(message, recent, settings)
+        counts = index if isinstance(index, BM25Index) else None
+        weights = recall_query(message, recent, settings, counts=counts)
         k = settings.candidates
         if isinstance(index, BM25Index):
             memo = QueryMemo()  # shared by both passes: the feedback pass adds only its terms
@@ -377,7 +399,9 @@ class Recaller:
         index = await self._stored.index(
             store, state.tenant, state.session_id, stats=stats, created_at=state.created_at
         )
-        weights = recall_query(message, state.turns, settings)
+        if settings.semantic_neighbours > 0:  # the neighbours' frequencies first: one grouped read
+            await index.load_df(list(recall_query(message, state.turns, settings)))
+        weights = recall_query(message, state.turns, settings, counts=index)
         await index.load_terms(list(weights))
         k = settings.candidates
         found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)

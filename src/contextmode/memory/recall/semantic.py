@@ -19,7 +19,7 @@ message (names: "Caroline" would ask for every other first name).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -87,12 +87,13 @@ def proper_terms(message: str) -> set[str]:
 
 def expand(
     message: str, weights: Mapping[str, float], thesaurus: Thesaurus, *,
-    neighbours: int, floor: float, weight: float,
+    neighbours: int, floor: float, weight: float, keep: Callable[[str], bool] | None = None,
 ) -> dict[str, float]:
     """``weights`` plus, for each expandable term of ``weights`` (English letters, not a
     capitalised word of ``message``), its ``neighbours`` nearest terms with a similarity
-    of at least ``floor``, each weighted ``weight × similarity`` (the highest when several
-    terms propose it); terms already in ``weights`` keep their weight."""
+    of at least ``floor`` (and, given ``keep``, for which it says yes), each weighted
+    ``weight × similarity`` (the highest when several terms propose it); terms already in
+    ``weights`` keep their weight."""
     out = dict(weights)
     if neighbours <= 0:
         return out
@@ -101,6 +102,6 @@ def expand(
         if term in skip or not term.isascii() or not term.isalpha():
             continue
         for near, sim in thesaurus.neighbours(term, k=neighbours, floor=floor):
-            if near not in weights:
+            if near not in weights and (keep is None or keep(near)):
                 out[near] = max(out.get(near, 0.0), weight * sim)
     return out
