@@ -108,6 +108,11 @@ def test_neighbours_respect_count_and_floor() -> None:
     # "dog" keeps its own weight; "kitten" comes once, at the best proposal.
     assert weights == {"cat": 1.0, "dog": 1.0, "kitten": pytest.approx(0.45)}
     assert expand("a cat", {"cat": 1.0}, thesaurus, neighbours=0, floor=0.5, weight=0.5) == {"cat": 1.0}
+    # At most ``most`` neighbours, the heaviest.
+    both = expand("car", {"car": 1.0}, thesaurus, neighbours=3, floor=0.5, weight=0.5)
+    assert both == {"car": 1.0, "cat": pytest.approx(0.45), "dog": pytest.approx(0.35)}
+    assert expand("car", {"car": 1.0}, thesaurus, neighbours=3, floor=0.5, weight=0.5, most=1) == {
+        "car": 1.0, "cat": pytest.approx(0.45)}
 
 
 class _Counts:

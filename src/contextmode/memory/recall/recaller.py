@@ -130,6 +130,8 @@ class RecallSettings:
     """Only neighbours at least this similar (cosine of the words' MiniLM embeddings) are added."""
     semantic_weight: float = 0.4
     """A neighbour's weight is this × its similarity (the message's own terms weigh 1)."""
+    semantic_max_terms: int = 12
+    """At most this many neighbour terms per message, the heaviest (a cost guard)."""
     semantic_max_share: float = 0.05
     """A neighbour found in more than this share of the session's turns is not added: its
     idf makes it worth little, and scoring it reads long postings (a cost guard)."""
@@ -180,6 +182,7 @@ def recall_query(
         weights = expand(
             message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
             floor=settings.semantic_floor, weight=settings.semantic_weight, keep=keep,
+            most=settings.semantic_max_terms,
         )
     if len(own) >= settings.short_message_terms or not recent:
         return weights

@@ -88,12 +88,13 @@ def proper_terms(message: str) -> set[str]:
 def expand(
     message: str, weights: Mapping[str, float], thesaurus: Thesaurus, *,
     neighbours: int, floor: float, weight: float, keep: Callable[[str], bool] | None = None,
+    most: int | None = None,
 ) -> dict[str, float]:
     """``weights`` plus, for each expandable term of ``weights`` (English letters, not a
     capitalised word of ``message``), its ``neighbours`` nearest terms with a similarity
     of at least ``floor`` (and, given ``keep``, for which it says yes), each weighted
     ``weight × similarity`` (the highest when several terms propose it); terms already in
-    ``weights`` keep their weight."""
+    ``weights`` keep their weight. ``most``: at most this many neighbours, the heaviest."""
     out = dict(weights)
     if neighbours <= 0:
         return out
@@ -104,4 +105,8 @@ def expand(
         for near, sim in thesaurus.neighbours(term, k=neighbours, floor=floor):
             if near not in weights and (keep is None or keep(near)):
                 out[near] = max(out.get(near, 0.0), weight * sim)
+    if most is not None and len(out) - len(weights) > most:
+        added = sorted((t for t in out if t not in weights), key=lambda t: (-out[t], t))
+        for term in added[most:]:
+            del out[term]
     return out
