@@ -403,7 +403,10 @@ class Recaller:
             store, state.tenant, state.session_id, stats=stats, created_at=state.created_at
         )
         if settings.semantic_neighbours > 0:  # the neighbours' frequencies first: one grouped read
-            await index.load_df(list(recall_query(message, state.turns, settings)))
+            own = set(analyze(message))
+            proposed = [t for t in recall_query(message, state.turns, settings) if t not in own]
+            if proposed:  # none for a Chinese message, or words the thesaurus does not know
+                await index.load_df(proposed)
         weights = recall_query(message, state.turns, settings, counts=index)
         await index.load_terms(list(weights))
         k = settings.candidates
