@@ -134,3 +134,7 @@ def test_a_neighbour_in_many_turns_is_not_added() -> None:
     # Over 5 % of the turns: worth little (idf) and costly to score; the message's own term stays.
     assert common not in weights and rare in weights and weights["martial"] == 1.0
     assert common in recall_query("martial", [], settings)
+    # In a long session the number of turns is bounded too (what a cold worker reads).
+    big = _Counts(docs=100_000, df={common: 1001, rare: 1000})
+    weights = recall_query("martial", [], settings, counts=big)
+    assert common not in weights and rare in weights

@@ -135,6 +135,9 @@ class RecallSettings:
     semantic_max_share: float = 0.05
     """A neighbour found in more than this share of the session's turns is not added: its
     idf makes it worth little, and scoring it reads long postings (a cost guard)."""
+    semantic_max_df: int = 1000
+    """Nor one found in more than this many turns (bounds what a cold worker reads for a
+    neighbour in a long session; below 20,000 turns the share above decides)."""
     fusion: Literal["convex", "rrf"] = "convex"
     """How BM25 and dense rankings are fused when an embedder is given: a convex combination
     of the scaled scores (`dense.convex_fuse`), or reciprocal rank fusion (`dense.rrf_fuse`)."""
@@ -174,7 +177,7 @@ def recall_query(
     if settings.semantic_neighbours > 0:
         keep = None
         if counts is not None:
-            most = settings.semantic_max_share * counts.docs
+            most = min(settings.semantic_max_share * counts.docs, settings.semantic_max_df)
 
             def keep(term: str) -> bool:
                 return counts.df(term) <= most
