@@ -3,7 +3,7 @@ from all-MiniLM-L6-v2: each common English word's nearest words by meaning.
 
 Recall's query expansion (`contextmode.memory.recall.semantic`) reads it at query time with
 numpy only (no torch): "What martial arts has John done?" also asks for "karate" and
-"taekwondo". Built once, offline, the model2vec way (Tulkens and van Dongen, 2024): every
+"judo". Built once, offline, the model2vec way (Tulkens and van Dongen, 2024): every
 vocabulary word is embedded *alone* by the sentence model, so each word gets a static
 vector; words that recall's analyser (`contextmode.memory.recall.text.analyze`) maps to
 the same index term ("paint", "painted", "painting") share the mean of their unit vectors,

@@ -8,7 +8,9 @@ cosine similarity, distilled once offline from all-MiniLM-L6-v2
 ``data/thesaurus_en.npz``, 0.4 MB). At query time it is a dictionary look-up, numpy
 only, no model: `expand` adds each English content term's neighbours above a similarity
 floor as further query terms, weighted ``weight × similarity`` (below the message's own
-terms, like pseudo-relevance feedback). Because expansion only adds query terms, the
+terms, like pseudo-relevance feedback; `Recaller` leaves out neighbours found in many of
+the session's turns and keeps at most a dozen, see ``RecallSettings.semantic_*``). Because
+expansion only adds query terms, the
 postings a store keeps answer it as they answer any query, so a cold worker still reads
 no turn to rank (`stored`).
 
