@@ -32,7 +32,9 @@ from contextmode.types import NewTurn, Role, Turn
 _WORDS = ["coffee", "weather", "garden", "running", "music", "movie", "dinner", "travel", "office",
           "project", "meeting", "weekend", "book", "pizza", "train", "river", "beach", "guitar",
           "我妹妹下个月结婚", "明天去医院复查", "周末想去爬山"]
-_QUERIES = ["coffee and pizza", "where is the river beach", "Ann guitar movie", "妹妹结婚", "music"]
+_QUERIES = ["coffee and pizza", "where is the river beach", "Ann guitar movie", "妹妹结婚", "music",
+            # semantic expansion: "song" also asks for "music", "meal" for "dinner"
+            "a song before the meal"]
 BACKENDS = [
     "sqlite",
     pytest.param("postgres", marks=pytest.mark.postgres),

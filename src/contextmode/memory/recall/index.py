@@ -169,6 +169,11 @@ class BM25Index:
         """Number of indexed turns."""
         return self._docs
 
+    @property
+    def docs(self) -> int:
+        """Number of indexed turns."""
+        return self._docs
+
     def add(self, turn: Turn) -> None:
         if turn.seq <= self.last_seq:
             return

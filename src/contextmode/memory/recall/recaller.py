@@ -50,6 +50,7 @@ from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
 from .index import BM25Index, QueryMemo, RecallIndex, turn_text
+from .semantic import Thesaurus, default_thesaurus, expand
 from .stored import StoredPostings
 from .strategy import HybridRecall
 from .text import analyze, indexed
@@ -121,6 +122,22 @@ class RecallSettings:
     (False) every turn, hit or neighbour, is lifted only when a named speaker said it — the
     turn before a named speaker's hit is usually the other speaker's, and lifting it spent the
     budget on turns that are not about the person asked about."""
+    semantic_neighbours: int = 5
+    """Semantic query expansion (`semantic.expand`): each English content term of the message
+    also asks for up to this many of its nearest terms by meaning in the shipped thesaurus
+    (distilled from all-MiniLM-L6-v2; "martial" → "karate", "taekwondo"); 0 = off."""
+    semantic_floor: float = 0.6
+    """Only neighbours at least this similar (cosine of the words' MiniLM embeddings) are added."""
+    semantic_weight: float = 0.4
+    """A neighbour's weight is this × its similarity (the message's own terms weigh 1)."""
+    semantic_max_terms: int = 12
+    """At most this many neighbour terms per message, the heaviest (a cost guard)."""
+    semantic_max_share: float = 0.05
+    """A neighbour found in more than this share of the session's turns is not added: its
+    idf makes it worth little, and scoring it reads long postings (a cost guard)."""
+    semantic_max_df: int = 1000
+    """Nor one found in more than this many turns (bounds what a cold worker reads for a
+    neighbour in a long session; below 20,000 turns the share above decides)."""
     fusion: Literal["convex", "rrf"] = "convex"
     """How BM25 and dense rankings are fused when an embedder is given: a convex combination
     of the scaled scores (`dense.convex_fuse`), or reciprocal rank fusion (`dense.rrf_fuse`)."""
@@ -147,18 +164,45 @@ class RecallHit:
 
 
 def recall_query(
-    message: str, recent: Sequence[Turn], settings: RecallSettings
-) -> Counter[str] | dict[str, float]:
-    """The weighted query terms for ``message`` (term → weight)."""
+    message: str, recent: Sequence[Turn], settings: RecallSettings,
+    thesaurus: Thesaurus | None = None, *, counts: TermCounts | None = None,
+) -> dict[str, float]:
+    """The weighted query terms for ``message`` (term → weight): its own terms, their
+    nearest terms by meaning (``thesaurus``, default the shipped one; see
+    ``RecallSettings.semantic_neighbours``; with ``counts``, the index's document
+    frequencies, none found in more than ``semantic_max_share`` of the turns) and, for a
+    short message, the newest turns' terms."""
     own = Counter(analyze(message))
-    if len(own) >= settings.short_message_terms or not recent:
-        return own
     weights: dict[str, float] = {term: float(n) for term, n in own.items()}
+    if settings.semantic_neighbours > 0:
+        keep = None
+        if counts is not None:
+            most = min(settings.semantic_max_share * counts.docs, settings.semantic_max_df)
+
+            def keep(term: str) -> bool:
+                return counts.df(term) <= most
+
+        weights = expand(
+            message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
+            floor=settings.semantic_floor, weight=settings.semantic_weight, keep=keep,
+            most=settings.semantic_max_terms,
+        )
+    if len(own) >= settings.short_message_terms or not recent:
+        return weights
     for turn in recent[-settings.expansion_turns :]:
         for term in analyze(turn.content):
             if term not in own:
                 weights[term] = max(weights.get(term, 0.0), settings.expansion_weight)
     return weights
+
+
+class TermCounts(Protocol):
+    """Document frequencies of an index (`BM25Index`, `StoredIndex` once ``load_df`` ran)."""
+
+    @property
+    def docs(self) -> int: ...
+
+    def df(self, term: str) -> int: ...
 
 
 @dataclass
@@ -270,7 +314,8 @@ class Recaller:
     ) -> list[RecallHit]:
         """Hits for ``message``, best first, neighbours placed by their discounted score."""
         settings = self.settings
-        weights = recall_query(message, recent, settings)
+        counts = index if isinstance(index, BM25Index) else None
+        weights = recall_query(message, recent, settings, counts=counts)
         k = settings.candidates
         if isinstance(index, BM25Index):
             memo = QueryMemo()  # shared by both passes: the feedback pass adds only its terms
@@ -360,7 +405,12 @@ class Recaller:
         index = await self._stored.index(
             store, state.tenant, state.session_id, stats=stats, created_at=state.created_at
         )
-        weights = recall_query(message, state.turns, settings)
+        if settings.semantic_neighbours > 0:  # the neighbours' frequencies first: one grouped read
+            own = set(analyze(message))
+            proposed = [t for t in recall_query(message, state.turns, settings) if t not in own]
+            if proposed:  # none for a Chinese message, or words the thesaurus does not know
+                await index.load_df(proposed)
+        weights = recall_query(message, state.turns, settings, counts=index)
         await index.load_terms(list(weights))
         k = settings.candidates
         found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)

@@ -153,6 +153,15 @@ class StoredIndex:
                 self._parts[term] = (sealed, tail) if len(tail) else (sealed,)
                 self._df[term] = len(sealed) + len(tail)
 
+    @property
+    def docs(self) -> int:
+        """Number of indexed turns."""
+        return self._stats.docs
+
+    def df(self, term: str) -> int:
+        """How many turns contain ``term`` (0 until `load_terms` or `load_df` read it)."""
+        return self._df.get(term, 0)
+
     def idf(self, term: str) -> float:
         return bm25_idf(self._stats.docs, self._df.get(term, 0))
 
