@@ -25,7 +25,9 @@ on a 100,000-turn session:
   appends with the index minus p50 without (index writing switched off), interleaved.
 
 Goals (issue 16): cold ≤ 50 ms, select ≤ 5 ms at 100,000 turns, append extra ≤ 0.5 ms.
-Last line: a JSON object with the medians.
+Last line: a JSON object with the medians. ``--append-only``: only ``append_extra_ms`` (and
+``append_ms``) of the stored backends, on the same 100,000-turn sessions (no in-memory part,
+no queries), for comparing appends between two versions quickly.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -197,7 +200,32 @@ def _index_switch(backend: str) -> list[tuple[object, str, Callable[..., object]
             (_pg_postings, "index_turns", skip)]
 
 
-async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
+async def _time_queries(
+    store: Store, connect: Callable[[], Store], queries: list[str]
+) -> tuple[list[float], list[float]]:
+    """Cold recalls (ms; a new worker each, the first 7 queries) and warm ones (``store``)."""
+    colds = []
+    for query in queries[:7]:
+        worker = connect()
+        state = await worker.load("bench", "s", recent=8)
+        recaller = Recaller()
+        started = time.perf_counter()
+        await recaller.recall(worker, state, query, limit=128)
+        colds.append((time.perf_counter() - started) * 1000)
+        assert not recaller._entries, "the stored index must answer"
+        await worker.close()
+    warm = []
+    state = await store.load("bench", "s", recent=8)
+    recaller = Recaller()
+    await recaller.recall(store, state, queries[0], limit=128)
+    for query in queries:
+        started = time.perf_counter()
+        await recaller.recall(store, state, query, limit=128)
+        warm.append((time.perf_counter() - started) * 1000)
+    return colds, warm
+
+
+async def _bench_stored(backend: str, n: int = 100_000, *, queries_too: bool = True) -> dict[str, float]:
     rng = random.Random(16)
     words, weights = _vocabulary(rng)
     store, connect, cleanup = await _stored_store(backend)
@@ -214,24 +242,7 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
         print(f"{backend}: {n} turns written with their postings in {time.perf_counter() - started:.1f} s")
         queries = [" ".join(rng.choices(words, weights, k=rng.randint(4, 10))) for _ in range(QUERIES)]
         queries[::5] = [rng.choice(_ZH) for _ in queries[::5]]
-        colds = []
-        for query in queries[:7]:
-            worker = connect()
-            state = await worker.load("bench", "s", recent=8)
-            recaller = Recaller()
-            started = time.perf_counter()
-            await recaller.recall(worker, state, query, limit=128)
-            colds.append((time.perf_counter() - started) * 1000)
-            assert not recaller._entries, "the stored index must answer"
-            await worker.close()
-        warm = []
-        state = await store.load("bench", "s", recent=8)
-        recaller = Recaller()
-        await recaller.recall(store, state, queries[0], limit=128)
-        for query in queries:
-            started = time.perf_counter()
-            await recaller.recall(store, state, query, limit=128)
-            warm.append((time.perf_counter() - started) * 1000)
+        colds, warm = await _time_queries(store, connect, queries) if queries_too else ([], [])
         switch = _index_switch(backend)
         indexing = [getattr(owner, name) for owner, name, _ in switch]
         if backend == "redis":  # "s2" is a session whose index lags: its appends write none
@@ -251,8 +262,8 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
         for (owner, name, _), on in zip(switch, indexing, strict=True):
             setattr(owner, name, on)
         result = {
-            "cold_ms": round(statistics.median(colds), 2),
-            "select_ms": round(statistics.median(warm), 2),
+            "cold_ms": round(statistics.median(colds), 2) if colds else float("nan"),
+            "select_ms": round(statistics.median(warm), 2) if warm else float("nan"),
             "append_ms": round(statistics.median(with_index), 3),
             "append_extra_ms": round(statistics.median(with_index) - statistics.median(without), 3),
         }
@@ -265,8 +276,16 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
 
 
 def main() -> None:
-    result = asyncio.run(_bench())
     backends = [b.strip() for b in os.environ.get("BENCH_BACKENDS", "sqlite,postgres,redis").split(",") if b.strip()]
+    if "--append-only" in sys.argv[1:]:
+        appends = {backend: asyncio.run(_bench_stored(backend, queries_too=False)) for backend in backends}
+        print(json.dumps({
+            "append_extra_ms": {b: r["append_extra_ms"] for b, r in appends.items()},
+            "append_ms": {b: r["append_ms"] for b, r in appends.items()},
+            "load_average": round(os.getloadavg()[0], 2),
+        }))
+        return
+    result = asyncio.run(_bench())
     stored = {backend: asyncio.run(_bench_stored(backend)) for backend in backends}
     result["cold_ms"] = {b: r["cold_ms"] for b, r in stored.items()}
     result["select_ms_stored"] = {b: r["select_ms"] for b, r in stored.items()}
