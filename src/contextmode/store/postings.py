@@ -86,7 +86,7 @@ POSTING = np.dtype([("seq", "<i4"), ("tf", "<f4"), ("dl", "<f4")])
 
 _PACK = struct.Struct("<iff").pack
 """One `POSTING` record's bytes (the same float32 rounding as numpy's cast; for the few
-postings of an append, ~20× cheaper than building an array per term)."""
+postings of an append, ~8× cheaper than building an array per term: 0.07 against 0.5 µs)."""
 
 
 @dataclass(frozen=True, kw_only=True)
