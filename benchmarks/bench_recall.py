@@ -32,7 +32,9 @@ words the shipped thesaurus knows, so with the default made-up vocabulary it add
 English words, roughly the most common first, so a query's words have neighbours that occur in the
 turns), and every timing is then also taken with expansion off, alternating query by query
 (and worker by worker for ``cold_ms``): the ``*_no_expansion`` figures.
-Last line: a JSON object with the medians.
+Last line: a JSON object with the medians. ``--append-only``: only ``append_extra_ms`` (and
+``append_ms``) of the stored backends, on the same 100,000-turn sessions (no in-memory part,
+no queries), for comparing appends between two versions quickly.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import os
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -217,7 +220,36 @@ def _index_switch(backend: str) -> list[tuple[object, str, Callable[..., object]
             (_pg_postings, "index_turns", skip)]
 
 
-async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
+async def _time_queries(
+    store: Store, connect: Callable[[], Store], queries: list[str]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per variant: cold recalls (ms; a new worker each, the first 7 queries, variants
+    alternating worker by worker) and warm ones on ``store`` (alternating query by query)."""
+    colds: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for query in queries[:7]:
+        for variant in VARIANTS:
+            worker = connect()
+            state = await worker.load("bench", "s", recent=8)
+            recaller = Recaller(SETTINGS[variant])
+            started = time.perf_counter()
+            await recaller.recall(worker, state, query, limit=128)
+            colds[variant].append((time.perf_counter() - started) * 1000)
+            assert not recaller._entries, "the stored index must answer"
+            await worker.close()
+    warm: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    state = await store.load("bench", "s", recent=8)
+    recaller = Recaller()
+    await recaller.recall(store, state, queries[0], limit=128)
+    for query in queries:
+        for variant in VARIANTS:
+            recaller.settings = SETTINGS[variant]
+            started = time.perf_counter()
+            await recaller.recall(store, state, query, limit=128)
+            warm[variant].append((time.perf_counter() - started) * 1000)
+    return colds, warm
+
+
+async def _bench_stored(backend: str, n: int = 100_000, *, queries_too: bool = True) -> dict[str, float]:
     rng = random.Random(16)
     words, weights = _vocabulary(rng)
     store, connect, cleanup = await _stored_store(backend)
@@ -234,27 +266,7 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
         print(f"{backend}: {n} turns written with their postings in {time.perf_counter() - started:.1f} s")
         queries = [" ".join(rng.choices(words, weights, k=rng.randint(4, 10))) for _ in range(QUERIES)]
         queries[::5] = [rng.choice(_ZH) for _ in queries[::5]]
-        colds: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        for query in queries[:7]:
-            for variant in VARIANTS:  # alternating, worker by worker
-                worker = connect()
-                state = await worker.load("bench", "s", recent=8)
-                recaller = Recaller(SETTINGS[variant])
-                started = time.perf_counter()
-                await recaller.recall(worker, state, query, limit=128)
-                colds[variant].append((time.perf_counter() - started) * 1000)
-                assert not recaller._entries, "the stored index must answer"
-                await worker.close()
-        warm: dict[str, list[float]] = {v: [] for v in VARIANTS}
-        state = await store.load("bench", "s", recent=8)
-        recaller = Recaller()
-        await recaller.recall(store, state, queries[0], limit=128)
-        for query in queries:
-            for variant in VARIANTS:
-                recaller.settings = SETTINGS[variant]
-                started = time.perf_counter()
-                await recaller.recall(store, state, query, limit=128)
-                warm[variant].append((time.perf_counter() - started) * 1000)
+        colds, warm = await _time_queries(store, connect, queries) if queries_too else ({}, {})
         switch = _index_switch(backend)
         indexing = [getattr(owner, name) for owner, name, _ in switch]
         if backend == "redis":  # "s2" is a session whose index lags: its appends write none
@@ -277,7 +289,7 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
             "append_ms": round(statistics.median(with_index), 3),
             "append_extra_ms": round(statistics.median(with_index) - statistics.median(without), 3),
         }
-        for variant in VARIANTS:
+        for variant in VARIANTS if queries_too else ():
             result[f"cold_ms{variant}"] = round(statistics.median(colds[variant]), 2)
             result[f"select_ms{variant}"] = round(statistics.median(warm[variant]), 2)
             print(f"{backend}{variant}: cold {result[f'cold_ms{variant}']} ms, "
@@ -290,8 +302,16 @@ async def _bench_stored(backend: str, n: int = 100_000) -> dict[str, float]:
 
 
 def main() -> None:
-    result = asyncio.run(_bench())
     backends = [b.strip() for b in os.environ.get("BENCH_BACKENDS", "sqlite,postgres,redis").split(",") if b.strip()]
+    if "--append-only" in sys.argv[1:]:
+        appends = {backend: asyncio.run(_bench_stored(backend, queries_too=False)) for backend in backends}
+        print(json.dumps({
+            "append_extra_ms": {b: r["append_extra_ms"] for b, r in appends.items()},
+            "append_ms": {b: r["append_ms"] for b, r in appends.items()},
+            "load_average": round(os.getloadavg()[0], 2),
+        }))
+        return
+    result = asyncio.run(_bench())
     stored = {backend: asyncio.run(_bench_stored(backend)) for backend in backends}
     for variant in VARIANTS:
         result[f"cold_ms{variant}"] = {b: r[f"cold_ms{variant}"] for b, r in stored.items()}

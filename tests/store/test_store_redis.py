@@ -66,3 +66,21 @@ async def test_a_worker_appending_after_another_or_after_a_recreation_indexes_ri
         await two.append("t", "s", new_turns(2))
         assert await two.delete("t", "s")
         assert ("t", "s") not in two._heads  # the turn it kept for its next append went with it
+
+
+async def test_a_batch_of_more_rows_than_a_script_chunk_is_indexed_whole(namespace: str) -> None:
+    """One append of 1,200 turns with words of their own (over 1,000 postings rows and terms,
+    the chunk the script reads and writes at once; Chinese terms whose byte length differs from
+    their character count), then single turns after it: the index equals the log's."""
+    from contextmode.store.redis import RedisStore
+    from contextmode.testing.contract import _index_matches_the_log
+    from contextmode.types import NewTurn
+
+    async with RedisStore(REDIS_URL, namespace=namespace) as store:
+        await store.append("t", "s", [
+            NewTurn(role="user", content=f"word{i} {'我妹妹下个月结婚' if i % 7 == 0 else 'plain'}", tokens=2)
+            for i in range(1200)
+        ])
+        for i in range(3):
+            await store.append("t", "s", [NewTurn(role="assistant", content=f"word{i} 明天去医院复查", tokens=2)])
+        await _index_matches_the_log(store, "t", "s")

@@ -39,12 +39,17 @@ def _sha1(doc: str) -> str:
 
 
 def index_args(rows: PostingRows, indexed_seq: int) -> list[Any]:
-    """Script arguments for ``rows``: new indexed_seq, docs, length, then per row
-    ``term, block, packed, postings``; lengths go as exact decimal strings."""
-    args: list[Any] = [indexed_seq, rows.docs, repr(float(rows.length))]
+    """Script arguments for ``rows``: new indexed_seq, docs, length (an exact decimal
+    string), then the rows in three strings: ``block term-bytes postings`` triples, the
+    terms and the packed postings, each concatenated in row order (a few arguments to
+    encode and parse whatever the number of rows)."""
+    meta, names = [], []
     for term, block, data in rows.rows:
-        args += [term, block, data, len(data) // POSTING.itemsize]
-    return args
+        name = term.encode()
+        names.append(name)
+        meta.append(f"{block} {len(name)} {len(data) // POSTING.itemsize}")
+    return [indexed_seq, rows.docs, repr(float(rows.length)), " ".join(meta), b"".join(names),
+            b"".join(data for _, _, data in rows.rows)]
 
 
 def index_rows(head: IndexHead, turns: Sequence[NewTurn], analyzed: Mapping[str, list[str]]) -> list[Any]:

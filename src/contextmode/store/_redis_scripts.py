@@ -21,23 +21,64 @@ never turned into Lua numbers for storage (Lua would print them rounded).
 
 from __future__ import annotations
 
-from .postings import BLOCK
+from .postings import BLOCK, POSTING
 
 
 def _write_postings(postings: str, stats: str, row: str, indexed_seq: str, info: str) -> str:
-    """Lua appending the rows ``ARGV[row..]`` (term, block, packed, postings) to the
-    ``postings`` hash and counting them in ``stats`` (``df:term``), then setting
-    ``indexed_seq`` and adding docs ``ARGV[info]`` and length ``ARGV[info + 1]``."""
+    """Lua appending the rows described by ``ARGV[row]`` (``block term-bytes postings``
+    triples, space-separated), whose terms are ``ARGV[row + 1]`` and packed postings
+    ``ARGV[row + 2]`` (each concatenated in row order), to the ``postings`` hash and counting
+    them in ``stats`` (``df:term``), then setting ``indexed_seq`` and adding docs
+    ``ARGV[info]`` and length ``ARGV[info + 1]``. Four commands whatever the number of rows
+    (each a read and a write of many fields, in chunks that `unpack` can take), not three per
+    row: an append's index write is a few commands, and its arguments three strings."""
     return f"""
-  for r = {row}, #ARGV, 4 do
-    local field = ARGV[r + 1] .. ':' .. ARGV[r]
-    redis.call('HSET', {postings}, field, (redis.call('HGET', {postings}, field) or '') .. ARGV[r + 2])
-    redis.call('HINCRBY', {stats}, 'df:' .. ARGV[r], ARGV[r + 3])
+  local function mget(key, names)
+    local out = {{}}
+    for i = 1, #names, 1000 do
+      local got = redis.call('HMGET', key, unpack(names, i, math.min(i + 999, #names)))
+      for j = 1, #got do out[#out + 1] = got[j] end
+    end
+    return out
   end
-  local s = redis.call('HMGET', {stats}, 'docs', 'total_len')
-  redis.call('HSET', {stats}, 'indexed_seq', {indexed_seq},
-             'docs', tonumber(s[1] or '0') + tonumber(ARGV[{info}]),
-             'total_len', string.format('%.17g', tonumber(s[2] or '0') + tonumber(ARGV[{info} + 1])))
+  local function mset(key, names, values)
+    for i = 1, #names, 1000 do
+      local flat = {{}}
+      for j = i, math.min(i + 999, #names) do
+        flat[#flat + 1] = names[j]
+        flat[#flat + 1] = values[j]
+      end
+      redis.call('HSET', key, unpack(flat))
+    end
+  end
+  local terms, data = ARGV[{row} + 1], ARGV[{row} + 2]
+  local fields, parts, names, counts, at = {{}}, {{}}, {{}}, {{}}, {{}}
+  local tp, dp = 1, 1
+  for b, l, c in string.gmatch(ARGV[{row}], '(%d+) (%d+) (%d+)') do
+    local term = string.sub(terms, tp, tp + tonumber(l) - 1)
+    local size = tonumber(c) * {POSTING.itemsize}
+    fields[#fields + 1] = b .. ':' .. term
+    parts[#parts + 1] = string.sub(data, dp, dp + size - 1)
+    tp, dp = tp + tonumber(l), dp + size
+    local name = 'df:' .. term
+    if not at[name] then
+      names[#names + 1] = name
+      counts[#names] = 0
+      at[name] = #names
+    end
+    counts[at[name]] = counts[at[name]] + tonumber(c)
+  end
+  local old = mget({postings}, fields)
+  for i = 1, #fields do parts[i] = (old[i] or '') .. parts[i] end
+  mset({postings}, fields, parts)
+  local nt = #names
+  names[nt + 1], names[nt + 2] = 'docs', 'total_len'
+  local got = mget({stats}, names)
+  for i = 1, nt do counts[i] = string.format('%d', tonumber(got[i] or '0') + counts[i]) end
+  counts[nt + 1] = tonumber(got[nt + 1] or '0') + tonumber(ARGV[{info}])
+  counts[nt + 2] = string.format('%.17g', tonumber(got[nt + 2] or '0') + tonumber(ARGV[{info} + 1]))
+  names[nt + 3], counts[nt + 3] = 'indexed_seq', {indexed_seq}
+  mset({stats}, names, counts)
 """
 
 __all__ = [
@@ -63,8 +104,8 @@ __all__ = [
 # ARGV: expected ('' = none), now, session id, idle member, answer index (0 = none), n,
 #       user id ('' = none), user index prefix, then per turn: json, emotion ('' = none), content,
 #       then the recall index: the last_seq its postings assume ('' = none computed), the
-#       SHA-1 of that turn's JSON ('' = not checked), new indexed_seq, docs, length, then per
-#       row: term, block, packed postings, postings
+#       SHA-1 of that turn's JSON ('' = not checked), new indexed_seq, docs, length, then the
+#       rows: their ``block term-bytes postings`` triples, their terms, their packed postings
 # Returns {1, last, 1 if the index was written else 0} (appended), {0, last} (compare-and-set
 # lost), {2, last} (another user's), {3, last} (the postings assumed another last_seq, last
 # turn or index state: nothing written, redo).
@@ -401,7 +442,7 @@ return out
 
 # KEYS: sess, postings, index stats
 # ARGV: indexed_seq the caller read ('' = no index yet), then the rows as for APPEND:
-#       new indexed_seq, docs, length, then per row: term, block, packed, postings
+#       new indexed_seq, docs, length, the rows' triples, terms and packed postings
 # Returns 1 (written), 0 (the index moved meanwhile: nothing written).
 BACKFILL = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end

@@ -28,6 +28,7 @@ until the same command converts it (one transaction per session).
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -82,6 +83,10 @@ converts it."""
 
 POSTING = np.dtype([("seq", "<i4"), ("tf", "<f4"), ("dl", "<f4")])
 """One packed posting: turn seq, term frequency, the turn's indexed length."""
+
+_PACK = struct.Struct("<iff").pack
+"""One `POSTING` record's bytes (the same float32 rounding as numpy's cast; for the few
+postings of an append, ~8× cheaper than building an array per term: 0.07 against 0.5 µs)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,7 +243,7 @@ def postings_for(
         for term, tf in counts.items():
             grouped.setdefault((term, block), []).append((turn.seq, tf, dl))
     rows = [
-        (term, block, np.array(entries, dtype=POSTING).tobytes())
+        (term, block, _PACK(*entries[0]) if len(entries) == 1 else b"".join(_PACK(*e) for e in entries))
         for (term, block), entries in grouped.items()
     ]
     df: dict[str, int] = {}
