@@ -153,7 +153,7 @@ class RedisPostings:
 
     async def query_postings(
         self, tenant: str, session_id: str, terms: Mapping[str, int], *,
-        capped: Mapping[str, int], cap: int,
+        capped: Mapping[str, int], cap: int, most: int,
     ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
         k = self._keys(*check_ids(tenant, session_id))
         out: dict[str, list[tuple[int, bytes]]] = {}
@@ -161,7 +161,7 @@ class RedisPostings:
         wanted = {**capped, **terms}
         if not wanted:
             return out, counts
-        args: list[Any] = [cap]
+        args: list[Any] = [cap, most]
         for term, start in wanted.items():
             args += [term, start, 0 if term in terms else 1]
         async with self._raw():

@@ -400,14 +400,15 @@ return out
 """
 
 # KEYS: postings, index stats
-# ARGV: cap, then per term: term, first block, 1 if capped else 0
+# ARGV: cap, most, then per term: term, first block, 1 if capped else 0 (capped ones read:
+#       the first `most` found in at most cap turns)
 # Returns per capped term found: term, -1, its frequency; per term with rows read (not a
 # capped one found in more than cap turns): term, its first block read, the rows joined.
 QUERY_POSTINGS = f"""
 local ix = tonumber(redis.call('HGET', KEYS[2], 'indexed_seq') or '0')
-local cap, top = tonumber(ARGV[1]), math.floor(ix / {BLOCK})
+local cap, most, top = tonumber(ARGV[1]), tonumber(ARGV[2]), math.floor(ix / {BLOCK})
 local out = {{}}
-for i = 2, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   local term, read = ARGV[i], true
   if ARGV[i + 2] == '1' then
     local df = tonumber(redis.call('HGET', KEYS[2], 'df:' .. term) or '0')
@@ -416,7 +417,8 @@ for i = 2, #ARGV, 3 do
       out[#out + 1] = -1
       out[#out + 1] = df
     end
-    read = df <= cap
+    read = df <= cap and most > 0
+    if read then most = most - 1 end
   end
   if read then
     local parts, lowest = {{}}, false

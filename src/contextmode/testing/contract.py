@@ -165,9 +165,13 @@ class StoreContract:
         assert counts[coffee] == 72  # 36 questions, and the 36 answers after them (expansion)
         # One read for a query: plain terms always, capped ones only within the cap.
         rows, capped = await store.query_postings(
-            _T, _S, {garden: 0}, capped={coffee: 0, bob: 0, "nowhere": 0}, cap=counts[bob]
+            _T, _S, {garden: 0}, capped={coffee: 0, bob: 0, "nowhere": 0}, cap=counts[bob], most=1
         )
         assert capped == counts and set(rows) == {garden, bob}
+        unread, capped = await store.query_postings(
+            _T, _S, {}, capped={"nowhere": 0, bob: 0}, cap=72, most=1
+        )
+        assert capped == {bob: counts[bob]} and unread == {}  # "nowhere" (in no turn) took the place
         assert {t: unpack(r).tolist() for t, r in rows.items()} == {
             t: unpack(sorted(want[t])).tolist() for t in (garden, bob)
         }

@@ -216,7 +216,7 @@ def query_reads(
     """What `recall_query` may ask of an index, known before any document frequency: the
     terms it always asks (the message's own; for a short message, the newest turns') and
     every neighbour by meaning it may add before the frequency guard and the
-    ``semantic_max_terms`` cut (a store reads them with the guard in one call)."""
+    ``semantic_max_terms`` cut, heaviest first (a store reads them with the guard in one call)."""
     own = Counter(analyze(message))
     weights = {term: float(n) for term, n in own.items()}
     always = list(_with_recent(dict(weights), own, recent, settings))
@@ -226,7 +226,8 @@ def query_reads(
         message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
         floor=settings.semantic_floor, weight=settings.semantic_weight,
     )
-    return always, [t for t in near if t not in weights]
+    added = [t for t in near if t not in weights]
+    return always, sorted(added, key=lambda t: (-near[t], t))  # heaviest first, as `expand` keeps them
 
 
 class TermCounts(Protocol):
@@ -441,9 +442,11 @@ class Recaller:
         # One read: the query's own terms' postings, and its neighbours' frequencies with the
         # postings of those the cost guard keeps (`semantic_max_share`, `semantic_max_df`).
         always, near = query_reads(message, state.turns, settings)
-        await index.load_terms(always, capped=near, cap=int(semantic_cap(settings, index.docs)))
+        await index.load_terms(
+            always, capped=near, cap=int(semantic_cap(settings, index.docs)), most=settings.semantic_max_terms
+        )
         weights = recall_query(message, state.turns, settings, counts=index)
-        await index.load_terms(list(weights))  # nothing left to read
+        await index.load_terms(list(weights))  # nothing left to read: a no-op
         k = settings.candidates
         found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)
         if settings.feedback_turns and found:

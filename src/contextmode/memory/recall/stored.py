@@ -129,31 +129,30 @@ class StoredIndex:
         self._sums: dict[int | None, ScoreSums] = {}
         """exclude_from_seq → the query's running score sums (`ScoreSums`)."""
 
-    async def load_terms(self, terms: Sequence[str], *, capped: Sequence[str] = (), cap: int = 0) -> None:
+    async def load_terms(
+        self, terms: Sequence[str], *, capped: Sequence[str] = (), cap: int = 0, most: int | None = None
+    ) -> None:
         """Read the postings of ``terms`` not read yet (sealed blocks from the cache) and of
-        the ``capped`` terms found in at most ``cap`` turns, and the document frequency of
-        every capped term: one store read (`PostingsStore.query_postings`)."""
+        the first ``most`` (default all) ``capped`` terms found in at most ``cap`` turns, and
+        the document frequency of every capped term: one store read
+        (`PostingsStore.query_postings`). A capped term left unread is read by a later call."""
         plain: dict[str, int] = {}
         for term in dict.fromkeys(terms):
             if term not in self._parts:
                 plain[term] = self._cache.sealed.get(term, (0, None))[0]
         over: dict[str, int] = {}
         for term in dict.fromkeys(capped):
-            if term in plain or term in self._parts:
-                continue
-            start = self._cache.sealed.get(term, (0, None))[0]
-            if term not in self._df:
-                over[term] = start
-            elif self._df[term] <= cap:
-                plain[term] = start
+            if term not in plain and term not in self._parts and term not in self._df:
+                over[term] = self._cache.sealed.get(term, (0, None))[0]
         if not plain and not over:
             return
-        rows, counts = await self._store.query_postings(*self._key, plain, capped=over, cap=cap)
+        most = len(over) if most is None else most
+        rows, counts = await self._store.query_postings(*self._key, plain, capped=over, cap=cap, most=most)
+        kept = [t for t in over if counts.get(t, 0) <= cap][: max(most, 0)]
         for term in over:
             self._df[term] = counts.get(term, 0)
-        for term, start in {**over, **plain}.items():
-            if term in plain or self._df[term] <= cap:
-                self._add(term, start, rows.get(term, []))
+        for term in [*plain, *kept]:
+            self._add(term, plain.get(term, over.get(term, 0)), rows.get(term, []))
 
     def _add(self, term: str, start: int, rows: Sequence[tuple[int, bytes]]) -> None:
         """Keep a term's postings read from block ``start`` on (its sealed blocks cached)."""
