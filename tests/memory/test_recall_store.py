@@ -10,10 +10,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from contextmode.memory.recall import Recaller
+from contextmode.memory.recall import Recaller, RecallSettings
+from contextmode.memory.recall.recaller import query_reads
 from contextmode.store import _sqlite_schema
 from contextmode.store.base import Store
 from contextmode.store.factory import open_store
@@ -81,6 +83,37 @@ async def _reference(turns: list[NewTurn]) -> dict[str, list[tuple[int, object]]
     for turn in turns:
         await memory.append("t", "s", [turn])
     return {q: await _hits(memory, q) for q in _QUERIES}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_an_english_recall_reads_the_index_once(backend: Backend, tmp_path: Path) -> None:
+    """The message's terms, its neighbours by meaning (frequencies, and the postings of those
+    the cost guard keeps) come in one store read; the feedback pass adds its own two."""
+    turns = _turns(1200)
+    query = "a song before the meal"
+    always, near = query_reads(query, [], RecallSettings())
+    assert always and near  # an English message with neighbours, some in too many turns
+    async with _store(backend, tmp_path) as store:
+        for start in range(0, len(turns), 50):
+            await store.append("t", "s", turns[start : start + 50])
+        reads: list[str] = []
+        for name in ("postings", "term_counts", "query_postings"):
+            method = getattr(store, name)
+
+            def counted(*args: object, _name: str = name, _method: Any = method, **kwargs: object) -> Any:
+                reads.append(_name)
+                return _method(*args, **kwargs)
+
+            setattr(store, name, counted)
+        expected = await _reference(turns)
+        for feedback, count in ((0, 1), (RecallSettings().feedback_turns, 3)):
+            recaller = Recaller(RecallSettings(feedback_turns=feedback))
+            for _ in range(2):  # cold, then with the sealed blocks cached
+                reads.clear()
+                hits = await _hits(store, query, recaller)
+                assert len(reads) == count, reads
+            if feedback:
+                assert hits == expected[query]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

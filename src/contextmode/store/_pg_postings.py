@@ -192,6 +192,50 @@ _TERM_COUNTS = (
     " LEFT JOIN recall_index i ON i.tenant = $1 AND i.session_id = $2"
 )
 
+# `query_postings`: each term's frequency when capped (as `_TERM_COUNTS`), then its rows
+# from its own first block, unless capped and found in more than $7 turns or past the
+# first $8 capped terms within that (a one-time filter: such a term's rows are never read).
+_DF = (
+    "CASE WHEN q.capped THEN COALESCE(CASE WHEN i.layout >= $6 THEN (SELECT d.df FROM recall_df d"
+    " WHERE d.tenant = $1 AND d.session_id = $2 AND d.term = q.term) ELSE (SELECT"
+    f" SUM(octet_length(x.data)) / {POSTING.itemsize} FROM recall_postings x WHERE x.tenant = $1"
+    " AND x.session_id = $2 AND x.term = q.term) END, 0) + COALESCE((SELECT"
+    f" SUM(octet_length(y.data)) / {POSTING.itemsize} {_OPEN_ROWS}), 0) END"
+)
+_WITHIN = "q.ok"
+_QUERY = (
+    f"WITH o AS MATERIALIZED ({_OPEN.replace('$4', '0')}),"
+    f" w AS MATERIALIZED (SELECT q.term, q.fb, q.ord, {_DF} AS df"
+    " FROM unnest($3::text[], $4::int[], $5::bool[]) WITH ORDINALITY AS q(term, fb, capped, ord)"
+    " LEFT JOIN recall_index i ON i.tenant = $1 AND i.session_id = $2),"
+    " r AS MATERIALIZED (SELECT w.term, w.fb, w.df, (w.df IS NULL OR (w.df <= $7 AND"
+    " COUNT(*) FILTER (WHERE w.df <= $7) OVER (ORDER BY w.ord) <= $8)) AS ok FROM w)"
+    " SELECT q.term, q.df, p.block, p.part, p.data FROM r AS q LEFT JOIN LATERAL"
+    " (SELECT x.block, -1 AS part, x.data FROM recall_postings x WHERE x.tenant = $1"
+    f" AND x.session_id = $2 AND x.term = q.term AND x.block >= q.fb AND {_WITHIN}"
+    f" UNION ALL SELECT y.block / {BLOCK // SUB}, y.block, y.data {_OPEN_ROWS} WHERE {_WITHIN}"
+    " OFFSET 0) p ON TRUE"
+)
+
+
+async def query_postings(
+    db: Conn, key: tuple[str, str], terms: Mapping[str, int], capped: Mapping[str, int],
+    limits: tuple[int, int],
+) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
+    """``limits``: the cap and how many capped terms within it are read (`query_postings`)."""
+    wanted = {**capped, **terms}
+    names = list(wanted)
+    flags = [t not in terms for t in names]
+    parts: dict[str, list[tuple[int, int, bytes]]] = {}
+    counts: dict[str, int] = {}
+    found = await db.fetch(_QUERY, *key, names, [wanted[t] for t in names], flags, LAYOUT, *limits)
+    for term, df, block, part, data in found:
+        if df:
+            counts[term] = int(df)
+        if data is not None:
+            parts.setdefault(term, []).append((block, part, bytes(data)))
+    return {term: [(b, d) for b, _, d in sorted(rows)] for term, rows in parts.items()}, counts
+
 
 async def postings(
     db: Conn, key: tuple[str, str], terms: Sequence[str], from_block: int

@@ -69,6 +69,7 @@ class RedisPostings:
     url: str
     _raw_client: Any
     _postings_script: Any
+    _query_script: Any
     _heads: KeptHeads
     """What the next append of a session needs, as this process last wrote it."""
 
@@ -103,6 +104,7 @@ class RedisPostings:
                     retry=Retry(NoBackoff(), 1), retry_on_error=[LostConnection],
                 )
                 self._postings_script = self._raw_client.register_script(lua.POSTINGS)
+                self._query_script = self._raw_client.register_script(lua.QUERY_POSTINGS)
             yield self._raw_client
 
     async def _close_raw(self) -> None:
@@ -153,6 +155,29 @@ class RedisPostings:
         for i in range(0, len(flat), 3):
             out.setdefault(flat[i].decode(), []).append((int(flat[i + 1]), bytes(flat[i + 2])))
         return out
+
+    async def query_postings(
+        self, tenant: str, session_id: str, terms: Mapping[str, int], *,
+        capped: Mapping[str, int], cap: int, most: int,
+    ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
+        k = self._keys(*check_ids(tenant, session_id))
+        out: dict[str, list[tuple[int, bytes]]] = {}
+        counts: dict[str, int] = {}
+        wanted = {**capped, **terms}
+        if not wanted:
+            return out, counts
+        args: list[Any] = [cap, most]
+        for term, start in wanted.items():
+            args += [term, start, 0 if term in terms else 1]
+        async with self._raw():
+            flat = await self._query_script(keys=[k["rpostings"], k["rindex"]], args=args)
+        for i in range(0, len(flat), 3):
+            term, block = flat[i].decode(), int(flat[i + 1])
+            if block < 0:
+                counts[term] = int(flat[i + 2])
+            else:
+                out[term] = [(block, bytes(flat[i + 2]))]
+        return out, counts
 
     async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
         k = self._keys(*check_ids(tenant, session_id))

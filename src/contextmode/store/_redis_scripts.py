@@ -440,6 +440,50 @@ end
 return out
 """
 
+# KEYS: postings, index stats
+# ARGV: cap, most, then per term: term, first block, 1 if capped else 0 (capped ones read:
+#       the first `most` found in at most cap turns)
+# Returns per capped term found: term, -1, its frequency; per term with rows read (not a
+# capped one found in more than cap turns): term, its first block read, the rows joined.
+QUERY_POSTINGS = f"""
+local ix = tonumber(redis.call('HGET', KEYS[2], 'indexed_seq') or '0')
+local cap, most, top = tonumber(ARGV[1]), tonumber(ARGV[2]), math.floor(ix / {BLOCK})
+local out = {{}}
+for i = 3, #ARGV, 3 do
+  local term, read = ARGV[i], true
+  if ARGV[i + 2] == '1' then
+    local df = tonumber(redis.call('HGET', KEYS[2], 'df:' .. term) or '0')
+    if df > 0 then
+      out[#out + 1] = term
+      out[#out + 1] = -1
+      out[#out + 1] = df
+    end
+    read = df <= cap and most > 0
+    if read then most = most - 1 end
+  end
+  if read then
+    local parts, lowest = {{}}, false
+    for start = tonumber(ARGV[i + 1]), top, 500 do
+      local fields = {{}}
+      for b = start, math.min(start + 499, top) do fields[#fields + 1] = b .. ':' .. term end
+      local got = redis.call('HMGET', KEYS[1], unpack(fields))
+      for j = 1, #fields do
+        if got[j] then
+          if not lowest then lowest = start + j - 1 end
+          parts[#parts + 1] = got[j]
+        end
+      end
+    end
+    if lowest then
+      out[#out + 1] = term
+      out[#out + 1] = lowest
+      out[#out + 1] = table.concat(parts)
+    end
+  end
+end
+return out
+"""
+
 # KEYS: sess, postings, index stats
 # ARGV: indexed_seq the caller read ('' = no index yet), then the rows as for APPEND:
 #       new indexed_seq, docs, length, the rows' triples, terms and packed postings

@@ -181,6 +181,25 @@ def term_counts(db: Db, key: tuple[str, str], terms: Sequence[str]) -> dict[str,
     return {term: n for term, n in out.items() if n}
 
 
+def query_postings(
+    db: Db, key: tuple[str, str], terms: Mapping[str, int], capped: Mapping[str, int],
+    limits: tuple[int, int],
+) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
+    """`PostingsStore.query_postings` in the caller's read transaction (one snapshot, one
+    trip to the database thread): the capped terms' frequencies, then the rows of the
+    terms kept, one query per first block (``limits``: the cap, how many within it)."""
+    cap, most = limits
+    counts = term_counts(db, key, list(capped)) if capped else {}
+    kept = [t for t in capped if counts.get(t, 0) <= cap][: max(most, 0)]
+    by_start: dict[int, list[str]] = {}
+    for term in dict.fromkeys([*terms, *kept]):
+        by_start.setdefault(terms.get(term, capped.get(term, 0)), []).append(term)
+    found: dict[str, list[tuple[int, bytes]]] = {}
+    for start, group in by_start.items():
+        found.update(postings(db, key, group, start))
+    return found, counts
+
+
 def convert(db: Db, key: tuple[str, str]) -> None:
     """Give a session indexed at layout 1 its frequency rows, counted over its postings
     rows (the open block's small rows are counted when read; caller holds the write

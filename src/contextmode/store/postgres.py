@@ -697,6 +697,14 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         async with self._db() as db:
             return await pg_postings.term_counts(db, key, list(terms))
 
+    async def query_postings(
+        self, tenant: str, session_id: str, terms: Mapping[str, int], *,
+        capped: Mapping[str, int], cap: int, most: int,
+    ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            return await pg_postings.query_postings(db, key, terms, capped, (cap, most))
+
     async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
         key = check_ids(tenant, session_id)
         async with self._db() as db, db.transaction():

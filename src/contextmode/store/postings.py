@@ -272,6 +272,18 @@ class PostingsStore(Protocol):
         """How many indexed turns contain each of ``terms`` (absent terms left out)."""
         ...
 
+    async def query_postings(
+        self, tenant: str, session_id: str, terms: Mapping[str, int], *,
+        capped: Mapping[str, int], cap: int, most: int,
+    ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
+        """A query's postings in one read (one statement, script or read transaction): the
+        rows of ``terms`` (term → first block wanted, as `postings` reads them) and of the
+        first ``most`` ``capped`` terms (in their order) found in at most ``cap`` turns; and
+        the document frequency (as `term_counts`) of each capped term found. Recall's semantic
+        neighbours are capped, heaviest first: one found in many turns is left out of the
+        query unread, and so are those past the query's last."""
+        ...
+
     async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
         """Index up to ``batch`` turns the stored index lacks, in one transaction that
         also advances ``indexed_seq``; return how many turns were indexed (0 = caught up)."""

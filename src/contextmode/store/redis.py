@@ -90,6 +90,7 @@ class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
         self._scripts: dict[str, Any] = {}
         self._raw_client: Any = None
         self._postings_script: Any = None
+        self._query_script: Any = None
         self._heads = KeptHeads()
 
     # -- plumbing ---------------------------------------------------------------

@@ -585,6 +585,15 @@ class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
             lambda db: admin.read(db, lambda: postings.term_counts(db, key, list(terms)))
         )
 
+    async def query_postings(
+        self, tenant: str, session_id: str, terms: Mapping[str, int], *,
+        capped: Mapping[str, int], cap: int, most: int,
+    ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
+        key = check_ids(tenant, session_id)
+        return await self._run(
+            lambda db: admin.read(db, lambda: postings.query_postings(db, key, terms, capped, (cap, most)))
+        )
+
     async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
         key = check_ids(tenant, session_id)
         return await self._run(lambda db: admin.write(db, lambda: postings.backfill(db, key, batch)))

@@ -163,6 +163,18 @@ class StoreContract:
         counts = await store.term_counts(_T, _S, [coffee, bob, "nowhere"])
         assert counts == {t: len(unpack(want[t])) for t in (coffee, bob)}
         assert counts[coffee] == 72  # 36 questions, and the 36 answers after them (expansion)
+        # One read for a query: plain terms always, capped ones only within the cap.
+        rows, capped = await store.query_postings(
+            _T, _S, {garden: 0}, capped={coffee: 0, bob: 0, "nowhere": 0}, cap=counts[bob], most=1
+        )
+        assert capped == counts and set(rows) == {garden, bob}
+        unread, capped = await store.query_postings(
+            _T, _S, {}, capped={"nowhere": 0, bob: 0}, cap=72, most=1
+        )
+        assert capped == {bob: counts[bob]} and unread == {}  # "nowhere" (in no turn) took the place
+        assert {t: unpack(r).tolist() for t, r in rows.items()} == {
+            t: unpack(sorted(want[t])).tolist() for t in (garden, bob)
+        }
         assert not (await store.index_stats("tenant-b", _S)).exists
         assert await store.postings("tenant-b", _S, [coffee]) == {}
         assert await log.delete(_T, _S)

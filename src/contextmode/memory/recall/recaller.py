@@ -69,7 +69,9 @@ __all__ = [
     "fetch_turns",
     "focus_on_speakers",
     "named_speakers",
+    "query_reads",
     "recall_query",
+    "semantic_cap",
     "with_answers",
 ]
 
@@ -163,6 +165,11 @@ class RecallHit:
     """For a turn brought in as context of a hit: that hit's seq."""
 
 
+def semantic_cap(settings: RecallSettings, docs: int) -> float:
+    """The most turns a neighbour by meaning may be found in to join a query (of ``docs``)."""
+    return min(settings.semantic_max_share * docs, settings.semantic_max_df)
+
+
 def recall_query(
     message: str, recent: Sequence[Turn], settings: RecallSettings,
     thesaurus: Thesaurus | None = None, *, counts: TermCounts | None = None,
@@ -177,7 +184,7 @@ def recall_query(
     if settings.semantic_neighbours > 0:
         keep = None
         if counts is not None:
-            most = min(settings.semantic_max_share * counts.docs, settings.semantic_max_df)
+            most = semantic_cap(settings, counts.docs)
 
             def keep(term: str) -> bool:
                 return counts.df(term) <= most
@@ -187,6 +194,13 @@ def recall_query(
             floor=settings.semantic_floor, weight=settings.semantic_weight, keep=keep,
             most=settings.semantic_max_terms,
         )
+    return _with_recent(weights, own, recent, settings)
+
+
+def _with_recent(
+    weights: dict[str, float], own: Counter[str], recent: Sequence[Turn], settings: RecallSettings
+) -> dict[str, float]:
+    """``weights`` plus, for a short message (``own``: its terms), the newest turns' terms."""
     if len(own) >= settings.short_message_terms or not recent:
         return weights
     for turn in recent[-settings.expansion_turns :]:
@@ -194,6 +208,26 @@ def recall_query(
             if term not in own:
                 weights[term] = max(weights.get(term, 0.0), settings.expansion_weight)
     return weights
+
+
+def query_reads(
+    message: str, recent: Sequence[Turn], settings: RecallSettings, thesaurus: Thesaurus | None = None
+) -> tuple[list[str], list[str]]:
+    """What `recall_query` may ask of an index, known before any document frequency: the
+    terms it always asks (the message's own; for a short message, the newest turns') and
+    every neighbour by meaning it may add before the frequency guard and the
+    ``semantic_max_terms`` cut, heaviest first (a store reads them with the guard in one call)."""
+    own = Counter(analyze(message))
+    weights = {term: float(n) for term, n in own.items()}
+    always = list(_with_recent(dict(weights), own, recent, settings))
+    if settings.semantic_neighbours <= 0:
+        return always, []
+    near = expand(
+        message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
+        floor=settings.semantic_floor, weight=settings.semantic_weight,
+    )
+    added = [t for t in near if t not in weights]
+    return always, sorted(added, key=lambda t: (-near[t], t))  # heaviest first, as `expand` keeps them
 
 
 class TermCounts(Protocol):
@@ -405,13 +439,14 @@ class Recaller:
         index = await self._stored.index(
             store, state.tenant, state.session_id, stats=stats, created_at=state.created_at
         )
-        if settings.semantic_neighbours > 0:  # the neighbours' frequencies first: one grouped read
-            own = set(analyze(message))
-            proposed = [t for t in recall_query(message, state.turns, settings) if t not in own]
-            if proposed:  # none for a Chinese message, or words the thesaurus does not know
-                await index.load_df(proposed)
+        # One read: the query's own terms' postings, and its neighbours' frequencies with the
+        # postings of those the cost guard keeps (`semantic_max_share`, `semantic_max_df`).
+        always, near = query_reads(message, state.turns, settings)
+        await index.load_terms(
+            always, capped=near, cap=int(semantic_cap(settings, index.docs)), most=settings.semantic_max_terms
+        )
         weights = recall_query(message, state.turns, settings, counts=index)
-        await index.load_terms(list(weights))
+        await index.load_terms(list(weights))  # nothing left to read: a no-op
         k = settings.candidates
         found = index.search_terms(weights, k=k, exclude_from_seq=exclude_from_seq)
         if settings.feedback_turns and found:

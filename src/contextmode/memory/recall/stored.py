@@ -129,29 +129,46 @@ class StoredIndex:
         self._sums: dict[int | None, ScoreSums] = {}
         """exclude_from_seq → the query's running score sums (`ScoreSums`)."""
 
-    async def load_terms(self, terms: Sequence[str]) -> None:
-        """Read the postings of ``terms`` not read yet (sealed blocks from the cache)."""
-        sealed_now = (self._stats.indexed_seq + 1) // BLOCK
-        by_start: dict[int, list[str]] = {}
+    async def load_terms(
+        self, terms: Sequence[str], *, capped: Sequence[str] = (), cap: int = 0, most: int | None = None
+    ) -> None:
+        """Read the postings of ``terms`` not read yet (sealed blocks from the cache) and of
+        the first ``most`` (default all) ``capped`` terms found in at most ``cap`` turns, and
+        the document frequency of every capped term: one store read
+        (`PostingsStore.query_postings`). A capped term left unread is read by a later call."""
+        plain: dict[str, int] = {}
         for term in dict.fromkeys(terms):
             if term not in self._parts:
-                start = self._cache.sealed.get(term, (0, None))[0]
-                by_start.setdefault(start, []).append(term)
-        for start, group in by_start.items():
-            rows = await self._store.postings(*self._key, group, from_block=start)
-            for term in group:
-                fetched = _Postings.of(unpack(rows.get(term, [])))
-                old = self._cache.sealed.get(term, (0, _NONE))[1]
-                # Split by seq: a store may return several blocks in one row.
-                cut = int(np.searchsorted(fetched.seq, sealed_now * BLOCK))
-                sealed = _Postings.join(old, fetched.cut(0, cut)) if cut else old
-                if sealed_now > start:
-                    self._cache.sealed[term] = (sealed_now, sealed)
-                tail = fetched.cut(cut)
-                # Another worker may have appended since the statistics were read.
-                tail = tail.cut(0, int(np.searchsorted(tail.seq, self._stats.indexed_seq, side="right")))
-                self._parts[term] = (sealed, tail) if len(tail) else (sealed,)
-                self._df[term] = len(sealed) + len(tail)
+                plain[term] = self._cache.sealed.get(term, (0, None))[0]
+        over: dict[str, int] = {}
+        for term in dict.fromkeys(capped):
+            if term not in plain and term not in self._parts and term not in self._df:
+                over[term] = self._cache.sealed.get(term, (0, None))[0]
+        if not plain and not over:
+            return
+        most = len(over) if most is None else most
+        rows, counts = await self._store.query_postings(*self._key, plain, capped=over, cap=cap, most=most)
+        kept = [t for t in over if counts.get(t, 0) <= cap][: max(most, 0)]
+        for term in over:
+            self._df[term] = counts.get(term, 0)
+        for term in [*plain, *kept]:
+            self._add(term, plain.get(term, over.get(term, 0)), rows.get(term, []))
+
+    def _add(self, term: str, start: int, rows: Sequence[tuple[int, bytes]]) -> None:
+        """Keep a term's postings read from block ``start`` on (its sealed blocks cached)."""
+        sealed_now = (self._stats.indexed_seq + 1) // BLOCK
+        fetched = _Postings.of(unpack(rows))
+        old = self._cache.sealed.get(term, (0, _NONE))[1]
+        # Split by seq: a store may return several blocks in one row.
+        cut = int(np.searchsorted(fetched.seq, sealed_now * BLOCK))
+        sealed = _Postings.join(old, fetched.cut(0, cut)) if cut else old
+        if sealed_now > start:
+            self._cache.sealed[term] = (sealed_now, sealed)
+        tail = fetched.cut(cut)
+        # Another worker may have appended since the statistics were read.
+        tail = tail.cut(0, int(np.searchsorted(tail.seq, self._stats.indexed_seq, side="right")))
+        self._parts[term] = (sealed, tail) if len(tail) else (sealed,)
+        self._df[term] = len(sealed) + len(tail)
 
     @property
     def docs(self) -> int:
