@@ -409,20 +409,14 @@ if last ~= '0' then doc = redis.call('HGET', KEYS[2], last) end
 return {tonumber(last), doc, redis.call('HGET', KEYS[3], 'indexed_seq')}
 """
 
-# KEYS: postings, index stats; ARGV: first block, then terms
-# Returns {term, block, packed, ...}: per term that has postings from the first block up to
-# the block of indexed_seq, one row, the block of its first posting and those blocks' packed
-# postings joined in block order (one reply item per term, not per block: the client parses
-# a few items instead of hundreds).
-POSTINGS = f"""
-local ix = tonumber(redis.call('HGET', KEYS[2], 'indexed_seq') or '0')
-local first, top = tonumber(ARGV[1]), math.floor(ix / {BLOCK})
-local out = {{}}
-for i = 2, #ARGV do
-  local parts, lowest = {{}}, false
+# A Lua function both scripts below define: a term's rows from block ``first`` to ``top``,
+# appended to ``out`` as term, the first block found, the rows joined (nothing if none).
+_READ_TERM = """
+local function read_term(out, term, first, top)
+  local parts, lowest = {}, false
   for start = first, top, 500 do
-    local fields = {{}}
-    for b = start, math.min(start + 499, top) do fields[#fields + 1] = b .. ':' .. ARGV[i] end
+    local fields = {}
+    for b = start, math.min(start + 499, top) do fields[#fields + 1] = b .. ':' .. term end
     local got = redis.call('HMGET', KEYS[1], unpack(fields))
     for j = 1, #fields do
       if got[j] then
@@ -432,11 +426,23 @@ for i = 2, #ARGV do
     end
   end
   if lowest then
-    out[#out + 1] = ARGV[i]
+    out[#out + 1] = term
     out[#out + 1] = lowest
     out[#out + 1] = table.concat(parts)
   end
 end
+"""
+
+# KEYS: postings, index stats; ARGV: first block, then terms
+# Returns {term, block, packed, ...}: per term that has postings from the first block up to
+# the block of indexed_seq, one row, the block of its first posting and those blocks' packed
+# postings joined in block order (one reply item per term, not per block: the client parses
+# a few items instead of hundreds).
+POSTINGS = _READ_TERM + f"""
+local ix = tonumber(redis.call('HGET', KEYS[2], 'indexed_seq') or '0')
+local first, top = tonumber(ARGV[1]), math.floor(ix / {BLOCK})
+local out = {{}}
+for i = 2, #ARGV do read_term(out, ARGV[i], first, top) end
 return out
 """
 
@@ -445,7 +451,7 @@ return out
 #       the first `most` found in at most cap turns)
 # Returns per capped term found: term, -1, its frequency; per term with rows read (not a
 # capped one found in more than cap turns): term, its first block read, the rows joined.
-QUERY_POSTINGS = f"""
+QUERY_POSTINGS = _READ_TERM + f"""
 local ix = tonumber(redis.call('HGET', KEYS[2], 'indexed_seq') or '0')
 local cap, most, top = tonumber(ARGV[1]), tonumber(ARGV[2]), math.floor(ix / {BLOCK})
 local out = {{}}
@@ -461,25 +467,7 @@ for i = 3, #ARGV, 3 do
     read = df <= cap and most > 0
     if read then most = most - 1 end
   end
-  if read then
-    local parts, lowest = {{}}, false
-    for start = tonumber(ARGV[i + 1]), top, 500 do
-      local fields = {{}}
-      for b = start, math.min(start + 499, top) do fields[#fields + 1] = b .. ':' .. term end
-      local got = redis.call('HMGET', KEYS[1], unpack(fields))
-      for j = 1, #fields do
-        if got[j] then
-          if not lowest then lowest = start + j - 1 end
-          parts[#parts + 1] = got[j]
-        end
-      end
-    end
-    if lowest then
-      out[#out + 1] = term
-      out[#out + 1] = lowest
-      out[#out + 1] = table.concat(parts)
-    end
-  end
+  if read then read_term(out, term, tonumber(ARGV[i + 1]), top) end
 end
 return out
 """
