@@ -168,53 +168,57 @@ _OPEN_ROWS = (
     "FROM o CROSS JOIN LATERAL (SELECT y.block, y.data FROM recall_recent y WHERE y.tenant = $1"
     " AND y.session_id = $2 AND y.block = o.b AND y.term = q.term OFFSET 0) y"
 )
+
+
+def _rows(first_block: str, only: str = "") -> str:
+    """A lateral probe for ``q.term``'s rows from block ``first_block`` on (SQL), the sealed
+    rows then the open block's small rows; ``only``: a condition on ``q`` for reading any."""
+    where = f" AND {only}" if only else ""
+    return (
+        "(SELECT x.block, -1 AS part, x.data FROM recall_postings x WHERE x.tenant = $1"
+        f" AND x.session_id = $2 AND x.term = q.term AND x.block >= {first_block}{where}"
+        f" UNION ALL SELECT y.block / {BLOCK // SUB}, y.block, y.data {_OPEN_ROWS}"
+        f"{' WHERE ' + only if only else ''} OFFSET 0)"
+    )
+
+
+def _df(layout: str) -> str:
+    """``q.term``'s frequency (SQL; 0 when it has none): layout 2's frequency row (sealed
+    blocks) or, before it, its postings rows counted; then the open block's small rows.
+    ``layout``: the parameter holding the current layout number."""
+    return (
+        f"COALESCE(CASE WHEN i.layout >= {layout} THEN (SELECT d.df FROM recall_df d"
+        " WHERE d.tenant = $1 AND d.session_id = $2 AND d.term = q.term) ELSE (SELECT"
+        f" SUM(octet_length(x.data)) / {POSTING.itemsize} FROM recall_postings x WHERE x.tenant = $1"
+        " AND x.session_id = $2 AND x.term = q.term) END, 0) + COALESCE((SELECT"
+        f" SUM(octet_length(y.data)) / {POSTING.itemsize} {_OPEN_ROWS}), 0)"
+    )
+
+
 # One primary-key range per term (a lateral probe; ``OFFSET 0`` keeps the planner from
 # flattening it into a hash join over the whole session, which it picks whenever the
-# table's statistics are missing or stale, e.g. right after a bulk load: 100× slower):
-# the sealed rows, then the open block's small rows.
+# table's statistics are missing or stale, e.g. right after a bulk load: 100× slower).
 _POSTINGS = (
     f"WITH o AS MATERIALIZED ({_OPEN})"
-    " SELECT q.term, p.block, p.part, p.data FROM unnest($3::text[]) AS q(term) CROSS JOIN LATERAL"
-    " (SELECT x.block, -1 AS part, x.data FROM recall_postings x WHERE x.tenant = $1"
-    " AND x.session_id = $2 AND x.term = q.term AND x.block >= $4"
-    f" UNION ALL SELECT y.block / {BLOCK // SUB}, y.block, y.data {_OPEN_ROWS} OFFSET 0) p"
+    f" SELECT q.term, p.block, p.part, p.data FROM unnest($3::text[]) AS q(term) CROSS JOIN LATERAL {_rows('$4')} p"
 )
-# Layout 2: the frequency row (sealed blocks); layout 1: the postings rows counted; then
-# the open block's small rows.
 _TERM_COUNTS = (
     f"WITH o AS MATERIALIZED ({_OPEN.replace('$4', '0')})"
-    " SELECT q.term, NULLIF(COALESCE(CASE WHEN i.layout >= $4 THEN (SELECT d.df FROM recall_df d"
-    " WHERE d.tenant = $1 AND d.session_id = $2 AND d.term = q.term) ELSE (SELECT"
-    f" SUM(octet_length(x.data)) / {POSTING.itemsize} FROM recall_postings x WHERE x.tenant = $1"
-    " AND x.session_id = $2 AND x.term = q.term) END, 0) + COALESCE((SELECT"
-    f" SUM(octet_length(y.data)) / {POSTING.itemsize} {_OPEN_ROWS}), 0), 0)"
+    f" SELECT q.term, NULLIF({_df('$4')}, 0)"
     " FROM unnest($3::text[]) AS q(term)"
     " LEFT JOIN recall_index i ON i.tenant = $1 AND i.session_id = $2"
 )
-
-# `query_postings`: each term's frequency when capped (as `_TERM_COUNTS`), then its rows
-# from its own first block, unless capped and found in more than $7 turns or past the
-# first $8 capped terms within that (a one-time filter: such a term's rows are never read).
-_DF = (
-    "CASE WHEN q.capped THEN COALESCE(CASE WHEN i.layout >= $6 THEN (SELECT d.df FROM recall_df d"
-    " WHERE d.tenant = $1 AND d.session_id = $2 AND d.term = q.term) ELSE (SELECT"
-    f" SUM(octet_length(x.data)) / {POSTING.itemsize} FROM recall_postings x WHERE x.tenant = $1"
-    " AND x.session_id = $2 AND x.term = q.term) END, 0) + COALESCE((SELECT"
-    f" SUM(octet_length(y.data)) / {POSTING.itemsize} {_OPEN_ROWS}), 0) END"
-)
-_WITHIN = "q.ok"
+# `query_postings`: each capped term's frequency, then each term's rows from its own first
+# block, unless capped and found in more than $7 turns or past the first $8 capped terms
+# within that (a one-time filter: such a term's rows are never read).
 _QUERY = (
     f"WITH o AS MATERIALIZED ({_OPEN.replace('$4', '0')}),"
-    f" w AS MATERIALIZED (SELECT q.term, q.fb, q.ord, {_DF} AS df"
+    f" w AS MATERIALIZED (SELECT q.term, q.fb, q.ord, CASE WHEN q.capped THEN {_df('$6')} END AS df"
     " FROM unnest($3::text[], $4::int[], $5::bool[]) WITH ORDINALITY AS q(term, fb, capped, ord)"
     " LEFT JOIN recall_index i ON i.tenant = $1 AND i.session_id = $2),"
     " r AS MATERIALIZED (SELECT w.term, w.fb, w.df, (w.df IS NULL OR (w.df <= $7 AND"
     " COUNT(*) FILTER (WHERE w.df <= $7) OVER (ORDER BY w.ord) <= $8)) AS ok FROM w)"
-    " SELECT q.term, q.df, p.block, p.part, p.data FROM r AS q LEFT JOIN LATERAL"
-    " (SELECT x.block, -1 AS part, x.data FROM recall_postings x WHERE x.tenant = $1"
-    f" AND x.session_id = $2 AND x.term = q.term AND x.block >= q.fb AND {_WITHIN}"
-    f" UNION ALL SELECT y.block / {BLOCK // SUB}, y.block, y.data {_OPEN_ROWS} WHERE {_WITHIN}"
-    " OFFSET 0) p ON TRUE"
+    f" SELECT q.term, q.df, p.block, p.part, p.data FROM r AS q LEFT JOIN LATERAL {_rows('q.fb', 'q.ok')} p ON TRUE"
 )
 
 
