@@ -20,6 +20,7 @@ from .postings import (
     completes_block,
     open_subs,
     postings_for,
+    within_cap,
 )
 
 __all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
@@ -190,7 +191,7 @@ def query_postings(
     terms kept, one query per first block (``limits``: the cap, how many within it)."""
     cap, most = limits
     counts = term_counts(db, key, list(capped)) if capped else {}
-    kept = [t for t in capped if counts.get(t, 0) <= cap][: max(most, 0)]
+    kept = within_cap(capped, counts, cap, most)
     by_start: dict[int, list[str]] = {}
     for term in dict.fromkeys([*terms, *kept]):
         by_start.setdefault(terms.get(term, capped.get(term, 0)), []).append(term)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import struct
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
@@ -192,6 +192,12 @@ class KeptHeads:
         self._heads[key] = (time.monotonic(), IndexHead(last, previous, last if indexed else None, digest))
         while len(self._heads) > self._sessions:
             self._heads.popitem(last=False)
+
+
+def within_cap(capped: Iterable[str], counts: Mapping[str, int], cap: int, most: int) -> list[str]:
+    """The capped terms `PostingsStore.query_postings` reads: the first ``most`` (in their
+    order) found in at most ``cap`` turns by ``counts``."""
+    return [t for t in capped if counts.get(t, 0) <= cap][: max(most, 0)]
 
 
 def open_subs(indexed_seq: int, from_block: int = 0) -> range:

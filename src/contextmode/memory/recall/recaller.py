@@ -189,11 +189,7 @@ def recall_query(
             def keep(term: str) -> bool:
                 return counts.df(term) <= most
 
-        weights = expand(
-            message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
-            floor=settings.semantic_floor, weight=settings.semantic_weight, keep=keep,
-            most=settings.semantic_max_terms,
-        )
+        weights = _expand(message, weights, settings, thesaurus, keep=keep, most=settings.semantic_max_terms)
     return _with_recent(weights, own, recent, settings)
 
 
@@ -222,12 +218,21 @@ def query_reads(
     always = list(_with_recent(dict(weights), own, recent, settings))
     if settings.semantic_neighbours <= 0:
         return always, []
-    near = expand(
-        message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
-        floor=settings.semantic_floor, weight=settings.semantic_weight,
-    )
+    near = _expand(message, weights, settings, thesaurus)
     added = [t for t in near if t not in weights]
     return always, sorted(added, key=lambda t: (-near[t], t))  # heaviest first, as `expand` keeps them
+
+
+def _expand(
+    message: str, weights: dict[str, float], settings: RecallSettings, thesaurus: Thesaurus | None,
+    *, keep: Callable[[str], bool] | None = None, most: int | None = None,
+) -> dict[str, float]:
+    """`semantic.expand` with ``settings``' neighbours, floor and weight (``thesaurus``:
+    default the shipped one)."""
+    return expand(
+        message, weights, thesaurus or default_thesaurus(), neighbours=settings.semantic_neighbours,
+        floor=settings.semantic_floor, weight=settings.semantic_weight, keep=keep, most=most,
+    )
 
 
 class TermCounts(Protocol):

@@ -17,7 +17,7 @@ from datetime import datetime
 
 import numpy as np
 
-from ...store.postings import BLOCK, LAYOUT, POSTING, IndexStats, PostingsStore, unpack
+from ...store.postings import BLOCK, LAYOUT, POSTING, IndexStats, PostingsStore, unpack, within_cap
 from ...types import Turn
 from .index import BM25Params, Contributions, ScoreSums, bm25_idf, bm25_scores, turn_counts
 from .text import analyze, indexed
@@ -148,7 +148,7 @@ class StoredIndex:
             return
         most = len(over) if most is None else most
         rows, counts = await self._store.query_postings(*self._key, plain, capped=over, cap=cap, most=most)
-        kept = [t for t in over if counts.get(t, 0) <= cap][: max(most, 0)]
+        kept = within_cap(over, counts, cap, most)
         for term in over:
             self._df[term] = counts.get(term, 0)
         for term in [*plain, *kept]:
