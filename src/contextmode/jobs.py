@@ -132,6 +132,8 @@ class _SessionQueue:
     """Monotonic time up to which another attempt (``timeout_s``) still ends inside the lock's ttl."""
     outcomes: list[JobOutcome] = field(default_factory=list)
     """Outcomes not yet counted in the store (one write per burst, on a store with `JobOutcomes`)."""
+    counting: tuple[JobOutcome, ...] = ()
+    """Outcomes being written by `_count` right now (still pending for `pending`)."""
 
 
 _MAX_UNCOUNTED = 8
@@ -198,12 +200,16 @@ class JobRunner:
             )
 
     def pending(self, tenant: str, session_id: str) -> list[str]:
-        """Names of the session's running job (first) and waiting jobs, in order."""
+        """Names of the session's running job (first), finished jobs whose outcome is not counted
+        in the store yet, and waiting jobs, in order."""
         queue = self._queues.get((tenant, session_id))
         if queue is None:
             return []
         running = [queue.running] if queue.running else []
-        return running + [name for name, _ in queue.waiting]
+        # A finished job whose outcome is not in the store yet (counted with its burst) is still
+        # pending: a reader that sees neither it nor its outcome would think nothing happened.
+        uncounted = [o.job for o in (*queue.counting, *queue.outcomes) if o.job != queue.running]
+        return running + list(dict.fromkeys(uncounted)) + [name for name, _ in queue.waiting]
 
     def sessions(self) -> list[tuple[str, str]]:
         """``(tenant, session_id)`` of every session with a running or waiting job."""
@@ -386,10 +392,13 @@ class JobRunner:
             return
         release = queue.handle if not queue.waiting else None
         if outcomes or release is not None:
+            queue.counting = tuple(outcomes)
             try:
                 await batches.record_jobs(*key, outcomes, release=release)
             except Exception as exc:
                 log.warning("could not record jobs %s for %s/%s: %s", ",".join(o.job for o in outcomes), *key, exc)
+            finally:
+                queue.counting = ()
         if release is not None:
             try:
                 await self._unlock(queue)  # the store released it already: no second write

@@ -416,6 +416,58 @@ async def test_a_burst_of_jobs_is_counted_in_one_write_when_it_ends() -> None:
     assert (info.jobs["constraints"].rejected, info.jobs["constraints"].last_error) == (1, "empty quote")
 
 
+class _SlowCountingStore(_BatchingStore):
+    """Counting a burst waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counting = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def record_jobs(
+        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+    ) -> None:
+        self.counting.set()
+        await self.go.wait()
+        await super().record_jobs(tenant, session_id, outcomes, release=release)
+
+
+async def test_a_finished_job_stays_pending_until_its_outcome_is_counted() -> None:
+    """A reader (the web page's poll) must see a job either pending or counted, never neither."""
+    store = _SlowCountingStore()
+    await store.append("t", "s", new_turns(2))
+    runner = JobRunner(store, FAST)
+    second = asyncio.Event()
+
+    async def quick() -> None:
+        pass
+
+    async def wait_for_test() -> None:
+        await second.wait()
+        raise OutputRejected("empty quote")
+
+    runner.schedule("t", "s", "emotion", quick)
+    runner.schedule("t", "s", "constraints", wait_for_test)
+    try:
+        while runner.pending("t", "s")[:1] != ["constraints"]:
+            await asyncio.sleep(0)
+        assert runner.pending("t", "s") == ["constraints", "emotion"]  # emotion ran, not counted yet
+        second.set()
+        await store.counting.wait()
+        info = await store.info("t", "s")
+        assert info is not None and info.jobs == {}  # nothing in the store yet...
+        assert runner.pending("t", "s") == ["emotion", "constraints"]  # ...so both are still pending
+        store.go.set()
+        await runner.drain()
+        assert runner.pending("t", "s") == []
+        info = await store.info("t", "s")
+        assert info is not None and (info.jobs["emotion"].ok, info.jobs["constraints"].rejected) == (1, 1)
+    finally:  # a failed check must not leave the burst waiting
+        second.set()
+        store.go.set()
+        await runner.drain()
+
+
 async def test_a_cancelled_burst_counts_nothing_more() -> None:
     store = _BatchingStore()
     await store.append("t", "s", new_turns(2))

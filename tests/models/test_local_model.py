@@ -90,9 +90,11 @@ def test_a_real_model_conversation_keeps_every_property(served: str, language: s
     assert data["stats"]["pending_jobs"] == []
     assert jobs["emotion"]["ok"] + jobs["emotion"]["failed"] + jobs["emotion"]["rejected"] == TURNS
     assert jobs["constraints"]["ok"] + jobs["constraints"]["failed"] + jobs["constraints"]["rejected"] == TURNS
-    for stats in jobs.values():
+    for name, stats in jobs.items():
+        # A failed or rejected run records its reason; a later ok run clears it (the store contract:
+        # `last_error` is the last run's), so a job whose last run was ok may show none.
         if stats["rejected"] or stats["failed"]:
-            assert stats["last_error"]
+            assert stats["last_error"] or stats["ok"], (name, stats)
 
 
 def test_the_server_window_and_tokenizer_are_used(served: str) -> None:

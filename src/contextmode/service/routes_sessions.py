@@ -224,6 +224,9 @@ async def get_session(
 ) -> Any:
     _key(tenant, session_id)
     store = state.engine.store
+    # Read before the store: a job that ends meanwhile is then either still pending here or
+    # counted in `info`, never neither.
+    pending = state.engine.jobs.pending(tenant, session_id)
     info = await store.info(tenant, session_id)
     if info is None:
         raise SessionNotFound(f"no session {session_id!r}")
@@ -250,7 +253,7 @@ async def get_session(
                                   last_run=s.last_run)
                 for name, s in info.jobs.items()
             },
-            pending_jobs=state.engine.jobs.pending(tenant, session_id),
+            pending_jobs=pending,
         ),
     )
     return envelope(data)

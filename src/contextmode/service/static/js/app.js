@@ -16,8 +16,9 @@ import { $, clear, el } from "./dom.js";
 import { applyStatic, currentLang, setLang, t } from "./i18n.js";
 import { renderContext, renderSession, traceContext } from "./inspector.js";
 
-const POLL_MS = 400;
-const POLL_LIMIT = 40; // ≈16 s of polling while background jobs are pending
+const POLL_MS = 400; // while background jobs are pending: every 0.4 s for the first 8 s,
+const POLL_SLOW_MS = 2000; // then every 2 s (a busy server's jobs can take longer),
+const POLL_LIMIT = 170; // ≈5.5 min in all, so a page left open does not poll for ever
 const FOLLOW_MS = 2000; // an idle, visible page checks this often for turns made elsewhere
 const channel = typeof BroadcastChannel === "function" ? new BroadcastChannel("contextmode.turns") : null;
 
@@ -125,7 +126,7 @@ async function loadSession(token = ++state.pollToken) {
 async function pollJobs() {
   const token = state.pollToken;
   for (let attempt = 0; attempt < POLL_LIMIT && state.session?.stats.pending_jobs.length; attempt += 1) {
-    await sleep(POLL_MS);
+    await sleep(attempt < 20 ? POLL_MS : POLL_SLOW_MS);
     if (token !== state.pollToken) return; // a newer load (another session, a new turn) took over
     try {
       if (!(await loadSession(token))) return;
