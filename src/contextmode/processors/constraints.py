@@ -245,7 +245,8 @@ class OfflineConstraintExtractor:
 
     def extract_alone(self, turn: Turn) -> ConstraintUpdate | None:
         """`extract` without the stored constraints (`StandaloneExtractor`): only a
-        retraction is matched against them, so ``None`` for a turn that retracts something."""
+        retraction is matched against them, so ``None`` for a turn that retracts something.
+        (The constraints job asks this first: a subclass that changes `extract` changes this too.)"""
         if turn.role != "user":
             return ConstraintUpdate()
         found, retracts = self._found(turn.content, turn.seq)
