@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
+from ._protocols import implements
 from .assembly import Context
 from .engine import (
     USE_DEFAULT,
@@ -106,7 +107,7 @@ class ServerDescribed(Protocol):
 
 def describes_server(model: object) -> TypeGuard[ServerDescribed]:
     """True when ``model`` can probe its server (see `models.server.probe_server`)."""
-    return isinstance(model, ServerDescribed)
+    return implements(model, ServerDescribed)
 
 
 @runtime_checkable
@@ -118,7 +119,7 @@ class CapsReplies(Protocol):
 
 def caps_replies(model: object) -> TypeGuard[CapsReplies]:
     """True when ``model`` says how long its replies may get."""
-    return isinstance(model, CapsReplies)
+    return implements(model, CapsReplies)
 
 
 def _reserve_the_reply(settings: EngineSettings, model: ChatModel) -> EngineSettings:

@@ -25,6 +25,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard, runtime_checkable
 
+from ._protocols import implements
 from .errors import ConfigError, LockNotAcquired, OutputRejected
 from .store.base import JobOutcome, LockHandle, Store, StoreAbility, counts_job_batches
 from .types import utc_now
@@ -72,7 +73,7 @@ class HookedJobQueue(Protocol):
 
 def takes_hooks(jobs: object) -> TypeGuard[HookedJobQueue]:
     """True when ``jobs`` reports scheduled jobs and failed attempts to its ``hooks``."""
-    return isinstance(jobs, HookedJobQueue)
+    return implements(jobs, HookedJobQueue)
 
 
 @dataclass(frozen=True, kw_only=True)

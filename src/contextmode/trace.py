@@ -35,6 +35,7 @@ __all__ = [
     "build_trace",
     "cap_trace",
     "exchange_count",
+    "explain_recalled",
     "recalled_turns",
     "trace_from_json",
     "trace_to_dict",
@@ -284,7 +285,15 @@ def exchange_count(turns: Sequence[Turn]) -> int | None:
 def recalled_turns(prepared: PreparedTurn) -> tuple[RecalledTurn, ...]:
     """The older turns the context holds (recall and key-moment layers), each with why:
     for recall the score, ranker and matched query terms (`memory.recall.explain_recall`
-    on the query recall was given), for a key moment its emotion intensity."""
+    on the query recall was given), for a key moment its emotion intensity.
+
+    Worked out once per prepared turn (`PreparedTurn.recalled_turns`): the reply and the
+    trace ask for them both."""
+    return prepared.recalled_turns
+
+
+def explain_recalled(prepared: PreparedTurn) -> tuple[RecalledTurn, ...]:
+    """`recalled_turns`, worked out again (`PreparedTurn.recalled_turns` keeps it)."""
     from .memory.recall import explain_recall
 
     context, rewrite = prepared.context, prepared.rewrite

@@ -20,7 +20,7 @@ from contextmode.testing.processors import (
     PrefixRewriter,
     SpiceExtractor,
 )
-from contextmode.types import ChatMessage, NewTurn, SessionKey, Turn
+from contextmode.types import ChatMessage, NewTurn, SessionKey, SessionState, Turn
 
 
 def make_engine(model: object, *, summarizer: JoiningSummarizer | None = None, **settings: object) -> Engine:
@@ -250,3 +250,77 @@ async def test_emotion_job_reads_the_turns_before_as_loaded_and_reads_again_arou
     assert store.turn_reads == 1
     assert scorer.priors[-1] == await expected(8)
     assert ("(离线)", False) in scorer.priors[-1]
+
+
+class _LoadCountingStore(MemoryStore):
+    """Counts the constraints-only loads (what the constraints job reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.constraint_reads = 0
+
+    async def load(self, tenant: str, session_id: str, **kwargs: object) -> SessionState:
+        if kwargs.get("recent") == 0 and kwargs.get("max_uncovered") == 0:
+            self.constraint_reads += 1
+        return await super().load(tenant, session_id, **kwargs)  # type: ignore[arg-type]
+
+
+def _offline_engine(store: MemoryStore, **settings: object) -> Engine:
+    return Engine(store=store, model=FunctionModel(echo), counter=CharTokenCounter(),
+                  processors=Processors.offline(),
+                  settings=EngineSettings(summary_threshold=1000, **settings))  # type: ignore[arg-type]
+
+
+async def test_the_offline_constraints_job_reads_the_stored_ones_only_for_a_turn_that_states_or_retracts() -> None:
+    store = _LoadCountingStore()
+    engine = _offline_engine(store, strategy="window")
+    await engine.turn("t", "s", "那附近有什么好吃的？")  # states nothing: nothing read, nothing written
+    await engine.drain()
+    assert store.constraint_reads == 0
+    await engine.turn("t", "s", "我不吃辣。")
+    await engine.drain()
+    assert store.constraint_reads == 1
+    assert [c.value for c in (await store.load("t", "s")).constraints] == ["不吃辣"]
+    await engine.turn("t", "s", "我现在能吃辣了。")  # a retraction is matched against the stored ones
+    await engine.drain()
+    assert store.constraint_reads == 2
+    assert (await store.load("t", "s")).constraints == ()
+
+
+async def test_a_model_backed_extractor_is_always_given_the_stored_constraints() -> None:
+    store = _LoadCountingStore()
+    engine = make_engine(FunctionModel(echo), strategy="window")
+    engine.store = store
+    engine.jobs = type(engine.jobs)(store)  # type: ignore[call-arg]
+    await engine.turn("t", "s", "那附近有什么好吃的？")
+    await engine.drain()
+    assert store.constraint_reads == 1
+
+
+async def test_the_recalled_turns_are_explained_once_per_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextmode.memory.recall as recall
+    from contextmode.trace import recalled_turns
+
+    calls = 0
+    explain = recall.explain_recall
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return explain(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recall, "explain_recall", counting)
+    from contextmode.api import build_engine
+
+    engine = build_engine(store=MemoryStore(), model=FunctionModel(echo), counter=CharTokenCounter(),
+                          settings=EngineSettings(strategy="default", summary_threshold=1000))
+    for message in ("我下周去杭州出差，预算两千。", "好的", "杭州的预算是多少？"):
+        result = await engine.turn("t", "s", message)
+        await engine.drain()
+    calls = 0
+    result = await engine.turn("t", "s", "杭州出差的预算呢？")
+    await engine.drain()
+    shown = recalled_turns(result.prepared)  # the reply's context asks too: worked out once
+    assert calls == 1
+    trace = await engine.trace("t", "s", 4)
+    assert trace.recalled == shown

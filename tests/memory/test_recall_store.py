@@ -368,3 +368,32 @@ async def test_an_index_of_the_previous_layout_migrates_resumably(backend: Backe
             assert not recaller._entries
         finally:
             await store.close()
+
+
+async def test_a_term_without_rows_is_kept_without_array_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query term no turn holds (or one whose sealed blocks are cached and whose open block
+    is empty) is kept as it is: no rows unpacked, and the same ranking as in memory."""
+    import contextmode.memory.recall.stored as stored
+
+    empty = 0
+    real = stored.unpack
+
+    def counting(rows: Any) -> Any:
+        nonlocal empty
+        empty += not rows
+        return real(rows)
+
+    monkeypatch.setattr(stored, "unpack", counting)
+    turns = _turns(300)
+    query = "coffee zebra xylophone"  # two of its words are in no turn
+    async with _store("sqlite", tmp_path) as store:
+        for start in range(0, len(turns), 50):
+            await store.append("t", "s", turns[start : start + 50])
+        recaller = Recaller()
+        first = await _hits(store, query, recaller)
+        again = await _hits(store, query, recaller)  # sealed blocks cached: open blocks only
+    memory = MemoryStore()
+    for turn in turns:
+        await memory.append("t", "s", [turn])
+    assert first == again == await _hits(memory, query)
+    assert empty == 0

@@ -76,3 +76,24 @@ async def test_scorer_implements_the_protocol() -> None:
     assert isinstance(scorer, EmotionScorer)
     assert await scorer.score("我今天特别开心！") > 0.7
     assert scorer.score_sync("hello") == await scorer.score("hello")
+
+
+def test_a_chinese_turn_is_read_by_the_lexicon_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextmode.processors.emotion as emotion
+    from contextmode.processors.base import PriorTurn
+
+    calls: list[str] = []
+    real = emotion.analyze_lexicon
+
+    def counting(text: str) -> emotion.EmotionAnalysis:
+        calls.append(text)
+        return real(text)
+
+    text = "我等了三个小时，航班又取消了，真的快崩溃了！！（第一次）"
+    expected = analyze_emotion(text, prior=[PriorTurn(text="你好", same_speaker=False)])
+    emotion._zh_scored.cache_clear()
+    emotion.text_logit.cache_clear()
+    monkeypatch.setattr(emotion, "analyze_lexicon", counting)
+    again = analyze_emotion(text, prior=[PriorTurn(text="你好", same_speaker=False)])
+    assert again == expected
+    assert calls.count(text) == 1

@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
+from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ..assembly import Context
 from ..errors import ModelError
@@ -33,6 +34,9 @@ from ..types import (
     require_text,
     validate_id,
 )
+
+if TYPE_CHECKING:
+    from ..trace import RecalledTurn
 
 __all__ = [
     "USE_DEFAULT",
@@ -124,6 +128,14 @@ class PreparedTurn:
     """Time spent loading, detecting, rewriting and assembling, milliseconds."""
     rejected_rewrite: Rewrite | None = None
     """A rewrite the verifier refused, with its ``reason`` (kept in the user turn's metadata)."""
+
+    @cached_property
+    def recalled_turns(self) -> tuple[RecalledTurn, ...]:
+        """The older turns the context holds, each with why (`trace.explain_recalled`),
+        worked out once: the reply's ``context`` and the turn's trace both show them."""
+        from ..trace import explain_recalled
+
+        return explain_recalled(self)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,13 @@ from ..assembly.agent import as_sentence
 from ..errors import ConflictError, ContextWindowExceeded
 from ..memory.strategies import get_strategy
 from ..models.priority import in_background
-from ..processors.base import ContextualEmotionScorer, PriorTurn, fits_a_window
+from ..processors.base import (
+    ConstraintUpdate,
+    PriorTurn,
+    extracts_alone,
+    fits_a_window,
+    scores_in_context,
+)
 from ..processors.window import usable_tokens
 from ..types import SessionKey, Summary, Turn, utc_now
 from .request import PreparedTurn
@@ -81,7 +87,7 @@ def _loaded_before(prepared: PreparedTurn | None, turn: Turn) -> list[Turn] | No
 
 async def _score_emotion(engine: Engine, key: SessionKey, turn: Turn, earlier: list[Turn] | None) -> None:
     emotion = engine.processors.emotion
-    if isinstance(emotion, ContextualEmotionScorer):
+    if scores_in_context(emotion):
         # The turns just before: the conversation's mood and the speaker's baseline (as the
         # turn loaded them, or read again).
         if earlier is None:
@@ -100,9 +106,16 @@ async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> N
     from ..processors.constraints import apply_update
 
     store = engine.store
+    extractor = engine.processors.extractor
+    # An extractor that can tell without the stored constraints (the offline one, for a
+    # turn that retracts nothing) gives the same update for any of them: a turn stating
+    # nothing reads none, and a retry of the compare-and-set does not extract again.
+    alone: ConstraintUpdate | None = extractor.extract_alone(turn) if extracts_alone(extractor) else None
+    if alone is not None and not alone.upsert and not alone.remove_keys:
+        return
     for _ in range(5):  # compare-and-set: retry against a newer version
         state = await store.load(key.tenant, key.session_id, recent=0, max_uncovered=0)  # constraints only
-        update = await engine.processors.extractor.extract(turn, state.constraints)
+        update = alone if alone is not None else await extractor.extract(turn, state.constraints)
         if not update.upsert and not update.remove_keys:
             return
         merged = apply_update(state.constraints, update)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
+from .._protocols import implements
 from ..memory.strategies import Strategy
 from ..processors.base import (
     ConstraintExtractor,
@@ -89,12 +90,12 @@ class CachingRecaller(Protocol):
 
 def indexes_turns(recaller: object) -> TypeGuard[IndexingRecaller]:
     """True when ``recaller`` wants to see every new turn."""
-    return isinstance(recaller, IndexingRecaller)
+    return implements(recaller, IndexingRecaller)
 
 
 def caches_sessions(recaller: object) -> TypeGuard[CachingRecaller]:
     """True when ``recaller`` holds sessions in memory."""
-    return isinstance(recaller, CachingRecaller)
+    return implements(recaller, CachingRecaller)
 
 
 @runtime_checkable
@@ -107,4 +108,8 @@ class RecallingStrategy(Protocol):
 
 def recall_limit(strategy: Strategy) -> int:
     """The strategy's recall limit (0: it has no recall layer)."""
-    return int(strategy.recall_limit or 0) if isinstance(strategy, RecallingStrategy) else 0
+    return int(strategy.recall_limit or 0) if _recalls(strategy) else 0
+
+
+def _recalls(strategy: object) -> TypeGuard[RecallingStrategy]:
+    return implements(strategy, RecallingStrategy)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TypeGuard, runtime_checkable
 
+from .._protocols import implements
 from ..errors import ConfigError, StoreError
 from ..store.base import Store
 from ..store.lifecycle import (
@@ -56,7 +57,7 @@ class PendingWrites(Protocol):
 
 
 def _writes_pending(cache: object) -> TypeGuard[PendingWrites]:
-    return isinstance(cache, PendingWrites)
+    return implements(cache, PendingWrites)
 
 
 async def settle_writes(caches: Sequence[LocalCaches], tenant: str, session_id: str) -> None:

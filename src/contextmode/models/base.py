@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeGuard, runtime_checkable
 
+from .._protocols import implements
 from ..types import ChatMessage
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "ToolCallingModel",
     "ToolChoice",
     "ToolSpec",
+    "answers_to_schema",
     "calls_tools",
 ]
 
@@ -71,6 +73,11 @@ class StructuredChatModel(ChatModel, Protocol):
         ...
 
 
+def answers_to_schema(model: ChatModel) -> TypeGuard[StructuredChatModel]:
+    """True when ``model`` can be asked for an answer that fits a JSON Schema."""
+    return implements(model, StructuredChatModel)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TextDelta:
     """A piece of the answer's text."""
@@ -115,4 +122,4 @@ class ToolCallingModel(ChatModel, Protocol):
 
 def calls_tools(model: ChatModel) -> TypeGuard[ToolCallingModel]:
     """True when ``model`` can be given tools and answer with tool calls."""
-    return isinstance(model, ToolCallingModel)
+    return implements(model, ToolCallingModel)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, runtime_checkable
 
+from .._protocols import implements
 from ..types import Constraint, Summary, Turn
 
 if TYPE_CHECKING:
@@ -27,10 +28,13 @@ __all__ = [
     "PriorTurn",
     "Rewrite",
     "Rewriter",
+    "StandaloneExtractor",
     "Summarizer",
     "SummaryResult",
     "WindowedSummarizer",
+    "extracts_alone",
     "fits_a_window",
+    "scores_in_context",
 ]
 
 IntentKind = Literal["detail", "simplify", "example", "summary", "pronoun"]
@@ -125,7 +129,7 @@ class WindowedSummarizer(Summarizer, Protocol):
 
 def fits_a_window(summarizer: object) -> TypeGuard[WindowedSummarizer]:
     """True when ``summarizer`` can say what one call costs of a model's window."""
-    return isinstance(summarizer, WindowedSummarizer)
+    return implements(summarizer, WindowedSummarizer)
 
 
 @runtime_checkable
@@ -133,6 +137,23 @@ class ConstraintExtractor(Protocol):
     async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         """Find constraints, preferences and identity facts stated in a user ``turn``."""
         ...
+
+
+@runtime_checkable
+class StandaloneExtractor(ConstraintExtractor, Protocol):
+    """An extractor that can tell, without the stored constraints, what most turns change
+    (`OfflineConstraintExtractor`): the constraints job then reads none for a turn that
+    states nothing. A model-backed extractor is always given them."""
+
+    def extract_alone(self, turn: Turn) -> ConstraintUpdate | None:
+        """``extract(turn, current)`` for any ``current``, when the update does not depend on
+        it (the turn retracts nothing); ``None`` when it does (call `extract` with them)."""
+        ...
+
+
+def extracts_alone(extractor: object) -> TypeGuard[StandaloneExtractor]:
+    """True when ``extractor`` can extract a turn without the stored constraints."""
+    return implements(extractor, StandaloneExtractor)
 
 
 @runtime_checkable
@@ -160,3 +181,8 @@ class ContextualEmotionScorer(Protocol):
     async def score_in_context(self, text: str, prior: Sequence[PriorTurn]) -> float:
         """Intensity 0–1 of ``text`` said after ``prior`` (oldest first)."""
         ...
+
+
+def scores_in_context(scorer: object) -> TypeGuard[ContextualEmotionScorer]:
+    """True when ``scorer`` reads the turns before the one it scores."""
+    return implements(scorer, ContextualEmotionScorer)

@@ -243,21 +243,37 @@ class OfflineConstraintExtractor:
             return ConstraintUpdate()
         return self.extract_text(turn.content, current, source_seq=turn.seq)
 
+    def extract_alone(self, turn: Turn) -> ConstraintUpdate | None:
+        """`extract` without the stored constraints (`StandaloneExtractor`): only a
+        retraction is matched against them, so ``None`` for a turn that retracts something.
+        (The constraints job asks this first: a subclass that changes `extract` changes this too.)"""
+        if turn.role != "user":
+            return ConstraintUpdate()
+        found, retracts = self._found(turn.content, turn.seq)
+        return None if retracts else _update(found, [])
+
     def extract_text(
         self, text: str, current: Sequence[Constraint] = (), *, source_seq: int = 0
     ) -> ConstraintUpdate:
         """Same as `extract` on plain text, synchronous (evaluation, CLI)."""
-        found, retracts = extract_constraints(
+        found, retracts = self._found(text, source_seq)
+        return _update(found, _retracted_keys(retracts, current))
+
+    def _found(self, text: str, source_seq: int) -> tuple[list[Constraint], list[Retract]]:
+        return extract_constraints(
             text, source_seq=source_seq, generic_facts=self.generic_facts,
             max_generic=self.max_generic_facts, scorer=self.fact_scorer,
         )
-        remove = _retracted_keys(retracts, current)
-        upserts: dict[str, Constraint] = {}
-        for constraint in found:
-            upserts[constraint.key] = constraint  # the last statement of a turn wins
-        # A key both stated and retracted in one turn keeps the statement that came after.
-        remove = [k for k in remove if k not in upserts]
-        return ConstraintUpdate(upsert=tuple(upserts.values()), remove_keys=tuple(remove))
+
+
+def _update(found: Sequence[Constraint], remove: Sequence[str]) -> ConstraintUpdate:
+    """The update of a turn: what it states, and the retracted keys it does not state again."""
+    upserts: dict[str, Constraint] = {}
+    for constraint in found:
+        upserts[constraint.key] = constraint  # the last statement of a turn wins
+    # A key both stated and retracted in one turn keeps the statement that came after.
+    kept = [k for k in remove if k not in upserts]
+    return ConstraintUpdate(upsert=tuple(upserts.values()), remove_keys=tuple(kept))
 
 
 def apply_update(current: Sequence[Constraint], update: ConstraintUpdate) -> list[Constraint]:

@@ -271,12 +271,18 @@ def _en_raw(text: str, lexical: float) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _zh_text_logit(text: str) -> float:
+def _zh_scored(text: str) -> tuple[float, EmotionAnalysis]:
+    """A Chinese text's own logit and the lexicon's analysis it was read with (both are
+    needed to score it: analysed once)."""
     model = load_emotion_model()
     lexical = analyze_lexicon(text)
     if model is None:
-        return logit(lexical.intensity)
-    return model.text_logit(text, lexical)
+        return logit(lexical.intensity), lexical
+    return model.text_logit(text, lexical), lexical
+
+
+def _zh_text_logit(text: str) -> float:
+    return _zh_scored(text)[0]
 
 
 @lru_cache(maxsize=4096)
@@ -297,14 +303,14 @@ def analyze_emotion(
     `emotion_model.CONTEXT_WINDOW` of them). ``use_model=False`` keeps to the lexicon
     and punctuation (steps 1–3).
     """
-    lexical = analyze_lexicon(text)
     if not use_model or not text.strip():
-        return lexical
+        return analyze_lexicon(text)
     model = load_emotion_model()
+    chinese = model is not None and detect_language(text) == "zh"
+    own, lexical = _zh_scored(text) if chinese else (0.0, analyze_lexicon(text))
     calibration = model.calibration_for(lexical.language) if model is not None else Calibration()
     probability: float | None = None
-    if lexical.language == "zh" and model is not None:
-        own = _zh_text_logit(text)
+    if chinese and model is not None:
         probability = round(logistic(own), 4)
         context = [PriorLogit(logit=text_logit(p.text), same_speaker=p.same_speaker)
                    for p in prior[-CONTEXT_WINDOW:] if p.text.strip()]

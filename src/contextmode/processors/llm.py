@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
-from ..models.base import ChatModel, JsonSchema, StructuredChatModel
+from ..models.base import ChatModel, JsonSchema, answers_to_schema
 from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
@@ -149,7 +149,7 @@ async def _ask(
     messages = prompt.render(chinese=chinese, **fields)
     try:
         async with asyncio.timeout(timeout):
-            if schema is not None and isinstance(model, StructuredChatModel):
+            if schema is not None and answers_to_schema(model):
                 return await model.complete_json(messages, schema=schema, max_tokens=max_tokens)
             return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:

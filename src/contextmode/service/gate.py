@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TypeGuard
 
+from .._protocols import implements
 from ..errors import LockNotAcquired
 from ..store.base import LockHandle, Store, StoreAbility, TurnLocks
 
@@ -108,7 +109,7 @@ class SessionGate:
 
 def has_turn_locks(store: object) -> TypeGuard[TurnLocks]:
     """True when ``store`` holds the second, per-turn session lock (`TurnLocks`)."""
-    return isinstance(store, TurnLocks)
+    return implements(store, TurnLocks)
 
 
 def _busy(session_id: str) -> str:

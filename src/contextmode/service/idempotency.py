@@ -31,7 +31,7 @@ from fastapi import Header
 from fastapi.responses import Response
 
 from ..errors import InputError
-from ..store.base import IdempotencyRecords, Store
+from ..store.base import IdempotencyRecords, Store, keeps_idempotency
 from .codes import IdempotencyKeyReused, RequestInProgress
 from .sse import SSEResponse
 
@@ -111,7 +111,7 @@ async def claim(
 
     Raises `IdempotencyKeyReused` (40903) or `RequestInProgress` (40904).
     """
-    if header is None or not isinstance(store, IdempotencyRecords):
+    if header is None or not keeps_idempotency(store):
         return None, None
     if not _KEY.fullmatch(header):
         raise InputError("Idempotency-Key must be 1-255 printable ASCII characters without spaces")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, Protocol, Self, TypeGuard, TypeVar, runtime_checkable
 
+from .._protocols import implements
 from ..errors import SessionNotFound, TurnNotFound
 from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
@@ -55,6 +56,7 @@ __all__ = [
     "TurnLocks",
     "TurnLog",
     "counts_job_batches",
+    "keeps_idempotency",
     "keeps_traces",
     "load_trace",
 ]
@@ -249,7 +251,7 @@ class JobOutcomes(Protocol):
 
 def counts_job_batches(store: object) -> TypeGuard[JobOutcomes]:
     """True when ``store`` counts several job outcomes in one write (`JobOutcomes`)."""
-    return isinstance(store, JobOutcomes)
+    return implements(store, JobOutcomes)
 
 
 @runtime_checkable
@@ -343,6 +345,11 @@ class IdempotencyRecords(Protocol):
         ...
 
 
+def keeps_idempotency(store: object) -> TypeGuard[IdempotencyRecords]:
+    """True when ``store`` keeps the records of ``Idempotency-Key`` requests."""
+    return implements(store, IdempotencyRecords)
+
+
 @runtime_checkable
 class Store(TurnLog, DerivedRecords, SessionAdmin, JobLocks, Protocol):
     """A complete backend: memory, SQLite, PostgreSQL or Redis."""
@@ -386,7 +393,7 @@ class TraceRecords(Protocol):
 
 def keeps_traces(store: object) -> TypeGuard[TraceRecords]:
     """True when ``store`` keeps per-turn traces (all shipped backends do)."""
-    return isinstance(store, TraceRecords)
+    return implements(store, TraceRecords)
 
 
 _Ability = TypeVar("_Ability")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol, TypeGuard, runtime_checkable
 
+from .._protocols import implements
 from .base import Store
 
 __all__ = [
@@ -224,4 +225,4 @@ class LifecycleStore(Store, Lifecycle, Protocol):
 
 def is_lifecycle_store(store: object) -> TypeGuard[LifecycleStore]:
     """True when ``store`` can list users, erase with an audit record and restore."""
-    return isinstance(store, Lifecycle)
+    return implements(store, Lifecycle)

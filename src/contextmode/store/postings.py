@@ -38,6 +38,7 @@ from typing import Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
+from .._protocols import implements
 from ..types import NewTurn, Turn
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "open_subs",
     "postings_for",
     "reads_turns_at",
+    "shares_connection",
 ]
 
 BLOCK = 512
@@ -302,7 +304,7 @@ class PostingsStore(Protocol):
 
 def has_postings(store: object) -> TypeGuard[PostingsStore]:
     """True when ``store`` keeps the recall index itself."""
-    return isinstance(store, PostingsStore)
+    return implements(store, PostingsStore)
 
 
 @runtime_checkable
@@ -317,7 +319,7 @@ class TurnsAt(Protocol):
 
 def reads_turns_at(store: object) -> TypeGuard[TurnsAt]:
     """True when ``store`` reads turns at a list of seqs in one call (`TurnsAt`)."""
-    return isinstance(store, TurnsAt)
+    return implements(store, TurnsAt)
 
 
 @runtime_checkable
@@ -331,9 +333,14 @@ class SharesConnection(Protocol):
         ...
 
 
+def shares_connection(store: object) -> TypeGuard[SharesConnection]:
+    """True when ``store``'s calls in a row can share one pooled connection."""
+    return implements(store, SharesConnection)
+
+
 def one_connection(store: object) -> AbstractAsyncContextManager[None]:
     """``store.one_connection()`` when it `SharesConnection`, else a context that does nothing."""
-    return store.one_connection() if isinstance(store, SharesConnection) else nullcontext()
+    return store.one_connection() if shares_connection(store) else nullcontext()
 
 
 def unpack(rows: Sequence[tuple[int, bytes]]) -> np.ndarray:

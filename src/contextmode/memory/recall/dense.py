@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
+from ..._protocols import implements
 from ...errors import ConfigError, MissingExtra
 from ...types import Turn
 from .index import turn_text
@@ -59,9 +60,13 @@ class EnglishOnly(Protocol):
     english_only: bool
 
 
+def _says_its_languages(embedder: object) -> TypeGuard[EnglishOnly]:
+    return implements(embedder, EnglishOnly)
+
+
 def english_only(embedder: Embedder) -> bool:
     """True when ``embedder`` declares itself English-only."""
-    return isinstance(embedder, EnglishOnly) and embedder.english_only
+    return _says_its_languages(embedder) and embedder.english_only
 
 
 class MiniLMEmbedder:

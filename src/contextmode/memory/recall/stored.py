@@ -157,8 +157,16 @@ class StoredIndex:
     def _add(self, term: str, start: int, rows: Sequence[tuple[int, bytes]]) -> None:
         """Keep a term's postings read from block ``start`` on (its sealed blocks cached)."""
         sealed_now = (self._stats.indexed_seq + 1) // BLOCK
-        fetched = _Postings.of(unpack(rows))
         old = self._cache.sealed.get(term, (0, _NONE))[1]
+        if not rows:
+            # Nothing read (a query term no turn holds, or no new block): the cached blocks
+            # as they are, without the array work below (same result, ~10x less time).
+            if sealed_now > start:
+                self._cache.sealed[term] = (sealed_now, old)
+            self._parts[term] = (old,)
+            self._df[term] = len(old)
+            return
+        fetched = _Postings.of(unpack(rows))
         # Split by seq: a store may return several blocks in one row.
         cut = int(np.searchsorted(fetched.seq, sealed_now * BLOCK))
         sealed = _Postings.join(old, fetched.cut(0, cut)) if cut else old
