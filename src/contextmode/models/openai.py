@@ -151,7 +151,7 @@ def _aiohttp_client(openai: Any) -> Any:
 
     aiohttp parses HTTP in C; httpx's h11 in Python: a streamed reply costs the worker about a
     third less CPU over aiohttp (benchmarks/bench_model_call.py)."""
-    factory = getattr(openai, "DefaultAioHttpClient", None)  # openai < 1.87 has none
+    factory = getattr(openai, "DefaultAioHttpClient", None)  # older SDKs have none
     if factory is None:
         return None
     try:
