@@ -189,7 +189,8 @@ def build_engine(
 
     ``store``: a `Store` or a URL (``sqlite:///…``, ``postgresql://…``, ``redis://…``,
     ``memory://``); default ``CONTEXTMODE_STORE_URL`` or SQLite under ``CONTEXTMODE_HOME``.
-    ``model``: default from ``CONTEXTMODE_LLM_*`` or the offline responder.
+    ``model``: default from ``CONTEXTMODE_LLM_*`` or the offline responder (one made here is closed
+    by ``Engine.close``; one passed in stays the caller's).
     ``processors``: ``offline`` (default) or ``llm`` (``CONTEXTMODE_PROCESSORS``), a
     `Processors` value (e.g. ``replace(Processors.offline(), summarizer=mine)``), or a function
     of the chosen model (e.g. ``lambda m: replace(default_processors(m), summarizer=mine)``).
@@ -205,6 +206,7 @@ def build_engine(
         settings is not None and settings.context_window != EngineSettings().context_window)
     settings = settings or EngineSettings.from_env()
     named = os.environ.get("CONTEXTMODE_LLM_MODEL") or (model.name if model is not None else None)
+    owns_model = model is None
     if model is None:
         model = model_from_env()
     settings, counter = _fit_server(settings, model, counter, window_set=window_set)
@@ -229,8 +231,10 @@ def build_engine(
         from .memory.recall import Recaller as BM25Recaller
 
         recaller = BM25Recaller()
-    return Engine(store=store, model=model, counter=counter, processors=processors, settings=settings,
-                  recaller=recaller, jobs=jobs, system_prompt=system_prompt)
+    engine = Engine(store=store, model=model, counter=counter, processors=processors, settings=settings,
+                    recaller=recaller, jobs=jobs, system_prompt=system_prompt)
+    engine.owns_model = owns_model  # its HTTP client is closed with the engine
+    return engine
 
 
 class ContextMode:

@@ -78,6 +78,9 @@ class Engine:
         self.trace_writes = TraceWrites()
         """Each exchange's trace write, started as the reply goes out (`trace`, `drain` and
         `close` wait for them)."""
+        self.owns_model = False
+        """True when the engine's builder made the model (`build_engine` from ``CONTEXTMODE_LLM_*``):
+        `close` then closes the model's HTTP client too; a model passed in stays the caller's."""
         self._keeper = StoreAbility(keeps_traces, store)
         """The store, and itself when it keeps traces: decided once per store, not per turn."""
 
@@ -322,7 +325,8 @@ class Engine:
     async def close(self, *, drain_timeout_s: float = 30.0) -> None:
         """Finish the pending trace writes and background jobs (at most ``drain_timeout_s``
         seconds each, then cancel the rest: a summary that did not run is scheduled again by
-        the session's next turn; a trace not written is missing) and close the store."""
+        the session's next turn; a trace not written is missing), close the store and, when the
+        engine made it (`owns_model`), the model's HTTP client."""
         try:
             await asyncio.wait_for(self.trace_writes.drain(), drain_timeout_s)
         except TimeoutError:
@@ -334,3 +338,6 @@ class Engine:
             log.warning("background jobs still running after %.0f s at shutdown: cancelled", drain_timeout_s)
             await self.jobs.aclose()
         await self.store.close()
+        close_model = getattr(self.model, "aclose", None) if self.owns_model else None
+        if close_model is not None:
+            await close_model()

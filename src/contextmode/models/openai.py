@@ -99,6 +99,12 @@ def map_openai_error(
     import openai
 
     detail = _scrub(f"{type(exc).__name__}: {exc}", secret)
+    if _connection_failure(exc):
+        # Over aiohttp the SDK reports a refused or reset connection as APITimeoutError
+        # (or a bare transport error): what aiohttp raised, behind it, says what happened.
+        if mid_stream:
+            return ModelError(f"the model's stream broke before the end; the answer is partial ({detail})")
+        return ModelUnavailable(f"could not reach the model endpoint ({detail})")
     if isinstance(exc, openai.APITimeoutError) or "Timeout" in type(exc).__name__:
         return ModelTimeout(f"the model did not answer in time ({detail})")
     if mid_stream:
@@ -111,6 +117,57 @@ def map_openai_error(
     if isinstance(exc, openai.APIConnectionError):
         return ModelUnavailable(f"could not reach the model endpoint ({detail})")
     return ModelError(f"the model call failed ({detail})")
+
+
+_AIOHTTP_CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "ClientOSError")
+"""aiohttp's errors for a connection refused, reset or closed by the server (every subclass
+of them too: `ClientConnectorError` is a `ClientOSError`; the DNS, proxy and certificate errors
+are `ClientConnectorError` s)."""
+
+
+def _connection_failure(exc: BaseException) -> bool:
+    """True when ``exc`` is, or was raised from (``__cause__`` / ``__context__``), aiohttp's
+    error for a connection that could not be made or was lost (`_AIOHTTP_CONNECTION_ERRORS`)
+    and not a timeout.
+
+    The SDK's aiohttp transport maps aiohttp's connection errors to httpx's ``ConnectTimeout``
+    (its mapping table matches their base class first; openai-python PR #3594), so the SDK
+    raises ``APITimeoutError`` for a refused connection and a reset mid-stream is a
+    "timeout" too. Over httpx the chain holds no aiohttp error and nothing changes."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for cls in type(current).__mro__:
+            if cls.__name__ in _AIOHTTP_CONNECTION_ERRORS and cls.__module__.startswith("aiohttp"):
+                return not isinstance(current, TimeoutError)
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _aiohttp_client(openai: Any) -> Any:
+    """The SDK's aiohttp-based HTTP client (``DefaultAioHttpClient``, the ``openai[aiohttp]``
+    extra), or ``None`` when it cannot be built: the SDK then builds its own httpx client.
+
+    aiohttp parses HTTP in C; httpx's h11 in Python: a streamed reply costs the worker about a
+    third less CPU over aiohttp (benchmarks/bench_model_call.py)."""
+    factory = getattr(openai, "DefaultAioHttpClient", None)  # older SDKs have none
+    if factory is None:
+        return None
+    try:
+        return factory()
+    except (ImportError, RuntimeError) as exc:  # the SDK's "install the aiohttp extra" error
+        logger.debug("aiohttp client unavailable, the SDK's httpx client is used: %s", exc)
+        return None
+
+
+def _transport_of(client: object) -> str:
+    """``aiohttp`` or ``httpx``: what an ``AsyncOpenAI`` client sends its requests with."""
+    http = getattr(client, "_client", None)
+    for obj in (http, getattr(http, "_transport", None)):
+        if obj is not None and any("aiohttp" in cls.__module__ for cls in type(obj).__mro__):
+            return "aiohttp"
+    return "httpx"
 
 
 def _import_openai() -> Any:
@@ -209,6 +266,7 @@ class OpenAIChatModel:
                     timeout=timeout,
                     max_retries=max_retries,
                     default_headers=dict(options.extra_headers),
+                    http_client=_aiohttp_client(openai),
                 )
             except openai.OpenAIError as exc:  # e.g. no key at all for api.openai.com
                 raise ConfigError(
@@ -216,6 +274,9 @@ class OpenAIChatModel:
                     + " (set CONTEXTMODE_LLM_API_KEY)"
                 ) from None
         self._client = client
+        self.transport = _transport_of(client)
+        """The HTTP client under the SDK: ``aiohttp`` (the default when the ``openai[aiohttp]``
+        extra is installed) or ``httpx``."""
         resolved = getattr(client, "api_key", None)  # OPENAI_API_KEY when no key was passed
         if isinstance(resolved, str) and resolved and not self._secret:
             self._secret = resolved
