@@ -39,6 +39,7 @@ from typing import Protocol, TypeGuard, runtime_checkable
 import numpy as np
 
 from ..types import NewTurn, Turn
+from .base import SharesConnection
 
 __all__ = [
     "BLOCK",
@@ -320,19 +321,9 @@ def reads_turns_at(store: object) -> TypeGuard[TurnsAt]:
     return isinstance(store, TurnsAt)
 
 
-@runtime_checkable
-class SharesConnection(Protocol):
-    """A store whose calls in a row can share one pooled connection (PostgreSQL): a recall's
-    reads (statistics, postings, counts, turns) then take one connection from the pool, not one
-    each."""
-
-    def one_connection(self) -> AbstractAsyncContextManager[None]:
-        """Within this context, the calls this task makes run on one connection (no transaction)."""
-        ...
-
-
 def one_connection(store: object) -> AbstractAsyncContextManager[None]:
-    """``store.one_connection()`` when it `SharesConnection`, else a context that does nothing."""
+    """``store.one_connection()`` when it `SharesConnection` (`store.base`), else a context that
+    does nothing."""
     return store.one_connection() if isinstance(store, SharesConnection) else nullcontext()
 
 
