@@ -180,19 +180,21 @@ async def stream_agent_turn(
     from .engine.schedule import schedule_jobs
 
     mode = mode or engine.settings.mode
-    await _store_results(engine, key, request.tool_results)
     new_user: Turn | None = None
-    if request.message is not None:
-        turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt)
-        prepared = await prepare_turn(engine, turn_request)
-        new_user = (await engine.store.append(key.tenant, key.session_id, [
-            NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
-                    metadata=dict(metadata or {}))]))[0]
-        observe(engine, key, [new_user])
-        user_turn = new_user
-    else:
-        prepared = await prepare_step(engine, key, mode=mode, system_prompt=system_prompt)
-        user_turn = (await _latest_user(engine, key, prepared.state))[1]
+    async with engine.one_connection():  # the step's store calls: one pooled connection, let go before the model
+        await _store_results(engine, key, request.tool_results)
+        if request.message is not None:
+            turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt)
+            prepared = await prepare_turn(engine, turn_request)
+            new_user = (await engine.store.append(key.tenant, key.session_id, [
+                NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
+                        metadata=dict(metadata or {}))]))[0]
+            observe(engine, key, [new_user])
+            user_turn = new_user
+        else:
+            prepared = await prepare_step(engine, key, mode=mode, system_prompt=system_prompt)
+            user_turn = (await _latest_user(engine, key, prepared.state))[1]
+        await engine.let_go()
     yield Prepared(prepared=prepared)
     answer = _Answer(pieces=[], calls={})
     error: ModelError | None = None

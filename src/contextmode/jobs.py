@@ -27,7 +27,14 @@ from typing import Protocol, TypeGuard, runtime_checkable
 
 from ._protocols import implements
 from .errors import ConfigError, LockNotAcquired, OutputRejected
-from .store.base import JobOutcome, LockHandle, Store, StoreAbility, counts_job_batches
+from .store.base import (
+    ConnectionSharing,
+    JobOutcome,
+    LockHandle,
+    Store,
+    StoreAbility,
+    counts_job_batches,
+)
 from .types import utc_now
 
 __all__ = ["HookedJobQueue", "JobFactory", "JobHooks", "JobQueue", "JobRunner", "JobSettings", "takes_hooks"]
@@ -166,6 +173,8 @@ class JobRunner:
         self._sleep = sleep
         self._queues: dict[tuple[str, str], _SessionQueue] = {}
         self._batches = StoreAbility(counts_job_batches, store)
+        self._connections = ConnectionSharing(store)
+        """The store's shared connection: one per burst of a session's jobs."""
 
     def schedule(
         self,
@@ -245,6 +254,13 @@ class JobRunner:
     # -- internals ----------------------------------------------------------------
 
     async def _work(self, key: tuple[str, str], queue: _SessionQueue) -> None:
+        # The burst's store calls (lock, jobs, outcomes and release) share one pooled connection,
+        # let go before each back-off and before a processor that may call a model (the jobs'
+        # `Engine.let_go_before`); the attempts run in this task (`asyncio.timeout`) to share it.
+        async with self._connections.one_connection(self.store):
+            await self._burst(key, queue)
+
+    async def _burst(self, key: tuple[str, str], queue: _SessionQueue) -> None:
         try:
             while queue.waiting:
                 name, factory = queue.waiting.popleft()
@@ -291,6 +307,7 @@ class JobRunner:
                 if attempt < attempts:
                     log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
                                 name, *key, attempt, attempts, error)
+                    await self._connections.let_go(self.store)
                     await self._sleep(self._delay(attempt))
                     continue
                 log.error("job %s for %s/%s gave up after %d attempts: %s",
@@ -332,6 +349,7 @@ class JobRunner:
                 handle = await held.__aenter__()
             except LockNotAcquired:
                 if attempt < settings.lock_attempts:
+                    await self._connections.let_go(self.store)
                     await self._sleep(self._delay(attempt))
                 continue
             queue.lock, queue.handle = held, handle
@@ -351,11 +369,14 @@ class JobRunner:
         if self.settings.timeout_s is None:
             await self._counted(name, factory)
         else:
-            started = time.monotonic()
+            # In this task, not a task of its own (`wait_for`'s): the attempt's store calls use
+            # the burst's connection.
+            limit = asyncio.timeout(self.settings.timeout_s)
             try:
-                await asyncio.wait_for(self._counted(name, factory), self.settings.timeout_s)
+                async with limit:
+                    await self._counted(name, factory)
             except TimeoutError:
-                if time.monotonic() - started < self.settings.timeout_s:
+                if not limit.expired():
                     raise  # the job's own, not the attempt's limit
                 raise TimeoutError(
                     f"the attempt took longer than {self.settings.timeout_s:g} s (CONTEXTMODE_JOB_TIMEOUT_S)"

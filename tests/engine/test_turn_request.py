@@ -49,6 +49,24 @@ async def test_stream_yields_prepared_deltas_then_done() -> None:
     await engine.close()
 
 
+async def test_the_user_turn_is_stored_before_prepared_and_a_stream_closed_there_schedules_its_jobs() -> None:
+    """The user turn is stored with the ``Prepared`` event (on the connection preparing used);
+    a stream closed right then calls no model, stores no answer and still schedules the
+    turn's jobs, as a stream cut before its first token does."""
+    model = FunctionModel(echo)
+    engine = make_engine(model)
+    stream = engine.stream(TurnRequest(key=SessionKey("t", "s"), message="你好呀"))
+    first = await anext(stream)
+    assert isinstance(first, Prepared)
+    assert [t.content for t in await engine.store.turns("t", "s")] == ["你好呀"]
+    assert engine.jobs.pending("t", "s") == []
+    await stream.aclose()  # type: ignore[attr-defined]
+    assert model.calls == []
+    assert [t.role for t in await engine.store.turns("t", "s")] == ["user"]
+    assert engine.jobs.pending("t", "s")[:2] == ["emotion", "constraints"]
+    await engine.close()
+
+
 async def test_a_model_failure_ends_the_stream_with_failed_after_storing_the_partial() -> None:
     engine = make_engine(ScriptedModel([BrokenStream(chunks=["一半", "的回答"])]))
     events = [e async for e in engine.stream(TurnRequest(key=SessionKey("t", "s"), message="讲个故事"))]

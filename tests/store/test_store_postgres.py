@@ -229,6 +229,56 @@ async def test_a_recall_reads_on_one_pooled_connection(schema: str) -> None:
         await store.close()
 
 
+async def test_a_shared_connection_is_taken_at_the_first_statement_and_let_go_early(schema: str) -> None:
+    """`one_connection` takes no connection on entry, one at its first statement for every
+    statement after; `let_go` hands it back at once (the next statement takes a fresh one), and
+    so does a failed statement; the scope's end hands back what it holds."""
+    from contextmode.errors import ConflictError
+    from contextmode.store.postgres import PostgresStore
+    from contextmode.testing.contract import new_turns
+
+    store = PostgresStore(DSN, schema=schema, max_size=3)
+    try:
+        await store.append("t", "s", new_turns(4))
+        pool = store._pool
+        acquired: list[int] = []
+
+        class Counting:  # the pool, counting its acquisitions
+            def acquire(self) -> object:
+                acquired.append(1)
+                return pool.acquire()
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(pool, name)
+
+        def in_use() -> int:
+            return int(pool.get_size() - pool.get_idle_size())
+
+        store._pool = Counting()
+        async with store.one_connection():
+            assert (len(acquired), in_use()) == (0, 0)  # nothing taken on entry
+            await store.let_go()  # nothing held: nothing to do
+            assert (await store.version("t", "s")).last_seq == 4
+            assert (len(acquired), in_use()) == (1, 1)
+            await store.load("t", "s")
+            await store.turns_at("t", "s", [1, 3])
+            async with store.lock("t", "s"):
+                assert (len(acquired), in_use()) == (1, 1)
+            await store.let_go()
+            assert (len(acquired), in_use()) == (1, 0)  # back in the pool before the scope ends
+            await store.turns("t", "s")
+            assert (len(acquired), in_use()) == (2, 1)  # a fresh one
+            with pytest.raises(ConflictError):
+                await store.append("t", "s", new_turns(1), expected_last_seq=1)
+            assert in_use() == 0  # a failed statement's connection went back
+            await store.append("t", "s", new_turns(1, start=5))
+            assert (len(acquired), in_use()) == (3, 1)
+        assert (len(acquired), in_use()) == (3, 0)
+        assert [t.seq for t in await store.turns("t", "s")] == [1, 2, 3, 4, 5]
+    finally:
+        await store.close()
+
+
 async def test_an_append_at_the_known_head_is_one_statement_and_writes_what_the_full_append_writes(
     schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal, overload
@@ -30,7 +31,14 @@ from ..processors.base import (
     Summarizer,
 )
 from ..settings import EngineSettings, Mode
-from ..store.base import Store, StoreAbility, TraceRecords, keeps_traces, load_trace
+from ..store.base import (
+    ConnectionSharing,
+    Store,
+    StoreAbility,
+    TraceRecords,
+    keeps_traces,
+    load_trace,
+)
 from ..tokens.base import TokenCounter
 from ..trace import TurnTrace
 from ..types import SessionKey, SessionState, Summary, Turn
@@ -38,7 +46,7 @@ from .persist import TraceWrites, record_turn
 from .prepare import load_state, prepare_turn
 from .request import USE_DEFAULT, PreparedTurn, TurnEvent, TurnRequest, TurnResult, UseDefault
 from .schedule import schedule_jobs, summarize_now
-from .seams import Processors, Recaller, caches_sessions
+from .seams import Processors, Recaller, caches_sessions, safe_with_shared_connection
 from .stream import stream_turn
 
 __all__ = ["Engine"]
@@ -83,6 +91,8 @@ class Engine:
         `close` then closes the model's HTTP client too; a model passed in stays the caller's."""
         self._keeper = StoreAbility(keeps_traces, store)
         """The store, and itself when it keeps traces: decided once per store, not per turn."""
+        self._connections = ConnectionSharing(store)
+        """The store's shared connection (`SharesConnection`), decided once per store."""
 
     # -- the processors, by name (a new one replaces the `Processors` value) --
 
@@ -125,6 +135,23 @@ class Engine:
     @emotion.setter
     def emotion(self, value: EmotionScorer) -> None:
         self.processors = replace(self.processors, emotion=value)
+
+    # -- the store's shared connection --------------------------------------
+
+    def one_connection(self) -> AbstractAsyncContextManager[None]:
+        """A scope in which this task's store calls share one pooled connection, taken at the
+        first statement (`store.base.SharesConnection`; a store without one: nothing)."""
+        return self._connections.one_connection(self.store)
+
+    async def let_go(self) -> None:
+        """Hand this task's shared store connection back to the pool (a model is about to work)."""
+        await self._connections.let_go(self.store)
+
+    async def let_go_before(self, collaborator: object) -> None:
+        """`let_go` unless ``collaborator``, about to run, is `SafeWithSharedConnection` (it calls
+        no model: the offline processors, the BM25 recaller)."""
+        if not safe_with_shared_connection(collaborator):
+            await self._connections.let_go(self.store)
 
     # -- preparing -------------------------------------------------------
 

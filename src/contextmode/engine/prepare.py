@@ -53,7 +53,15 @@ async def load_state(engine: Engine, key: SessionKey, strategy: Strategy) -> Ses
 
 
 async def prepare_turn(engine: Engine, request: TurnRequest) -> PreparedTurn:
-    """Load, detect, rewrite and assemble, without writing anything or calling the answer model."""
+    """Load, detect, rewrite and assemble, without writing anything or calling the answer model.
+
+    The store calls share one pooled connection (`Engine.one_connection`; the caller's scope
+    when it has one), handed back before a processor or recaller that may call a model runs."""
+    async with engine.one_connection():
+        return await _prepare(engine, request)
+
+
+async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
     started = time.perf_counter()
     message = request.message
     mode: Mode = request.mode or engine.settings.mode
@@ -63,7 +71,10 @@ async def prepare_turn(engine: Engine, request: TurnRequest) -> PreparedTurn:
     state = without_notices(await load_state(engine, request.key, chosen))
     # Tool results (often huge JSON) are no antecedents for a pronoun either.
     history = [t for t in state.turns if t.role != "tool"]
-    detection = await engine.detector.detect(message, history) if history else Detection(needs_context=False)
+    detection = Detection(needs_context=False)
+    if history:
+        await engine.let_go_before(engine.detector)
+        detection = await engine.detector.detect(message, history)
     step = await _rewrite_step(engine, state, message, detection, chosen)
     current = step.current
     if mode == "decoupled" and step.verified_text is not None:
@@ -96,6 +107,7 @@ async def _rewrite_step(
         return _Rewritten(current=message, rewrite=None, rejected=None)
     recent = [t for t in state.turns if t.role != "tool"][-max(strategy.recent_turns, 4):]
     summary = state.summary.text if state.summary else None
+    await engine.let_go_before(engine.rewriter)
     rewrite, rejected = await verified(engine.rewriter, message, recent, summary=summary)
     return _Rewritten(current=message, rewrite=rewrite, rejected=rejected)
 
@@ -117,6 +129,7 @@ async def _recall_step(engine: Engine, state: SessionState, query: str, strategy
     limit = recall_limit(strategy)
     if engine.recaller is None or not limit:
         return state
+    await engine.let_go_before(engine.recaller)
     recalled = await engine.recaller.recall(
         engine.store, state, query, limit=limit, recent_turns=strategy.recent_turns
     )

@@ -1,7 +1,8 @@
 """Step 4 of a turn: the background jobs it schedules (emotion, constraints, summary), and
 the jobs themselves. They run off the response path, on the engine's `JobQueue`; every model
 call a job makes is a background call (`models.priority.in_background`): on an endpoint with
-few slots, replies go first."""
+few slots, replies go first. A burst of jobs shares one pooled store connection (`JobRunner`),
+handed back before a processor that may call a model runs (`Engine.let_go_before`)."""
 
 from __future__ import annotations
 
@@ -96,8 +97,10 @@ async def _score_emotion(engine: Engine, key: SessionKey, turn: Turn, earlier: l
                 to_seq=turn.seq - 1,
             )
         prior = [PriorTurn(text=t.content, same_speaker=t.role == turn.role) for t in earlier]
+        await engine.let_go_before(emotion)
         score = await emotion.score_in_context(turn.content, prior)
     else:
+        await engine.let_go_before(emotion)
         score = await emotion.score(turn.content)
     await engine.store.set_emotions(key.tenant, key.session_id, {turn.seq: max(0.0, min(1.0, score))})
 
@@ -115,7 +118,11 @@ async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> N
         return
     for _ in range(5):  # compare-and-set: retry against a newer version
         state = await store.load(key.tenant, key.session_id, recent=0, max_uncovered=0)  # constraints only
-        update = alone if alone is not None else await extractor.extract(turn, state.constraints)
+        if alone is not None:
+            update = alone
+        else:
+            await engine.let_go_before(extractor)
+            update = await extractor.extract(turn, state.constraints)
         if not update.upsert and not update.remove_keys:
             return
         merged = apply_update(state.constraints, update)
@@ -191,6 +198,7 @@ class _Folding:
             return None
         covers, remembered = _next_chunk(engine, previous, pending)
         if remembered:
+            await engine.let_go_before(engine.processors.summarizer)
             text = (await engine.processors.summarizer.summarize(previous, remembered)).text
         else:
             text = previous.text if previous else ""

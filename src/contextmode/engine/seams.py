@@ -20,6 +20,7 @@ from ..processors.base import (
     EmotionScorer,
     Rewriter,
     Summarizer,
+    calls_no_model,
 )
 from ..store.base import Store
 from ..types import SessionState, Turn
@@ -30,9 +31,11 @@ __all__ = [
     "Processors",
     "Recaller",
     "RecallingStrategy",
+    "SafeWithSharedConnection",
     "caches_sessions",
     "indexes_turns",
     "recall_limit",
+    "safe_with_shared_connection",
 ]
 
 
@@ -62,6 +65,20 @@ class Processors:
             extractor=OfflineConstraintExtractor(),
             emotion=OfflineEmotionScorer(),
         )
+
+
+class SafeWithSharedConnection:
+    """Marker of a collaborator the engine may run while a turn or a job burst holds its shared
+    store connection (`store.base.SharesConnection`): it waits on nothing but the store and the
+    CPU. A `processors.base.ModelFree` processor (or the BM25 recaller) is such a collaborator;
+    this marker is for anything else (a custom recaller or processor that calls no model).
+    Before an unmarked one runs the connection goes back to the pool, so a model that takes
+    seconds never keeps one from other requests. A plain class: its check is a class check."""
+
+
+def safe_with_shared_connection(collaborator: object) -> bool:
+    """True when ``collaborator`` may run while the turn's store connection is held."""
+    return isinstance(collaborator, SafeWithSharedConnection) or calls_no_model(collaborator)
 
 
 class Recaller(Protocol):

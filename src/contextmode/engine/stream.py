@@ -1,7 +1,8 @@
 """Step 2 of a turn, and the turn's whole path: prepare → store the user turn → stream the
 model's answer → store it → schedule the jobs.
 
-The user turn is stored before the model is called; the answer after, marked
+The user turn is stored before the ``Prepared`` event (on the store connection preparing
+used) and so before the model is called; the answer after, marked
 partial if the stream broke, in a ``finally`` that cancellation cannot skip. A
 `ModelError` ends the stream with a `Failed` event once the partial answer is safe.
 """
@@ -32,15 +33,21 @@ log = logging.getLogger("contextmode.turn")
 async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[TurnEvent]:
     """`Engine.stream`: ``Prepared``, then ``Delta`` events, then ``Done`` (or ``Failed``)."""
     started = time.perf_counter()
-    prepared = await prepare_turn(engine, request)
-    yield Prepared(prepared=prepared)
-    user_turn = await store_user_turn(engine, request, prepared)
+    # Loading, recalling and storing the user turn share one pooled store connection (with the
+    # service's turn lock: its scope), handed back before the model answers.
+    async with engine.one_connection():
+        prepared = await prepare_turn(engine, request)
+        user_turn = await store_user_turn(engine, request, prepared)
+        await engine.let_go()
     pieces: list[str] = []
     ttft: float | None = None
     error: ModelError | None = None
     completed = False
     model_started = time.perf_counter()
     try:
+        # Closed here (the client left before the model was asked): the finally below runs as
+        # for a stream cut before its first token.
+        yield Prepared(prepared=prepared)
         async for delta in engine.model.stream(prepared.messages):
             if ttft is None:
                 ttft = (time.perf_counter() - started) * 1000

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..text import Language, analyze_text, detect_language
 from ..types import Summary, Turn
-from .base import Summarizer, SummaryResult, fits_a_window
+from .base import ModelFree, Summarizer, SummaryResult, calls_no_model, fits_a_window
 
 if TYPE_CHECKING:
     from ..tokens.base import TokenCounter
@@ -327,13 +327,18 @@ def restore_facts(
     return SummaryResult(text=text, restored_facts=tuple(restored))
 
 
-class AuditedSummarizer:
+class AuditedSummarizer(ModelFree):
     """Wraps any `Summarizer` so facts it dropped are put back on a facts line."""
 
     def __init__(self, inner: Summarizer, *, max_restored: int = 12, max_items: int = 40) -> None:
         self.inner = inner
         self.max_restored = max_restored
         self.max_items = max_items
+
+    @property
+    def model_free(self) -> bool:
+        """The audit calls no model; the inner summariser may (`ModelFree`)."""
+        return calls_no_model(self.inner)
 
     def call_tokens(self, previous: Summary | None, turns: Sequence[Turn], counter: TokenCounter) -> int | None:
         """The inner summariser's cost of one call in a model's window (`WindowedSummarizer`);

@@ -25,6 +25,7 @@ __all__ = [
     "Detection",
     "EmotionScorer",
     "IntentKind",
+    "ModelFree",
     "PriorTurn",
     "Rewrite",
     "Rewriter",
@@ -32,10 +33,28 @@ __all__ = [
     "Summarizer",
     "SummaryResult",
     "WindowedSummarizer",
+    "calls_no_model",
     "extracts_alone",
     "fits_a_window",
     "scores_in_context",
 ]
+
+class ModelFree:
+    """Marker of a processor that never calls a model (the offline ones): it needs nothing but
+    the CPU, so a turn or a job may run it while holding a shared store connection
+    (`store.base.SharesConnection`); anything unmarked may call a model, and the connection is
+    handed back first. A plain class, not a Protocol: checking it costs a class check."""
+
+    @property
+    def model_free(self) -> bool:
+        """False when this object calls a model after all (a wrapper around one that does)."""
+        return True
+
+
+def calls_no_model(processor: object) -> bool:
+    """True when ``processor`` is `ModelFree` (it never calls a model)."""
+    return isinstance(processor, ModelFree) and processor.model_free
+
 
 IntentKind = Literal["detail", "simplify", "example", "summary", "pronoun"]
 

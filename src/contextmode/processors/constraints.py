@@ -27,7 +27,7 @@ from typing import Literal
 
 from ..text.lang import detect_language
 from ..types import Constraint, Turn
-from .base import ConstraintUpdate
+from .base import ConstraintUpdate, ModelFree
 from .fact_scorer import FactScorer, default_scorer, stem_word
 from .lexicons.constraint_patterns import (
     EN_STOPWORDS,
@@ -219,7 +219,7 @@ def _retracted_keys(retracts: Iterable[Retract], current: Sequence[Constraint]) 
     return keys
 
 
-class OfflineConstraintExtractor:
+class OfflineConstraintExtractor(ModelFree):
     """`ConstraintExtractor` from Chinese and English patterns; no network, deterministic.
 
     ``generic_facts`` adds other first-person statements ("I play guitar") as ``fact``

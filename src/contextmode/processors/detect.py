@@ -36,7 +36,7 @@ from typing import Any
 from ..text import analyze_text, is_chinese
 from ..types import Turn
 from ._hashed_model import feature_slots, hash_feature, logistic, pack_weights, unpack_weights
-from .base import Detection
+from .base import Detection, ModelFree
 from .intents import classify_follow_up_intent
 
 __all__ = [
@@ -283,7 +283,7 @@ def load_detector_model(path: str | None = None) -> DetectorModel:
     return DetectorModel.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
-class OfflineContextDetector:
+class OfflineContextDetector(ModelFree):
     """`ContextDetector` backed by the shipped model and the keyword follow-up intents."""
 
     def __init__(self, model: DetectorModel | None = None, *, threshold: float | None = None):

@@ -37,7 +37,7 @@ from typing import Protocol
 
 from ..text import Language, analyze_text, detect_language
 from ._hashed_model import logistic
-from .base import PriorTurn
+from .base import ModelFree, PriorTurn
 from .emotion_analysis import EmotionAnalysis, EmotionHit, emotion_level
 from .emotion_model import (
     CONTEXT_WINDOW,
@@ -327,7 +327,7 @@ def analyze_emotion(
     )
 
 
-class OfflineEmotionScorer:
+class OfflineEmotionScorer(ModelFree):
     """`EmotionScorer` from the bundled lexicons, VADER and the shipped model.
 
     Deterministic and offline; ``use_model=False`` keeps to the lexicon (steps 1–3).

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..text import analyze_text, is_chinese
 from ..types import Turn
-from .base import Rewrite
+from .base import ModelFree, Rewrite
 
 __all__ = ["Antecedent", "OfflineRewriter", "salient_entities"]
 
@@ -245,7 +245,7 @@ def _pos_all(text: str) -> tuple[tuple[str, str], ...]:
     return analyze_text(text).pos
 
 
-class OfflineRewriter:
+class OfflineRewriter(ModelFree):
     """`Rewriter` that resolves pronouns and fills a missing subject, without a model.
 
     ``resolve_it`` lets it/its/they/them/their (English) take the antecedent too when

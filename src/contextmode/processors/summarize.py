@@ -24,7 +24,7 @@ from ..text import Language, detect_language, jieba
 from ..types import Summary, Turn, utc_now
 from .audit import CLAUSE as _CLAUSE
 from .audit import Fact, extract_facts, join_facts_line, restore_facts, split_facts_line
-from .base import SummaryResult
+from .base import ModelFree, SummaryResult
 from .constraints import content_words, extract_constraints
 from .emotion import EmotionAnalysis, analyze_emotion
 
@@ -171,7 +171,7 @@ def _label(turn: Turn, language: Language) -> str:
     return str(speaker) if speaker else _LABELS[language].get(turn.role, turn.role)
 
 
-class OfflineSummarizer:
+class OfflineSummarizer(ModelFree):
     """`Summarizer` that extracts the most informative sentences; no model, deterministic.
 
     ``block_chars``: characters of new text per call (default 200 Chinese / 600 English).

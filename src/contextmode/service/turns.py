@@ -333,11 +333,15 @@ async def serve_turn(
     """
     # The turn's trace is written once the session's turn lock is released (the reply is
     # ready): its store write never queues ahead of the reply's own.
-    traces = state.engine.trace_writes
+    # The turn lock, the load, the recall and the user turn share one pooled store connection
+    # (`Engine.one_connection`, taken at the lock's statement); the engine lets it go before
+    # the model answers, and the gate before it pauses between tries of a busy lock.
+    engine = state.engine
+    traces = engine.trace_writes
     try:
         if whole is not None:
             with traces.held(tenant, session_id):
-                async with state.gate.hold(tenant, session_id):
+                async with engine.one_connection(), state.gate.hold(tenant, session_id):
                     response = await whole()
                     if held is not None:
                         await held.finish(response)
@@ -345,8 +349,9 @@ async def serve_turn(
         serial = AsyncExitStack()
         serial.enter_context(traces.held(tenant, session_id))
         try:
-            await serial.enter_async_context(state.gate.hold(tenant, session_id))
-            started, events = await streamed()
+            async with engine.one_connection():
+                await serial.enter_async_context(state.gate.hold(tenant, session_id))
+                started, events = await streamed()
         except BaseException:
             await serial.aclose()
             raise

@@ -18,6 +18,12 @@ retried request replay its first result instead of storing the turn twice.
 `TraceRecords` is an optional fifth ability (every shipped backend has it,
 `keeps_traces` tells): the kept trace of each exchange, what the model received.
 
+`SharesConnection` (every shipped backend has it; only PostgreSQL's does anything)
+lets a task's calls in a row share one pooled connection: `one_connection` takes it
+at the first statement, `let_go` hands it back early. A turn and a burst of background
+jobs use it (`ConnectionSharing`), and let go before anything that may call a model
+works (`engine.seams.SafeWithSharedConnection`) and before any pause.
+
 Every call is scoped by ``tenant``; ids are validated with `validate_id`
 before they reach a backend. Turns are never rewritten or deleted except by
 erasing the whole session or by a retention policy's turn limit (the lifecycle
@@ -27,7 +33,7 @@ abilities in `store.lifecycle`, docs/lifecycle.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Generic, Protocol, Self, TypeGuard, TypeVar, runtime_checkable
@@ -39,6 +45,7 @@ from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 
 __all__ = [
     "ClosesOnExit",
+    "ConnectionSharing",
     "DerivedRecords",
     "IdempotencyRecord",
     "IdempotencyRecords",
@@ -47,9 +54,11 @@ __all__ = [
     "JobOutcomes",
     "JobStats",
     "LockHandle",
+    "OwnConnections",
     "SessionAdmin",
     "SessionInfo",
     "SessionVersion",
+    "SharesConnection",
     "Store",
     "StoreAbility",
     "TraceRecords",
@@ -59,6 +68,7 @@ __all__ = [
     "keeps_idempotency",
     "keeps_traces",
     "load_trace",
+    "shares_connection",
 ]
 
 
@@ -414,6 +424,64 @@ class StoreAbility(Generic[_Ability]):
         if store is not self._store:
             self._store, self._ability = store, store if self._check(store) else None
         return self._ability
+
+
+@runtime_checkable
+class SharesConnection(Protocol):
+    """A store whose calls in a row can share one pooled connection (PostgreSQL; the other
+    shipped stores have no pool and do nothing, `OwnConnections`).
+
+    Inside `one_connection` the calls this task makes run on one connection (no transaction),
+    taken at the scope's first statement, not on entry; `let_go` hands it back at once (the
+    next statement in the scope takes a fresh one). Tasks started inside take their own. A
+    scope inside a scope is the outer one. Hold it only while the task talks to the store:
+    let go before waiting on anything else (a model, a lock's back-off), or other tasks
+    queue for the pool."""
+
+    def one_connection(self) -> AbstractAsyncContextManager[None]:
+        """Within this context, the calls this task makes share one pooled connection."""
+        ...
+
+    async def let_go(self) -> None:
+        """Hand the connection this task's scope holds back to the pool now (none held, or
+        no scope: nothing)."""
+        ...
+
+
+def shares_connection(store: object) -> TypeGuard[SharesConnection]:
+    """True when ``store`` can share one pooled connection across calls (`SharesConnection`)."""
+    return implements(store, SharesConnection)
+
+
+class OwnConnections:
+    """Mixin: `SharesConnection` for a store with nothing to share (memory; SQLite's one
+    connection; Redis, whose client takes a pooled connection per command): the scope and
+    `let_go` do nothing."""
+
+    def one_connection(self) -> AbstractAsyncContextManager[None]:
+        return nullcontext()
+
+    async def let_go(self) -> None:
+        return None
+
+
+class ConnectionSharing:
+    """A store's `SharesConnection`, decided once per store object (`StoreAbility`): a scope
+    and `let_go` that do nothing for a store without the ability."""
+
+    def __init__(self, store: object) -> None:
+        self._ability = StoreAbility(shares_connection, store)
+
+    def one_connection(self, store: object) -> AbstractAsyncContextManager[None]:
+        """``store.one_connection()``, or a context that does nothing."""
+        sharing = self._ability.of(store)
+        return sharing.one_connection() if sharing is not None else nullcontext()
+
+    async def let_go(self, store: object) -> None:
+        """``store.let_go()``, or nothing."""
+        sharing = self._ability.of(store)
+        if sharing is not None:
+            await sharing.let_go()
 
 
 async def load_trace(store: Store, tenant: str, session_id: str, turn: int) -> TurnTrace:

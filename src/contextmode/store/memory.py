@@ -14,7 +14,14 @@ from ..errors import ConflictError, LockNotAcquired
 from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 from ._codec import check_ids, check_owner, check_user, window_start
-from .base import IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import (
+    IdempotencyRecord,
+    JobStats,
+    LockHandle,
+    OwnConnections,
+    SessionInfo,
+    SessionVersion,
+)
 from .lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
 
 __all__ = ["MemoryStore"]
@@ -43,7 +50,7 @@ def _kept(turns: list[Turn]) -> list[Turn]:
     return [t for t in turns if not t.metadata.get("erased")]
 
 
-class MemoryStore:
+class MemoryStore(OwnConnections):
     """Keeps every session in a dict; safe for concurrent tasks of one event loop."""
 
     def __init__(self) -> None:

@@ -5,14 +5,17 @@ batch in one transaction, so concurrent writers queue instead of interleaving.
 A load is one statement (one snapshot, one round trip) and touches only the
 session row, the tail by primary key and the emotion index. Round trips are a large
 share of a worker's CPU per turn (each is a socket write and a wake-up), so a turn's
-writes take as few statements as their checks allow, and a released connection goes
-back to the pool without a reset query. Job locks are a
+writes take as few statements as their checks allow, a released connection goes
+back to the pool without a reset query, and a task's calls in a row can share one pooled
+connection (`one_connection`, taken at the first statement; `let_go` hands it back early):
+a turn's lock, load, recall and user turn take one acquisition. Job locks are a
 table with a database-clock expiry and a sequence for fencing tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -263,6 +266,16 @@ def _numbered(last: int, turns: Sequence[NewTurn]) -> list[Turn]:
     ]
 
 
+class _Scope:
+    """One task's `PostgresStore.one_connection`: the connection it holds now, if any."""
+
+    __slots__ = ("db", "task")
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self.task = task
+        self.db: Any = None
+
+
 async def _keep_session(db: Any) -> None:
     """The pool's reset of a released connection: nothing beyond asyncpg's own rollback of an
     open transaction. asyncpg's default also runs ``pg_advisory_unlock_all(); CLOSE ALL;
@@ -286,10 +299,9 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self._opening = asyncio.Lock()
         self._heads = KeptHeads()
         """What the next append of a session needs (its postings are written with its turns)."""
-        self._held: ContextVar[tuple[asyncio.Task[Any] | None, Any] | None] = ContextVar(
-            "contextmode_pg_held", default=None
-        )
-        """The connection `one_connection` holds, and the task it holds it for."""
+        self._scope: ContextVar[_Scope | None] = ContextVar("contextmode_pg_scope", default=None)
+        """The `one_connection` scope of the running task (a task started inside one sees it,
+        but as another task's: it takes its own connections)."""
         self._released: set[tuple[str, int]] = set()
         """Job locks `record_jobs` released; their context's exit has nothing left to do."""
 
@@ -316,12 +328,21 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
 
     @asynccontextmanager
     async def _db(self) -> AsyncIterator[Any]:
-        """A pooled connection (the task's own inside `one_connection`); the one place asyncpg
-        and socket errors become StoreError."""
+        """A pooled connection (inside `one_connection`, the scope's: taken at its first
+        statement); the one place asyncpg and socket errors become StoreError."""
         try:
-            held = self._held.get()
-            if held is not None and held[0] is asyncio.current_task():
-                yield held[1]
+            scope = self._scope.get()
+            if scope is not None and scope.task is asyncio.current_task():
+                db = scope.db if scope.db is not None else await self._take(scope)
+                try:
+                    yield db
+                except BaseException:
+                    # A failed or cancelled statement: its connection goes back to the pool
+                    # (which resets or drops it, as for an unscoped call); the next one in
+                    # the scope takes a fresh connection.
+                    with contextlib.suppress(Exception):  # the statement's own error is the one to raise
+                        await self._give_back(scope)
+                    raise
                 return
             pool = self._pool or await self._open_pool()
             async with pool.acquire() as db:
@@ -337,21 +358,41 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                 raise error from exc
             raise
 
+    async def _take(self, scope: _Scope) -> Any:
+        pool = self._pool or await self._open_pool()
+        scope.db = await pool.acquire()
+        return scope.db
+
+    async def _give_back(self, scope: _Scope) -> None:
+        db, scope.db = scope.db, None
+        if db is not None and self._pool is not None:
+            await self._pool.release(db)
+
     @asynccontextmanager
     async def one_connection(self) -> AsyncIterator[None]:
-        """This task's calls share one pooled connection until the context ends (`SharesConnection`).
+        """This task's calls share one pooled connection until the context ends (`SharesConnection`):
+        taken at the first statement, not on entry, and handed back early by `let_go`.
 
-        Only the task that entered the context uses it: tasks it starts take their own."""
-        held = self._held.get()
-        if held is not None and held[0] is asyncio.current_task():
+        Only the task that entered the context uses it: tasks it starts take their own. Inside
+        a scope of the same task this is that scope."""
+        held = self._scope.get()
+        if held is not None and held.task is asyncio.current_task():
             yield
             return
-        async with self._db() as db:
-            token = self._held.set((asyncio.current_task(), db))
-            try:
-                yield
-            finally:
-                self._held.reset(token)
+        scope = _Scope(asyncio.current_task())
+        token = self._scope.set(scope)
+        try:
+            yield
+        finally:
+            self._scope.reset(token)
+            await self._give_back(scope)
+
+    async def let_go(self) -> None:
+        """Hand the connection this task's `one_connection` scope holds back to the pool; the
+        scope's next statement takes a fresh one (no scope, or nothing held: nothing)."""
+        scope = self._scope.get()
+        if scope is not None and scope.task is asyncio.current_task() and scope.db is not None:
+            await self._give_back(scope)
 
     async def close(self) -> None:
         if self._pool is not None:

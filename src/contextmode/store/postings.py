@@ -40,6 +40,7 @@ import numpy as np
 
 from .._protocols import implements
 from ..types import NewTurn, Turn
+from .base import SharesConnection, shares_connection
 
 __all__ = [
     "BLOCK",
@@ -322,24 +323,9 @@ def reads_turns_at(store: object) -> TypeGuard[TurnsAt]:
     return implements(store, TurnsAt)
 
 
-@runtime_checkable
-class SharesConnection(Protocol):
-    """A store whose calls in a row can share one pooled connection (PostgreSQL): a recall's
-    reads (statistics, postings, counts, turns) then take one connection from the pool, not one
-    each."""
-
-    def one_connection(self) -> AbstractAsyncContextManager[None]:
-        """Within this context, the calls this task makes run on one connection (no transaction)."""
-        ...
-
-
-def shares_connection(store: object) -> TypeGuard[SharesConnection]:
-    """True when ``store``'s calls in a row can share one pooled connection."""
-    return implements(store, SharesConnection)
-
-
 def one_connection(store: object) -> AbstractAsyncContextManager[None]:
-    """``store.one_connection()`` when it `SharesConnection`, else a context that does nothing."""
+    """``store.one_connection()`` when it `SharesConnection` (`store.base`), else a context that
+    does nothing."""
     return store.one_connection() if shares_connection(store) else nullcontext()
 
 

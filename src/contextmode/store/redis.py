@@ -44,7 +44,15 @@ from ._codec import (
 from ._driver_errors import redis_errors
 from ._redis_lifecycle import RedisLifecycle
 from ._redis_postings import RedisPostings, index_rows
-from .base import ClosesOnExit, IdempotencyRecord, JobStats, LockHandle, SessionInfo, SessionVersion
+from .base import (
+    ClosesOnExit,
+    IdempotencyRecord,
+    JobStats,
+    LockHandle,
+    OwnConnections,
+    SessionInfo,
+    SessionVersion,
+)
 from .lifecycle import REDIS_SESSION_KEYS
 from .postings import KeptHeads, analyze_texts
 
@@ -78,7 +86,7 @@ async def _read_seqs(client: Any, k: dict[str, str], seqs: list[int]) -> list[Tu
     return out
 
 
-class RedisStore(RedisLifecycle, RedisPostings, ClosesOnExit):
+class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     """A `Store` in Redis; ``namespace`` prefixes every key (default ``cm:``)."""
 
     def __init__(self, url: str, *, namespace: str = "cm:") -> None:

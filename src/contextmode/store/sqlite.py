@@ -53,7 +53,14 @@ from ._codec import (
 )
 from ._sqlite_lifecycle import SQLiteLifecycle
 from ._sqlite_schema import migrate
-from .base import ClosesOnExit, IdempotencyRecord, LockHandle, SessionInfo, SessionVersion
+from .base import (
+    ClosesOnExit,
+    IdempotencyRecord,
+    LockHandle,
+    OwnConnections,
+    SessionInfo,
+    SessionVersion,
+)
 from .postings import IndexStats, analyze_texts, completes_block
 
 __all__ = ["SQLiteStore"]
@@ -113,7 +120,7 @@ class _OffTheLoop(Exception):
     instead (e.g. an append that merges a block of the recall index, ~0.2–0.5 s)."""
 
 
-class SQLiteStore(SQLiteLifecycle, ClosesOnExit):
+class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
     """A `Store` in one SQLite file; safe for many processes on one host.
 
     ``synchronous`` is SQLite's ``PRAGMA synchronous``: ``NORMAL`` (default)

@@ -32,6 +32,7 @@ from ..store.base import (
     IdempotencyRecord,
     IdempotencyRecords,
     SessionVersion,
+    SharesConnection,
     Store,
     TraceRecords,
     TurnLocks,
@@ -107,6 +108,29 @@ class StoreContract:
             async with store.turn_lock(_T, "another-session"):
                 pass
         async with store.turn_lock(_T, _S):  # released
+            pass
+
+    async def test_calls_in_a_shared_connection_scope_behave_as_alone(self, store: Store) -> None:
+        """`SharesConnection` (optional; every shipped backend): inside `one_connection`, with a
+        `let_go` half-way, a nested scope and a failed call in between, every call does what it
+        does alone, and the scope ends cleanly."""
+        if not isinstance(store, SharesConnection):
+            return
+        async with store.one_connection():
+            await store.let_go()  # nothing held yet: nothing to do
+            async with store.turn_lock(_T, _S) if isinstance(store, TurnLocks) else store.lock(_T, _S):
+                first = await store.append(_T, _S, new_turns(2))
+                await store.let_go()
+                async with store.one_connection():  # the same scope
+                    assert (await store.load(_T, _S)).last_seq == 2
+                with pytest.raises(ConflictError):
+                    await store.append(_T, _S, new_turns(1), expected_last_seq=0)
+                second = await store.append(_T, _S, new_turns(1, start=3))
+            await store.let_go()
+            await store.let_go()
+        assert [t.seq for t in first + second] == [1, 2, 3]
+        assert [t.seq for t in await store.turns(_T, _S)] == [1, 2, 3]
+        async with store.lock(_T, _S):  # the lock taken inside the scope was released
             pass
 
     async def test_idempotency_records_claim_finish_release(self, store: Store) -> None:

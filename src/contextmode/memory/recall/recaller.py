@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Literal, Protocol
 
+from ...processors.base import ModelFree
 from ...store.postings import (
     IndexStats,
     PostingsStore,
@@ -254,7 +255,7 @@ class _Entry:
     same id (by any worker) has another, and its index is rebuilt."""
 
 
-class Recaller:
+class Recaller(ModelFree):
     """Ranks a session's older turns against the current message (see the module docstring)."""
 
     def __init__(
@@ -273,6 +274,12 @@ class Recaller:
         self._max_sessions = max_sessions
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._stored = StoredPostings()
+
+    @property
+    def model_free(self) -> bool:
+        """BM25 calls no model (a turn may recall on its shared store connection); an embedder
+        is one (`ModelFree`)."""
+        return self.embedder is None
 
     def _entry(self, tenant: str, session_id: str) -> _Entry:
         key = (tenant, session_id)
