@@ -22,6 +22,7 @@ import openai
 
 from contextmode.errors import ModelError, ModelTimeout, ModelUnavailable
 from contextmode.models import ModelUsage, OpenAIChatModel, OpenAIOptions, map_openai_error
+from contextmode.testing.models import collect_stream
 from contextmode.testing.stub_server import StubServer
 from contextmode.types import ChatMessage
 
@@ -61,14 +62,8 @@ async def make(request: pytest.FixtureRequest) -> AsyncIterator[MakeModel]:
         await model.aclose()
 
 
-async def _collect(model: OpenAIChatModel) -> tuple[list[str], BaseException | None]:
-    chunks: list[str] = []
-    try:
-        async for chunk in model.stream(MESSAGES):
-            chunks.append(chunk)
-    except ModelError as exc:
-        return chunks, exc
-    return chunks, None
+async def _collect(model: OpenAIChatModel) -> tuple[list[str], ModelError | None]:
+    return await collect_stream(model, MESSAGES)
 
 
 def _free_port() -> int:

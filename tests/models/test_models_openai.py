@@ -11,6 +11,7 @@ pytest.importorskip("openai")
 
 from contextmode.errors import ConfigError, ModelError, ModelTimeout, ModelUnavailable
 from contextmode.models import ModelUsage, OpenAIChatModel, OpenAIOptions, map_openai_error
+from contextmode.testing.models import collect_stream
 from contextmode.testing.stub_server import StubServer
 from contextmode.types import ChatMessage
 
@@ -39,14 +40,8 @@ async def model(server: StubServer) -> AsyncIterator[OpenAIChatModel]:
     await chat_model.aclose()
 
 
-async def _collect(model: OpenAIChatModel) -> tuple[list[str], BaseException | None]:
-    chunks: list[str] = []
-    try:
-        async for chunk in model.stream(MESSAGES):
-            chunks.append(chunk)
-    except ModelError as exc:
-        return chunks, exc
-    return chunks, None
+async def _collect(model: OpenAIChatModel) -> tuple[list[str], ModelError | None]:
+    return await collect_stream(model, MESSAGES)
 
 
 async def test_complete_returns_the_answer_and_usage(model: OpenAIChatModel, server: StubServer) -> None:

@@ -13,12 +13,12 @@ import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Literal, Protocol, TypeAlias
 
 from ..errors import ModelError, UserError
 from ..types import ChatMessage
 
-__all__ = ["BrokenStream", "FunctionModel", "ModelCall", "Reply", "ScriptedModel"]
+__all__ = ["BrokenStream", "FunctionModel", "ModelCall", "Reply", "ScriptedModel", "collect_stream"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,3 +149,20 @@ class ScriptedModel(_FakeModel):
         if not self.replies:
             raise UserError(f"ScriptedModel ran out of replies after {len(self.calls) - 1} calls")
         return self.replies.pop(0)
+
+
+class _Streams(Protocol):
+    def stream(self, messages: Sequence[ChatMessage]) -> AsyncIterator[str]: ...
+
+
+async def collect_stream(
+    model: _Streams, messages: Sequence[ChatMessage]
+) -> tuple[list[str], ModelError | None]:
+    """The chunks ``model.stream(messages)`` yields, and the `ModelError` that ended it (or None)."""
+    chunks: list[str] = []
+    try:
+        async for chunk in model.stream(messages):
+            chunks.append(chunk)
+    except ModelError as exc:
+        return chunks, exc
+    return chunks, None
