@@ -311,9 +311,13 @@ async def test_thirty_turns_reach_the_model_as_summary_pins_and_recall_within_bu
     await engine.close()
 
 
-async def test_count_tokens_is_the_context_a_turn_would_send(sdk: anthropic.AsyncAnthropic, model: FunctionModel) -> None:
+async def test_count_tokens_is_the_context_a_turn_would_send(
+    sdk: anthropic.AsyncAnthropic, model: FunctionModel, app: Any
+) -> None:
     await sdk.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "我不吃辣，预算五十以内"}],
                               metadata={"user_id": "count"})
+    # Its pins are a background job: let it end, so the count and the turn see the same session.
+    await app.state.contextmode.engine.drain()
     counted = await sdk.messages.count_tokens(model="m", messages=[{"role": "user", "content": "推荐一家餐厅"}],
                                               extra_headers={"X-Session-Id": "count"})
     fresh = await sdk.messages.count_tokens(model="m", messages=[{"role": "user", "content": "推荐一家餐厅"}],
