@@ -28,12 +28,13 @@ from typing import Protocol, TypeGuard, runtime_checkable
 from ._protocols import implements
 from .errors import ConfigError, LockNotAcquired, OutputRejected
 from .store.base import (
-    ConnectionSharing,
     JobOutcome,
     LockHandle,
     Store,
     StoreAbility,
     counts_job_batches,
+    let_go,
+    one_connection,
 )
 from .types import utc_now
 
@@ -173,8 +174,6 @@ class JobRunner:
         self._sleep = sleep
         self._queues: dict[tuple[str, str], _SessionQueue] = {}
         self._batches = StoreAbility(counts_job_batches, store)
-        self._connections = ConnectionSharing(store)
-        """The store's shared connection: one per burst of a session's jobs."""
 
     def schedule(
         self,
@@ -257,7 +256,7 @@ class JobRunner:
         # The burst's store calls (lock, jobs, outcomes and release) share one pooled connection,
         # let go before each back-off and before a processor that may call a model (the jobs'
         # `Engine.let_go_before`); the attempts run in this task (`asyncio.timeout`) to share it.
-        async with self._connections.one_connection(self.store):
+        async with one_connection(self.store):
             await self._burst(key, queue)
 
     async def _burst(self, key: tuple[str, str], queue: _SessionQueue) -> None:
@@ -307,7 +306,7 @@ class JobRunner:
                 if attempt < attempts:
                     log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
                                 name, *key, attempt, attempts, error)
-                    await self._connections.let_go(self.store)
+                    await let_go(self.store)
                     await self._sleep(self._delay(attempt))
                     continue
                 log.error("job %s for %s/%s gave up after %d attempts: %s",
@@ -349,7 +348,7 @@ class JobRunner:
                 handle = await held.__aenter__()
             except LockNotAcquired:
                 if attempt < settings.lock_attempts:
-                    await self._connections.let_go(self.store)
+                    await let_go(self.store)
                     await self._sleep(self._delay(attempt))
                 continue
             queue.lock, queue.handle = held, handle

@@ -32,12 +32,13 @@ from ..processors.base import (
 )
 from ..settings import EngineSettings, Mode
 from ..store.base import (
-    ConnectionSharing,
     Store,
     StoreAbility,
     TraceRecords,
     keeps_traces,
+    let_go,
     load_trace,
+    one_connection,
 )
 from ..tokens.base import TokenCounter
 from ..trace import TurnTrace
@@ -91,8 +92,6 @@ class Engine:
         `close` then closes the model's HTTP client too; a model passed in stays the caller's."""
         self._keeper = StoreAbility(keeps_traces, store)
         """The store, and itself when it keeps traces: decided once per store, not per turn."""
-        self._connections = ConnectionSharing(store)
-        """The store's shared connection (`SharesConnection`), decided once per store."""
 
     # -- the processors, by name (a new one replaces the `Processors` value) --
 
@@ -141,17 +140,17 @@ class Engine:
     def one_connection(self) -> AbstractAsyncContextManager[None]:
         """A scope in which this task's store calls share one pooled connection, taken at the
         first statement (`store.base.SharesConnection`; a store without one: nothing)."""
-        return self._connections.one_connection(self.store)
+        return one_connection(self.store)
 
     async def let_go(self) -> None:
         """Hand this task's shared store connection back to the pool (a model is about to work)."""
-        await self._connections.let_go(self.store)
+        await let_go(self.store)
 
     async def let_go_before(self, collaborator: object) -> None:
         """`let_go` unless ``collaborator``, about to run, is `SafeWithSharedConnection` (it calls
         no model: the offline processors, the BM25 recaller)."""
         if not safe_with_shared_connection(collaborator):
-            await self._connections.let_go(self.store)
+            await let_go(self.store)
 
     # -- preparing -------------------------------------------------------
 

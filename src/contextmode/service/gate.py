@@ -18,7 +18,7 @@ from typing import TypeGuard
 
 from .._protocols import implements
 from ..errors import LockNotAcquired
-from ..store.base import ConnectionSharing, LockHandle, Store, StoreAbility, TurnLocks
+from ..store.base import LockHandle, Store, StoreAbility, TurnLocks, let_go
 
 __all__ = ["SessionBusy", "SessionGate"]
 
@@ -42,7 +42,6 @@ class SessionGate:
         self._local: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
         self._orphans: dict[tuple[str, str], LockHandle] = {}
         self._locks = StoreAbility(has_turn_locks, store)
-        self._connections = ConnectionSharing(store)
 
     @asynccontextmanager
     async def hold(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -93,7 +92,7 @@ class SessionGate:
                     raise SessionBusy(_busy(session_id)) from None
                 step += 1
                 # No pooled connection is kept through the pause (the turn's shared one, if any).
-                await self._connections.let_go(self.store)
+                await let_go(self.store)
                 await asyncio.sleep(pause)
                 continue
             break

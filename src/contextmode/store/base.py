@@ -21,7 +21,7 @@ retried request replay its first result instead of storing the turn twice.
 `SharesConnection` (every shipped backend has it; only PostgreSQL's does anything)
 lets a task's calls in a row share one pooled connection: `one_connection` takes it
 at the first statement, `let_go` hands it back early. A turn and a burst of background
-jobs use it (`ConnectionSharing`), and let go before anything that may call a model
+jobs use it (`one_connection`, `let_go`), and let go before anything that may call a model
 works (`engine.seams.SafeWithSharedConnection`) and before any pause.
 
 Every call is scoped by ``tenant``; ids are validated with `validate_id`
@@ -45,7 +45,6 @@ from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 
 __all__ = [
     "ClosesOnExit",
-    "ConnectionSharing",
     "DerivedRecords",
     "IdempotencyRecord",
     "IdempotencyRecords",
@@ -67,7 +66,9 @@ __all__ = [
     "counts_job_batches",
     "keeps_idempotency",
     "keeps_traces",
+    "let_go",
     "load_trace",
+    "one_connection",
     "shares_connection",
 ]
 
@@ -465,23 +466,15 @@ class OwnConnections:
         return None
 
 
-class ConnectionSharing:
-    """A store's `SharesConnection`, decided once per store object (`StoreAbility`): a scope
-    and `let_go` that do nothing for a store without the ability."""
+def one_connection(store: object) -> AbstractAsyncContextManager[None]:
+    """``store.one_connection()`` when it `SharesConnection`, else a context that does nothing."""
+    return store.one_connection() if shares_connection(store) else nullcontext()
 
-    def __init__(self, store: object) -> None:
-        self._ability = StoreAbility(shares_connection, store)
 
-    def one_connection(self, store: object) -> AbstractAsyncContextManager[None]:
-        """``store.one_connection()``, or a context that does nothing."""
-        sharing = self._ability.of(store)
-        return sharing.one_connection() if sharing is not None else nullcontext()
-
-    async def let_go(self, store: object) -> None:
-        """``store.let_go()``, or nothing."""
-        sharing = self._ability.of(store)
-        if sharing is not None:
-            await sharing.let_go()
+async def let_go(store: object) -> None:
+    """``store.let_go()`` when it `SharesConnection`, else nothing."""
+    if shares_connection(store):
+        await store.let_go()
 
 
 async def load_trace(store: Store, tenant: str, session_id: str, turn: int) -> TurnTrace:

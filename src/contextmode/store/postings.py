@@ -32,7 +32,6 @@ import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -40,7 +39,7 @@ import numpy as np
 
 from .._protocols import implements
 from ..types import NewTurn, Turn
-from .base import SharesConnection, shares_connection
+from .base import SharesConnection, one_connection
 
 __all__ = [
     "BLOCK",
@@ -62,7 +61,6 @@ __all__ = [
     "open_subs",
     "postings_for",
     "reads_turns_at",
-    "shares_connection",
 ]
 
 BLOCK = 512
@@ -321,12 +319,6 @@ class TurnsAt(Protocol):
 def reads_turns_at(store: object) -> TypeGuard[TurnsAt]:
     """True when ``store`` reads turns at a list of seqs in one call (`TurnsAt`)."""
     return implements(store, TurnsAt)
-
-
-def one_connection(store: object) -> AbstractAsyncContextManager[None]:
-    """``store.one_connection()`` when it `SharesConnection` (`store.base`), else a context that
-    does nothing."""
-    return store.one_connection() if shares_connection(store) else nullcontext()
 
 
 def unpack(rows: Sequence[tuple[int, bytes]]) -> np.ndarray:
