@@ -21,7 +21,7 @@ from ..assembly import AssemblyConfig
 from ..jobs import JobQueue, JobRunner, JobSettings
 from ..memory.budget import Budget
 from ..memory.strategies import Strategy
-from ..models.base import ChatModel
+from ..models.base import ChatModel, closes
 from ..models.priority import answering
 from ..processors.base import (
     ConstraintExtractor,
@@ -364,6 +364,5 @@ class Engine:
             log.warning("background jobs still running after %.0f s at shutdown: cancelled", drain_timeout_s)
             await self.jobs.aclose()
         await self.store.close()
-        close_model = getattr(self.model, "aclose", None) if self.owns_model else None
-        if close_model is not None:
-            await close_model()
+        if self.owns_model and closes(self.model):
+            await self.model.aclose()

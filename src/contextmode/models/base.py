@@ -16,6 +16,7 @@ from ..types import ChatMessage
 
 __all__ = [
     "ChatModel",
+    "ClosingModel",
     "JsonSchema",
     "ModelEvent",
     "StructuredChatModel",
@@ -26,6 +27,7 @@ __all__ = [
     "ToolSpec",
     "answers_to_schema",
     "calls_tools",
+    "closes",
 ]
 
 ToolSpec = Mapping[str, object]
@@ -123,3 +125,17 @@ class ToolCallingModel(ChatModel, Protocol):
 def calls_tools(model: ChatModel) -> TypeGuard[ToolCallingModel]:
     """True when ``model`` can be given tools and answer with tool calls."""
     return implements(model, ToolCallingModel)
+
+
+@runtime_checkable
+class ClosingModel(Protocol):
+    """A model that holds resources to close (its HTTP client): `OpenAIChatModel`."""
+
+    async def aclose(self) -> None:
+        """Close the model's HTTP client."""
+        ...
+
+
+def closes(model: object) -> TypeGuard[ClosingModel]:
+    """True when ``model`` has an HTTP client (or other resources) to close."""
+    return implements(model, ClosingModel)
