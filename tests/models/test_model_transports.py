@@ -9,7 +9,7 @@ import importlib
 import re
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,14 +31,6 @@ MESSAGES = [ChatMessage(role="user", content="空调制冷差怎么办?")]
 ANSWER = "Stub answer to: 空调制冷差怎么办?"
 
 MakeModel = Callable[..., OpenAIChatModel]
-
-
-@pytest.fixture
-def server() -> Iterator[StubServer]:
-    stub = StubServer(chunk_chars=3)
-    stub.start()
-    yield stub
-    stub.stop()
 
 
 @pytest.fixture(params=TRANSPORTS)

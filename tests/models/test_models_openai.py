@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,14 +20,6 @@ MESSAGES = [
     ChatMessage(role="system", content="你是客服助手。"),
     ChatMessage(role="user", content="空调制冷差怎么办?"),
 ]
-
-
-@pytest.fixture
-def server() -> Iterator[StubServer]:
-    stub = StubServer(chunk_chars=3)
-    stub.start()
-    yield stub
-    stub.stop()
 
 
 @pytest.fixture
