@@ -146,40 +146,33 @@ async def test_a_turn_and_its_jobs_take_few_pooled_connections(store: PostgresSt
 # -- processors that stand for model-backed ones (not `ModelFree`): each looks at the pool --
 
 
-class LookingDetector:
+class _Looking:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
+
+class LookingDetector(_Looking):
     async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
         self.pool.look("detector")
         await asyncio.sleep(0)
         return Detection(needs_context=True, reason="looking")
 
 
-class LookingRewriter:
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-
+class LookingRewriter(_Looking):
     async def rewrite(self, message: str, history: Sequence[Turn], *, summary: str | None = None) -> Rewrite:
         self.pool.look("rewriter")
         await asyncio.sleep(0)
         return Rewrite(text=message, changed=False, source="test")
 
 
-class LookingSummarizer:
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-
+class LookingSummarizer(_Looking):
     async def summarize(self, previous: Summary | None, turns: Sequence[Turn]) -> SummaryResult:
         self.pool.look("summarizer")
         await asyncio.sleep(0)
         return SummaryResult(text=" / ".join(t.content[:20] for t in turns))
 
 
-class LookingExtractor:
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
-
+class LookingExtractor(_Looking):
     async def extract(self, turn: Turn, current: Sequence[Constraint]) -> ConstraintUpdate:
         self.pool.look("extractor")
         await asyncio.sleep(0)
@@ -188,11 +181,8 @@ class LookingExtractor:
         return ConstraintUpdate()
 
 
-class LookingEmotion:
+class LookingEmotion(_Looking):
     """A contextual scorer: with few turns loaded, its job reads the earlier ones first."""
-
-    def __init__(self, pool: Pool) -> None:
-        self.pool = pool
 
     async def score(self, text: str) -> float:
         self.pool.look("emotion")
