@@ -263,18 +263,21 @@ def test_fixed_layers_short_summary_gives_the_rest_to_recent() -> None:
 
 @pytest.mark.parametrize("fmt", ["messages", "text"])
 def test_a_single_turn_too_long_keeps_its_newest_part(fmt: str) -> None:
+    # An answer too long to fit keeps its newest part, and its question whole before it:
+    # the window never starts with an answer whose question is missing.
     words = " ".join(f"w{i}" for i in range(1000))
     state = make_state((make_turn(1, "早上好"), make_turn(2, words, role="assistant")))
     ctx = assemble(state, "ok", counter=COUNTER, budget=Budget(context_window=300, reply_reserve=0),
                    config=AssemblyConfig(format=fmt), now=NOW)  # type: ignore[arg-type]
     layer = ctx.layer("recent")
-    assert layer is not None and [i.seq for i in layer.items] == [2]
-    text = layer.items[0].text
+    assert layer is not None and [i.seq for i in layer.items] == [1, 2]
+    assert layer.items[0].text.endswith("早上好")
+    text = layer.items[1].text
     assert text.endswith("w998 w999") and "…" in text and "w0 " not in text
     account = ctx.accounts["recent"]
-    assert account.truncated and account.dropped_seqs == (1,)  # the cut turn is not "dropped"
+    assert account.truncated and account.dropped_seqs == ()  # the cut turn is not "dropped"
     if fmt == "messages":
-        assert layer.items[0].truncated
+        assert layer.items[1].truncated
     assert ctx.total_tokens == exact_total(ctx) <= ctx.input_budget
 
 
@@ -287,15 +290,20 @@ def test_cut_to_tokens_keeps_the_longest_suffix() -> None:
 
 @pytest.mark.parametrize("fmt", ["messages", "text"])
 def test_window_stays_contiguous_and_dropped_turns_are_reported(fmt: str) -> None:
-    # Turn 17 is huge: the window stops there instead of skipping over it.
+    # Turn 17 (a question) is huge: the window stops there instead of skipping over it, and
+    # its answer (18) does not open the window without it.
     turns = list(conversation(20))
     turns[16] = make_turn(17, "很长的一段话，" * 80, hours_ago=0.3)
     ctx = assemble(make_state(tuple(turns)), "继续", counter=COUNTER, strategy="token_window",
                    budget=Budget(context_window=300, reply_reserve=0),
                    config=AssemblyConfig(format=fmt), now=NOW)  # type: ignore[arg-type]
-    assert recent_seqs(ctx) == [18, 19, 20]
-    assert sorted(ctx.accounts["recent"].dropped_seqs) == list(range(1, 18))
-    assert ctx.dropped_seqs == tuple(range(1, 18))
+    assert recent_seqs(ctx) == [19, 20]
+    shown = {i.seq for layer in ctx.layers for i in layer.items if i.seq is not None}
+    # The budget the window leaves goes to older turns as recall lines, each shown once.
+    assert 17 not in shown and shown >= {19, 20}
+    assert sorted([*ctx.accounts["recent"].dropped_seqs, *shown]) == list(range(1, 21)) or \
+        set(ctx.dropped_seqs) | shown == set(range(1, 21))
+    assert not set(ctx.dropped_seqs) & shown
     assert ctx.total_tokens == exact_total(ctx)
 
 

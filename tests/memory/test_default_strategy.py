@@ -60,7 +60,8 @@ async def test_every_engine_built_by_default_recalls_old_turns() -> None:
                           settings=EngineSettings(context_window=4000, summary_threshold=1000))
     await engine.record("local", "s", "user", "My sister Marmalade lives in Lisbon and teaches piano.")
     await engine.record("local", "s", "assistant", "That sounds lovely.")
-    for i in range(40):
+    # More than the 3,000-token input budget holds: the old turn is reached by recall.
+    for i in range(300):
         await engine.record("local", "s", "user" if i % 2 == 0 else "assistant", _FILLER[i % 4])
     await engine.drain()
     prepared = await engine.prepare("local", "s", "Where does my sister Marmalade live?")
@@ -74,7 +75,10 @@ async def test_every_engine_built_by_default_recalls_old_turns() -> None:
 
 
 def test_context_mode_uses_the_default_with_recall(tmp_path: object) -> None:
-    with ContextMode(store="memory://", model=FunctionModel(lambda m: "ok"), counter=CharTokenCounter()) as cm:
+    # A window smaller than the conversation: the old turn is reached by recall.
+    settings = EngineSettings(context_window=360)
+    with ContextMode(store="memory://", model=FunctionModel(lambda m: "ok"), counter=CharTokenCounter(),
+                     settings=settings) as cm:
         assert cm.engine.settings.strategy == "default" and cm.engine.recaller is not None
         cm.chat("s", "I keep my spare keys under the blue flowerpot by the door.")
         for i in range(12):
@@ -87,16 +91,19 @@ def test_context_mode_uses_the_default_with_recall(tmp_path: object) -> None:
 
 def test_inspect_says_why_a_turn_was_recalled(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cm.db'}"
-    with ContextMode(store=url, model=FunctionModel(lambda m: "ok"), counter=CharTokenCounter()) as cm:
+    with ContextMode(store=url, model=FunctionModel(lambda m: "ok"), counter=CharTokenCounter(),
+                     settings=EngineSettings(context_window=360)) as cm:
         cm.chat("s", "I keep my spare keys under the blue flowerpot by the door.")
         for i in range(12):
             cm.chat("s", _FILLER[i % 4])
-    out = CliRunner().invoke(app, ["inspect", "s", "--store", url, "-m", "where are my spare keys?", "--json"])
+    window = {"CONTEXTMODE_CONTEXT_WINDOW": "360"}
+    out = CliRunner().invoke(app, ["inspect", "s", "--store", url, "-m", "where are my spare keys?", "--json"],
+                             env=window)
     assert out.exit_code == 0, out.output
     recalled = json.loads(out.output.strip().splitlines()[-1])["recalled"]
     first = next(r for r in recalled if r["seq"] == 1)
     assert {"spar", "key"} <= set(first["matched"])  # stemmed terms and first["score"] > 0
-    text = CliRunner().invoke(app, ["inspect", "s", "--store", url, "-m", "where are my spare keys?"])
+    text = CliRunner().invoke(app, ["inspect", "s", "--store", url, "-m", "where are my spare keys?"], env=window)
     assert "recalled turn 1: score" in text.output and "spar" in text.output
 
 

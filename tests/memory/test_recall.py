@@ -407,8 +407,9 @@ def test_hybrid_recall_is_registered_and_plans_a_recall_layer() -> None:
     plan = strategy.plan(state, "anything", now=T0 + timedelta(hours=1))
     assert [t.seq for t in plan.recent] == list(range(15, 21))
     assert [t.seq for t in plan.key_moments] == [3]
-    # Recalled turns already shown (recent window, key moments) are not repeated.
-    assert [t.seq for t in plan.recall] == [5, 10]
+    # Recalled turns in the recent window are not repeated; a key moment stays a recall
+    # candidate (the assembler shows it once: in the key moments if they hold it, else in recall).
+    assert [t.seq for t in plan.recall] == [5, 3, 10]
     assert plan.shares["recall"] > plan.shares["recent"]
 
 

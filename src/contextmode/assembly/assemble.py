@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 
@@ -192,6 +192,12 @@ class _Candidate:
     """Recent turns: the unit (a call and its results) kept or dropped as a whole."""
     optional: bool = False
     """Constraints: a pinned fact, which comes first only within the layer's share."""
+    backfill: bool = False
+    """Recent turns: an older loaded turn the window grows back over only with budget no
+    layer used (`MemoryPlan.backfill`); not part of the recent layer's demand."""
+    spare: bool = False
+    """Recall: a turn added with budget left after every layer was filled; the first to go
+    when the exact total is over."""
 
 
 def paired_turns(turns: Sequence[Turn]) -> list[Turn]:
@@ -233,6 +239,9 @@ class CurrentTurn:
     agent_step: Sequence[Turn] = ()
     """The tool calls and results that followed the message (an agent loop's current step):
     they come after it, always present, their results cut only when the whole step does not fit."""
+    quotes: int | None = None
+    """The stored turn the message as sent quotes whole (a follow-up template around the last
+    answer): it is not sent a second time in any layer."""
 
 
 def assemble(
@@ -265,9 +274,13 @@ def assemble(
     plan = strategy.plan(state, message, now=now)
     sent = current.standalone or message
     fixed = _fixed_layers(state, frame, config, sent, current)
+    if current.quotes is not None:
+        plan = _without(plan, current.quotes)
     candidates = _candidates(state, plan, frame, now, config.tool_limits)
+    _whole_when_it_fits(candidates, fixed.available)
     allocation = _allocate(candidates, frame, fixed.available, budget.shares or plan.shares)
     selection = _select(candidates, allocation, fixed.available, frame)
+    _spend_leftover(candidates, selection, allocation, fixed.available, frame)
     hint = current.hint
     return _render(_RenderContext(
         frame=frame, message=message, sent=sent, strategy=strategy.name, fixed=fixed,
@@ -384,13 +397,56 @@ def _candidates(
         line = turn_line(t, locale, now=now)
         candidates["key_moments"].append(_Candidate(line, count(line) + 1, t.seq, t))
     for t in plan.recall:
-        # Recalled turns are grouped under one "[2023-05-08]" heading per day:
-        # the date is paid once a day instead of on every line (docs/quality.md).
-        line = turn_line(t, locale)
-        day = f"[{t.created_at:%Y-%m-%d}]"
-        candidates["recall"].append(_Candidate(line, count(line) + 1, t.seq, t, day, count(day) + 1))
-    candidates["recent"] = _recent_candidates(plan.recent, limits, frame.shape)
+        candidates["recall"].append(_recall_candidate(t, frame))
+    older = list(reversed(plan.backfill))
+    candidates["recent"] = _recent_candidates([*older, *plan.recent], limits, frame.shape)
+    first_recent = plan.recent[0].seq if plan.recent else None
+    for cand in candidates["recent"]:
+        cand.backfill = first_recent is None or (cand.seq is not None and cand.seq < first_recent)
     return candidates
+
+
+def _whole_when_it_fits(candidates: dict[LayerName, list[_Candidate]], available: int) -> None:
+    """When every turn of the session is loaded and they all fit with the pins, the turns go
+    whole: the summary and key moments (which only restate them) and recall (which would show
+    them again) step aside, so a larger budget never shows fewer turns than a smaller one."""
+    recent = candidates["recent"]
+    if not recent or min(c.seq or 0 for c in recent) != 1:
+        return
+    pins = sum(c.cost for c in candidates["constraints"])
+    if sum(c.cost for c in recent) + pins > available:
+        return
+    for name in ("summary", "key_moments", "recall"):
+        candidates[name] = []
+    for c in recent:
+        c.backfill = False
+
+
+def _recall_candidate(t: Turn, frame: _Frame, *, spare: bool = False) -> _Candidate:
+    """A turn as a recall line, grouped under one "[2023-05-08]" heading per day: the date
+    is paid once a day instead of on every line (docs/quality.md)."""
+    line = turn_line(t, frame.locale)
+    day = f"[{t.created_at:%Y-%m-%d}]"
+    return _Candidate(line, frame.count(line) + 1, t.seq, t, day, frame.count(day) + 1, spare=spare)
+
+
+def _without(plan: MemoryPlan, seq: int) -> MemoryPlan:
+    """``plan`` without the turn ``seq`` in any layer (the message as sent quotes it whole)."""
+    def keep(turns: Sequence[Turn]) -> tuple[Turn, ...]:
+        return tuple(t for t in turns if t.seq != seq)
+
+    return replace(plan, recent=keep(plan.recent), key_moments=keep(plan.key_moments), recall=keep(plan.recall),
+                   backfill=keep(plan.backfill))
+
+
+def _demand(cands: Sequence[_Candidate], overhead: int) -> int:
+    """What a layer could use: its section, every candidate as filled (each day heading of
+    recall once), the recent window without the older turns it grows back over."""
+    wanted = [c for c in cands if not c.backfill]
+    if not wanted:
+        return 0
+    days = {c.day: c.day_cost for c in wanted if c.day is not None}
+    return overhead + sum(c.cost for c in wanted) + sum(days.values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,10 +471,7 @@ def _allocate(
         if name != "recent" or not frame.as_messages
     }
     section_overheads.setdefault("recent", 0)
-    demands = {
-        name: (section_overheads[name] + sum(c.cost for c in cands)) if cands else 0
-        for name, cands in candidates.items()
-    }
+    demands = {name: _demand(cands, section_overheads[name]) for name, cands in candidates.items()}
     caps = {n: v for n, v in frame.budget.allocations.items() if n in FLEXIBLE_LAYERS} or None
     optional = sum(c.cost for c in candidates["constraints"] if c.optional)
     tokens = allocate(available, demands, caps=caps, weights=weights, optional_pins=optional)
@@ -440,6 +493,8 @@ class _Selection:
     chosen: dict[LayerName, list[_Candidate]]
     dropped: dict[LayerName, list[int]]
     truncated: dict[LayerName, bool]
+    queue: list[_Candidate] = field(default_factory=list)
+    """Turns still left out, best first, that the exact rendering may yet find room for."""
 
 
 _FILL_ORDER: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall", "recent")
@@ -449,31 +504,80 @@ _FILL_ORDER: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "
 def _select(
     candidates: dict[LayerName, list[_Candidate]], allocation: _Allocation, available: int, frame: _Frame
 ) -> _Selection:
-    """Fill each flexible layer within its allocation."""
+    """Fill each flexible layer within its allocation. A turn is shown once: recall skips what
+    the key moments hold; the recent window, growing back over older turns with the budget no
+    layer used, takes over a turn recall or the key moments show (and their tokens with it)."""
     alloc, section_overheads, count = allocation.tokens, allocation.section_overheads, frame.count
     chosen: dict[LayerName, list[_Candidate]] = {}
-    dropped: dict[LayerName, list[int]] = {}
     truncated: dict[LayerName, bool] = {}
     leftover = available - sum(alloc.values())
     for name in _FILL_ORDER:
         cands = candidates[name]
         limit = alloc.get(name, 0) + (leftover if name == "recent" else 0) - section_overheads[name]
         if name == "recent":
-            picked, cut = _fill_units(cands, limit, count)
+            picked, cut = _fill_recent(cands, limit, count, chosen)
         else:
+            if name == "recall":
+                held = {c.seq for c in chosen.get("key_moments", [])}
+                cands = [c for c in cands if c.seq not in held]
             picked, cut = _fill(name, cands, limit, count, frame.as_messages, frame.counter.message_overhead)
         if not picked:
             picked, cut = [], False
-        day_costs = {c.day: c.day_cost for c in picked if c.day is not None}
-        used = (section_overheads[name] + sum(c.cost for c in picked) + sum(day_costs.values())) if picked else 0
         if name != "recent":
-            leftover += max(0, alloc.get(name, 0) - used)
+            leftover += max(0, alloc.get(name, 0) - _used(picked, section_overheads[name]))
         chosen[name] = picked
         truncated[name] = cut
-        # By seq, not identity: a turn cut to fit is a new candidate but was not dropped.
-        picked_seqs = {c.seq for c in picked}
-        dropped[name] = [c.seq for c in cands if c.seq not in picked_seqs and c.seq is not None and name != "constraints"]
-    return _Selection(chosen=chosen, dropped=dropped, truncated=truncated)
+    return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated)
+
+
+def _used(picked: Sequence[_Candidate], overhead: int) -> int:
+    """What a layer's chosen items cost as filled: section, lines, one heading per day."""
+    if not picked:
+        return 0
+    days = {c.day: c.day_cost for c in picked if c.day is not None}
+    return overhead + sum(c.cost for c in picked) + sum(days.values())
+
+
+def _dropped(candidates: dict[LayerName, list[_Candidate]], chosen: dict[LayerName, list[_Candidate]]) -> dict[LayerName, list[int]]:
+    """Per layer, the candidates shown nowhere (by seq, not identity: a turn cut to fit is a
+    new candidate but was not dropped; a turn another layer shows was not dropped either).
+    The recent window's older turns it could not grow back over are not listed."""
+    shown = {c.seq for picked in chosen.values() for c in picked if c.seq is not None}
+    return {
+        name: [c.seq for c in cands if c.seq is not None and c.seq not in shown and not c.backfill]
+        if name != "constraints" else []
+        for name, cands in candidates.items()
+    }
+
+
+def _spend_leftover(
+    candidates: dict[LayerName, list[_Candidate]], selection: _Selection, allocation: _Allocation,
+    available: int, frame: _Frame,
+) -> None:
+    """Budget still free once every layer is filled goes to turns still left out: recall's
+    next-ranked first, then the newest of the older loaded turns, as recall lines (evidence
+    found is never dropped while budget is free; no budget idles while turns are left out)."""
+    chosen, overheads = selection.chosen, allocation.section_overheads
+    free = available - sum(_used(picked, overheads[name]) for name, picked in chosen.items())
+    shown = {c.seq for picked in chosen.values() for c in picked if c.seq is not None}
+    wanted = [c for c in candidates["recall"] if c.seq not in shown]
+    wanted += [_recall_candidate(c.turn, frame, spare=True) for c in candidates["recent"]
+               if c.turn is not None and c.seq not in shown and c.turn.role != "tool" and not c.turn.tool_calls]
+    recall = chosen.setdefault("recall", [])
+    days = {c.day for c in recall}
+    for cand in wanted:
+        if cand.seq is None or cand.seq in shown:
+            continue
+        cost = cand.cost + (cand.day_cost if cand.day not in days else 0) + (0 if recall else overheads["recall"])
+        if cost > free:
+            selection.queue.append(cand)
+            shown.add(cand.seq)
+            continue
+        recall.append(replace(cand, spare=True))
+        shown.add(cand.seq)
+        days.add(cand.day)
+        free -= cost
+    selection.dropped.update(_dropped(candidates, chosen))
 
 
 # -- agent items (tool calls and results): see assembly/agent.py -----------------
@@ -487,7 +591,14 @@ this order: memory shrinks, the turn is still answered (never worse than no memo
 
 def _drop_one(chosen: dict[LayerName, list[_Candidate]], dropped: dict[LayerName, list[int]]) -> bool:
     """Drop the oldest recent turn (with the rest of its unit: a call and its results), else the
-    last item of the first non-empty layer of `_GIVE_UP_ORDER`; False when nothing is left."""
+    last item of the first non-empty layer of `_GIVE_UP_ORDER`; False when nothing is left.
+    Turns added with the budget left over (`_spend_leftover`) go first."""
+    spare = [c for c in chosen.get("recall", []) if c.spare]
+    if spare:
+        chosen["recall"].remove(spare[-1])
+        if spare[-1].seq is not None:
+            dropped["recall"] = [*dropped.get("recall", []), spare[-1].seq]
+        return True
     if chosen.get("recent"):
         oldest = min(chosen["recent"], key=lambda c: c.seq or 0)
         gone = [c for c in chosen["recent"] if c is oldest or (c.group is not None and c.group == oldest.group)]
@@ -579,34 +690,83 @@ def _recent_candidates(turns: Sequence[Turn], limits: ToolLimits, shape: _Shape)
     return [_agent_candidate(i, shape) for i in reversed(items)]
 
 
-def _fill_units(cands: Sequence[_Candidate], limit: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:
-    """Recent turns newest first, a unit at a time; the window stays contiguous. The newest
-    plain turn alone too big keeps its newest part; a unit is never cut."""
-    picked: list[_Candidate] = []
+def _units(cands: Sequence[_Candidate]) -> list[list[_Candidate]]:
+    """Recent candidates (newest first) as units kept or dropped whole: a call with its results."""
+    units: list[list[_Candidate]] = []
+    for c in cands:
+        if units and c.group is not None and units[-1][0].group == c.group:
+            units[-1].append(c)
+        else:
+            units.append([c])
+    return units
+
+
+def _plain(c: _Candidate) -> bool:
+    return c.turn is not None and c.item is not None and not c.item.tool_calls and c.turn.role != "tool"
+
+
+def _fill_recent(
+    cands: Sequence[_Candidate], limit: int, count: Callable[[str], int],
+    chosen: dict[LayerName, list[_Candidate]],
+) -> tuple[list[_Candidate], bool]:
+    """Recent turns newest first, a unit at a time (a call and its results never split); the
+    window stays contiguous and starts with a user message: an answer whose question does not
+    fit goes too. A turn recall or the key moments show moves into the window, their tokens
+    with it. The newest plain turn alone too big keeps its newest part (an answer only with its
+    question whole before it)."""
+    elsewhere = {c.seq: c for name in ("key_moments", "recall") for c in chosen.get(name, []) if c.seq is not None}
+    units = _units(cands)
+    picked: list[list[_Candidate]] = []
     spent = 0
-    i = 0
-    while i < len(cands):
-        j = i
-        while j < len(cands) and cands[j].group == cands[i].group:
-            j += 1
-        unit = cands[i:j]
+    for unit in units:
+        refund = sum(elsewhere[c.seq].cost for c in unit if c.seq in elsewhere)
         cost = sum(c.cost for c in unit)
-        if spent + cost <= limit:
-            picked.extend(unit)
-            spent += cost
-            i = j
-            continue
-        only = unit[0]
-        if not picked and len(unit) == 1 and only.turn is not None and only.item is not None and not only.item.tool_calls \
-                and only.turn.role != "tool":
-            extra = only.cost - count(only.line)
-            text = cut_to_tokens(only.line, limit - extra, count)
-            if text:
-                item = AgentItem(turn=only.turn, text=text, group=only.group or 0, elided=True)
-                picked.append(_Candidate(text, count(text) + extra, only.seq, only.turn, item=item, group=only.group))
-                return picked, True
-        break
-    return picked, False
+        if spent + cost > limit + refund:
+            break
+        picked.append(unit)
+        limit += refund
+        spent += cost
+    if not picked:
+        return _clip_newest(units, limit, count)
+    flat = [c for unit in _without_orphans(picked) for c in unit]
+    moved = {c.seq for c in flat if c.seq in elsewhere}
+    for name in ("key_moments", "recall"):
+        if name in chosen and moved:
+            chosen[name] = [c for c in chosen[name] if c.seq not in moved]
+    return flat, False
+
+
+def _without_orphans(picked: list[list[_Candidate]]) -> list[list[_Candidate]]:
+    """Never start with an answer (or a call) whose question is missing: the walk stopped at
+    the question (it did not fit), so the orphaned units go (their tokens to `_spend_leftover`).
+    A session that opens with the assistant (a greeting) keeps its opening."""
+    while picked and (oldest := picked[-1][-1].turn) is not None and oldest.role != "user" and oldest.seq > 1:
+        picked.pop()
+    return picked
+
+
+def _clip_newest(units: Sequence[list[_Candidate]], limit: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:
+    """The newest plain turn when it alone does not fit: its newest part; an answer keeps its
+    question (the turn before it) whole, or both go."""
+    if not units or len(units[0]) != 1 or not _plain(units[0][0]):
+        return [], False
+    only = units[0][0]
+    assert only.turn is not None
+    question: _Candidate | None = None
+    if only.turn.role != "user":
+        before = units[1] if len(units) > 1 else None
+        if before is None or len(before) != 1 or not _plain(before[0]) or before[0].turn is None \
+                or before[0].turn.role != "user":
+            return [], False
+        question = before[0]
+        limit -= question.cost
+    extra = only.cost - count(only.line)
+    text = cut_to_tokens(only.line, limit - extra, count) if limit - extra > 0 else ""
+    if not text:
+        return [], False
+    item = AgentItem(turn=only.turn, text=text, group=only.group or 0, elided=True)
+    clipped = _Candidate(text, count(text) + extra, only.seq, only.turn, item=item, group=only.group)
+    return ([clipped, question] if question is not None else [clipped]), True
 
 
 def _layer_item(c: _Candidate, text: str) -> LayerItem:
@@ -695,6 +855,7 @@ def _render(rc: _RenderContext) -> Context:
             break
     if total > frame.input_budget:
         raise MessageTooLarge(total, frame.input_budget)
+    rendered, total = _top_up(rc, rendered, total)
     return Context(
         layers=tuple(rendered.layers),
         accounts=rendered.accounts,
@@ -711,6 +872,38 @@ def _render(rc: _RenderContext) -> Context:
         order=tuple(frame.order),
         hint=rc.hint,
     )
+
+
+_TOP_UP_TRIES = 6
+"""Renderings tried to fit one more left-out turn into what the exact count left free (the
+estimates that fill the layers are conservative by a token or two per section)."""
+
+
+def _top_up(rc: _RenderContext, rendered: _Rendered, total: int) -> tuple[_Rendered, int]:
+    """Left-out turns (`_Selection.queue`, best first) added as recall lines while the exact
+    total still has room for them."""
+    selection, budget = rc.selection, rc.frame.input_budget
+    tries = 0
+    while selection.queue and tries < _TOP_UP_TRIES and total < budget:
+        cand = selection.queue.pop(0)
+        recall = selection.chosen.setdefault("recall", [])
+        heading = cand.day_cost if cand.day not in {c.day for c in recall} else 0
+        if cand.cost + heading > budget - total:
+            continue
+        tries += 1
+        recall.append(replace(cand, spare=True))
+        before = {name: list(seqs) for name, seqs in selection.dropped.items()}
+        for seqs in selection.dropped.values():
+            seqs[:] = [seq for seq in seqs if seq != cand.seq]
+        trial = _render_layers(rc)
+        trial_total = _total(rc, trial.sections)
+        if trial_total <= budget:
+            rendered, total = trial, trial_total
+        else:
+            recall.pop()
+            for name, seqs in before.items():
+                selection.dropped[name][:] = seqs
+    return rendered, total
 
 
 def _render_layers(rc: _RenderContext) -> _Rendered:

@@ -38,6 +38,8 @@ class _Rewritten:
     """The message the answer is built around (a follow-up template, or the message)."""
     rewrite: Rewrite | None
     rejected: Rewrite | None
+    quotes: Turn | None = None
+    """The answer a follow-up template quotes whole (sent once, inside the template)."""
 
     @property
     def verified_text(self) -> str | None:
@@ -79,8 +81,14 @@ async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
     current = step.current
     if mode == "decoupled" and step.verified_text is not None:
         current = step.verified_text
-    state = await _recall_step(engine, state, step.verified_text or current, chosen)
+    # A template quotes the last answer whole: recall looks for what it is about, not for the
+    # template's own words.
+    query = f"{message}\n{step.quotes.content}" if step.quotes is not None else step.verified_text or current
+    state = await _recall_step(engine, state, query, chosen)
     context = _assemble_step(engine, request, state, current, step, mode, chosen)
+    if mode != "decoupled" and recall_limit(chosen) and _idle(context, state):
+        state = await _load_more(engine, request.key, state, context, chosen)
+        context = _assemble_step(engine, request, state, current, step, mode, chosen)
     return PreparedTurn(
         state=state,
         detection=detection,
@@ -102,7 +110,7 @@ async def _rewrite_step(
         if not state.last_answer:
             raise NoPreviousAnswer(detection.intent or "follow-up")
         return _Rewritten(current=_follow_up_prompt(engine, detection, state.last_answer, message),
-                          rewrite=None, rejected=None)
+                          rewrite=None, rejected=None, quotes=_answer_turn(state))
     if not (detection.needs_context and engine.settings.rewrite and state.turns):
         return _Rewritten(current=message, rewrite=None, rejected=None)
     recent = [t for t in state.turns if t.role != "tool"][-max(strategy.recent_turns, 4):]
@@ -110,6 +118,14 @@ async def _rewrite_step(
     await engine.let_go_before(engine.rewriter)
     rewrite, rejected = await verified(engine.rewriter, message, recent, summary=summary)
     return _Rewritten(current=message, rewrite=rewrite, rejected=rejected)
+
+
+def _answer_turn(state: SessionState) -> Turn | None:
+    """The stored turn holding the session's last answer (the newest assistant turn with it)."""
+    for turn in reversed(state.turns):
+        if turn.role == "assistant" and turn.content == state.last_answer:
+            return turn
+    return None
 
 
 def _follow_up_prompt(engine: Engine, detection: Detection, last_answer: str, message: str) -> str:
@@ -151,6 +167,7 @@ def _assemble_step(
     rewritten = CurrentTurn(
         standalone=current if current != message else None,
         hint=step.verified_text if mode != "decoupled" and current == message else None,
+        quotes=step.quotes.seq if step.quotes is not None and current != message else None,
     )
     build = partial(assemble, assembled, message, counter=engine.counter, strategy=strategy,
                     budget=engine.budget(), config=engine.assembly_config(request.system_prompt), now=request.now)
@@ -162,6 +179,29 @@ def _assemble_step(
     # The rewrite (or its hint, or the follow-up prompt around the last answer) made the turn
     # too large where the user's own words fit: send those, as when nothing was rewritten.
     return build()
+
+
+_IDLE_TOKENS = 16
+"""Unused input tokens below which an assembly is taken as full (a turn costs more)."""
+
+
+def _idle(context: Context, state: SessionState) -> bool:
+    """True when budget is left unused while older turns were not even loaded."""
+    return (context.input_budget - context.total_tokens > _IDLE_TOKENS and bool(state.turns)
+            and state.turns[0].seq > 1)
+
+
+async def _load_more(
+    engine: Engine, key: SessionKey, state: SessionState, context: Context, strategy: Strategy
+) -> SessionState:
+    """``state`` with older turns loaded for the budget an assembly left unused (the recent
+    window grows back over them, or they come as recall lines; `MemoryPlan.backfill`). At most
+    one turn per four idle tokens: the read stays bounded by the budget, not the history."""
+    idle = context.input_budget - context.total_tokens
+    wanted = len(state.turns) + idle // 4 + _IDLE_TOKENS
+    more = await engine.store.load(key.tenant, key.session_id, recent=max(wanted, strategy.recent_turns),
+                                   max_uncovered=wanted)
+    return replace(state, turns=without_notices(more).turns)
 
 
 def without_notices(state: SessionState) -> SessionState:

@@ -41,20 +41,35 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from ..assembly import Context
+from ..assembly import Context, assemble
 from ..engine import Engine
+from ..engine.prepare import without_notices
 from ..errors import InputError, MessageTooLarge, MissingExtra
 from ..memory import Strategy, get_strategy
+from ..memory.budget import Budget
 from ..memory.recall import Recaller, RecallSettings
+from ..memory.recall.strategy import DefaultStrategy
+from ..memory.strategies import MemoryPlan
 from ..settings import EngineSettings
 from ..store.base import Store
 from ..store.memory import MemoryStore
 from ..tokens.base import TokenCounter
+from ..types import SessionState
 from .report import print_json_line
 
 __all__ = ["CATEGORIES", "EvalOptions", "evaluate_locomo", "load_locomo", "plot_recall", "register"]
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+BASELINES = ("bm25_recent", "newest")
+"""Eval-only baselines (never product strategies): ``bm25_recent`` is plain BM25 over the
+turns (no neighbours, expansion, feedback or speaker focus) sharing the budget half and half
+with the newest turns; ``newest`` is the newest turns only. Both go through the same assembler
+(system prompt, exact counting) with no summary, pins or key moments."""
+VARIANTS = ("default_with_key_moments",)
+"""Eval-only variants of the shipped default: ``default_with_key_moments`` is the default with
+a key-moment layer (three, as ``hybrid_recall``), to report the layer with and without it."""
+_BASELINE_TAIL = 400
+"""Turns the baselines load (the newest; a 4,000-token budget holds about 150 LoCoMo turns)."""
 _TENANT = "locomo"
 _VERBATIM_LAYERS = ("recent", "key_moments", "recall")
 _SENTENCE = re.compile(r"[^.!?。！？\n]+")
@@ -156,6 +171,54 @@ class EvalOptions:
         return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Baseline:
+    """A baseline as a strategy: every loaded turn as recent, recall as found (see `BASELINES`)."""
+
+    name: str
+    recent_turns: int = _BASELINE_TAIL
+    key_moment_limit: int = 0
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        if self.name == "newest":
+            return MemoryPlan(recent=tuple(state.turns), shares={"recent": 1.0})
+        return MemoryPlan(recent=tuple(state.turns), recall=tuple(state.recalled),
+                          shares={"recall": 0.5, "recent": 0.5})
+
+
+def _plain_bm25() -> Recaller:
+    """BM25 over the turns and nothing else (the ``bm25_recent`` baseline's recaller)."""
+    return Recaller(RecallSettings(
+        neighbours=False, answers=False, expansion_turns=0, feedback_turns=0, semantic_neighbours=0,
+        speaker_focus=1.0,
+    ))
+
+
+def _strategy(name: str | Strategy) -> Strategy:
+    """A strategy by name, the eval-only baselines and variants included."""
+    if name in BASELINES:
+        return _Baseline(name=str(name))
+    if name == "default_with_key_moments":
+        return DefaultStrategy(max_key_moments=3, name="default_with_key_moments")
+    return get_strategy(name)
+
+
+async def _baseline_context(
+    engine: Engine, sid: str, question: str, strategy: _Baseline, budget: int, plain: Recaller,
+) -> Context | None:
+    """What a baseline sends for ``question`` with ``budget`` tokens of input."""
+    state = await engine.store.load(_TENANT, sid, recent=_BASELINE_TAIL, max_uncovered=_BASELINE_TAIL)
+    state = replace(without_notices(state), summary=None, constraints=(), key_moments=())
+    if strategy.name == "bm25_recent":
+        found = await plain.recall(engine.store, state, question, limit=128, recent_turns=0)
+        state = replace(state, recalled=tuple(found))
+    try:
+        return assemble(state, question, counter=engine.counter, strategy=strategy,
+                        budget=Budget(context_window=budget, reply_reserve=0), config=engine.assembly_config())
+    except MessageTooLarge:
+        return None
+
+
 def _engine(store: Store, counter: TokenCounter, options: EvalOptions, recaller: Recaller) -> Engine:
     """The shipped engine (default settings, offline processors) on ``store``."""
     from ..api import build_engine
@@ -220,7 +283,7 @@ async def _evaluate(
     from ..store import open_store
 
     conversations = load_locomo(path)
-    chosen = [get_strategy(s) for s in strategies]
+    chosen = [_strategy(s) for s in strategies]
     cells = {(s.name, b): _new_cell() for s in chosen for b in budgets}
     run = f"r{uuid.uuid4().hex[:8]}-" if options.store_url else ""
     for ci, conv in enumerate(conversations, 1):
@@ -247,6 +310,7 @@ async def _ask(
     text_of = {seq_of[t.dia_id]: t.text for t in conv.turns}
     now = conv.turns[-1].at + timedelta(hours=1) if conv.turns else datetime.now(UTC)
     asked = [q for q in conv.questions if q.category in CATEGORIES]
+    plain = _plain_bm25()
     for qi, qa in enumerate(asked, 1):
         evidence = [seq_of[e] for e in qa.evidence if e in seq_of]
         if evidence:
@@ -254,7 +318,10 @@ async def _ask(
             for strategy in chosen:
                 for budget in budgets:
                     cell = cells[(strategy.name, budget)]
-                    ctx = await _context(engine, sid, qa.question, strategy, budget, now)
+                    if isinstance(strategy, _Baseline):
+                        ctx = await _baseline_context(engine, sid, qa.question, strategy, budget, plain)
+                    else:
+                        ctx = await _context(engine, sid, qa.question, strategy, budget, now)
                     _add(cell, conv.sample_id, _score(cell, ctx, qa, evidence, sentences))
         if label and (qi % 50 == 0 or qi == len(asked)):
             print(f"[locomo] {label}: {qi}/{len(asked)} questions", file=sys.stderr, flush=True)
@@ -343,6 +410,7 @@ def _report(
         "budget": "input tokens (context_window = budget, reply_reserve = 0)",
         "store": _store_name(options.store_url),
         "departures": options.departures(),
+        "eval_only": [s.name for s in chosen if s.name in (*BASELINES, *VARIANTS)],
         "recall": recall,
         "table": table,
     }
@@ -430,8 +498,9 @@ def register(app: typer.Typer) -> None:
         data: Annotated[Path, typer.Option("--data", help="LoCoMo JSON file")],
         budget: Annotated[str, typer.Option(help="Comma-separated total token budgets")] = "1000,2000,4000",
         strategy: Annotated[
-            str, typer.Option(help="Comma-separated strategies")
-        ] = "default,window,sliding_summary,hybrid,hybrid_recall",
+            str, typer.Option(help="Comma-separated strategies; eval-only: bm25_recent and newest "
+                                   "(baselines), default_with_key_moments")
+        ] = "default,default_with_key_moments,bm25_recent,newest",
         embeddings: Annotated[
             bool, typer.Option("--embeddings", help="Fuse dense retrieval into recall (extra: embeddings)")
         ] = False,

@@ -55,6 +55,10 @@ class MemoryPlan:
     """Older emotional turns, best first."""
     recall: Sequence[Turn] = ()
     """Older turns relevant to the message, best first."""
+    backfill: Sequence[Turn] = ()
+    """Older loaded turns, newest first, that take budget no layer used: the recent window
+    grows back over them (summary coverage notwithstanding), a turn already shown by recall or
+    the key moments moving into it. Empty for strategies that keep a fixed window."""
     shares: Mapping[LayerName, float] = field(default_factory=dict)
     """Default weights of the flexible layers for this strategy."""
 

@@ -29,6 +29,10 @@ from ..strategies import Hybrid, MemoryPlan, register_strategy
 
 __all__ = ["DefaultStrategy", "HybridRecall", "register_recall_strategies"]
 
+_MAX_RECENT = 200
+"""The recent window's demand never grows past the turns a plain load returns (the store's
+``max_uncovered``): turns loaded for budget left idle are backfill, not demand."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class HybridRecall(Hybrid):
@@ -55,8 +59,9 @@ class HybridRecall(Hybrid):
         # Loaded key moments carry their emotion score; they win over the same turn in the tail.
         pool = {t.seq: t for t in (*state.turns, *state.key_moments) if t.seq < first_recent}
         moments = self.rank_key_moments(list(pool.values()), before_seq=first_recent, now=now)
-        shown = {t.seq for t in moments}
-        recall = tuple(t for t in state.recalled if t.seq < first_recent and t.seq not in shown)
+        # A key moment stays a recall candidate too: the assembler shows it once, in the key
+        # moments when their share holds it, else where recall ranks it (never nowhere).
+        recall = tuple(t for t in state.recalled if t.seq < first_recent)
         return MemoryPlan(
             recent=recent,
             summary=state.summary,
@@ -81,6 +86,11 @@ class DefaultStrategy(HybridRecall):
     """
 
     name: str = "default"
+    max_key_moments: int = 0
+    """Off in the shipped default: on LoCoMo dev the key-moment layer lowered evidence recall
+    at 500 and 1,000 tokens (0.635 → 0.627, 0.770 → 0.766) and the offline emotion scorer does
+    not hold on unseen conversations (docs/quality.md), so its share goes to recall. The
+    ``hybrid`` and ``hybrid_recall`` presets keep key moments for companion apps."""
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
         base = super().plan(state, message, now=now)
@@ -93,10 +103,14 @@ class DefaultStrategy(HybridRecall):
         for turn in reversed(state.turns):
             if turn.seq >= first_recent:
                 continue
-            if turn.seq <= covers or turn.seq in shown or turn.seq != first_recent - len(older) - 1:
+            if turn.seq <= covers or turn.seq in shown or turn.seq != first_recent - len(older) - 1 \
+                    or len(older) + len(base.recent) >= _MAX_RECENT:
                 break
             older.append(turn)
-        return replace(base, recent=(*reversed(older), *base.recent))
+        recent = (*reversed(older), *base.recent)
+        first = recent[0].seq if recent else state.last_seq + 1
+        backfill = tuple(t for t in reversed(state.turns) if t.seq < first)
+        return replace(base, recent=recent, backfill=backfill)
 
 
 def register_recall_strategies() -> None:
