@@ -15,9 +15,10 @@ from typing import Literal
 
 from .errors import ConfigError
 
-__all__ = ["EngineSettings", "Mode", "contextmode_home", "env_int"]
+__all__ = ["EngineSettings", "Mode", "PiiPolicy", "contextmode_home", "env_flag", "env_int"]
 
 Mode = Literal["contextual", "decoupled"]
+PiiPolicy = Literal["keep", "mask"]
 
 
 def contextmode_home(env: Mapping[str, str] | None = None) -> Path:
@@ -42,6 +43,19 @@ def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
     return value
+
+
+def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """``True``/``False`` from ``env[name]`` (``1 true yes on`` / ``0 false no off``); ``default``
+    when unset or blank. Raises `ConfigError` naming the variable for anything else."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be 1 or 0 (true/false), got {raw!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,16 +91,26 @@ class EngineSettings:
     """Traces older than this many days are dropped at the session's next trace; 0 = no age limit."""
     trace_max_bytes: int = 262_144
     """Size cap of one trace's JSON, bytes; longer message texts are shortened to fit (0 = no cap)."""
+    pii: PiiPolicy = "keep"
+    """Personal data in what is stored: ``keep`` (as typed) or ``mask`` (phone numbers, Chinese
+    resident ID numbers, bank card numbers and e-mail addresses masked, ``138****5678``, before
+    the turn, its trace or anything made from it is stored; the current message still reaches
+    the model as typed). ``mask`` needs the ``pii`` extra."""
+    raw_message: bool = False
+    """Send the current message with chat-template control strings (``<|im_start|>``…) whole;
+    by default they are broken like those of stored text."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("contextual", "decoupled"):
             raise ConfigError(f"mode must be 'contextual' or 'decoupled', got {self.mode!r}")
+        if self.pii not in ("keep", "mask"):
+            raise ConfigError(f"pii (CONTEXTMODE_PII) must be 'keep' or 'mask', got {self.pii!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
         """Settings from ``CONTEXTMODE_STRATEGY``, ``_CONTEXT_WINDOW``, ``_REPLY_RESERVE``,
         ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``,
-        ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``."""
+        ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``, ``_PII``, ``_RAW_MESSAGE``."""
         env = os.environ if env is None else env
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
@@ -102,4 +126,6 @@ class EngineSettings:
             trace_keep=env_int(env, "CONTEXTMODE_TRACE_KEEP", 1000),
             trace_max_age_days=env_int(env, "CONTEXTMODE_TRACE_MAX_AGE_DAYS", 90),
             trace_max_bytes=env_int(env, "CONTEXTMODE_TRACE_MAX_BYTES", 262_144),
+            pii=env.get("CONTEXTMODE_PII", "keep").strip().lower() or "keep",  # type: ignore[arg-type]
+            raw_message=env_flag(env, "CONTEXTMODE_RAW_MESSAGE", False),
         )

@@ -164,6 +164,7 @@ class Engine:
             order=self.settings.order,
             locale=self.settings.locale,
             system_prompt=self.system_prompt if isinstance(system_prompt, UseDefault) else system_prompt,
+            raw_message=self.settings.raw_message,
         )
 
     async def load(self, tenant: str, session_id: str, strategy: Strategy) -> SessionState:
