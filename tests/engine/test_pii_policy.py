@@ -1,0 +1,105 @@
+"""``EngineSettings(pii="mask")``: personal data never reaches what is stored, while the
+current message still reaches the model as typed; ``keep`` stores it as typed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from contextmode.api import build_engine
+from contextmode.engine import Engine
+from contextmode.engine.privacy import PII_COUNT_KEY
+from contextmode.errors import ConfigError
+from contextmode.settings import EngineSettings
+from contextmode.store import open_store
+from contextmode.testing.counters import CharTokenCounter
+from contextmode.testing.models import FunctionModel
+from contextmode.text.pii import mask_pii
+from contextmode.types import ChatMessage
+
+T, S = "t", "s"
+
+PHONE, ID_CARD, CARD, EMAIL = "13812345678", "11010519491231002X", "6222021234567890128", "zhang.san@example.com"
+INTL = "+1 415-555-2671"
+PLANTED = (PHONE, ID_CARD, CARD, EMAIL, INTL)
+MESSAGES = (
+    f"我的手机号是{PHONE}，我不吃辣",
+    f"我叫张三，身份证号{ID_CARD}，退款打到卡号{CARD}",
+    f"邮箱 {EMAIL} 记一下，美国的同事电话 {INTL}",
+    "订单号 20231105123456 的价格是 1299.00 元，版本 3.10.2，2023-11-05 14:30 下的单",
+    *(f"闲聊 {i}" for i in range(8)),
+    "你还记得我的手机号吗？",
+)
+
+
+def _engine(url: str, pii: str, seen: list[Sequence[ChatMessage]]) -> Engine:
+    def model(messages: Sequence[ChatMessage]) -> str:
+        seen.append(messages)
+        return f"好的，记下了：{messages[-1].content}"  # the answer repeats the values
+
+    return build_engine(
+        store=open_store(url), model=FunctionModel(model), counter=CharTokenCounter(),
+        settings=EngineSettings(pii=pii, summary_threshold=2),  # type: ignore[arg-type]
+    )
+
+
+async def _converse(engine: Engine) -> None:
+    for text in MESSAGES:
+        await engine.turn(T, S, text)
+        await engine.drain()
+
+
+def test_masking_is_precise_on_the_issue_examples() -> None:
+    masked = mask_pii(MESSAGES[0] + MESSAGES[1] + MESSAGES[2])
+    assert "138****5678" in masked.text
+    assert dict(masked.counts) == {"phone": 2, "id_card": 1, "bank_card": 1, "email": 1}
+    assert not any(value in masked.text for value in PLANTED)
+    assert mask_pii(MESSAGES[3]).text == MESSAGES[3]  # order number, price, version, date, time
+
+
+async def test_masked_session_leaves_no_planted_value_in_the_sqlite_files(tmp_path: Path) -> None:
+    seen: list[Sequence[ChatMessage]] = []
+    engine = _engine(f"sqlite:///{tmp_path}/cm.db", "mask", seen)
+    await _converse(engine)
+    # The current turn reached the model as typed, each time.
+    assert [m[-1].content for m in seen] == list(MESSAGES)
+    turns = await engine.store.turns(T, S)
+    assert turns[0].content == "我的手机号是138****5678，我不吃辣"
+    assert turns[0].metadata[PII_COUNT_KEY] == {"phone": 1}
+    assert turns[1].metadata[PII_COUNT_KEY] == {"phone": 1}  # the answer repeated it
+    assert turns[6].content == MESSAGES[3]  # nothing to mask: as typed
+    # Later turns see the masked form.
+    later = "\n".join(m.content for m in seen[-1][:-1])
+    assert "138****5678" in later and PHONE not in later
+    trace = await engine.trace(T, S, 2)
+    assert trace.typed.startswith("我叫张三，身份证号110")
+    _assert_none_planted(tmp_path)  # the database and its WAL, while open
+    await engine.close()
+    _assert_none_planted(tmp_path)  # and checkpointed
+
+
+def _assert_none_planted(folder: Path) -> None:
+    files = sorted(folder.glob("cm.db*"))
+    assert any(f.name == "cm.db" for f in files)
+    data = b"".join(f.read_bytes() for f in files)
+    assert b"138****5678" in data
+    for value in PLANTED:
+        assert value.encode() not in data, value
+
+
+async def test_keep_stores_what_was_typed(tmp_path: Path) -> None:
+    engine = _engine(f"sqlite:///{tmp_path}/cm.db", "keep", [])
+    await _converse(engine)
+    turns = await engine.store.turns(T, S)
+    assert [t.content for t in turns if t.role == "user"] == list(MESSAGES)
+    assert all(PII_COUNT_KEY not in t.metadata for t in turns)
+    await engine.close()
+
+
+def test_the_policy_is_checked() -> None:
+    with pytest.raises(ConfigError, match="CONTEXTMODE_PII"):
+        EngineSettings(pii="hide")  # type: ignore[arg-type]
+    assert EngineSettings.from_env({"CONTEXTMODE_PII": "mask"}).pii == "mask"
+    assert EngineSettings.from_env({}).pii == "keep"
