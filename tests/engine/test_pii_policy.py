@@ -103,3 +103,64 @@ def test_the_policy_is_checked() -> None:
         EngineSettings(pii="hide")  # type: ignore[arg-type]
     assert EngineSettings.from_env({"CONTEXTMODE_PII": "mask"}).pii == "mask"
     assert EngineSettings.from_env({}).pii == "keep"
+
+
+async def _postgres_rows(url: str) -> bytes:
+    import asyncpg
+
+    dsn, _, schema = url.partition("?schema=")
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = await conn.fetch("SELECT table_name FROM information_schema.tables WHERE table_schema = $1", schema)
+        rows = [
+            row[0] for t in tables
+            for row in await conn.fetch(f'SELECT t::text FROM "{schema}"."{t["table_name"]}" t')
+        ]
+    finally:
+        await conn.close()
+    assert tables
+    return "\n".join(rows).encode()
+
+
+async def _redis_values(url: str) -> bytes:
+    import redis.asyncio as aioredis
+
+    base, _, namespace = url.partition("?namespace=")
+    client = aioredis.from_url(base)
+    out: list[bytes] = []
+    try:
+        async for key in client.scan_iter(match=f"{namespace}*"):
+            kind = (await client.type(key)).decode()
+            out.append(key)
+            if kind == "string":
+                out.append(await client.get(key) or b"")
+            elif kind == "hash":
+                out.extend(v for pair in (await client.hgetall(key)).items() for v in pair)
+            elif kind == "list":
+                out.extend(await client.lrange(key, 0, -1))
+            elif kind == "set":
+                out.extend(await client.smembers(key))
+            elif kind == "zset":
+                out.extend(await client.zrange(key, 0, -1))
+            elif kind == "stream":
+                out.extend(v for _, fields in await client.xrange(key) for pair in fields.items() for v in pair)
+    finally:
+        await client.aclose()
+    return b"\n".join(out)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres),
+                                     pytest.param("redis", marks=pytest.mark.redis)])
+async def test_masked_session_leaves_no_planted_value_in_the_server_rows(backend: str, tmp_path: Path) -> None:
+    from contextmode.testing.backends import fresh_store_url
+
+    async with fresh_store_url(backend, tmp_path) as url:  # type: ignore[arg-type]
+        engine = _engine(url, "mask", [])
+        await _converse(engine)
+        await engine.trace(T, S, 2)
+        await engine.close()
+        data = await (_postgres_rows(url) if backend == "postgres" else _redis_values(url))
+    assert b"138****5678" in data
+    for value in PLANTED:
+        # as text, and as the hex a bytea column shows
+        assert value.encode() not in data and value.encode().hex().encode() not in data, value
