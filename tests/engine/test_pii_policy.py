@@ -164,3 +164,27 @@ async def test_masked_session_leaves_no_planted_value_in_the_server_rows(backend
     for value in PLANTED:
         # as text, and as the hex a bytea column shows
         assert value.encode() not in data and value.encode().hex().encode() not in data, value
+
+
+async def test_a_tenant_can_mask_while_the_others_keep() -> None:
+    from contextmode.store import MemoryStore
+
+    engine = build_engine(
+        store=MemoryStore(), model=FunctionModel(lambda m: "好的"), counter=CharTokenCounter(),
+        settings=EngineSettings(pii_tenants={"acme": "mask"}),
+    )
+    for tenant in ("acme", "other"):
+        await engine.turn(tenant, S, MESSAGES[0])
+    await engine.drain()
+    assert (await engine.store.turns("acme", S))[0].content == "我的手机号是138****5678，我不吃辣"
+    assert (await engine.store.turns("other", S))[0].content == MESSAGES[0]
+    assert "138****5678" in (await engine.trace("acme", S, 1)).typed
+    assert PHONE in (await engine.trace("other", S, 1)).typed
+    await engine.close()
+
+
+def test_tenant_policies_come_from_the_environment() -> None:
+    settings = EngineSettings.from_env({"CONTEXTMODE_PII_TENANTS": "acme=mask, beta=keep"})
+    assert (settings.pii_for("acme"), settings.pii_for("beta"), settings.pii_for("x")) == ("mask", "keep", "keep")
+    with pytest.raises(ConfigError, match="CONTEXTMODE_PII_TENANTS"):
+        EngineSettings.from_env({"CONTEXTMODE_PII_TENANTS": "acme:mask"})

@@ -94,7 +94,7 @@ class Engine:
         `close` then closes the model's HTTP client too; a model passed in stays the caller's."""
         self._keeper = StoreAbility(keeps_traces, store)
         """The store, and itself when it keeps traces: decided once per store, not per turn."""
-        if self.settings.pii == "mask":
+        if "mask" in (self.settings.pii, *self.settings.pii_tenants.values()):
             require_pii_libraries()  # a clear error now, not at the first stored turn
 
     # -- the processors, by name (a new one replaces the `Processors` value) --
@@ -162,10 +162,10 @@ class Engine:
         """The token budget of one context."""
         return Budget(context_window=self.settings.context_window, reply_reserve=self.settings.reply_reserve)
 
-    def keepable(self, turns: Sequence[NewTurn]) -> list[NewTurn]:
-        """``turns`` as the store may keep them: personal data masked under ``pii="mask"``
-        (`contextmode.engine.privacy`); every append of the engine goes through here."""
-        return keepable(self.settings.pii, self.counter, turns)
+    def keepable(self, tenant: str, turns: Sequence[NewTurn]) -> list[NewTurn]:
+        """``turns`` as ``tenant``'s store may keep them: personal data masked under
+        ``pii="mask"`` (`contextmode.engine.privacy`); every append of the engine goes through here."""
+        return keepable(self.settings.pii_for(tenant), self.counter, turns)
 
     def assembly_config(self, system_prompt: str | UseDefault | None = USE_DEFAULT) -> AssemblyConfig:
         """How contexts are assembled; ``system_prompt`` overrides the engine's for one turn."""

@@ -54,7 +54,7 @@ async def store_user_turn(engine: Engine, request: TurnRequest, prepared: Prepar
     if prepared.detection.intent:
         meta["intent"] = prepared.detection.intent
     new = NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message), metadata=meta)
-    turn = (await engine.store.append(key.tenant, key.session_id, engine.keepable([new]), user_id=request.user_id))[0]
+    turn = (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]), user_id=request.user_id))[0]
     observe(engine, key, [turn])
     return turn
 
@@ -89,7 +89,7 @@ async def store_answer(
             meta["offline"] = True
             meta["notice"] = True
         new = NewTurn(role="assistant", content=answer.text, tokens=engine.counter.count(answer.text), metadata=meta)
-        appended = await engine.store.append(key.tenant, key.session_id, engine.keepable([new]))
+        appended = await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]))
         observe(engine, key, appended)
         stored = appended[0]
     number = user_turn.metadata.get("turn")
@@ -109,7 +109,7 @@ async def _keep_trace(
     settings = engine.settings
     try:
         trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name)
-        trace = keepable_trace(settings.pii, trace)
+        trace = keepable_trace(settings.pii_for(key.tenant), trace)
         max_age = settings.trace_max_age_days
         await keeper.put_trace(
             key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
@@ -257,7 +257,7 @@ async def record_turn(
         role=role, content=content, tokens=engine.counter.count(content), metadata=meta,
         created_at=created_at or utc_now(),
     )
-    turn = (await engine.store.append(key.tenant, key.session_id, engine.keepable([new]), user_id=user_id))[0]
+    turn = (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]), user_id=user_id))[0]
     observe(engine, key, [turn])
     return turn
 
