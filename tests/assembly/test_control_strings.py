@@ -142,6 +142,8 @@ async def test_recent_turns_in_messages_are_neutralised_and_the_log_keeps_what_w
     prepared = await engine.prepare(T, S, PLANTED[2])
     users = [m.content for m in prepared.messages if m.role == "user"]
     assert users == [neutralise(p) for p in PLANTED[:3]]
+    # What is counted is the neutralised text, not the stored count of the typed one.
+    assert count_messages(engine.counter, prepared.messages) == prepared.context.total_tokens
     stored = await engine.store.turns(T, S)
     assert [t.content for t in stored if t.role == "user"] == PLANTED[:2]
 

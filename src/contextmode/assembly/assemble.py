@@ -562,7 +562,9 @@ def _agent_line(item: AgentItem, locale: str) -> str:
 
 
 def _agent_candidate(item: AgentItem, shape: _Shape) -> _Candidate:
-    item = replace(item, text=neutralise(item.text))  # counted as sent: control strings broken
+    # Counted as sent: control strings broken in the text and in the calls' arguments.
+    calls = tuple(replace(c, arguments=neutralise(c.arguments)) for c in item.tool_calls)
+    item = replace(item, text=neutralise(item.text), tool_calls=calls)
     if shape.as_messages:
         cost = item_cost(item, shape.counter, shape.count)
         return _Candidate(item.text, cost, item.turn.seq, item.turn, item=item, group=item.group)
