@@ -166,6 +166,9 @@ class TurnTrace:
     """True when the answer's stream broke before the end."""
     cut: bool = False
     """True when the trace was larger than the size cap and message texts were shortened."""
+    pii_masked: Mapping[str, int] = field(default_factory=dict)
+    """Personal values masked in this exchange's stored turns, by kind (``{"phone": 1}``;
+    ``EngineSettings(pii="mask")``); the trace's own texts are masked the same way."""
 
 
 def message_to_dict(message: ChatMessage) -> dict[str, Any]:

@@ -75,6 +75,8 @@ async def test_masked_session_leaves_no_planted_value_in_the_sqlite_files(tmp_pa
     assert "138****5678" in later and PHONE not in later
     trace = await engine.trace(T, S, 2)
     assert trace.typed.startswith("我叫张三，身份证号110")
+    assert trace.pii_masked == {"id_card": 2, "bank_card": 2}  # the message and the answer repeating it
+    assert (await engine.trace(T, S, 4)).pii_masked == {}
     _assert_none_planted(tmp_path)  # the database and its WAL, while open
     await engine.close()
     _assert_none_planted(tmp_path)  # and checkpointed

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,7 +17,7 @@ from ..store.base import TraceRecords
 from ..store.postings import has_postings
 from ..trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
 from ..types import NewTurn, SessionKey, SessionState, Turn, utc_now
-from .privacy import keepable_trace
+from .privacy import keepable_trace, masked_counts
 from .request import PreparedTurn, TurnRequest
 from .seams import indexes_turns
 
@@ -99,17 +99,19 @@ async def store_answer(
             turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
             ttft_ms=answer.ttft_ms, model_ms=answer.model_ms, partial=answer.partial,
         )
-        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome))
+        masked = masked_counts(user_turn, stored)
+        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome, masked))
     return stored
 
 
 async def _keep_trace(
-    engine: Engine, keeper: TraceRecords, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome
+    engine: Engine, keeper: TraceRecords, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome,
+    masked: Mapping[str, int],
 ) -> None:
     settings = engine.settings
     try:
         trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name)
-        trace = keepable_trace(settings.pii_for(key.tenant), trace)
+        trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
         await keeper.put_trace(
             key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),

@@ -22,9 +22,9 @@ from ..settings import PiiPolicy
 from ..text.pii import JsonValue, PiiKind, mask_json, mask_pii
 from ..tokens.base import TokenCounter
 from ..trace import TurnTrace, trace_from_json, trace_to_dict
-from ..types import NewTurn
+from ..types import NewTurn, Turn
 
-__all__ = ["PII_COUNT_KEY", "keepable", "keepable_trace"]
+__all__ = ["PII_COUNT_KEY", "keepable", "keepable_trace", "masked_counts"]
 
 PII_COUNT_KEY = "pii_masked"
 """Metadata key of a masked turn: how many values of each kind were masked."""
@@ -92,3 +92,14 @@ def keepable_trace(policy: PiiPolicy, trace: TurnTrace) -> TurnTrace:
         return trace
     masked = mask_json(trace_to_dict(trace))
     return trace_from_json(json.dumps(masked, ensure_ascii=False))
+
+
+def masked_counts(*turns: Turn | None) -> dict[str, int]:
+    """How many values of each kind were masked in ``turns`` (an exchange's user turn and
+    answer), from their ``pii_masked`` metadata; empty when none was."""
+    total: Counter[str] = Counter()
+    for turn in turns:
+        counts = turn.metadata.get(PII_COUNT_KEY) if turn is not None else None
+        if isinstance(counts, dict):
+            total.update({str(k): int(v) for k, v in counts.items() if isinstance(v, int)})
+    return dict(total)
