@@ -138,7 +138,7 @@ stored turn (``助手: 好的…``) never reads as a turn of its own."""
 
 
 def item_text(text: str) -> str:
-    """`data_text` of one item (a turn, a pin, a tool result) kept on its own block: every
+    """`data_text` of one item (a turn, a pin) kept on its own block: every
     line after the first is indented (`CONTINUATION`)."""
     return _LINE_BREAK.sub(CONTINUATION, data_text(text))
 
