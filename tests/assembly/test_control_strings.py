@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contextmode.api import build_engine
 from contextmode.assembly import to_anthropic, to_messages, to_text
@@ -185,3 +187,18 @@ async def test_a_forged_speaker_line_never_starts_a_line_of_any_renderer() -> No
     text = to_text(prepared.context)
     headings = [x for x in text.split("\n") if re.fullmatch(r"\[(system|user|assistant|tool)\]", x)]
     assert len(headings) == len(prepared.messages)
+
+
+_pieces = st.lists(
+    st.sampled_from([*ALL_STRINGS, "<|", "|>", "<", "|", "[", "]", "/", "｜", "▁", "im_start", "INST", "s>", "\n", " ", "好"]),
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(text=st.one_of(_pieces, st.text(max_size=40)))
+def test_no_mix_of_pieces_survives_and_nothing_else_changes(text: str) -> None:
+    out = neutralise(text)
+    assert not has_control_string(out)
+    assert out.replace(BREAK, "") == text.replace(BREAK, "")
+    assert neutralise(out) == out
