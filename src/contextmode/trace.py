@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .text.neutralise import neutralise
 from .types import ChatMessage, ToolCall, Turn, utc_now
 
 if TYPE_CHECKING:
@@ -344,7 +345,7 @@ def _rewrite(context: Context, rewrite: Rewrite | None) -> TraceRewrite | None:
         decision = "unchanged"
     else:
         decision = (
-            "used" if context.message == rewrite.text
+            "used" if neutralise(context.message) == neutralise(rewrite.text)  # sent with control strings broken
             else "hint" if context.hint == rewrite.text
             else "kept_original"
         )
@@ -378,7 +379,7 @@ def build_trace(
         created_at=utc_now(),
         typed=ctx.original_message,
         sent=ctx.message,
-        follow_up=follow_up if ctx.message != ctx.original_message else None,
+        follow_up=follow_up if neutralise(ctx.message) != neutralise(ctx.original_message) else None,
         messages=tuple(prepared.messages),
         layers=tuple(
             TraceLayer(
