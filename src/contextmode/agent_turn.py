@@ -85,7 +85,7 @@ async def _store_results(engine: Engine, key: SessionKey, results: Sequence[Tool
         )
         for r in fresh
     ]
-    stored = await engine.store.append(tenant, session_id, new)
+    stored = await engine.store.append(tenant, session_id, engine.keepable(tenant, new))
     observe(engine, key, stored)
     return stored
 
@@ -186,9 +186,9 @@ async def stream_agent_turn(
         if request.message is not None:
             turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt)
             prepared = await prepare_turn(engine, turn_request)
-            new_user = (await engine.store.append(key.tenant, key.session_id, [
+            new_user = (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [
                 NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
-                        metadata=dict(metadata or {}))]))[0]
+                        metadata=dict(metadata or {}))])))[0]
             observe(engine, key, [new_user])
             user_turn = new_user
         else:
@@ -232,7 +232,7 @@ async def _store_answer(
     meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": engine.model.name, **tool_metadata(tool_calls=calls)}
     if not completed:
         meta["partial"] = True
-    stored = await engine.store.append(key.tenant, key.session_id, [
-        NewTurn(role="assistant", content=text, tokens=count_turn(engine.counter, text, tool_calls=calls), metadata=meta)])
+    stored = await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [
+        NewTurn(role="assistant", content=text, tokens=count_turn(engine.counter, text, tool_calls=calls), metadata=meta)]))
     observe(engine, key, stored)
     return stored[0]

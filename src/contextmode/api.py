@@ -484,7 +484,7 @@ class ContextMode:
             tokens = count_turn(engine.counter, m.content, tool_calls=m.tool_calls, tool_result=m.role == "tool")
             new.append(NewTurn(role=m.role, content=m.content, tokens=tokens, metadata=meta,
                                created_at=record.created_at or utc_now()))
-        stored = await engine.store.append(self.tenant, session_id, new, user_id=user_id)
+        stored = await engine.store.append(self.tenant, session_id, engine.keepable(self.tenant, new), user_id=user_id)
         observe(engine, key, stored)
         for turn in stored:
             if turn.role == "user":

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigError
 
-__all__ = ["EngineSettings", "Mode", "contextmode_home", "env_int"]
+__all__ = ["EngineSettings", "Mode", "PiiPolicy", "contextmode_home", "env_flag", "env_int"]
 
 Mode = Literal["contextual", "decoupled"]
+PiiPolicy = Literal["keep", "mask"]
 
 
 def contextmode_home(env: Mapping[str, str] | None = None) -> Path:
@@ -42,6 +43,19 @@ def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
     return value
+
+
+def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """``True``/``False`` from ``env[name]`` (``1 true yes on`` / ``0 false no off``); ``default``
+    when unset or blank. Raises `ConfigError` naming the variable for anything else."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be 1 or 0 (true/false), got {raw!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,16 +91,36 @@ class EngineSettings:
     """Traces older than this many days are dropped at the session's next trace; 0 = no age limit."""
     trace_max_bytes: int = 262_144
     """Size cap of one trace's JSON, bytes; longer message texts are shortened to fit (0 = no cap)."""
+    pii: PiiPolicy = "keep"
+    """Personal data in what is stored: ``keep`` (as typed) or ``mask`` (phone numbers, Chinese
+    resident ID numbers, bank card numbers and e-mail addresses masked, ``138****5678``, before
+    the turn, its trace or anything made from it is stored; the current message still reaches
+    the model as typed). ``mask`` needs the ``pii`` extra."""
+    pii_tenants: Mapping[str, PiiPolicy] = field(default_factory=dict)
+    """Per-tenant exceptions to ``pii`` (``{"acme": "mask"}``); env ``CONTEXTMODE_PII_TENANTS``
+    as ``acme=mask,beta=keep``."""
+    raw_message: bool = False
+    """Send the current message with chat-template control strings (``<|im_start|>``…) whole;
+    by default they are broken like those of stored text."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("contextual", "decoupled"):
             raise ConfigError(f"mode must be 'contextual' or 'decoupled', got {self.mode!r}")
+        if self.pii not in ("keep", "mask"):
+            raise ConfigError(f"pii (CONTEXTMODE_PII) must be 'keep' or 'mask', got {self.pii!r}")
+        for tenant, policy in self.pii_tenants.items():
+            if policy not in ("keep", "mask"):
+                raise ConfigError(f"pii of tenant {tenant!r} (CONTEXTMODE_PII_TENANTS) must be 'keep' or 'mask', got {policy!r}")
+
+    def pii_for(self, tenant: str) -> PiiPolicy:
+        """The personal-data policy of ``tenant``: its own when set, else ``pii``."""
+        return self.pii_tenants.get(tenant, self.pii)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
         """Settings from ``CONTEXTMODE_STRATEGY``, ``_CONTEXT_WINDOW``, ``_REPLY_RESERVE``,
         ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``,
-        ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``."""
+        ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``, ``_PII``, ``_PII_TENANTS``, ``_RAW_MESSAGE``."""
         env = os.environ if env is None else env
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
@@ -102,4 +136,18 @@ class EngineSettings:
             trace_keep=env_int(env, "CONTEXTMODE_TRACE_KEEP", 1000),
             trace_max_age_days=env_int(env, "CONTEXTMODE_TRACE_MAX_AGE_DAYS", 90),
             trace_max_bytes=env_int(env, "CONTEXTMODE_TRACE_MAX_BYTES", 262_144),
+            pii=env.get("CONTEXTMODE_PII", "keep").strip().lower() or "keep",  # type: ignore[arg-type]
+            pii_tenants=_tenant_policies(env.get("CONTEXTMODE_PII_TENANTS", "")),
+            raw_message=env_flag(env, "CONTEXTMODE_RAW_MESSAGE", False),
         )
+
+
+def _tenant_policies(raw: str) -> dict[str, PiiPolicy]:
+    """``acme=mask,beta=keep`` as a mapping; `ConfigError` naming the variable when malformed."""
+    out: dict[str, PiiPolicy] = {}
+    for part in filter(None, (p.strip() for p in raw.split(","))):
+        tenant, sep, policy = part.partition("=")
+        if not sep or not tenant.strip() or policy.strip().lower() not in ("keep", "mask"):
+            raise ConfigError(f"CONTEXTMODE_PII_TENANTS must be tenant=keep|mask pairs separated by commas, got {part!r}")
+        out[tenant.strip()] = policy.strip().lower()  # type: ignore[assignment]
+    return out

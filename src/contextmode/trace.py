@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .text.neutralise import neutralise
 from .types import ChatMessage, ToolCall, Turn, utc_now
 
 if TYPE_CHECKING:
@@ -166,6 +167,9 @@ class TurnTrace:
     """True when the answer's stream broke before the end."""
     cut: bool = False
     """True when the trace was larger than the size cap and message texts were shortened."""
+    pii_masked: Mapping[str, int] = field(default_factory=dict)
+    """Personal values masked in this exchange's stored turns, by kind (``{"phone": 1}``;
+    ``EngineSettings(pii="mask")``); the trace's own texts are masked the same way."""
 
 
 def message_to_dict(message: ChatMessage) -> dict[str, Any]:
@@ -341,7 +345,7 @@ def _rewrite(context: Context, rewrite: Rewrite | None) -> TraceRewrite | None:
         decision = "unchanged"
     else:
         decision = (
-            "used" if context.message == rewrite.text
+            "used" if neutralise(context.message) == neutralise(rewrite.text)  # sent with control strings broken
             else "hint" if context.hint == rewrite.text
             else "kept_original"
         )
@@ -375,7 +379,7 @@ def build_trace(
         created_at=utc_now(),
         typed=ctx.original_message,
         sent=ctx.message,
-        follow_up=follow_up if ctx.message != ctx.original_message else None,
+        follow_up=follow_up if neutralise(ctx.message) != neutralise(ctx.original_message) else None,
         messages=tuple(prepared.messages),
         layers=tuple(
             TraceLayer(

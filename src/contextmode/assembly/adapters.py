@@ -6,7 +6,7 @@ from typing import Any
 
 from ..types import ChatMessage
 from .context import Context, LayerItem
-from .render import SECTION_SEPARATOR
+from .render import SECTION_SEPARATOR, indented
 
 __all__ = ["to_anthropic", "to_messages", "to_text"]
 
@@ -77,5 +77,6 @@ def to_text(context: Context) -> str:
     """One plain-text prompt with section headings, in the configured order."""
     if context.format == "text":
         return SECTION_SEPARATOR.join(layer.rendered for layer in context.layers if layer.rendered)
-    # A message-form context shown as text: render each message under its role.
-    return "\n\n".join(f"[{m.role}]\n{m.content}" for m in to_messages(context))
+    # A message-form context shown as text: each message under its role, its lines indented
+    # so that no line of a message reads as another message's "[assistant]" heading.
+    return "\n\n".join(f"[{m.role}]\n{indented(m.content)}" for m in to_messages(context))

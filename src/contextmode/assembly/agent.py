@@ -194,7 +194,7 @@ def item_cost(item: AgentItem, counter: TokenCounter, count: Callable[[str], int
     """Tokens of ``item`` as one chat message, overhead included (stored count when unchanged)."""
     turn = item.turn
     overhead = message_overhead(counter, turn.role)
-    if not item.elided and item.tool_calls == turn.tool_calls:
+    if not item.elided and item.text == turn.content and item.tool_calls == turn.tool_calls:
         return turn.tokens + overhead
     if turn.role == "tool":
         return count_turn(_Counting(counter, count), item.text, tool_result=True) + overhead

@@ -19,6 +19,7 @@ from ..errors import ConfigError, MessageTooLarge
 from ..memory.budget import FLEXIBLE_LAYERS, Budget, LayerName, allocate
 from ..memory.strategies import MemoryPlan, Strategy, get_strategy
 from ..text import is_chinese
+from ..text.neutralise import neutralise
 from ..tokens.base import TokenCounter
 from ..tokens.tools import message_overhead
 from ..types import SessionState, Turn, utc_now
@@ -38,6 +39,7 @@ from .render import (
     constraint_line,
     data_text,
     layer_title,
+    message_line,
     rewrite_hint,
     role_label,
     section_text,
@@ -98,6 +100,9 @@ class AssemblyConfig:
     """Reply-format instructions (the ``format`` layer), empty for none."""
     tool_limits: ToolLimits = field(default_factory=ToolLimits)
     """How many tokens of an older tool result reach the model (head and tail, per tool)."""
+    raw_message: bool = False
+    """Send the current message with its chat-template control strings whole; by default they
+    are broken like those of stored text (`contextmode.text.neutralise`)."""
 
     def resolved_order(self) -> tuple[LayerName, ...]:
         order = order_preset(self.order) if isinstance(self.order, str) else tuple(self.order)
@@ -273,6 +278,8 @@ def assemble(
     frame = _frame(state, message, counter, budget, config)
     plan = strategy.plan(state, message, now=now)
     sent = current.standalone or message
+    if not config.raw_message:
+        sent = neutralise(sent)
     fixed = _fixed_layers(state, frame, config, sent, current)
     if current.quotes is not None:
         plan = _without(plan, current.quotes)
@@ -341,7 +348,7 @@ def _current_section(frame: _Frame, sent: str) -> tuple[str, int]:
     if frame.as_messages:
         return sent, frame.count(sent) + message_overhead(counter, "user") + counter.reply_overhead
     locale = frame.locale
-    text = section_text("current", layer_title("current", locale), [f"{role_label('user', locale)}: {sent}"])
+    text = section_text("current", layer_title("current", locale), [message_line(sent, locale)])
     return text, frame.count(text) + frame.sep_cost
 
 
@@ -639,7 +646,7 @@ def _current_step(
     if cost > available:  # not even the markers fit with the pins' room kept aside
         step, cost = _agent_step(turns, available, shape)
     if not shape.as_messages:
-        lines = [f"{role_label('user', shape.locale)}: {sent}", *(c.line for c in step)]
+        lines = [message_line(sent, shape.locale), *(c.line for c in step)]
         current_text = section_text("current", layer_title("current", shape.locale), lines)
     return step, cost, current_text
 
@@ -666,6 +673,9 @@ def _agent_line(item: AgentItem, locale: str) -> str:
 
 
 def _agent_candidate(item: AgentItem, shape: _Shape) -> _Candidate:
+    # Counted as sent: control strings broken in the text and in the calls' arguments.
+    calls = tuple(replace(c, arguments=neutralise(c.arguments)) for c in item.tool_calls)
+    item = replace(item, text=neutralise(item.text), tool_calls=calls)
     if shape.as_messages:
         cost = item_cost(item, shape.counter, shape.count)
         return _Candidate(item.text, cost, item.turn.seq, item.turn, item=item, group=item.group)

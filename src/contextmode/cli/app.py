@@ -41,7 +41,7 @@ def _options(
     global _debug
     _debug = debug
 
-for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "locomo"):
+for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "locomo", "pii"):
     try:
         importlib.import_module(f"contextmode.evaluation.{_module}").register(eval_app)
     except ModuleNotFoundError as exc:  # pragma: no cover - a module still being written

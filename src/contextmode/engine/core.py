@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import datetime
@@ -40,11 +40,13 @@ from ..store.base import (
     load_trace,
     one_connection,
 )
+from ..text.pii import require_pii_libraries
 from ..tokens.base import TokenCounter
 from ..trace import TurnTrace
-from ..types import SessionKey, SessionState, Summary, Turn
+from ..types import NewTurn, SessionKey, SessionState, Summary, Turn
 from .persist import TraceWrites, record_turn
 from .prepare import load_state, prepare_turn
+from .privacy import keepable
 from .request import USE_DEFAULT, PreparedTurn, TurnEvent, TurnRequest, TurnResult, UseDefault
 from .schedule import schedule_jobs, summarize_now
 from .seams import Processors, Recaller, caches_sessions, safe_with_shared_connection
@@ -92,6 +94,8 @@ class Engine:
         `close` then closes the model's HTTP client too; a model passed in stays the caller's."""
         self._keeper = StoreAbility(keeps_traces, store)
         """The store, and itself when it keeps traces: decided once per store, not per turn."""
+        if "mask" in (self.settings.pii, *self.settings.pii_tenants.values()):
+            require_pii_libraries()  # a clear error now, not at the first stored turn
 
     # -- the processors, by name (a new one replaces the `Processors` value) --
 
@@ -158,12 +162,18 @@ class Engine:
         """The token budget of one context."""
         return Budget(context_window=self.settings.context_window, reply_reserve=self.settings.reply_reserve)
 
+    def keepable(self, tenant: str, turns: Sequence[NewTurn]) -> list[NewTurn]:
+        """``turns`` as ``tenant``'s store may keep them: personal data masked under
+        ``pii="mask"`` (`contextmode.engine.privacy`); every append of the engine goes through here."""
+        return keepable(self.settings.pii_for(tenant), self.counter, turns)
+
     def assembly_config(self, system_prompt: str | UseDefault | None = USE_DEFAULT) -> AssemblyConfig:
         """How contexts are assembled; ``system_prompt`` overrides the engine's for one turn."""
         return AssemblyConfig(
             order=self.settings.order,
             locale=self.settings.locale,
             system_prompt=self.system_prompt if isinstance(system_prompt, UseDefault) else system_prompt,
+            raw_message=self.settings.raw_message,
         )
 
     async def load(self, tenant: str, session_id: str, strategy: Strategy) -> SessionState:

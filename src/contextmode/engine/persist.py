@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,6 +17,7 @@ from ..store.base import TraceRecords
 from ..store.postings import has_postings
 from ..trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
 from ..types import NewTurn, SessionKey, SessionState, Turn, utc_now
+from .privacy import keepable_trace, masked_counts
 from .request import PreparedTurn, TurnRequest
 from .seams import indexes_turns
 
@@ -53,7 +54,7 @@ async def store_user_turn(engine: Engine, request: TurnRequest, prepared: Prepar
     if prepared.detection.intent:
         meta["intent"] = prepared.detection.intent
     new = NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message), metadata=meta)
-    turn = (await engine.store.append(key.tenant, key.session_id, [new], user_id=request.user_id))[0]
+    turn = (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]), user_id=request.user_id))[0]
     observe(engine, key, [turn])
     return turn
 
@@ -88,7 +89,7 @@ async def store_answer(
             meta["offline"] = True
             meta["notice"] = True
         new = NewTurn(role="assistant", content=answer.text, tokens=engine.counter.count(answer.text), metadata=meta)
-        appended = await engine.store.append(key.tenant, key.session_id, [new])
+        appended = await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]))
         observe(engine, key, appended)
         stored = appended[0]
     number = user_turn.metadata.get("turn")
@@ -98,16 +99,19 @@ async def store_answer(
             turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
             ttft_ms=answer.ttft_ms, model_ms=answer.model_ms, partial=answer.partial,
         )
-        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome))
+        masked = masked_counts(user_turn, stored)
+        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome, masked))
     return stored
 
 
 async def _keep_trace(
-    engine: Engine, keeper: TraceRecords, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome
+    engine: Engine, keeper: TraceRecords, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome,
+    masked: Mapping[str, int],
 ) -> None:
     settings = engine.settings
     try:
         trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name)
+        trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
         await keeper.put_trace(
             key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
@@ -255,7 +259,7 @@ async def record_turn(
         role=role, content=content, tokens=engine.counter.count(content), metadata=meta,
         created_at=created_at or utc_now(),
     )
-    turn = (await engine.store.append(key.tenant, key.session_id, [new], user_id=user_id))[0]
+    turn = (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]), user_id=user_id))[0]
     observe(engine, key, [turn])
     return turn
 

@@ -178,6 +178,9 @@ def _shown(turn: Turn, text: str, calls: tuple[ToolCall, ...]) -> list[Item]:
     items = _items_of(turn)
     if turn.role == "tool" and text != turn.content:
         return [{**i, "output": text} if _kind(i) == "output" else i for i in items]
+    if text != turn.content:  # as assembled: control strings broken, or only the newest part
+        items = [{**i, "content": text} if i.get("content") == turn.content and _kind(i) in ("user", "assistant")
+                 else i for i in items]
     if turn.tool_calls and not calls:
         return [i for i in items if _kind(i) == "assistant"]
     return items

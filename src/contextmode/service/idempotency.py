@@ -62,12 +62,21 @@ class Claim:
     key: str
     done: bool = False
     chunks: list[bytes] = field(default_factory=list)
+    mask: bool = False
+    """Mask personal data in the kept response (the tenant's ``pii="mask"``)."""
+
+    def _kept(self, text: str) -> str:
+        if not self.mask:
+            return text
+        from ..text.pii import mask_pii
+
+        return mask_pii(text).text
 
     async def finish(self, response: Response) -> None:
         """Keep ``response`` (a JSON response) as the answer to every retry."""
         if not self.done:
             self.done = True
-            text = json.dumps({"kind": "json", "body": bytes(response.body).decode()})
+            text = json.dumps({"kind": "json", "body": self._kept(bytes(response.body).decode())})
             await self.store.finish_idempotency(
                 self.tenant, self.key, status=response.status_code, response=text, ttl_s=TTL_S
             )
@@ -76,7 +85,7 @@ class Claim:
         """Keep the events sent so far (``record`` collected them) as the replayed stream."""
         if not self.done:
             self.done = True
-            text = json.dumps({"kind": "sse", "events": [c.decode() for c in self.chunks]})
+            text = json.dumps({"kind": "sse", "events": [self._kept(c.decode()) for c in self.chunks]})
             await self.store.finish_idempotency(self.tenant, self.key, status=200, response=text, ttl_s=TTL_S)
 
     async def release(self) -> None:
@@ -102,12 +111,13 @@ def fingerprint(parts: Sequence[str]) -> str:
 
 
 async def claim(
-    store: Store, tenant: str, header: str | None, parts: Sequence[str], *, session_id: str
+    store: Store, tenant: str, header: str | None, parts: Sequence[str], *, session_id: str, mask: bool = False
 ) -> tuple[Claim | None, Response | None]:
     """Claim ``header``'s key for this request: ``(claim, None)`` to run it,
     ``(None, response)`` to replay, ``(None, None)`` without a key (or a store without records).
 
-    The record is tied to ``session_id``: erasing the session erases it.
+    The record is tied to ``session_id``: erasing the session erases it. With ``mask`` the
+    kept response has its personal data masked (a replay shows it masked).
 
     Raises `IdempotencyKeyReused` (40903) or `RequestInProgress` (40904).
     """
@@ -119,7 +129,7 @@ async def claim(
     wanted = fingerprint(parts)
     record = await store.claim_idempotency(tenant, key, wanted, session_id=session_id, lease_s=LEASE_S)
     if record is None:
-        return Claim(store=store, tenant=tenant, key=key), None
+        return Claim(store=store, tenant=tenant, key=key, mask=mask), None
     if record.fingerprint != wanted:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with another request; use a new key for a new request"

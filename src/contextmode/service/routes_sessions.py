@@ -161,7 +161,7 @@ async def post_message(
     decoded = decode_images(body.images, state.settings)
     held, replay = await claim(
         state.engine.store, tenant, idempotency_key, ["sessions", session_id, body.model_dump_json()],
-        session_id=session_id,
+        session_id=session_id, mask=state.engine.settings.pii_for(tenant) == "mask",
     )
     if replay is not None:
         return replay

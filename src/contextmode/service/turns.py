@@ -307,7 +307,8 @@ async def serve_once(
     request replays its response; ``route``, the session and ``body`` (the canonical request body)
     tell a retry from a new request."""
     held, replay = await claim(
-        state.engine.store, key.tenant, idempotency_key, [route, key.session_id, body], session_id=key.session_id
+        state.engine.store, key.tenant, idempotency_key, [route, key.session_id, body], session_id=key.session_id,
+        mask=state.engine.settings.pii_for(key.tenant) == "mask",
     )
     if replay is not None:
         return replay

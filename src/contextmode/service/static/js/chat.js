@@ -29,6 +29,12 @@ function bubble(role, seq, exchange, ...children) {
   );
 }
 
+/** How many personal values were masked in a stored turn (pii="mask"), or nothing. */
+function maskedNote(counts) {
+  const n = counts ? Object.values(counts).reduce((a, b) => a + b, 0) : 0;
+  return n ? el("div", { class: "muted pii-note" }, t("piiMasked", n)) : null;
+}
+
 /** Show a stored history (oldest first). */
 export function renderHistory(turns) {
   if (!turns.length) {
@@ -49,6 +55,7 @@ export function renderHistory(turns) {
           ? el("div", { class: "tool-calls muted" }, turn.tool_calls.map((c) => `🔧 ${c.name}(${c.arguments})`).join("\n"))
           : null,
         turn.partial ? el("div", { class: "muted" }, t("partial")) : null,
+        maskedNote(turn.metadata?.pii_masked),
         turn.metadata?.notice ? el("div", { class: "muted notice-note" }, t("notice")) : null,
       );
       node.dataset.state = turn.partial ? "partial" : "done";
