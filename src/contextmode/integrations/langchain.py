@@ -50,9 +50,9 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 
 from ..api import ContextMode, MessageRecord
-from ..assembly import Context, to_messages
+from ..assembly import Context
 from ..types import ChatMessage, Role, ToolCall, Turn
-from ._session import SessionMemory
+from ._session import SessionMemory, memory_messages
 
 V = TypeVar("V")
 
@@ -147,12 +147,13 @@ def turn_to_message(turn: Turn) -> BaseMessage:
 
 
 def context_to_messages(context: Context, current: BaseMessage | None = None) -> list[BaseMessage]:
-    """The assembled context as LangChain messages: a system message with every non-turn
-    layer (summary, pins, key moments, recall), the recent turns, the user's message
+    """The assembled context as LangChain messages: a system message with the memory layers
+    (summary, pins, key moments, recall; none when they are empty; never the engine's own
+    system prompt: the agent's is the only one), the recent turns, the user's message
     (``current`` itself when given and its text is the one sent), then the current
     tool-calling step. Built messages get ids starting with `ID_PREFIX`."""
     out: list[BaseMessage] = []
-    chat = to_messages(context)
+    chat = memory_messages(context)
     recent = context.layer("recent")
     at = (1 if chat and chat[0].role == "system" else 0) + (len(recent.items) if recent else 0)
     for i, m in enumerate(chat):

@@ -32,11 +32,11 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.memory.types import BaseMemory
 
 from ..api import ContextMode, MessageRecord
-from ..assembly import Context, to_messages
-from ..errors import InputError
+from ..assembly import Context
+from ..errors import InputError, MessageTooLarge
 from ..types import ChatMessage as CMMessage
 from ..types import Role, ToolCall, Turn
-from ._session import SessionMemory
+from ._session import SessionMemory, memory_messages
 
 __all__ = ["ContextModeMemory", "context_to_messages", "message_to_record", "turn_to_message"]
 
@@ -116,11 +116,12 @@ def turn_to_message(turn: Turn) -> ChatMessage:
 
 
 def context_to_messages(context: Context, current: ChatMessage | None = None) -> list[ChatMessage]:
-    """The assembled context as LlamaIndex messages: a system message with every non-turn
-    layer (summary, pins, key moments, recall), the recent turns, the user's message
-    (``current`` itself when given and its text is the one sent), then the current
-    tool-calling step."""
-    chat = to_messages(context)
+    """The assembled context as LlamaIndex messages: a system message with the memory layers
+    (summary, pins, key moments, recall; none when they are empty; never the engine's own
+    system prompt: the chat engine's or agent's is the only one), the recent turns, the
+    user's message (``current`` itself when given and its text is the one sent), then the
+    current tool-calling step."""
+    chat = memory_messages(context)
     recent = context.layer("recent")
     at = (1 if chat and chat[0].role == "system" else 0) + (len(recent.items) if recent else 0)
     return [
@@ -215,6 +216,8 @@ class ContextModeMemory(BaseMemory):
             return list(self._given)
         try:
             context = await self._session.context_to_continue()
+        except MessageTooLarge:  # the newest user message alone is over the budget: as `put` + `get`
+            raise
         except InputError:  # no user turn yet: nothing to assemble around
             return [turn_to_message(t) for t in await self._session.turns()]
         self._given = context_to_messages(context)

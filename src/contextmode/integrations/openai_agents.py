@@ -43,11 +43,12 @@ from agents.run_config import CallModelData, ModelInputData
 
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context, LayerContent
-from ..errors import InputError
-from ..memory.budget import Budget, LayerName
+from ..errors import InputError, MessageTooLarge
+from ..memory.budget import Budget
 from ..settings import EngineSettings
 from ..tokens.tools import message_overhead
 from ..types import ChatMessage, Role, ToolCall, Turn
+from ._session import NO_SYSTEM_PROMPT, memory_sections
 
 __all__ = ["ContextModeSession", "items_to_records", "turns_to_items"]
 
@@ -57,7 +58,6 @@ _ITEMS = "agents_items"
 """Turn metadata key holding the SDK items a turn stands for."""
 _TEXT_KEY = "_cm_text"
 """In a stored item: the key whose text is the turn's content (stored once, put back on read)."""
-_MEMORY_LAYERS: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall")
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
@@ -189,11 +189,7 @@ def context_to_items(
     """An assembled context as SDK input items: a ``system`` item per memory layer, then the
     recent turns' items, then (``current``) the current message's (``latest_user`` when it is
     stored) and its step's."""
-    out: list[Item] = [
-        {"role": "system", "content": layer.rendered}
-        for name in _MEMORY_LAYERS
-        if (layer := context.layer(name)) is not None and layer.rendered
-    ]
+    out: list[Item] = [{"role": "system", "content": section} for section in memory_sections(context)]
     recent = context.layer("recent")
     step = context.layer("current") if current else None
     shown = list(recent.items if recent else ())
@@ -295,7 +291,9 @@ class ContextModeSession:
             if not self._assembled:
                 return turns_to_items(await self.memory.aturns(self.session_id))
             try:
-                context = await self.memory.acontinue(self.session_id)
+                context = await self.memory.acontinue(self.session_id, system_prompt=NO_SYSTEM_PROMPT)
+            except MessageTooLarge:  # the newest message alone is over the budget: said, never hidden
+                raise
             except InputError:  # no user message yet: nothing to assemble around
                 self._assembled = False
                 return turns_to_items(await self.memory.aturns(self.session_id))
@@ -367,8 +365,8 @@ class ContextModeSession:
             async with self._lock():
                 newest = await self.memory.anewest(self.session_id)
                 stored = newest is not None and newest.role == "user" and newest.content == message
-                context = await (self.memory.acontinue(self.session_id) if stored
-                                 else self.memory.acontext(self.session_id, message))
+                context = await (self.memory.acontinue(self.session_id, system_prompt=NO_SYSTEM_PROMPT) if stored
+                                 else self.memory.acontext(self.session_id, message, system_prompt=NO_SYSTEM_PROMPT))
                 seqs = [i.seq for i in (context.layer("recent") or _NO_ITEMS).items if i.seq is not None]
                 turns = await self.memory.aturns_between(self.session_id, min(seqs), max(seqs)) if seqs else []
             self.last_context = context
