@@ -39,6 +39,7 @@ from contextmode.integrations import langchain as lc
 from contextmode.integrations.llama_index import ContextModeMemory
 from contextmode.integrations.openai_agents import ContextModeSession
 from contextmode.integrations.pydantic_ai import ContextModeHistory
+from contextmode.session_keys import id_for_key
 from contextmode.settings import EngineSettings
 
 DEFAULTS = tuple(DEFAULT_SYSTEM_PROMPT.values())
@@ -209,3 +210,27 @@ def test_pydantic_ai_fifty_continued_runs_stay_bounded(small: ContextMode) -> No
                              if not (isinstance(p, SystemPromptPart) and p.content == APP_PROMPT))
         assert history_tokens <= 300
     _no_default([p.content for p in _system_parts(seen[-1])])
+
+
+# -- 3. any key ---------------------------------------------------------------------------
+
+KEY = "user1/1-1dc5acabaf"
+
+
+async def test_every_adapter_takes_any_key(roomy: ContextMode) -> None:
+    llama = ContextModeMemory(KEY, memory=roomy, user_id="ana@example.com")
+    await llama.aput_messages([ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="hello")])
+    assert llama.session_id == KEY and [m.content for m in await llama.aget_all()] == ["hi", "hello"]
+    agents = ContextModeSession(KEY + "/agents", memory=roomy)
+    await agents.add_items([{"role": "user", "content": "hey"}])
+    assert agents.session_id == KEY + "/agents" and len(await agents.get_items()) == 1
+    answer = FunctionModel(lambda m, i: ModelResponse(parts=[TextPart(content="ok")]))
+    history = ContextModeHistory(KEY + "/pydantic", memory=roomy)
+    await Agent(answer, capabilities=[history.capability]).run("hello there")
+    middleware = lc.ContextModeMiddleware(memory=roomy)
+    session = middleware._session({"configurable": {"thread_id": "thread 1/2"}})
+    session.wait(middleware._context(session, [HumanMessage(content="yo")]))
+    stored = {s: [t.content for t in roomy.turns(id_for_key(s))]
+              for s in (KEY, KEY + "/agents", KEY + "/pydantic", "thread 1/2")}
+    assert stored == {KEY: ["hi", "hello"], KEY + "/agents": ["hey"], KEY + "/pydantic": ["hello there", "ok"],
+                      "thread 1/2": ["yo"]}

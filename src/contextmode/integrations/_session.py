@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context, to_messages
 from ..assembly.render import DATA_LAYERS, SECTION_SEPARATOR, rewrite_hint
+from ..session_keys import id_for_key
 from ..settings import EngineSettings
 from ..types import ChatMessage, Turn
 
@@ -79,12 +80,13 @@ def default_memory(budget: int | None = None) -> ContextMode:
 class SessionMemory:
     """A session of a `ContextMode`, callable from sync and async code alike."""
 
-    def __init__(
-        self, session_id: str, *, memory: ContextMode | None, budget: int | None, user_id: str | None
-    ) -> None:
-        self.session_id = session_id
+    def __init__(self, key: str, *, memory: ContextMode | None, budget: int | None, user_id: str | None) -> None:
+        self.key = key
+        """The session's key as the framework gave it (any string)."""
+        self.session_id = id_for_key(key)
+        """The id it is stored under (`id_for_key`: the key itself when it is a valid id)."""
         self.memory = memory if memory is not None else default_memory(budget)
-        self.user_id = user_id
+        self.user_id = id_for_key(user_id) if user_id is not None else None
         self.last_context: Context | None = None
         """The context assembled last, per layer with tokens (what the model was given)."""
 

@@ -181,7 +181,8 @@ class ContextModeChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def session_id(self) -> str:
-        return self.session.session_id
+        """The key as given (stored under `contextmode.session_keys.id_for_key` of it)."""
+        return self.session.key
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override, unused-ignore]

@@ -57,6 +57,7 @@ from pydantic_ai.tools import RunContext
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context, LayerItem
 from ..memory.budget import Budget
+from ..session_keys import id_for_key
 from ..settings import EngineSettings
 from ..tokens.tools import count_turn, message_overhead
 from ..types import ChatMessage, ToolCall
@@ -224,6 +225,9 @@ class ContextModeHistory:
                 settings = replace(settings, context_window=budget, reply_reserve=0)
             memory = ContextMode(settings=settings)
         self.session_id = session_id
+        """The session's key as given (any string: `id_for_key` maps it to the id it is stored under)."""
+        self._id = id_for_key(session_id)
+        self._user = id_for_key(user_id) if user_id is not None else None
         self.memory = memory
         self.user_id = user_id
         self.record = record
@@ -241,7 +245,7 @@ class ContextModeHistory:
     async def _refresh(self) -> None:
         """Read the turns stored since the last look (O(new turns))."""
         seen = self._seen
-        fresh = await self.memory.aturns_between(self.session_id, seen.seq + 1, None)
+        fresh = await self.memory.aturns_between(self._id, seen.seq + 1, None)
         counter = self.memory.engine.counter
         for turn in fresh:
             dumped = turn.metadata.get(_KEY)
@@ -274,7 +278,7 @@ class ContextModeHistory:
         cached = self._seen.prompt
         if prompt.strip() and (cached is None or cached[0] != prompt):
             # Assembled before the prompt is stored: the history around what is asked now.
-            context = await self.memory.acontext(self.session_id, prompt, system_prompt=NO_SYSTEM_PROMPT)
+            context = await self.memory.acontext(self._id, prompt, system_prompt=NO_SYSTEM_PROMPT)
             self.last_context = context
             cached = self._seen.prompt = (prompt, context_to_messages(context))
         await self._store(fresh_run)
@@ -317,7 +321,7 @@ class ContextModeHistory:
         if not self.record or not messages:
             return
         records = [r for m in messages for r in message_to_records(m)]
-        await self.memory.arecord_messages(self.session_id, records, user_id=self.user_id)
+        await self.memory.arecord_messages(self._id, records, user_id=self._user)
         await self._refresh()
 
 
