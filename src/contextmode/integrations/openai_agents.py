@@ -38,7 +38,11 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from agents.items import TResponseInputItem
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 from agents.run_config import CallModelData, ModelInputData
 
 from ..api import ContextMode, MessageRecord
@@ -233,7 +237,7 @@ class ContextModeSession:
         memory: ContextMode | None = None,
         budget: int | None = None,
         user_id: str | None = None,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | Mapping[str, object] | None = None,
     ) -> None:
         if memory is None:
             settings = EngineSettings.from_env()
@@ -244,7 +248,11 @@ class ContextModeSession:
         """The session's key as given (any string: `id_for_key` maps it to the id it is stored under)."""
         self._id = id_for_key(session_id)
         self._user = id_for_key(user_id) if user_id is not None else None
-        self.session_settings: SessionSettings | None = session_settings or SessionSettings()
+        # A dict is checked and made a SessionSettings, as the SDK's own sessions do.
+        self.session_settings: SessionSettings | None = (
+            SessionSettings() if session_settings is None
+            else session_settings if isinstance(session_settings, SessionSettings)
+            else coerce_session_settings(dict(session_settings)))
         self.memory = memory
         self.user_id = user_id
         settings = memory.engine.settings
