@@ -234,3 +234,18 @@ async def test_every_adapter_takes_any_key(roomy: ContextMode) -> None:
               for s in (KEY, KEY + "/agents", KEY + "/pydantic", "thread 1/2")}
     assert stored == {KEY: ["hi", "hello"], KEY + "/agents": ["hey"], KEY + "/pydantic": ["hello there", "ok"],
                       "thread 1/2": ["yo"]}
+
+
+def test_langchain_state_system_message_stays_first_and_unstored(small: ContextMode) -> None:
+    middleware = lc.ContextModeMiddleware("persona-state", memory=small)
+    session = middleware._session(None)
+    state: list[BaseMessage] = [SystemMessage(content=APP_PROMPT)]
+    for i in range(8):
+        state.append(HumanMessage(content=FILLER[i % len(FILLER)] + f" ({i})"))
+        built = session.wait(middleware._context(session, state))
+        assert built[0].content == APP_PROMPT
+        assert [m.content for m in built].count(APP_PROMPT) == 1
+        state = [*built, AIMessage(content=f"ok {i}")]  # the state as the agent's graph keeps it
+        session.wait(middleware._answer(session, state))
+        small.drain()
+    assert all(t.role != "system" for t in small.turns("persona-state"))

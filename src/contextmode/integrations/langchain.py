@@ -219,6 +219,17 @@ def _keep_recent(entries: OrderedDict[str, V], key: str) -> None:
 
 
 
+def _persona(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The application's own system messages at the head of the state (its persona): kept
+    first as they are and never stored; the memory message built here (`ID_PREFIX`) is not one."""
+    head: list[BaseMessage] = []
+    for message in messages:
+        if not isinstance(message, SystemMessage) or (message.id or "").startswith(ID_PREFIX):
+            break
+        head.append(message)
+    return head
+
+
 class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     """Memory for a ``create_agent`` agent (module docstring).
 
@@ -305,6 +316,8 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Store what is new, then the context: for a new user message, the one context-mode
         assembles for it (then the message is stored); otherwise the one that continues the
         stored session (the step's tool calls and results)."""
+        persona = _persona(messages)
+        messages = messages[len(persona):]
         fresh = await self._unstored(session, messages) if self._recording else list(messages[-1:])
         current = fresh[-1] if fresh and isinstance(fresh[-1], HumanMessage) and _text(fresh[-1]).strip() else None
         if current is None:
@@ -315,7 +328,7 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             context = await session.context_for(_text(current), None)
             await self._record(session, [current])
         self.last_context = context
-        return context_to_messages(context, current)
+        return [*persona, *context_to_messages(context, current)]
 
     async def _answer(self, session: SessionMemory, messages: Sequence[BaseMessage]) -> None:
         if self._recording and messages and isinstance(messages[-1], AIMessage):
