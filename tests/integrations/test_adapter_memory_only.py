@@ -249,3 +249,18 @@ def test_langchain_state_system_message_stays_first_and_unstored(small: ContextM
         session.wait(middleware._answer(session, state))
         small.drain()
     assert all(t.role != "system" for t in small.turns("persona-state"))
+
+
+def test_llama_index_set_with_what_get_gave_stores_no_memory_message(small: ContextMode) -> None:
+    memory = ContextModeMemory("set-back", memory=small)
+    for i in range(12):
+        memory.put_messages([ChatMessage(role="user", content=FILLER[i % len(FILLER)] + f" ({i})"),
+                             ChatMessage(role="assistant", content=f"ok {i}")])
+        small.drain()
+    memory.put(ChatMessage(role="user", content="What did we buy at the market?"))
+    given = memory.get()
+    assert given[0].role == MessageRole.SYSTEM, "beyond the budget: the memory message comes first"
+    memory.set(given)
+    assert all(m.role != MessageRole.SYSTEM for m in memory.get_all())
+    memory.set([ChatMessage(role="system", content=APP_PROMPT), ChatMessage(role="user", content="hi")])
+    assert [m.content for m in memory.get_all()] == [APP_PROMPT, "hi"], "the application's own is kept"
