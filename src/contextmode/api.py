@@ -73,7 +73,10 @@ def _close_running() -> None:
     interpreter exit *before* Python stops its worker threads: a job still running after that
     fails with "cannot schedule new futures after shutdown" (the store's calls need them)."""
     for memory in list(_running):
-        memory._close(drain_timeout_s=EXIT_DRAIN_S)
+        try:
+            memory._close(drain_timeout_s=EXIT_DRAIN_S)
+        except Exception as exc:  # one instance's store failing must not keep the others open
+            log.warning("could not close a ContextMode at exit: %s", exc)
 
 
 def _close_at_exit(memory: ContextMode) -> None:

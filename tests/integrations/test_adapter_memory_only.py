@@ -174,6 +174,15 @@ def test_pydantic_ai_prompt_over_budget(small: ContextMode) -> None:
         agent.run_sync(HUGE)
 
 
+def test_langchain_middleware_over_budget(small: ContextMode) -> None:
+    middleware = lc.ContextModeMiddleware("big-lc", memory=small)
+    session = middleware._session(None)
+    with pytest.raises(MessageTooLarge):
+        session.wait(middleware._context(session, [HumanMessage(content=HUGE)]))
+    with pytest.raises(MessageTooLarge):  # the stored message continued (a tool step after it)
+        session.wait(middleware._context(session, [HumanMessage(content=HUGE), AIMessage(content="ok")]))
+
+
 # -- 4. pydantic-ai continuation --------------------------------------------------------
 
 
