@@ -87,6 +87,8 @@ def _close_at_exit(memory: ContextMode) -> None:
         register = getattr(threading, "_register_atexit", atexit.register)
         with contextlib.suppress(RuntimeError):  # the interpreter is exiting already
             register(_close_running)
+
+
 DEFAULT_COUNTING_MODEL = "gpt-4o"
 """Whose tokenizer counts tokens when no model is configured (o200k_base)."""
 ProcessorKind = Literal["offline", "llm"]

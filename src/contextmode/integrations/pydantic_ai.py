@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -142,14 +142,15 @@ def _is_prompt(message: ModelMessage) -> bool:
     return isinstance(message, ModelRequest) and any(isinstance(p, UserPromptPart) for p in message.parts)
 
 
+def _ours(metadata: Mapping[str, object] | None) -> bool:
+    """Whether a message or part carrying ``metadata`` is one this adapter built (the memory
+    layers, the recent turns it hands the model): when it comes back in ``message_history``
+    it is never stored, nor taken for the agent's own system prompt."""
+    return bool(metadata and metadata.get("contextmode") == "context")
+
+
 def _marked(message: ModelMessage) -> bool:
-    return bool(message.metadata and message.metadata.get("contextmode") == "context")
-
-
-def _own_part(part: SystemPromptPart) -> bool:
-    """Whether ``part`` is a memory layer this adapter rendered (it comes back in
-    ``message_history``; never the agent's own system prompt)."""
-    return bool(part.metadata and part.metadata.get("contextmode") == "context")
+    return _ours(message.metadata)
 
 
 def context_to_messages(context: Context, system: Sequence[SystemPromptPart] = ()) -> list[ModelMessage]:
@@ -263,7 +264,7 @@ class ContextModeHistory:
         # The agent's own system prompt: what it put first, not the layers rendered here last
         # run (they come back in message_history and would pile up).
         system = [p for m in messages[:1] if isinstance(m, ModelRequest) for p in m.parts
-                  if isinstance(p, SystemPromptPart) and not _own_part(p)]
+                  if isinstance(p, SystemPromptPart) and not _ours(p.metadata)]
         at = max((i for i, m in enumerate(real) if _is_prompt(m)), default=0)
         run = real[at:]
         fresh = real[len(real) - _unseen(_keys(real), self._seen.keys):]
