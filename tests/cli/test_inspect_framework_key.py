@@ -26,3 +26,13 @@ def test_inspect_takes_the_key_or_the_id(tmp_path: Path) -> None:
         result = run_cli("inspect", name, "--json", "--store", url, home=tmp_path)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["session"] == KEY
+
+
+def test_forget_takes_the_key(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cm.db'}"
+    with ContextMode(store=url) as memory:
+        memory.record(id_for_key(KEY), "user", "我不吃辣")
+    result = run_cli("forget", "--session", KEY, "--store", url, home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    with ContextMode(store=url) as memory:
+        assert memory.turns(id_for_key(KEY)) == []
