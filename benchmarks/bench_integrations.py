@@ -12,6 +12,8 @@ p50 over the questions of the least of three asks (``overhead_ms_p50``; the firs
 is ``overhead_ms_p50_first``, which on a shared machine mostly measures thread wake-ups).
 
 Goals (issue 20): recall within ±0.005 of the library's at 2,000 tokens; overhead p50 ≤ 2 ms.
+The adapters send no system prompt of the engine's (issue 40), so at small budgets their
+recall may pass the library's, which spends those tokens on it.
 
     python benchmarks/bench_integrations.py --data ../shared/data --limit 1 [--only openai_agents]
 

@@ -16,10 +16,13 @@ cm.forget(user_id="u42")                            # erase the user everywhere 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -54,6 +57,38 @@ __all__ = ["ContextMode", "MessageRecord", "build_engine", "default_processors"]
 
 log = logging.getLogger("contextmode.api")
 T = TypeVar("T")
+
+EXIT_DRAIN_S = 10.0
+"""At interpreter exit, how long a `ContextMode` waits for its pending background jobs and
+trace writes (each) before cancelling the rest: a summary or pin update cut short is
+scheduled again by its session's next turn."""
+
+_running: weakref.WeakSet[ContextMode] = weakref.WeakSet()
+"""Instances whose loop thread runs (closed at interpreter exit, `_close_running`)."""
+_exit_hook: list[bool] = []
+
+
+def _close_running() -> None:
+    """Close every `ContextMode` still running, finishing its pending work first. Called at
+    interpreter exit *before* Python stops its worker threads: a job still running after that
+    fails with "cannot schedule new futures after shutdown" (the store's calls need them)."""
+    for memory in list(_running):
+        try:
+            memory._close(drain_timeout_s=EXIT_DRAIN_S)
+        except Exception as exc:  # one instance's store failing must not keep the others open
+            log.warning("could not close a ContextMode at exit: %s", exc)
+
+
+def _close_at_exit(memory: ContextMode) -> None:
+    _running.add(memory)
+    if not _exit_hook:
+        _exit_hook.append(True)
+        # `threading` runs these hooks before it shuts the thread pools down (`atexit`'s run after).
+        register = getattr(threading, "_register_atexit", atexit.register)
+        with contextlib.suppress(RuntimeError):  # the interpreter is exiting already
+            register(_close_running)
+
+
 DEFAULT_COUNTING_MODEL = "gpt-4o"
 """Whose tokenizer counts tokens when no model is configured (o200k_base)."""
 ProcessorKind = Literal["offline", "llm"]
@@ -361,6 +396,7 @@ class ContextMode:
             self._loop = asyncio.new_event_loop()
             self._thread = threading.Thread(target=self._loop.run_forever, name="contextmode-loop", daemon=True)
             self._thread.start()
+            _close_at_exit(self)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def chat(
@@ -429,9 +465,14 @@ class ContextMode:
         self._run(self.engine.drain())
 
     def close(self) -> None:
-        """Finish background jobs and close the store."""
+        """Finish background jobs and close the store. An instance still open when the
+        interpreter exits is closed then (its jobs get `EXIT_DRAIN_S` seconds)."""
+        self._close(drain_timeout_s=30.0)
+
+    def _close(self, *, drain_timeout_s: float) -> None:
+        _running.discard(self)
         if self._loop is not None:
-            self._run(self.engine.close())
+            self._run(self.engine.close(drain_timeout_s=drain_timeout_s))
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout=5)
@@ -537,11 +578,12 @@ class ContextMode:
         tail = await self.engine.store.turns(self.tenant, session_id, from_seq=last, to_seq=last) if last else []
         return tail[-1] if tail else None
 
-    async def acontinue(self, session_id: str) -> Context:
+    async def acontinue(self, session_id: str, *, system_prompt: str | UseDefault | None = USE_DEFAULT) -> Context:
         """What the model would receive to continue the session as stored (no new message):
         the latest user turn and everything after it (calls, results, the answer) whole,
         the earlier turns through the layers (summary, pins, and recall for that user turn).
-        Raises `InputError` when the session holds no user turn."""
+        ``system_prompt`` as for `acontext`. Raises `MessageTooLarge` when that user turn and
+        its step alone exceed the budget, `InputError` when the session holds no user turn."""
         from .agent_turn import _latest_user
         from .assembly import CurrentTurn, assemble
         from .memory.strategies import get_strategy
@@ -557,7 +599,7 @@ class ContextMode:
                 engine.store, state, user.content, limit=recall_limit, recent_turns=chosen.recent_turns)
             state = replace(state, recalled=tuple(t for t in recalled if t.seq < user.seq and not t.notice))
         return assemble(state, user.content, counter=engine.counter, strategy=chosen, budget=engine.budget(),
-                        config=engine.assembly_config(), current=CurrentTurn(agent_step=step))
+                        config=engine.assembly_config(system_prompt), current=CurrentTurn(agent_step=step))
 
     # -- end of the integrations block ------------------------------------
 

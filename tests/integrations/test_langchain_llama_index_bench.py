@@ -1,7 +1,8 @@
 """The LangChain and LlamaIndex LoCoMo benchmark modules (benchmarks/integrations/) on a
 small LoCoMo-shaped file, loaded the way bench_integrations.py loads them (by path, the
 shared helpers as ``_locomo``): the contract it relies on, and evidence recall through
-each adapter equal to the library's own evaluation of the same file."""
+each adapter at least the library's own evaluation of the same file (which also spends
+tokens on the engine's system prompt)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ def test_benchmark_module_measures_through_the_adapter(stem: str, tmp_path: Path
     library = evaluate_locomo(data / "locomo" / "locomo_dev.json", [250], ["default"], progress=False)
     row = library["table"]["default"]["250"]
     assert row["questions"] == 4
-    assert 0 < result["recall"] < 1  # the budget leaves some evidence out: a real comparison
-    assert result["recall"] == pytest.approx(row["recall"], abs=1e-4)
+    assert 0 < row["recall"] < 1  # the budget leaves some evidence out: a real comparison
+    # At least the library's evidence: the adapter sends no system prompt of the engine's (the
+    # application's own is the persona), so those tokens go to memory.
+    assert result["recall"] >= row["recall"] - 1e-4
     assert result["overhead_ms_p50"] > 0

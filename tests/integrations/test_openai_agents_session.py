@@ -386,3 +386,12 @@ async def _lock_of(session: ContextModeSession) -> asyncio.Lock:
 
 async def _set(event: asyncio.Event) -> None:
     event.set()
+
+
+def test_session_settings_as_a_dict_like_the_sdks_sessions(memory: ContextMode) -> None:
+    from agents import SessionSettings
+
+    session = ContextModeSession("dict-settings", memory=memory, session_settings={"limit": 0})
+    assert isinstance(session.session_settings, SessionSettings) and session.session_settings.limit == 0
+    with pytest.raises(TypeError, match="limitt"):
+        ContextModeSession("bad-settings", memory=memory, session_settings={"limitt": 1})

@@ -2,7 +2,7 @@
 
 The order, lowest first (see docs/architecture.md):
 
-0. ``types``, ``errors``, ``settings``, ``jsonparse``, ``prompts``, ``_protocols``: plain data,
+0. ``types``, ``errors``, ``settings``, ``jsonparse``, ``prompts``, ``_protocols``, ``session_keys``: plain data,
    configuration and the cached optional-ability check (``implements``);
 1. ``text``: language detection, jieba tokenisation, the shared per-text analysis;
 2. ``tokens``: token counters;
@@ -28,7 +28,7 @@ import pytest
 import contextmode
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"types", "errors", "settings", "jsonparse", "prompts", "_protocols"}),
+    frozenset({"types", "errors", "settings", "jsonparse", "prompts", "_protocols", "session_keys"}),
     frozenset({"text"}),
     frozenset({"tokens"}),
     frozenset({"models"}),

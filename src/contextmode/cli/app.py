@@ -15,6 +15,7 @@ from rich.console import Console
 from ..api import build_engine
 from ..engine import PreparedTurn
 from ..errors import ContextModeError, UserError
+from ..session_keys import id_for_input, key_for_id
 from ..settings import EngineSettings
 from .render import prepared_panel, trace_panel, turns_table
 
@@ -114,7 +115,7 @@ def chat(
 
 @app.command()
 def inspect(
-    session: Annotated[str, typer.Argument(help="Session id.")],
+    session: Annotated[str, typer.Argument(help="Session id, or the key a framework adapter was given.")],
     message: Annotated[str, typer.Option("--message", "-m", help="A next message to build the context for.")] = "…",
     store: StoreOpt = None,
     tenant: TenantOpt = "local",
@@ -124,27 +125,29 @@ def inspect(
     """Show a stored session: its turns, summary, constraints and the layers of the next context,
     or with --turn N exactly what the model received at turn N."""
 
+    sid = id_for_input(session)
+
     async def run() -> None:
         engine = build_engine(store=store)
         try:
             if turn is not None:
                 from ..trace import trace_to_dict
 
-                trace = await engine.trace(tenant, session, turn)
+                trace = await engine.trace(tenant, sid, turn)
                 if as_json:
                     print(json.dumps(trace_to_dict(trace), ensure_ascii=False))
                 else:
                     console.print(trace_panel(trace))
                 return
-            info = await engine.store.info(tenant, session)
+            info = await engine.store.info(tenant, sid)
             if info is None:
                 console.print(f"[red]no session {session!r} for tenant {tenant!r}[/red]")
                 raise typer.Exit(1)
-            state = await engine.store.load(tenant, session, recent=20)
-            prepared = await engine.prepare(tenant, session, message)
+            state = await engine.store.load(tenant, sid, recent=20)
+            prepared = await engine.prepare(tenant, sid, message)
             if as_json:
                 print(json.dumps({
-                    "session": session, "last_seq": info.last_seq,
+                    "session": key_for_id(sid), "last_seq": info.last_seq,
                     "summary": state.summary.text if state.summary else None,
                     "summary_covers_seq": state.summary_covers_seq,
                     "constraints": [{"value": c.value, "key": c.key, "source_seq": c.source_seq} for c in state.constraints],

@@ -17,6 +17,7 @@ from ..errors import ContextModeError, InputError
 from ..lifecycle import forget, lifecycle_store, migrate, read_export, resume_forgets, write_export
 from ..lifecycle.export import import_records
 from ..lifecycle.retention import RetentionSettings, enforce_retention
+from ..session_keys import id_for_input
 from ..store import open_store
 from ..store.base import Store
 from ..store.lifecycle import DeletionRecord, Scope
@@ -88,8 +89,8 @@ def users(
 
 
 def forget_command(
-    user: Annotated[str | None, typer.Option("--user", help="Erase every session of this user (in --tenant, default local).")] = None,
-    session: Annotated[str | None, typer.Option("--session", help="Erase this session (in --tenant, default local).")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Erase every session of this user (in --tenant, default local); an id or the key a framework adapter was given.")] = None,
+    session: Annotated[str | None, typer.Option("--session", help="Erase this session (in --tenant, default local); an id or the key a framework adapter was given.")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant", help="Alone: erase the whole tenant. With --user/--session: their tenant.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Finish forgets a crash cut off.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Needed to erase a whole tenant.")] = False,
@@ -102,9 +103,9 @@ def forget_command(
     elif len(chosen) > 1:
         raise typer.BadParameter("give one of --user, --session (or --tenant alone)")
     elif user:
-        scope, target = "user", user
+        scope, target = "user", id_for_input(user)
     elif session:
-        scope, target = "session", session
+        scope, target = "session", id_for_input(session)
     elif tenant:
         if not yes:
             raise typer.BadParameter(f"erasing all of tenant {tenant!r} needs --yes")

@@ -21,11 +21,37 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ..api import ContextMode, MessageRecord
-from ..assembly import Context
+from ..assembly import Context, to_messages
+from ..assembly.render import DATA_LAYERS, SECTION_SEPARATOR, rewrite_hint
+from ..session_keys import id_for_key
 from ..settings import EngineSettings
-from ..types import Turn
+from ..types import ChatMessage, Turn
 
-__all__ = ["SessionMemory", "default_memory"]
+__all__ = ["NO_SYSTEM_PROMPT", "SessionMemory", "default_memory", "memory_messages", "memory_sections"]
+
+NO_SYSTEM_PROMPT = ""
+"""The system prompt the adapters assemble with: none. The application's own (set in its
+framework) stays the only persona; the engine's default never reaches the model through an
+adapter, and its tokens go to memory instead."""
+
+
+def memory_sections(context: Context) -> list[str]:
+    """What of ``context`` is memory, each section as rendered: the rewrite hint (when one is
+    shown), then the pins, summary, key moments and recall in the context's order. Never the
+    engine's system prompt nor its reply format, however ``context`` was assembled."""
+    hint = [rewrite_hint(context.hint, context.locale)] if context.hint else []
+    return hint + [layer.rendered for layer in context.layers if layer.name in DATA_LAYERS and layer.rendered]
+
+
+def memory_messages(context: Context) -> list[ChatMessage]:
+    """`to_messages` with memory only: one system message holding `memory_sections` (none when
+    no layer holds anything), then the recent turns, the current message and its tool step."""
+    chat = to_messages(context)
+    if chat and chat[0].role == "system":
+        chat = chat[1:]
+    sections = memory_sections(context)
+    head = [ChatMessage(role="system", content=SECTION_SEPARATOR.join(sections))] if sections else []
+    return head + chat
 
 T = TypeVar("T")
 
@@ -54,12 +80,13 @@ def default_memory(budget: int | None = None) -> ContextMode:
 class SessionMemory:
     """A session of a `ContextMode`, callable from sync and async code alike."""
 
-    def __init__(
-        self, session_id: str, *, memory: ContextMode | None, budget: int | None, user_id: str | None
-    ) -> None:
-        self.session_id = session_id
+    def __init__(self, key: str, *, memory: ContextMode | None, budget: int | None, user_id: str | None) -> None:
+        self.key = key
+        """The session's key as the framework gave it (any string)."""
+        self.session_id = id_for_key(key)
+        """The id it is stored under (`id_for_key`: the key itself when it is a valid id)."""
         self.memory = memory if memory is not None else default_memory(budget)
-        self.user_id = user_id
+        self.user_id = id_for_key(user_id) if user_id is not None else None
         self.last_context: Context | None = None
         """The context assembled last, per layer with tokens (what the model was given)."""
 
@@ -94,7 +121,7 @@ class SessionMemory:
     ) -> Context:
         """The context for a new user ``message`` (asked at ``now``, default now); then store
         ``record`` (the message)."""
-        context = await self.memory.acontext(self.session_id, message, now=now)
+        context = await self.memory.acontext(self.session_id, message, system_prompt=NO_SYSTEM_PROMPT, now=now)
         if record is not None:
             await self.record([record])
         self.last_context = context
@@ -103,6 +130,6 @@ class SessionMemory:
     async def context_to_continue(self) -> Context:
         """The context to continue the stored session: its latest user turn and everything
         after it (tool calls and results) whole, the earlier turns through the layers."""
-        context = await self.memory.acontinue(self.session_id)
+        context = await self.memory.acontinue(self.session_id, system_prompt=NO_SYSTEM_PROMPT)
         self.last_context = context
         return context

@@ -50,9 +50,9 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.runtime import Runtime
 
 from ..api import ContextMode, MessageRecord
-from ..assembly import Context, to_messages
+from ..assembly import Context
 from ..types import ChatMessage, Role, ToolCall, Turn
-from ._session import SessionMemory
+from ._session import SessionMemory, memory_messages
 
 V = TypeVar("V")
 
@@ -147,12 +147,13 @@ def turn_to_message(turn: Turn) -> BaseMessage:
 
 
 def context_to_messages(context: Context, current: BaseMessage | None = None) -> list[BaseMessage]:
-    """The assembled context as LangChain messages: a system message with every non-turn
-    layer (summary, pins, key moments, recall), the recent turns, the user's message
+    """The assembled context as LangChain messages: a system message with the memory layers
+    (summary, pins, key moments, recall; none when they are empty; never the engine's own
+    system prompt: the agent's is the only one), the recent turns, the user's message
     (``current`` itself when given and its text is the one sent), then the current
     tool-calling step. Built messages get ids starting with `ID_PREFIX`."""
     out: list[BaseMessage] = []
-    chat = to_messages(context)
+    chat = memory_messages(context)
     recent = context.layer("recent")
     at = (1 if chat and chat[0].role == "system" else 0) + (len(recent.items) if recent else 0)
     for i, m in enumerate(chat):
@@ -180,7 +181,8 @@ class ContextModeChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def session_id(self) -> str:
-        return self.session.session_id
+        """The key as given (stored under `contextmode.session_keys.id_for_key` of it)."""
+        return self.session.key
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override, unused-ignore]
@@ -215,6 +217,17 @@ def _keep_recent(entries: OrderedDict[str, V], key: str) -> None:
     while len(entries) > SESSIONS_KEPT:
         entries.popitem(last=False)
 
+
+
+def _persona(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
+    """The application's own system messages at the head of the state (its persona): kept
+    first as they are and never stored; the memory message built here (`ID_PREFIX`) is not one."""
+    head: list[BaseMessage] = []
+    for message in messages:
+        if not isinstance(message, SystemMessage) or (message.id or "").startswith(ID_PREFIX):
+            break
+        head.append(message)
+    return head
 
 
 class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
@@ -303,6 +316,8 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Store what is new, then the context: for a new user message, the one context-mode
         assembles for it (then the message is stored); otherwise the one that continues the
         stored session (the step's tool calls and results)."""
+        persona = _persona(messages)
+        messages = messages[len(persona):]
         fresh = await self._unstored(session, messages) if self._recording else list(messages[-1:])
         current = fresh[-1] if fresh and isinstance(fresh[-1], HumanMessage) and _text(fresh[-1]).strip() else None
         if current is None:
@@ -313,7 +328,7 @@ class ContextModeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             context = await session.context_for(_text(current), None)
             await self._record(session, [current])
         self.last_context = context
-        return context_to_messages(context, current)
+        return [*persona, *context_to_messages(context, current)]
 
     async def _answer(self, session: SessionMemory, messages: Sequence[BaseMessage]) -> None:
         if self._recording and messages and isinstance(messages[-1], AIMessage):

@@ -32,11 +32,11 @@ from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.memory.types import BaseMemory
 
 from ..api import ContextMode, MessageRecord
-from ..assembly import Context, to_messages
-from ..errors import InputError
+from ..assembly import Context
+from ..errors import InputError, MessageTooLarge
 from ..types import ChatMessage as CMMessage
 from ..types import Role, ToolCall, Turn
-from ._session import SessionMemory
+from ._session import SessionMemory, memory_messages
 
 __all__ = ["ContextModeMemory", "context_to_messages", "message_to_record", "turn_to_message"]
 
@@ -116,11 +116,12 @@ def turn_to_message(turn: Turn) -> ChatMessage:
 
 
 def context_to_messages(context: Context, current: ChatMessage | None = None) -> list[ChatMessage]:
-    """The assembled context as LlamaIndex messages: a system message with every non-turn
-    layer (summary, pins, key moments, recall), the recent turns, the user's message
-    (``current`` itself when given and its text is the one sent), then the current
-    tool-calling step."""
-    chat = to_messages(context)
+    """The assembled context as LlamaIndex messages: a system message with the memory layers
+    (summary, pins, key moments, recall; none when they are empty; never the engine's own
+    system prompt: the chat engine's or agent's is the only one), the recent turns, the
+    user's message (``current`` itself when given and its text is the one sent), then the
+    current tool-calling step."""
+    chat = memory_messages(context)
     recent = context.layer("recent")
     at = (1 if chat and chat[0].role == "system" else 0) + (len(recent.items) if recent else 0)
     return [
@@ -131,6 +132,9 @@ def context_to_messages(context: Context, current: ChatMessage | None = None) ->
 
 
 # -- the memory ---------------------------------------------------------------------------
+
+RENDERED_KEPT = 8
+"""How many of the memory messages it built last a `ContextModeMemory` recognises when they come back."""
 
 
 class ContextModeMemory(BaseMemory):
@@ -149,6 +153,9 @@ class ContextModeMemory(BaseMemory):
     _session: SessionMemory = PrivateAttr()
     _pending: ChatMessage | None = PrivateAttr(default=None)
     _given: list[ChatMessage] | None = PrivateAttr(default=None)
+    _rendered: list[str] = PrivateAttr(default_factory=list)
+    """The memory messages ``get`` built lately: one handed back (``set(get())``, an agent
+    putting its input back) is recognised and never stored as the application's text."""
     """What ``get`` returned, until the next write (an agent asks again at every step)."""
 
     def __init__(
@@ -196,8 +203,14 @@ class ContextModeMemory(BaseMemory):
         if pending is not None:
             await self._store([pending])
 
+    def _remember(self, given: list[ChatMessage]) -> list[ChatMessage]:
+        if given and given[0].role == MessageRole.SYSTEM and given[0].content:
+            self._rendered = [*self._rendered[-(RENDERED_KEPT - 1):], given[0].content]
+        return given
+
     async def _put(self, messages: Sequence[ChatMessage]) -> None:
         await self._flush()
+        messages = [m for m in messages if not (m.role == MessageRole.SYSTEM and m.content in self._rendered)]
         if messages and messages[-1].role == MessageRole.USER and (messages[-1].content or "").strip():
             await self._store(messages[:-1])
             self._pending = messages[-1]
@@ -211,13 +224,15 @@ class ContextModeMemory(BaseMemory):
         if pending is not None:
             stored = message_to_record(pending) if self.record else None
             context = await self._session.context_for(pending.content or "", stored)
-            self._given = context_to_messages(context, pending)
+            self._given = self._remember(context_to_messages(context, pending))
             return list(self._given)
         try:
             context = await self._session.context_to_continue()
+        except MessageTooLarge:  # the newest user message alone is over the budget: as `put` + `get`
+            raise
         except InputError:  # no user turn yet: nothing to assemble around
             return [turn_to_message(t) for t in await self._session.turns()]
-        self._given = context_to_messages(context)
+        self._given = self._remember(context_to_messages(context))
         return list(self._given)
 
     async def _all(self) -> list[ChatMessage]:

@@ -38,16 +38,22 @@ from dataclasses import replace
 from typing import Any, ClassVar, Literal, TypeVar, cast
 
 from agents.items import TResponseInputItem
-from agents.memory.session_settings import SessionSettings, resolve_session_limit
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 from agents.run_config import CallModelData, ModelInputData
 
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context, LayerContent
-from ..errors import InputError
-from ..memory.budget import Budget, LayerName
+from ..errors import InputError, MessageTooLarge
+from ..memory.budget import Budget
+from ..session_keys import id_for_key
 from ..settings import EngineSettings
 from ..tokens.tools import message_overhead
 from ..types import ChatMessage, Role, ToolCall, Turn
+from ._session import NO_SYSTEM_PROMPT, memory_sections
 
 __all__ = ["ContextModeSession", "items_to_records", "turns_to_items"]
 
@@ -57,7 +63,6 @@ _ITEMS = "agents_items"
 """Turn metadata key holding the SDK items a turn stands for."""
 _TEXT_KEY = "_cm_text"
 """In a stored item: the key whose text is the turn's content (stored once, put back on read)."""
-_MEMORY_LAYERS: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall")
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
@@ -192,11 +197,7 @@ def context_to_items(
     """An assembled context as SDK input items: a ``system`` item per memory layer, then the
     recent turns' items, then (``current``) the current message's (``latest_user`` when it is
     stored) and its step's."""
-    out: list[Item] = [
-        {"role": "system", "content": layer.rendered}
-        for name in _MEMORY_LAYERS
-        if (layer := context.layer(name)) is not None and layer.rendered
-    ]
+    out: list[Item] = [{"role": "system", "content": section} for section in memory_sections(context)]
     recent = context.layer("recent")
     step = context.layer("current") if current else None
     shown = list(recent.items if recent else ())
@@ -239,7 +240,7 @@ class ContextModeSession:
         memory: ContextMode | None = None,
         budget: int | None = None,
         user_id: str | None = None,
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | Mapping[str, object] | None = None,
     ) -> None:
         if memory is None:
             settings = EngineSettings.from_env()
@@ -247,7 +248,14 @@ class ContextModeSession:
                 settings = replace(settings, context_window=budget, reply_reserve=0)
             memory = ContextMode(settings=settings)
         self.session_id = session_id
-        self.session_settings: SessionSettings | None = session_settings or SessionSettings()
+        """The session's key as given (any string: `id_for_key` maps it to the id it is stored under)."""
+        self._id = id_for_key(session_id)
+        self._user = id_for_key(user_id) if user_id is not None else None
+        # A dict is checked and made a SessionSettings, as the SDK's own sessions do.
+        self.session_settings: SessionSettings | None = (
+            SessionSettings() if session_settings is None
+            else session_settings if isinstance(session_settings, SessionSettings)
+            else coerce_session_settings(dict(session_settings)))
         self.memory = memory
         self.user_id = user_id
         settings = memory.engine.settings
@@ -267,7 +275,7 @@ class ContextModeSession:
 
     def _lock(self) -> asyncio.Lock:
         # Created and used on the memory's loop thread only.
-        key = (id(self.memory), self.session_id)
+        key = (id(self.memory), self._id)
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
@@ -287,30 +295,32 @@ class ContextModeSession:
 
     async def _get_items(self, limit: int | None) -> list[TResponseInputItem]:
         async with self._lock():
-            newest = await self.memory.anewest(self.session_id)
+            newest = await self.memory.anewest(self._id)
             last = newest.seq if newest is not None else 0
             if limit is not None:  # a turn holds at least one item: the last `limit` turns suffice
                 if limit <= 0 or not last:
                     return []
-                tail = await self.memory.aturns_between(self.session_id, max(1, last - limit + 1))
+                tail = await self.memory.aturns_between(self._id, max(1, last - limit + 1))
                 return turns_to_items(tail)[-limit:]
             self._assembled = await self._history_cost(last) > self.budget
             if not self._assembled:
-                return turns_to_items(await self.memory.aturns(self.session_id))
+                return turns_to_items(await self.memory.aturns(self._id))
             try:
-                context = await self.memory.acontinue(self.session_id)
+                context = await self.memory.acontinue(self._id, system_prompt=NO_SYSTEM_PROMPT)
+            except MessageTooLarge:  # the newest message alone is over the budget: said, never hidden
+                raise
             except InputError:  # no user message yet: nothing to assemble around
                 self._assembled = False
-                return turns_to_items(await self.memory.aturns(self.session_id))
+                return turns_to_items(await self.memory.aturns(self._id))
             shown = [i.seq for name in ("recent", "current") if (layer := context.layer(name))
                      for i in layer.items if i.seq is not None]
-            turns = await self.memory.aturns_between(self.session_id, min([*shown, last]), last)
+            turns = await self.memory.aturns_between(self._id, min([*shown, last]), last)
         self.last_context = context
         step = [i.seq for i in (context.layer("current") or _NO_ITEMS).items if i.seq is not None]
         user_seq = min(step) - 1 if step else last  # the step is what follows the latest user turn
         by_seq = {t.seq: t for t in turns}
         if user_seq not in by_seq:
-            by_seq.update({t.seq: t for t in await self.memory.aturns_between(self.session_id, user_seq, user_seq)})
+            by_seq.update({t.seq: t for t in await self.memory.aturns_between(self._id, user_seq, user_seq)})
         return context_to_items(context, by_seq, by_seq.get(user_seq))
 
     async def _history_cost(self, last: int) -> int:
@@ -319,7 +329,7 @@ class ContextModeSession:
         if seen > last:  # the session shrank underneath (popped or cleared elsewhere)
             seen, cost = 0, 0
         if seen < last:
-            cost += self._cost(await self.memory.aturns_between(self.session_id, seen + 1, last))
+            cost += self._cost(await self.memory.aturns_between(self._id, seen + 1, last))
         self._cost_seen = (last, cost)
         return cost
 
@@ -331,7 +341,7 @@ class ContextModeSession:
 
     async def _add(self, records: Sequence[MessageRecord]) -> None:
         async with self._lock():
-            await self.memory.arecord_messages(self.session_id, records, user_id=self.user_id)
+            await self.memory.arecord_messages(self._id, records, user_id=self._user)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item (``None`` when the session is empty)."""
@@ -339,21 +349,21 @@ class ContextModeSession:
 
     async def _pop(self) -> TResponseInputItem | None:
         async with self._lock():
-            popped = await self.memory.apop(self.session_id)
+            popped = await self.memory.apop(self._id)
             self._cost_seen = (0, 0)
             if popped is None:
                 return None
             items = _items_of(popped)
             if len(items) > 1:  # the turn stood for several items: keep all but the newest
-                await self.memory.arecord_messages(self.session_id, items_to_records(
-                    cast(list[TResponseInputItem], items[:-1])), user_id=self.user_id)
+                await self.memory.arecord_messages(self._id, items_to_records(
+                    cast(list[TResponseInputItem], items[:-1])), user_id=self._user)
             return cast(TResponseInputItem, items[-1])
 
     async def clear_session(self) -> None:
         """Erase the session and everything derived from it (`ContextMode.forget`)."""
         async def clear() -> None:
             async with self._lock():
-                await self.memory.aforget(session_id=self.session_id)
+                await self.memory.aforget(session_id=self._id)
                 self._cost_seen = (0, 0)
 
         await self._call(clear())
@@ -368,12 +378,12 @@ class ContextModeSession:
 
         async def assemble() -> list[TResponseInputItem]:
             async with self._lock():
-                newest = await self.memory.anewest(self.session_id)
+                newest = await self.memory.anewest(self._id)
                 stored = newest is not None and newest.role == "user" and newest.content == message
-                context = await (self.memory.acontinue(self.session_id) if stored
-                                 else self.memory.acontext(self.session_id, message))
+                context = await (self.memory.acontinue(self._id, system_prompt=NO_SYSTEM_PROMPT) if stored
+                                 else self.memory.acontext(self._id, message, system_prompt=NO_SYSTEM_PROMPT))
                 seqs = [i.seq for i in (context.layer("recent") or _NO_ITEMS).items if i.seq is not None]
-                turns = await self.memory.aturns_between(self.session_id, min(seqs), max(seqs)) if seqs else []
+                turns = await self.memory.aturns_between(self._id, min(seqs), max(seqs)) if seqs else []
             self.last_context = context
             return context_to_items(context, {t.seq: t for t in turns}, None, current=False)
 

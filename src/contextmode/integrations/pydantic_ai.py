@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,17 +56,18 @@ from pydantic_ai.tools import RunContext
 
 from ..api import ContextMode, MessageRecord
 from ..assembly import Context, LayerItem
-from ..memory.budget import Budget, LayerName
+from ..memory.budget import Budget
+from ..session_keys import id_for_key
 from ..settings import EngineSettings
-from ..tokens.tools import message_overhead
+from ..tokens.tools import count_turn, message_overhead
 from ..types import ChatMessage, ToolCall
+from ._session import NO_SYSTEM_PROMPT, memory_sections
 
 __all__ = ["ContextModeHistory", "context_to_messages", "message_to_records"]
 
 _KEY = "pydantic_ai"
 """Turn metadata: the message (JSON, without the agent's system prompts) on its first turn."""
 _MARK = {"contextmode": "context"}
-_MEMORY_LAYERS: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "recall")
 
 
 def _user_text(part: UserPromptPart) -> str:
@@ -141,17 +142,23 @@ def _is_prompt(message: ModelMessage) -> bool:
     return isinstance(message, ModelRequest) and any(isinstance(p, UserPromptPart) for p in message.parts)
 
 
+def _ours(metadata: Mapping[str, object] | None) -> bool:
+    """Whether a message or part carrying ``metadata`` is one this adapter built (the memory
+    layers, the recent turns it hands the model): when it comes back in ``message_history``
+    it is never stored, nor taken for the agent's own system prompt."""
+    return bool(metadata and metadata.get("contextmode") == "context")
+
+
 def _marked(message: ModelMessage) -> bool:
-    return bool(message.metadata and message.metadata.get("contextmode") == "context")
+    return _ours(message.metadata)
 
 
 def context_to_messages(context: Context, system: Sequence[SystemPromptPart] = ()) -> list[ModelMessage]:
     """The memory layers and recent turns of ``context`` as messages (marked as context-mode's):
-    one request with ``system`` and a ``SystemPromptPart`` per memory layer, then each recent
-    turn (a user prompt, an answer with its tool calls, tool returns)."""
+    one request with ``system`` and a ``SystemPromptPart`` per memory layer (marked too), then
+    each recent turn (a user prompt, an answer with its tool calls, tool returns)."""
     parts: list[ModelRequestPart] = list(system)
-    parts += [SystemPromptPart(content=layer.rendered) for name in _MEMORY_LAYERS
-              if (layer := context.layer(name)) is not None and layer.rendered]
+    parts += [SystemPromptPart(content=section, metadata=dict(_MARK)) for section in memory_sections(context)]
     out: list[ModelMessage] = [ModelRequest(parts=parts, metadata=dict(_MARK))] if parts else []
     recent = context.layer("recent")
     names: dict[str, str] = {}
@@ -219,6 +226,9 @@ class ContextModeHistory:
                 settings = replace(settings, context_window=budget, reply_reserve=0)
             memory = ContextMode(settings=settings)
         self.session_id = session_id
+        """The session's key as given (any string: `id_for_key` maps it to the id it is stored under)."""
+        self._id = id_for_key(session_id)
+        self._user = id_for_key(user_id) if user_id is not None else None
         self.memory = memory
         self.user_id = user_id
         self.record = record
@@ -236,7 +246,7 @@ class ContextModeHistory:
     async def _refresh(self) -> None:
         """Read the turns stored since the last look (O(new turns))."""
         seen = self._seen
-        fresh = await self.memory.aturns_between(self.session_id, seen.seq + 1, None)
+        fresh = await self.memory.aturns_between(self._id, seen.seq + 1, None)
         counter = self.memory.engine.counter
         for turn in fresh:
             dumped = turn.metadata.get(_KEY)
@@ -251,8 +261,10 @@ class ContextModeHistory:
     async def _process(self, messages: list[ModelMessage]) -> list[ModelMessage]:
         await self._refresh()
         real = [m for m in messages if not _marked(m)]
+        # The agent's own system prompt: what it put first, not the layers rendered here last
+        # run (they come back in message_history and would pile up).
         system = [p for m in messages[:1] if isinstance(m, ModelRequest) for p in m.parts
-                  if isinstance(p, SystemPromptPart)]
+                  if isinstance(p, SystemPromptPart) and not _ours(p.metadata)]
         at = max((i for i, m in enumerate(real) if _is_prompt(m)), default=0)
         run = real[at:]
         fresh = real[len(real) - _unseen(_keys(real), self._seen.keys):]
@@ -260,19 +272,26 @@ class ContextModeHistory:
         # in message_history) is history: stored first. The run's own messages come after.
         before, fresh_run = fresh[: max(0, len(fresh) - len(run))], fresh[max(0, len(fresh) - len(run)):]
         await self._store(before)
-        if self._seen.tokens <= self.budget:
+        if self._seen.tokens + self._cost(fresh_run) <= self.budget:
             await self._store(fresh_run)
             return _with_system(system, self._whole(run, before))
         prompt = _run_prompt(run)
         cached = self._seen.prompt
         if prompt.strip() and (cached is None or cached[0] != prompt):
             # Assembled before the prompt is stored: the history around what is asked now.
-            context = await self.memory.acontext(self.session_id, prompt)
+            context = await self.memory.acontext(self._id, prompt, system_prompt=NO_SYSTEM_PROMPT)
             self.last_context = context
             cached = self._seen.prompt = (prompt, context_to_messages(context))
         await self._store(fresh_run)
         prefix = cached[1] if cached is not None else []
         return _with_system(system, [*prefix, *run])
+
+    def _cost(self, messages: Sequence[ModelMessage]) -> int:
+        """Tokens ``messages`` add to the stored history once stored (as `_refresh` counts them)."""
+        counter = self.memory.engine.counter
+        return sum(count_turn(counter, r.message.content, tool_calls=r.message.tool_calls,
+                              tool_result=r.message.role == "tool") + message_overhead(counter, r.message.role)
+                   for m in messages for r in message_to_records(m))
 
     def _whole(self, run: Sequence[ModelMessage], before: Sequence[ModelMessage]) -> list[ModelMessage]:
         """The stored history as it was, then the run's messages."""
@@ -303,7 +322,7 @@ class ContextModeHistory:
         if not self.record or not messages:
             return
         records = [r for m in messages for r in message_to_records(m)]
-        await self.memory.arecord_messages(self.session_id, records, user_id=self.user_id)
+        await self.memory.arecord_messages(self._id, records, user_id=self._user)
         await self._refresh()
 
 

@@ -9,6 +9,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import PreparedTurn, TurnResult
+from ..session_keys import key_for_id
 from ..store.base import SessionInfo
 from ..store.lifecycle import DeletionRecord
 from ..trace import recalled_turns
@@ -384,6 +385,9 @@ class SessionOut(BaseModel):
 
 class SessionSummaryOut(BaseModel):
     session_id: str
+    key: str
+    """The session's key as a framework adapter was given it (`session_keys.key_for_id`);
+    the id itself for any other session."""
     last_seq: int
     created_at: datetime
     updated_at: datetime
@@ -394,6 +398,7 @@ class SessionSummaryOut(BaseModel):
     def of(cls, info: SessionInfo) -> SessionSummaryOut:
         return cls(
             session_id=info.session_id,
+            key=key_for_id(info.session_id),
             last_seq=info.last_seq,
             created_at=info.created_at,
             updated_at=info.updated_at,

@@ -100,8 +100,10 @@ async function refreshSessionList() {
     askForKey();
   }
   const ids = sessions.map((s) => s.session_id);
+  // A framework's key (stored under an id made from it) is shown as the framework gave it.
+  const keys = new Map(sessions.map((s) => [s.session_id, s.key ?? s.session_id]));
   if (state.sessionId && !ids.includes(state.sessionId)) ids.unshift(state.sessionId);
-  clear(select, ids.length ? ids.map((id) => el("option", { value: id }, id)) : el("option", { value: "" }, t("noSessions")));
+  clear(select, ids.length ? ids.map((id) => el("option", { value: id }, keys.get(id) ?? id)) : el("option", { value: "" }, t("noSessions")));
   select.value = state.sessionId ?? "";
 }
 
