@@ -30,12 +30,14 @@ from .auth import ApiKeys
 from .bodyscan import JsonShape
 from .codes import (
     ErrorCode,
+    HostNotAllowed,
     Unauthorized,
     code_for_exception,
     code_for_status,
     public_message,
 )
 from .gate import SessionGate
+from .hosts import HostCheck, default_hosts
 from .lifecycle_tasks import lifecycle_tasks
 from .metrics import ServiceMetrics
 from .responses import error_response, validation_details
@@ -80,12 +82,23 @@ class _EdgeMiddleware:
     def __init__(self, app: ASGIApp, *, state: AppState) -> None:
         self.app = app
         self.state = state
+        settings = state.settings
+        self.hosts = HostCheck(
+            settings.allowed_hosts or default_hosts(settings.host, auth_enabled=settings.auth_enabled)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        if scope.get("path") != "/healthz":  # probes name the pod's address; health reads no session
+            try:
+                self.hosts.check(scope.get("headers", ()))
+            except HostNotAllowed as exc:
+                await _send_error(scope, send, code_for_exception(exc), str(exc))
+                self._record(scope, 403, started)
+                return
         limit = self.state.settings.max_body_bytes
         too_large = code_for_status(413)
         for name, value in scope.get("headers", ()):

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import USE_DEFAULT, Engine, TurnRequest, UseDefault
 from ..errors import InputError
-from ..types import SessionKey, validate_id
+from ..types import SessionKey, check_storable, validate_id
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
 from .images import ImageFiles, decode_images
@@ -86,6 +86,7 @@ class ChatCompletionRequest(BaseModel):
             for i, message in enumerate(messages):
                 if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                     raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        check_storable(data, "request")  # NUL, lone surrogates: in tool results, names, ids too
         return data
 
 

@@ -12,7 +12,7 @@ from ..engine import PreparedTurn, TurnResult
 from ..store.base import SessionInfo
 from ..store.lifecycle import DeletionRecord
 from ..trace import recalled_turns
-from ..types import Constraint, Summary, ToolCall, Turn
+from ..types import Constraint, Summary, ToolCall, Turn, check_storable
 
 __all__ = [
     "ConstraintOut",
@@ -74,6 +74,7 @@ class MessageRequest(BaseModel):
             images = data.get("images")
             if isinstance(images, list) and len(images) > MAX_IMAGES_LISTED:
                 raise ValueError(f"at most {MAX_IMAGES_LISTED} images per message, got {len(images)}")
+        check_storable(data, "request")
         return data
 
 

@@ -20,6 +20,7 @@
 | ``CONTEXTMODE_STREAM_FLUSH_BYTES`` | ``2048``                      | ...or once this many bytes wait              |
 | ``CONTEXTMODE_SSE_PING_S``        | ``15``                         | keep-alive comment on an idle stream         |
 | ``CONTEXTMODE_FORGET_SYNC_S``     | ``1``                          | seconds between checks for sessions another worker erased (0 = off) |
+| ``CONTEXTMODE_ALLOWED_HOSTS``     | loopback names (no keys), ``*`` (keys) | ``Host``/``Origin`` names served (``*`` = any; ``.example.com`` = with subdomains) |
 
 No key configured means one local tenant (``local``) and no authentication:
 keep the service on loopback then.
@@ -118,6 +119,9 @@ class ServiceSettings:
     forget_sync_s: float = 1.0
     """Seconds between two reads of the deletion log, to drop this worker's copies of
     sessions another worker erased (0 = never; docs/lifecycle.md)."""
+    allowed_hosts: tuple[str, ...] | None = None
+    """``Host`` and browser ``Origin`` names served, against DNS rebinding (`service.hosts`);
+    ``None``: loopback names without API keys, any host with them; ``("*",)``: any host."""
 
     def __post_init__(self) -> None:
         unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
@@ -168,6 +172,7 @@ class ServiceSettings:
             stream_flush_bytes=env_int(env, "CONTEXTMODE_STREAM_FLUSH_BYTES", defaults.stream_flush_bytes, 1),
             sse_ping_s=env_int(env, "CONTEXTMODE_SSE_PING_S", defaults.sse_ping_s, 1),
             forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
+            allowed_hosts=_names(env, "CONTEXTMODE_ALLOWED_HOSTS"),
         )
 
 
@@ -181,6 +186,12 @@ def api_keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     if spec := env.get("CONTEXTMODE_API_KEYS", "").strip():
         keys.update(parse_api_keys(spec))
     return keys
+
+
+def _names(env: Mapping[str, str], name: str) -> tuple[str, ...] | None:
+    """A comma-separated list (``None`` when unset or empty)."""
+    names = tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
+    return names or None
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
