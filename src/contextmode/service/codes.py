@@ -19,6 +19,7 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40902 | 409  | session busy: another turn still runs after the wait | `SessionBusy`, `LockNotAcquired` |
 | 40903 | 409  | Idempotency-Key reused with another request body   | `IdempotencyKeyReused`         |
 | 40904 | 409  | the first request with this Idempotency-Key still runs | `RequestInProgress`        |
+| 40905 | 409  | (replayed stream's last event) its first stream was cut off there | `StreamCutOff`     |
 | 41301 | 413  | request body too large                             | `PayloadTooLarge`              |
 | 42201 | 422  | follow-up without a previous answer (当前没有可用的上文信息) | `NoPreviousAnswer`     |
 | 50000 | 500  | internal error                                     | anything else                  |
@@ -72,6 +73,7 @@ __all__ = [
     "MessageTooLong",
     "PayloadTooLarge",
     "RequestInProgress",
+    "StreamCutOff",
     "Unauthorized",
     "code_for_exception",
     "code_for_status",
@@ -113,6 +115,11 @@ class RequestInProgress(ContextModeError):
     """The first request with this ``Idempotency-Key`` has not finished yet; retry later."""
 
 
+class StreamCutOff(ContextModeError):
+    """The replayed stream of an ``Idempotency-Key`` was cut off the first time (the client left
+    before its end): the replay ends with this error event where the first stream ended."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ErrorCode:
     """One row of the code table."""
@@ -144,6 +151,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (LockNotAcquired, ErrorCode(code=40902, name="session_busy", meaning="session busy")),
     (IdempotencyKeyReused, ErrorCode(code=40903, name="idempotency_key_reused", meaning="Idempotency-Key reused")),
     (RequestInProgress, ErrorCode(code=40904, name="request_in_progress", meaning="request in progress")),
+    (StreamCutOff, ErrorCode(code=40905, name="stream_cut_off", meaning="the first stream was cut off")),
     (NoPreviousAnswer, ErrorCode(code=42201, name="no_previous_answer", meaning="当前没有可用的上文信息")),
     (ModelTimeout, ErrorCode(code=50401, name="model_timeout", meaning="the model timed out")),
     (ModelUnavailable, ErrorCode(code=50202, name="model_unavailable", meaning="the model is unavailable")),

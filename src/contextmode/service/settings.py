@@ -19,6 +19,7 @@
 | ``CONTEXTMODE_STREAM_FLUSH_MS``   | ``50``                         | streamed deltas are sent at most this often  |
 | ``CONTEXTMODE_STREAM_FLUSH_BYTES`` | ``2048``                      | ...or once this many bytes wait              |
 | ``CONTEXTMODE_SSE_PING_S``        | ``15``                         | keep-alive comment on an idle stream         |
+| ``CONTEXTMODE_SSE_SEND_TIMEOUT_S`` | ``10``                        | a stream whose client stops reading this long is finished without it (0 = never) |
 | ``CONTEXTMODE_FORGET_SYNC_S``     | ``1``                          | seconds between checks for sessions another worker erased (0 = off) |
 | ``CONTEXTMODE_ALLOWED_HOSTS``     | loopback names (no keys), ``*`` (keys) | ``Host``/``Origin`` names served (``*`` = any; ``.example.com`` = with subdomains) |
 
@@ -116,6 +117,10 @@ class ServiceSettings:
     """...or as soon as this many bytes of text are waiting."""
     sse_ping_s: int = 15
     """A ``: ping`` comment line on an idle stream every this many seconds (proxies keep it open)."""
+    sse_send_timeout_s: float = 10.0
+    """A stream write that waits this long (the client stopped reading, its socket still open)
+    ends the sending: the turn finishes without the client, its answer stored, and the session
+    is free again (0 = wait as long as the socket lives)."""
     forget_sync_s: float = 1.0
     """Seconds between two reads of the deletion log, to drop this worker's copies of
     sessions another worker erased (0 = never; docs/lifecycle.md)."""
@@ -171,6 +176,7 @@ class ServiceSettings:
             stream_flush_ms=env_int(env, "CONTEXTMODE_STREAM_FLUSH_MS", defaults.stream_flush_ms, 0),
             stream_flush_bytes=env_int(env, "CONTEXTMODE_STREAM_FLUSH_BYTES", defaults.stream_flush_bytes, 1),
             sse_ping_s=env_int(env, "CONTEXTMODE_SSE_PING_S", defaults.sse_ping_s, 1),
+            sse_send_timeout_s=_seconds(env, "CONTEXTMODE_SSE_SEND_TIMEOUT_S", defaults.sse_send_timeout_s),
             forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
             allowed_hosts=_names(env, "CONTEXTMODE_ALLOWED_HOSTS"),
         )

@@ -373,4 +373,5 @@ async def serve_turn(
         on_close=close,
         headers=headers,
         ping_s=state.settings.sse_ping_s,
+        send_timeout_s=state.settings.sse_send_timeout_s or None,
     )
