@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..engine import Engine
 from ..errors import ContextModeError, StoreError
 from ..jobs import takes_hooks
+from ..store.base import keeps_idempotency
 from .auth import ApiKeys
 from .bodyscan import JsonShape
 from .codes import (
@@ -191,6 +192,22 @@ class _EdgeMiddleware:
         )
 
 
+_HEALTH_KEY = "contextmode-healthz-write-probe"
+
+
+async def _probe_write(state: AppState) -> None:
+    """Write and delete one record (an ``Idempotency-Key`` claim of no session), so a store that
+    answers reads but refuses writes (a full disk, a read-only replica) is reported."""
+    store = state.engine.store
+    if not keeps_idempotency(store):
+        return
+    tenant = state.settings.local_tenant
+    if await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30) is not None:
+        await store.release_idempotency(tenant, _HEALTH_KEY)  # left by a probe cut off: claim again
+        await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30)
+    await store.release_idempotency(tenant, _HEALTH_KEY)
+
+
 def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ContextModeError)
     async def library_error(request: Request, exc: ContextModeError) -> JSONResponse:
@@ -287,6 +304,11 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
         except Exception as exc:
             log.warning("health check: store unavailable: %s", type(exc).__name__)
             return _error_response("/healthz", code_for_exception(StoreError("down")), "store unavailable")
+        try:
+            await asyncio.wait_for(_probe_write(current), 5.0)
+        except Exception as exc:  # reads work, writes fail: a full disk, a read-only replica
+            log.warning("health check: store cannot write: %s", type(exc).__name__)
+            return _error_response("/healthz", code_for_exception(StoreError("read-only")), "store cannot write")
         return envelope(
             HealthOut(status="ok", store=type(current.engine.store).__name__, model=current.engine.model.name)
         )

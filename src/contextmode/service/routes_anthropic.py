@@ -52,6 +52,7 @@ from .turns import (
     Streamed,
     Whole,
     check_message,
+    check_tool_results,
     coalesce,
     interrupted_response,
     run_turn,
@@ -127,6 +128,7 @@ async def create_message(
                  model=body.model or engine.model.name, state=state, headers={"x-session-id": session_id})
     step = agent_request(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
     if step is not None:
+        check_tool_results(step.tool_results, state.settings)
         if last_user is not None and last_user.images:
             raise InputError("agent steps take text content only (no images)")
         whole, streamed = _agent_step(call, step)

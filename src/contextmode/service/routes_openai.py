@@ -37,6 +37,7 @@ from .turns import (
     Streamed,
     Whole,
     check_message,
+    check_tool_results,
     coalesce,
     interrupted_response,
     run_turn,
@@ -191,6 +192,7 @@ async def chat_completions(
     engine = state.engine
     step = agent_request(body.messages, body.tools, body.tool_choice)
     if step is not None:
+        check_tool_results(step.tool_results, state.settings)
         if body.user:
             validate_id(body.user, "user id")
         reply = ProxyReply(model=model, stream=body.stream, include_usage=include_usage,

@@ -10,6 +10,7 @@
 | ``CONTEXTMODE_MAX_IMAGE_BYTES``   | ``5242880`` (5 MiB)            | decoded bytes per image                      |
 | ``CONTEXTMODE_ALLOWED_IMAGE_TYPES`` | ``png,jpeg,gif,webp``        | allowed image types (checked by magic bytes) |
 | ``CONTEXTMODE_MAX_MESSAGE_CHARS`` | ``32000``                      | characters per message                       |
+| ``CONTEXTMODE_MAX_TOOL_RESULT_CHARS`` | ``200000``                 | characters per tool result (proxies)         |
 | ``CONTEXTMODE_MAX_BODY_BYTES``    | ``33554432`` (32 MiB)          | bytes per request body                       |
 | ``CONTEXTMODE_IMAGE_DIR``         | ``<tmp>/contextmode-images``   | where image temp files live while a turn runs |
 | ``CONTEXTMODE_SESSION_WAIT_MS``   | ``10000``                      | wait for a session's previous turn, then 40902 |
@@ -98,6 +99,8 @@ class ServiceSettings:
     """Image types accepted (subset of `IMAGE_TYPES`), checked by magic bytes, not by the declared MIME."""
     max_message_chars: int = 32_000
     """Characters per message."""
+    max_tool_result_chars: int = 200_000
+    """Characters per tool result sent to a proxy (a file, a page, a command's output)."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Bytes per request body (checked on ``Content-Length`` and while reading)."""
     image_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "contextmode-images")
@@ -167,6 +170,9 @@ class ServiceSettings:
             if types
             else IMAGE_TYPES,
             max_message_chars=env_int(env, "CONTEXTMODE_MAX_MESSAGE_CHARS", defaults.max_message_chars, 1),
+            max_tool_result_chars=env_int(
+                env, "CONTEXTMODE_MAX_TOOL_RESULT_CHARS", defaults.max_tool_result_chars, 1
+            ),
             max_body_bytes=env_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
             image_dir=Path(image_dir).expanduser() if image_dir else defaults.image_dir,
             session_wait_ms=env_int(env, "CONTEXTMODE_SESSION_WAIT_MS", defaults.session_wait_ms, 0),
