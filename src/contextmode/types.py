@@ -77,6 +77,10 @@ def check_storable(value: object, where: str) -> None:
     while todo:
         path, item = todo.pop()
         if isinstance(item, str):
+            # Fast paths first (a tool result may be megabytes): NUL by memchr, and an ASCII-only
+            # string (a flag CPython keeps) holds no surrogate.
+            if "\x00" not in item and item.isascii():
+                continue
             if found := _UNSTORABLE.search(item):
                 what = "NUL character U+0000" if found.group() == "\x00" else f"lone surrogate U+{ord(found.group()):04X}"
                 raise InputError(f"{path} contains a {what} at position {found.start()}; send valid Unicode text")

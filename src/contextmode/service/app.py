@@ -195,17 +195,26 @@ class _EdgeMiddleware:
 _HEALTH_KEY = "contextmode-healthz-write-probe"
 
 
-async def _probe_write(state: AppState) -> None:
-    """Write and delete one record (an ``Idempotency-Key`` claim of no session), so a store that
-    answers reads but refuses writes (a full disk, a read-only replica) is reported."""
-    store = state.engine.store
-    if not keeps_idempotency(store):
-        return
-    tenant = state.settings.local_tenant
-    if await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30) is not None:
-        await store.release_idempotency(tenant, _HEALTH_KEY)  # left by a probe cut off: claim again
-        await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30)
-    await store.release_idempotency(tenant, _HEALTH_KEY)
+class _WriteProbe:
+    """Writes and deletes one record (an ``Idempotency-Key`` claim of no session), so a store that
+    answers reads but refuses writes (a full disk, a read-only replica) is reported. A success is
+    trusted for ``every_s`` seconds (probes come every few seconds; two writes each would cost
+    every other request); a failure is probed again at the next call."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self._ok_at = -float("inf")
+
+    async def check(self, state: AppState) -> None:
+        store = state.engine.store
+        if time.monotonic() - self._ok_at < self.every_s or not keeps_idempotency(store):
+            return
+        tenant = state.settings.local_tenant
+        if await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30) is not None:
+            await store.release_idempotency(tenant, _HEALTH_KEY)  # left by a probe cut off: claim again
+            await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30)
+        await store.release_idempotency(tenant, _HEALTH_KEY)
+        self._ok_at = time.monotonic()
 
 
 def _install_handlers(app: FastAPI) -> None:
@@ -296,6 +305,8 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     app.include_router(anthropic_router)
     app.include_router(users_router)
 
+    write_probe = _WriteProbe()
+
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])
     async def healthz(request: Request) -> Any:
         current: AppState = request.app.state.contextmode
@@ -305,7 +316,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
             log.warning("health check: store unavailable: %s", type(exc).__name__)
             return _error_response("/healthz", code_for_exception(StoreError("down")), "store unavailable")
         try:
-            await asyncio.wait_for(_probe_write(current), 5.0)
+            await asyncio.wait_for(write_probe.check(current), 5.0)
         except Exception as exc:  # reads work, writes fail: a full disk, a read-only replica
             log.warning("health check: store cannot write: %s", type(exc).__name__)
             return _error_response("/healthz", code_for_exception(StoreError("read-only")), "store cannot write")

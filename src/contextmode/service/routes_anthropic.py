@@ -42,6 +42,7 @@ from .anthropic_wire import (
     system_text,
     wire_items,
 )
+from .bodies import OffLoopJsonRoute
 from .idempotency import IdempotencyKey, SessionHeader
 from .images import DecodedImage, ImageFiles, decode_images
 from .openai_tools import agent_request
@@ -63,7 +64,7 @@ from .turns import (
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["anthropic-compatible"])
+router = APIRouter(tags=["anthropic-compatible"], route_class=OffLoopJsonRoute)
 
 State = Annotated[AppState, Depends(app_state)]
 PATH = "/v1/messages"

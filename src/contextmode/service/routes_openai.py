@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from ..engine import USE_DEFAULT, Engine, TurnRequest, UseDefault
 from ..errors import InputError
 from ..types import SessionKey, check_storable, validate_id
+from .bodies import OffLoopJsonRoute
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
 from .images import ImageFiles, decode_images
@@ -47,7 +48,7 @@ from .turns import (
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
 
-router = APIRouter(tags=["openai-compatible"])
+router = APIRouter(tags=["openai-compatible"], route_class=OffLoopJsonRoute)
 
 State = Annotated[AppState, Depends(app_state)]
 
