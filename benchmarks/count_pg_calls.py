@@ -78,7 +78,7 @@ async def main(sessions: int, turns: int, stream: bool, together: bool) -> dict[
         COUNTS.clear()
         cpu = time.process_time()
         transport = httpx.ASGITransport(app=create_app(engine, settings))
-        async with httpx.AsyncClient(transport=transport, base_url="http://count") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://count.test") as client:
 
             async def converse(s: int) -> None:
                 for t in range(turns):

@@ -16,11 +16,17 @@ while each scenario runs; its p99 is reported:
   bodies of ``--hostile-keys`` (1,000,000) unknown keys (about 19 MB) for
   ``--hostile-seconds`` (8) or ``--rounds`` (200) bodies each, whichever comes first,
   once without an API key and once with a valid one (the worse of the two runs);
+- ``healthz_p99_ms_tool_results``: ``--tool-clients`` (2) clients each sending OpenAI
+  proxy requests holding one ``--tool-result-mb`` (9.6 MB) tool result, for
+  ``--hostile-seconds`` or ``--rounds`` requests each (refused with 40002 above
+  ``CONTEXTMODE_MAX_TOOL_RESULT_CHARS``: what it costs to read, parse and check them);
 - ``idle``: the same probe with nothing else running (what the machine itself costs);
 - ``max_error_bytes``: the largest error response seen for those bodies and for a
   set of malformed requests (unknown keys, wrong types, invalid JSON, bad proxy messages).
 
-Targets: both p99 ≤ 100 ms, ``max_error_bytes`` ≤ 4,096. Every loop is bounded (a fixed
+``--only tool_results`` runs the idle probe and that scenario alone.
+
+Targets: every p99 ≤ 100 ms, ``max_error_bytes`` ≤ 4,096. Every loop is bounded (a fixed
 number of streams and rounds) and every scenario has a time limit.
 """
 
@@ -34,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +49,8 @@ import httpx
 from contextmode.testing.worker import Cluster
 
 KEY = "fairness-bench-key"
-TARGETS = {"healthz_p99_ms_streams": 100.0, "healthz_p99_ms_hostile_body": 100.0, "max_error_bytes": 4096}
+TARGETS = {"healthz_p99_ms_streams": 100.0, "healthz_p99_ms_hostile_body": 100.0,
+           "healthz_p99_ms_tool_results": 100.0, "max_error_bytes": 4096}
 
 
 def p99(samples: list[float]) -> float:
@@ -129,10 +136,20 @@ async def streams_scenario(url: str, streams: int) -> dict[str, Any]:
     }
 
 
-async def hostile_client(
-    url: str, body: bytes, authed: bool, rounds: int, seconds: float, sizes: list[int], outcomes: dict[str, int]
-) -> None:
-    headers = {"content-type": "application/json"}
+@dataclass(frozen=True, kw_only=True)
+class Load:
+    """What one hostile client sends, where, and for how long."""
+
+    body: bytes
+    authed: bool
+    rounds: int
+    seconds: float
+    path: str = "/v1/sessions/hostile/messages"
+
+
+async def hostile_client(url: str, load: Load, sizes: list[int], outcomes: dict[str, int]) -> None:
+    body, authed, rounds, seconds = load.body, load.authed, load.rounds, load.seconds
+    headers = {"content-type": "application/json", "x-session-id": "hostile"}
     if authed:
         headers["Authorization"] = f"Bearer {KEY}"
     deadline = time.monotonic() + seconds
@@ -141,7 +158,7 @@ async def hostile_client(
             if time.monotonic() > deadline:
                 break
             try:
-                r = await client.post(f"{url}/v1/sessions/hostile/messages", content=body, headers=headers)
+                r = await client.post(f"{url}{load.path}", content=body, headers=headers)
             except httpx.HTTPError as exc:  # refused early: the server closed while we were still sending
                 outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
                 continue
@@ -149,14 +166,10 @@ async def hostile_client(
             sizes.append(len(r.content))
 
 
-async def hostile_scenario(
-    url: str, body: bytes, clients: int, rounds: int, seconds: float, authed: bool
-) -> dict[str, Any]:
+async def hostile_scenario(url: str, load: Load, clients: int) -> dict[str, Any]:
     sizes: list[int] = []
     outcomes: dict[str, int] = {}
-    work = asyncio.gather(
-        *(hostile_client(url, body, authed, rounds, seconds, sizes, outcomes) for _ in range(clients))
-    )
+    work = asyncio.gather(*(hostile_client(url, load, sizes, outcomes) for _ in range(clients)))
     _, prober = await probed(url, work, limit_s=600)
     return {
         "healthz_p99_ms": round(p99(prober.samples), 1),
@@ -190,6 +203,17 @@ async def malformed_requests(url: str) -> list[int]:
     return sizes
 
 
+def _tool_body(megabytes: float) -> bytes:
+    """An OpenAI proxy request whose last message is one tool result of ``megabytes`` MB."""
+    result = "0123456789abcdef" * int(megabytes * 1_000_000 / 16)
+    return json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": "read the log"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": result},
+    ]}).encode()
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     hostile = json.dumps({"message": "hi", **{f"k{i}": i for i in range(args.hostile_keys)}}).encode()
     with tempfile.TemporaryDirectory(prefix="cm-fairness-") as tmp:
@@ -211,17 +235,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             log("idle")
             _, idle = await probed(url, asyncio.sleep(5), limit_s=60)
             idle_figures = {"healthz_p99_ms": round(p99(idle.samples), 1), "probes": len(idle.samples)}
-            log(f"idle: {idle_figures}; now streams")
+            log(f"idle: {idle_figures}")
+            tool = Load(body=_tool_body(args.tool_result_mb), authed=True, rounds=args.rounds,
+                        seconds=args.hostile_seconds, path="/v1/chat/completions")
+            tools = await hostile_scenario(url, tool, args.tool_clients)
+            log(f"tool results: {tools}")
+            if args.only == "tool_results":
+                return {"healthz_p99_ms_tool_results": tools["healthz_p99_ms"],
+                        "target_ms": TARGETS["healthz_p99_ms_tool_results"], "idle": idle_figures,
+                        "tool_results": tools, "tool_result_bytes": len(tool.body)}
             streams = await streams_scenario(url, args.streams)
             log(f"streams: {streams}")
             log("hostile bodies without a key")
-            unauth = await hostile_scenario(
-                url, hostile, args.hostile_clients, args.rounds, args.hostile_seconds, authed=False
-            )
+            hostile_load = Load(body=hostile, authed=False, rounds=args.rounds, seconds=args.hostile_seconds)
+            unauth = await hostile_scenario(url, hostile_load, args.hostile_clients)
             log(f"without a key: {unauth}; now with a key")
-            authed = await hostile_scenario(
-                url, hostile, args.hostile_clients, args.rounds, args.hostile_seconds, authed=True
-            )
+            authed = await hostile_scenario(url, replace(hostile_load, authed=True), args.hostile_clients)
             log(f"with a key: {authed}")
             malformed = await malformed_requests(url)
         finally:
@@ -229,6 +258,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     figures = {
         "healthz_p99_ms_streams": streams["healthz_p99_ms"],
         "healthz_p99_ms_hostile_body": max(unauth["healthz_p99_ms"], authed["healthz_p99_ms"]),
+        "healthz_p99_ms_tool_results": tools["healthz_p99_ms"],
         "max_error_bytes": max([unauth["max_error_bytes"], authed["max_error_bytes"], *malformed]),
     }
     return {
@@ -239,6 +269,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "streams": streams,
         "hostile_unauthenticated": unauth,
         "hostile_authenticated": authed,
+        "tool_results": tools,
         "malformed_error_bytes": malformed,
         "setup": {
             "streams": args.streams,
@@ -264,6 +295,9 @@ def main() -> None:
     parser.add_argument("--hostile-keys", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=200, help="bodies per hostile client at most")
     parser.add_argument("--hostile-seconds", type=float, default=8.0, help="...and for at most this long")
+    parser.add_argument("--tool-clients", type=int, default=2)
+    parser.add_argument("--tool-result-mb", type=float, default=9.6)
+    parser.add_argument("--only", choices=["tool_results"], default=None, help="run one scenario (and idle)")
     parser.add_argument(
         "--service-src", default=None,
         help="eval-only: run the worker from another source tree (e.g. main's, for a before/after figure)",

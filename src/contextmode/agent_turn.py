@@ -225,14 +225,15 @@ async def stream_agent_turn(
 async def _store_answer(
     engine: Engine, key: SessionKey, user_turn: Turn, text: str, calls: tuple[ToolCall, ...], completed: bool
 ) -> Turn | None:
-    from .engine.persist import observe
+    from .engine.persist import append_fenced, observe
 
     if not text and not calls:
         return None
     meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": engine.model.name, **tool_metadata(tool_calls=calls)}
     if not completed:
         meta["partial"] = True
-    stored = await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [
-        NewTurn(role="assistant", content=text, tokens=count_turn(engine.counter, text, tool_calls=calls), metadata=meta)]))
+    stored = await append_fenced(engine, key, engine.keepable(key.tenant, [
+        NewTurn(role="assistant", content=text, tokens=count_turn(engine.counter, text, tool_calls=calls), metadata=meta)]),
+        holds=user_turn.seq)
     observe(engine, key, stored)
     return stored[0]

@@ -8,12 +8,15 @@ ContextModeError
 │   ├── MissingExtra               an optional dependency is not installed (names the extra)
 │   └── InputError                 a message or image the caller sent is unusable
 │       ├── MessageTooLarge        the current message alone does not fit the budget
+│       ├── SessionExists          an import names a session the store holds with other content
 │       └── EmptyMessage           the message is empty or only whitespace
 ├── NoPreviousAnswer               a follow-up ("举个例子") needs an answer and there is none
 ├── SessionNotFound                no such session for this tenant
+│   └── SessionErased              erased while a turn was running: the turn stores nothing
 ├── TurnNotFound                   no kept trace for that turn (never kept, pruned or deleted)
 ├── ConflictError                  a compare-and-set lost: someone else wrote first
 ├── StoreError                     the store failed or is unreachable (driver errors map here)
+│   └── StoreRefused               the store refused the data itself: a retry fails the same way
 ├── ModelError                     the chat model failed (timeouts, 429/5xx, bad output)
 │   ├── ModelTimeout
 │   ├── ModelUnavailable
@@ -46,8 +49,11 @@ __all__ = [
     "ModelUnavailable",
     "NoPreviousAnswer",
     "OutputRejected",
+    "SessionErased",
+    "SessionExists",
     "SessionNotFound",
     "StoreError",
+    "StoreRefused",
     "TurnNotFound",
     "UserError",
 ]
@@ -85,6 +91,10 @@ class InputError(UserError):
     """A message, image or parameter sent by the caller is unusable."""
 
 
+class SessionExists(InputError):
+    """An import names a session the store already holds, with other content (``--replace``, ``--as``)."""
+
+
 class MessageTooLarge(InputError):
     """The current message alone needs more tokens than the whole input budget."""
 
@@ -109,12 +119,22 @@ class SessionNotFound(ContextModeError):
     """No session with this id exists for this tenant."""
 
 
+class SessionErased(SessionNotFound):
+    """The session was erased (forget, delete, retention) while a turn was running: the turn
+    stores nothing more, so nothing erased comes back."""
+
+
 class ConflictError(ContextModeError):
     """A compare-and-set write lost against a concurrent writer."""
 
 
 class StoreError(ContextModeError):
     """The store failed or could not be reached; nothing was half-written."""
+
+
+class StoreRefused(StoreError):
+    """The store refused the data itself (a value or size it cannot hold): retrying the same
+    request fails the same way; nothing was written."""
 
 
 class ModelError(ContextModeError):

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Literal
 
-from .errors import EmptyMessage, InvalidSessionId
+from .errors import EmptyMessage, InputError, InvalidSessionId
 
 __all__ = [
     "NOTICE_PREFIXES",
@@ -30,6 +30,7 @@ __all__ = [
     "Summary",
     "ToolCall",
     "Turn",
+    "check_storable",
     "require_text",
     "tool_metadata",
     "utc_now",
@@ -60,6 +61,35 @@ def require_text(message: str) -> str:
     if not message.strip():
         raise EmptyMessage("the message is empty or only whitespace; type something to send")
     return message
+
+
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+"""NUL (PostgreSQL refuses it in text) and lone UTF-16 surrogates (JSON ``"\\ud800"``: no
+character at all, no store or encoder takes them)."""
+
+
+def check_storable(value: object, where: str) -> None:
+    """Raise `InputError` naming the first string inside ``value`` (strings, lists, tuples and
+    dict keys and values, walked) that holds a NUL or a lone surrogate: no store can keep it.
+
+    ``where`` names ``value`` in the message (``messages[2].content``)."""
+    todo: list[tuple[str, object]] = [(where, value)]
+    while todo:
+        path, item = todo.pop()
+        if isinstance(item, str):
+            # Fast paths first (a tool result may be megabytes): NUL by memchr, and an ASCII-only
+            # string (a flag CPython keeps) holds no surrogate.
+            if "\x00" not in item and item.isascii():
+                continue
+            if found := _UNSTORABLE.search(item):
+                what = "NUL character U+0000" if found.group() == "\x00" else f"lone surrogate U+{ord(found.group()):04X}"
+                raise InputError(f"{path} contains a {what} at position {found.start()}; send valid Unicode text")
+        elif isinstance(item, Mapping):
+            for key, inner in reversed(list(item.items())):
+                todo.append((f"{path} (key)", key))
+                todo.append((f"{path}.{key}" if isinstance(key, str) and key.isidentifier() else f"{path}[{key!r}]", inner))
+        elif isinstance(item, (list, tuple)):
+            todo.extend((f"{path}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,7 @@ def test_inspect_turn_json_is_the_routes_data(tmp_path: Path) -> None:
         engine = build_engine(store=url, model=FunctionModel(lambda m: f"答：{m[-1].content}"))
         app = create_app(engine, ServiceSettings(image_dir=tmp_path / "images"))
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             for text in ("我不吃辣", "推荐一家餐厅", "人均多少钱？"):
                 await client.post("/v1/sessions/demo/messages", json={"message": text})
             body: dict[str, Any] = (await client.get("/v1/sessions/demo/turns/2/context")).json()

@@ -324,7 +324,7 @@ async def test_service_user_routes_and_a_session_never_changes_users(tmp_path: P
 
     engine = build_engine(store=MemoryStore())
     app = create_app(engine, ServiceSettings(image_dir=tmp_path / "img"))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         r = await client.post("/v1/sessions/s1/messages", json={"message": "你好", "user_id": "u1"})
         assert r.status_code == 200
         r = await client.post("/v1/sessions/s1/messages", json={"message": "我是别人", "user_id": "u2"})

@@ -100,7 +100,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         ),
     )
     transport = httpx.ASGITransport(app=app)
-    client = httpx.AsyncClient(transport=transport, base_url="http://fuzz", timeout=30)
+    client = httpx.AsyncClient(transport=transport, base_url="http://fuzz.test", timeout=30)
 
     async def seed() -> None:
         store = engine.store

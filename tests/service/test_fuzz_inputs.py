@@ -111,7 +111,7 @@ async def world(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Engine
     engine = build_engine(store=store, model=FunctionModel(lambda m: "ok"), counter=CharTokenCounter())
     image_dir = tmp_path / "img"
     app = create_app(engine, ServiceSettings(image_dir=image_dir, **LIMITS))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         assert (await client.post(M, json={"message": "我不吃辣"})).status_code == 200
         await engine.drain()
         yield client, engine, image_dir

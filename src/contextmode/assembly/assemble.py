@@ -212,22 +212,33 @@ def paired_turns(turns: Sequence[Turn]) -> list[Turn]:
 
     Sessions written before turns of one session were serialised may hold such
     interleaved runs; an answer whose question is not among ``turns`` keeps its place.
+    The ``tool`` results stored after an assistant turn move with it: a call and its
+    results stay one block (an agent step answers one question with several assistant
+    turns, and moving them alone would put a call's results after the next answer).
     """
     ordered = sorted(turns, key=lambda t: t.seq)
     questions = {t.seq for t in ordered if t.role == "user"}
-    answers: dict[int, list[Turn]] = {}
+    blocks: list[list[Turn]] = []
+    for t in ordered:
+        if t.role == "tool" and blocks:
+            blocks[-1].append(t)  # a result rides with the turn (its call) before it
+        else:
+            blocks.append([t])
+    answers: dict[int, list[list[Turn]]] = {}
     moved: set[int] = set()
-    for t in ordered:
-        reply_to = t.metadata.get("reply_to") if t.role == "assistant" else None
-        if isinstance(reply_to, int) and reply_to in questions and reply_to < t.seq:
-            answers.setdefault(reply_to, []).append(t)
-            moved.add(t.seq)
+    for block in blocks:
+        head = block[0]
+        reply_to = head.metadata.get("reply_to") if head.role == "assistant" else None
+        if isinstance(reply_to, int) and reply_to in questions and reply_to < head.seq:
+            answers.setdefault(reply_to, []).append(block)
+            moved.add(head.seq)
     result: list[Turn] = []
-    for t in ordered:
-        if t.seq in moved:
+    for block in blocks:
+        if block[0].seq in moved:
             continue
-        result.append(t)
-        result.extend(answers.get(t.seq, ()))
+        result.extend(block)
+        for answer in answers.get(block[0].seq, ()):
+            result.extend(answer)
     return result
 
 

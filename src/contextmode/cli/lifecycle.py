@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import sys
+import tempfile
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,12 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import ContextModeError, InputError
 from ..lifecycle import forget, lifecycle_store, migrate, read_export, resume_forgets, write_export
-from ..lifecycle.export import import_records
+from ..lifecycle.export import import_records, verify_export
 from ..lifecycle.retention import RetentionSettings, enforce_retention
 from ..session_keys import id_for_input
 from ..store import open_store
 from ..store.base import Store
 from ..store.lifecycle import DeletionRecord, Scope
+from ..types import validate_id
 
 __all__ = ["register"]
 
@@ -153,27 +157,51 @@ def export(
 def import_command(
     source: Annotated[Path, typer.Argument(help="A file written by `contextmode export` ('-': standard input).")],
     store: StoreOpt = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Erase a session the store already holds, then import it.")] = False,
+    as_id: Annotated[str | None, typer.Option("--as", help="Import the file's only session under this new id.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
 ) -> None:
-    """Import an export file; sessions the store already holds continue from their last turn."""
+    """Import an export file: the whole file is checked first (structure, every checksum), then each
+    session is written whole or not at all. A session the store already holds is refused unless it is
+    identical (then skipped), --replace is given, or --as NEW_ID imports it under another id."""
     if str(source) != "-" and not source.is_file():
         raise typer.BadParameter(f"no file {str(source)!r}")
+    if replace and as_id is not None:
+        raise typer.BadParameter("use either --replace or --as, not both")
 
     async def body() -> None:
-        backend = open_store(store)
-        try:
-            with _progress("import", None, quiet) as advance:
-                report = await import_records(backend, read_export(source), progress=advance)
-            footer = report.footer
-            if footer and footer.get("turns") != report.turns + report.skipped_turns:
-                raise InputError(f"the footer counts {footer.get('turns')} turns, the file held "
-                                 f"{report.turns + report.skipped_turns}")
-            print(json.dumps({"sessions": report.sessions, "turns": report.turns,
-                              "skipped_turns": report.skipped_turns}))
-        finally:
-            await backend.close()
+        with _readable_twice(source) as path:
+            plan = await verify_export(read_export(path))
+            if as_id is not None:
+                validate_id(as_id)
+                if len(plan.sessions) != 1:
+                    raise InputError(f"--as needs an export of one session; this one holds {len(plan.sessions)}")
+            backend = open_store(store)
+            try:
+                with _progress("import", None, quiet) as advance:
+                    report = await import_records(
+                        backend, read_export(path), progress=advance, plan=plan, rename=as_id,
+                        existing="replace" if replace else "refuse",
+                    )
+                print(json.dumps({"sessions": report.sessions, "turns": report.turns,
+                                  "skipped_sessions": report.skipped_sessions}))
+            finally:
+                await backend.close()
 
     _run(body)
+
+
+@contextmanager
+def _readable_twice(source: Path) -> Iterator[Path]:
+    """``source``, or standard input copied to a temporary file (an import reads it twice)."""
+    if str(source) != "-":
+        yield source
+        return
+    with tempfile.TemporaryDirectory(prefix="contextmode-import-") as folder:
+        copy = Path(folder) / "export.jsonl"
+        with copy.open("w", encoding="utf-8") as out:
+            shutil.copyfileobj(sys.stdin, out)
+        yield copy
 
 
 def migrate_command(

@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import ConflictError, SessionErased
 from ..models.offline import OfflineResponder
 from ..store.base import TraceRecords
 from ..store.postings import has_postings
 from ..trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
-from ..types import NewTurn, SessionKey, SessionState, Turn, utc_now
+from ..types import NewTurn, SessionKey, SessionState, Turn, check_storable, utc_now
 from .privacy import keepable_trace, masked_counts
 from .request import PreparedTurn, TurnRequest
 from .seams import indexes_turns
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Answer",
     "TraceWrites",
+    "append_fenced",
     "exchanges_so_far",
     "observe",
     "record_turn",
@@ -54,9 +56,39 @@ async def store_user_turn(engine: Engine, request: TurnRequest, prepared: Prepar
     if prepared.detection.intent:
         meta["intent"] = prepared.detection.intent
     new = NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message), metadata=meta)
-    turn = (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]), user_id=request.user_id))[0]
+    turn = (await append_fenced(engine, key, engine.keepable(key.tenant, [new]), holds=prepared.state.last_seq,
+                                user_id=request.user_id))[0]
     observe(engine, key, [turn])
     return turn
+
+
+_FENCE_TRIES = 8
+
+
+async def append_fenced(
+    engine: Engine, key: SessionKey, turns: Sequence[NewTurn], *, holds: int, user_id: str | None = None
+) -> list[Turn]:
+    """Append ``turns`` to a session that must still hold turn ``holds`` (what the turn loaded or
+    stored before), or raise `SessionErased`: a forget, delete or retention that erased the session
+    while the turn ran is never undone by the turn's own writes (appending would re-create it).
+
+    The append is a compare-and-set at the head seen; a head below ``holds`` means the session
+    was erased. ``holds`` 0 (a new session) appends unconditionally.
+    """
+    store = engine.store
+    if holds <= 0:
+        return await store.append(key.tenant, key.session_id, turns, user_id=user_id)
+    head = holds
+    for _ in range(_FENCE_TRIES):
+        try:
+            return await store.append(key.tenant, key.session_id, turns, expected_last_seq=head, user_id=user_id)
+        except ConflictError:
+            head = (await store.version(key.tenant, key.session_id)).last_seq
+            if head < holds:
+                raise SessionErased(
+                    f"session {key.session_id!r} was erased during this turn; nothing of the turn was stored"
+                ) from None
+    raise ConflictError(f"session {key.session_id!r} kept changing underneath; the turn was not stored")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,9 +121,11 @@ async def store_answer(
             meta["offline"] = True
             meta["notice"] = True
         new = NewTurn(role="assistant", content=answer.text, tokens=engine.counter.count(answer.text), metadata=meta)
-        appended = await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [new]))
+        appended = await append_fenced(engine, key, engine.keepable(key.tenant, [new]), holds=user_turn.seq)
         observe(engine, key, appended)
         stored = appended[0]
+    elif (await engine.store.version(key.tenant, key.session_id)).last_seq < user_turn.seq:
+        raise SessionErased(f"session {key.session_id!r} was erased during this turn")
     number = user_turn.metadata.get("turn")
     keeper = engine.trace_keeper()
     if isinstance(number, int) and keeper is not None:
@@ -113,6 +147,8 @@ async def _keep_trace(
         trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name)
         trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
+        if (await engine.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:
+            return  # erased since the reply (a forget on another worker): keep nothing of it
         await keeper.put_trace(
             key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
             keep=settings.trace_keep,
@@ -252,7 +288,11 @@ async def record_turn(
     engine: Engine, key: SessionKey, role: Literal["user", "assistant"], content: str,
     *, metadata: dict[str, Any] | None, created_at: datetime | None, user_id: str | None,
 ) -> Turn:
-    """Append one turn without calling the model, numbered by exchange like a live one."""
+    """Append one turn without calling the model, numbered by exchange like a live one.
+
+    Text no store can keep (NUL, a lone surrogate) is refused with `InputError` first."""
+    check_storable(content, "content")
+    check_storable(metadata, "metadata")
     meta = dict(metadata or {})
     meta["turn"] = await exchanges_so_far(engine, key, None) + (role == "user")
     new = NewTurn(

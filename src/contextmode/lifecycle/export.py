@@ -9,8 +9,16 @@ count and checksum) · and a closing ``footer`` (counts and a checksum of all).
 
 Memory stays bounded by one page of turns (`PAGE`) whatever the size of the
 store: sessions are listed a page at a time and turns read a page at a time.
-Importing continues a session the target already holds from its last turn,
-so an import (or a migration) cut off half-way is resumed by running it again.
+
+A migration (``existing="resume"``) continues a session the target already holds
+from its last turn, so one cut off half-way is resumed by running it again. An
+import of a file (``contextmode import``) first reads the whole file with
+`verify_export` (structure, every session's checksum, the footer) and writes
+nothing if anything is wrong; then a session the target already holds is refused
+(``existing="refuse"``; one identical to the archive's is skipped, so a re-run is
+harmless), erased first (``"replace"``) or imported under another id (``rename``).
+A session whose writing fails half-way is erased again: each session is imported
+whole or not at all.
 """
 
 from __future__ import annotations
@@ -20,23 +28,26 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from ..errors import InputError
+from ..errors import InputError, SessionExists
 from ..store.base import Store
 from ..store.lifecycle import LifecycleStore
-from ..types import Constraint, NewTurn, Summary, Turn, utc_now
-from .forget import lifecycle_store
+from ..types import Constraint, NewTurn, Summary, Turn, utc_now, validate_id
+from .forget import forget, lifecycle_store
 
 __all__ = [
     "FORMAT",
     "PAGE",
     "VERSION",
+    "ExportPlan",
     "Footer",
     "ImportReport",
+    "OnExisting",
     "export_records",
     "import_records",
     "store_digest",
+    "verify_export",
 ]
 
 FORMAT = "contextmode-export"
@@ -145,6 +156,111 @@ async def export_records(
     yield footer.record()
 
 
+async def session_digest(store: Store, tenant: str, session_id: str, *, derived: bool) -> tuple[int, str]:
+    """Turn count and checksum of one stored session, as its export's ``end`` line would say."""
+    end: Mapping[str, Any] = {}
+    async for record in _session_records(store, tenant, session_id, derived, Footer()):
+        end = record
+    return (int(end["turns"]), str(end["sha256"])) if end else (0, "")
+
+
+@dataclass
+class ExportPlan:
+    """What `verify_export` found in a whole, checked export file."""
+
+    derived: bool = True
+    sessions: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    """(tenant, session id) → (turns, sha256) of each session, in file order."""
+    footer: Record = field(default_factory=dict)
+
+
+class _Verifier:
+    """Checks an export's structure and checksums, record by record (nothing is written)."""
+
+    def __init__(self) -> None:
+        self.plan = ExportPlan()
+        self.started = False
+        self.ended = False
+        self.session: tuple[str, str] | None = None
+        self.sha = hashlib.sha256()
+        self.count = 0
+        self.last_seq = 0
+        self.footer = Footer()
+
+    def feed(self, record: Mapping[str, Any]) -> None:
+        kind = record.get("type")
+        if self.ended:
+            raise ValueError("records after the footer")
+        if not self.started:
+            if kind != "header" or record.get("format") != FORMAT or int(record.get("version", 0)) > VERSION:
+                raise ValueError(f"the file does not start with a {FORMAT} header of version ≤ {VERSION}")
+            self.started = True
+            self.plan.derived = bool(record.get("derived", True))
+            return
+        if kind == "session":
+            self._open(record)
+        elif kind in ("turn", "summary", "constraints", "end"):
+            if self.session is None:
+                raise ValueError(f"a {kind} record outside a session")
+            self._inside(kind, record)
+        elif kind == "footer":
+            self._close(record)
+        else:
+            raise ValueError(f"unknown record type {kind!r}")
+
+    def _open(self, record: Mapping[str, Any]) -> None:
+        if self.session is not None:
+            raise ValueError(f"session {self.session[1]!r} has no end line")
+        key = (str(record["tenant"]), str(record["session_id"]))
+        if key in self.plan.sessions:
+            raise ValueError(f"session {key[1]!r} appears twice")
+        _time(record["created_at"]), _time(record["updated_at"])
+        self.session, self.sha, self.count, self.last_seq = key, hashlib.sha256(), 0, 0
+
+    def _inside(self, kind: str, record: Mapping[str, Any]) -> None:
+        assert self.session is not None
+        if kind == "turn":
+            if int(record["seq"]) <= self.last_seq:
+                raise ValueError(f"turn {record['seq']} of session {self.session[1]!r} is out of order")
+            self.last_seq = int(record["seq"])
+            self.sha.update(_canonical(record))
+            self.count += 1
+        elif kind == "end":
+            digest = self.sha.hexdigest()
+            if int(record["turns"]) != self.count or record["sha256"] != digest:
+                raise ValueError(f"session {self.session[1]!r} does not match its checksum "
+                                 f"({self.count} turns read, {record['turns']} announced): the file was changed or cut")
+            self.plan.sessions[self.session] = (self.count, digest)
+            self.footer.add(*self.session, self.count, digest)
+            self.session = None
+
+    def _close(self, record: Mapping[str, Any]) -> None:
+        if self.session is not None:
+            raise ValueError(f"session {self.session[1]!r} has no end line")
+        if record.get("sha256") != self.footer.record()["sha256"] or record.get("turns") != self.footer.turns \
+                or record.get("sessions") != self.footer.sessions:
+            raise ValueError("the footer's counts or checksum do not match the sessions read")
+        self.plan.footer = dict(record)
+        self.ended = True
+
+
+async def verify_export(records: AsyncIterator[Mapping[str, Any]]) -> ExportPlan:
+    """Read a whole export and check it without writing anything: the header first, each
+    session closed by its ``end`` line with the right count and SHA-256, no session twice,
+    and the footer last with the right totals. `InputError` names the first problem."""
+    verifier = _Verifier()
+    line = 0
+    async for record in records:
+        line += 1
+        try:
+            verifier.feed(record)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"line {line}: {exc}") from None
+    if not verifier.ended:
+        raise InputError("the export has no footer line (truncated file?); nothing was imported")
+    return verifier.plan
+
+
 async def store_digest(store: Store, *, tenants: Sequence[str] | None = None) -> Footer:
     """Counts and checksum of ``store``'s sessions and turns (what `migrate` compares)."""
     footer = Footer()
@@ -163,8 +279,15 @@ class ImportReport:
     """Turns appended by this run."""
     skipped_turns: int = 0
     """Turns the target already held (a resumed import)."""
+    skipped_sessions: int = 0
+    """Sessions the target already held, identical to the export's (a repeated import)."""
     footer: Record = field(default_factory=dict)
     """The footer line read (counts and checksum of the export)."""
+
+
+OnExisting = Literal["resume", "refuse", "replace"]
+"""What an import does with a session the target already holds: continue it from its last
+turn (a migration), refuse it (skip it when identical), or erase it first."""
 
 
 @dataclass
@@ -175,17 +298,28 @@ class _Target:
     created_at: datetime
     updated_at: datetime
     last_seq: int
+    skip: bool = False
+    """Already held, identical: nothing of it is written."""
     buffer: list[NewTurn] = field(default_factory=list)
     summary: Summary | None = None
     constraints: list[Constraint] | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Rules:
+    existing: OnExisting = "resume"
+    plan: ExportPlan | None = None
+    rename: str | None = None
+
+
 class _Importer:
-    def __init__(self, store: LifecycleStore, progress: Progress | None) -> None:
+    def __init__(self, store: LifecycleStore, progress: Progress | None, rules: _Rules) -> None:
         self.store = store
         self.progress = progress
+        self.rules = rules
         self.report = ImportReport()
         self.current: _Target | None = None
+        self.renamed = 0
 
     async def feed(self, record: Mapping[str, Any], line: int) -> None:
         kind = record.get("type")
@@ -203,11 +337,37 @@ class _Importer:
             raise InputError(f"not a {FORMAT} file of version ≤ {VERSION}")
 
     async def _on_session(self, record: Mapping[str, Any]) -> None:
-        info = await self.store.info(record["tenant"], record["session_id"])
+        tenant, session_id = record["tenant"], record["session_id"]
+        if self.rules.rename is not None:
+            self.renamed += 1
+            if self.renamed > 1:
+                raise ValueError("a new session id is given, but the export holds more than one session")
+            session_id = validate_id(self.rules.rename)
+        info = await self.store.info(tenant, session_id)
+        skip = False
+        if info is not None and self.rules.existing != "resume":
+            skip = await self._existing(tenant, session_id, (record["tenant"], record["session_id"]))
         self.current = _Target(
-            tenant=record["tenant"], session_id=record["session_id"], user_id=record.get("user_id"),
+            tenant=tenant, session_id=session_id, user_id=record.get("user_id"),
             created_at=_time(record["created_at"]), updated_at=_time(record["updated_at"]),
-            last_seq=info.last_seq if info else 0,
+            last_seq=info.last_seq if info and not skip and self.rules.existing == "resume" else 0, skip=skip,
+        )
+
+    async def _existing(self, tenant: str, session_id: str, archived: tuple[str, str]) -> bool:
+        """Handle a session the target already holds: True to skip it (identical), else erase it
+        (``replace``) or raise (``refuse``)."""
+        plan = self.rules.plan
+        if self.rules.existing == "replace":
+            await forget(self.store, tenant, "session", session_id, actor="import")
+            return False
+        if plan is not None and self.rules.rename is None and plan.sessions.get(archived) == await session_digest(
+            self.store, tenant, session_id, derived=plan.derived
+        ):
+            self.report.skipped_sessions += 1
+            return True
+        raise SessionExists(
+            f"session {session_id!r} of tenant {tenant!r} already exists and differs from the export; "
+            "import with --replace to overwrite it, or --as NEW_ID to import it under another id"
         )
 
     def _session(self) -> _Target:
@@ -217,6 +377,9 @@ class _Importer:
 
     async def _on_turn(self, record: Mapping[str, Any]) -> None:
         target = self._session()
+        if target.skip:
+            self.report.skipped_turns += 1
+            return
         if record["seq"] <= target.last_seq:
             self.report.skipped_turns += 1
             return
@@ -259,6 +422,9 @@ class _Importer:
 
     async def _on_end(self, record: Mapping[str, Any]) -> None:
         target = self._session()
+        if target.skip:
+            self.current = None
+            return
         await self._flush(target)
         store, key = self.store, (target.tenant, target.session_id)
         state = await store.load(*key, recent=0, max_uncovered=0)
@@ -276,16 +442,41 @@ class _Importer:
     async def _on_footer(self, record: Mapping[str, Any]) -> None:
         self.report.footer = dict(record)
 
+    async def undo_current(self) -> None:
+        """Erase the session being written when its import failed (not when resuming)."""
+        target = self.current
+        if target is None or target.skip or self.rules.existing == "resume":
+            return
+        if target.last_seq or target.buffer:
+            await self.store.erase_session(target.tenant, target.session_id)
+
 
 async def import_records(
-    store: Store, records: AsyncIterator[Mapping[str, Any]], *, progress: Progress | None = None
+    store: Store,
+    records: AsyncIterator[Mapping[str, Any]],
+    *,
+    progress: Progress | None = None,
+    existing: OnExisting = "resume",
+    plan: ExportPlan | None = None,
+    rename: str | None = None,
 ) -> ImportReport:
-    """Write an export's records into ``store``; resumable (see the module docstring)."""
-    importer = _Importer(lifecycle_store(store), progress)
+    """Write an export's records into ``store``.
+
+    ``existing`` says what happens to a session the store already holds (`OnExisting`);
+    ``plan`` is `verify_export`'s reading of the same records (an identical session is then
+    skipped rather than refused); ``rename`` imports the export's only session under that id.
+    Unless resuming, a session whose writing fails is erased again (whole or nothing).
+    """
+    importer = _Importer(lifecycle_store(store), progress, _Rules(existing=existing, plan=plan, rename=rename))
     line = 0
     async for record in records:
         line += 1
-        await importer.feed(record, line)
+        try:
+            await importer.feed(record, line)
+        except BaseException:
+            await importer.undo_current()
+            raise
     if importer.current is not None:
+        await importer.undo_current()
         raise InputError(f"the export ends inside session {importer.current.session_id!r} (truncated file?)")
     return importer.report

@@ -22,10 +22,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import Delta, Engine, ToolCallPart, TurnEvent, TurnResult
 from ..errors import InputError
+from ..types import check_storable
 from .codes import code_for_exception, public_message
 
 __all__ = [
@@ -88,6 +89,12 @@ class MessagesRequest(BaseModel):
     stream: StrictBool = False
     tools: list[dict[str, Any]] | None = Field(default=None, description="Tools offered to the model.")
     tool_choice: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, data: Any) -> Any:
+        check_storable(data, "request")  # NUL, lone surrogates: in tool results, names, ids too
+        return data
 
     def user_id(self) -> str | None:
         value = (self.metadata or {}).get("user_id")

@@ -26,16 +26,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..engine import Engine
 from ..errors import ContextModeError, StoreError
 from ..jobs import takes_hooks
+from ..store.base import keeps_idempotency
 from .auth import ApiKeys
 from .bodyscan import JsonShape
 from .codes import (
     ErrorCode,
+    HostNotAllowed,
     Unauthorized,
     code_for_exception,
     code_for_status,
     public_message,
 )
 from .gate import SessionGate
+from .hosts import HostCheck, default_hosts
 from .lifecycle_tasks import lifecycle_tasks
 from .metrics import ServiceMetrics
 from .responses import error_response, validation_details
@@ -80,12 +83,23 @@ class _EdgeMiddleware:
     def __init__(self, app: ASGIApp, *, state: AppState) -> None:
         self.app = app
         self.state = state
+        settings = state.settings
+        self.hosts = HostCheck(
+            settings.allowed_hosts or default_hosts(settings.host, auth_enabled=settings.auth_enabled)
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        if scope.get("path") != "/healthz":  # probes name the pod's address; health reads no session
+            try:
+                self.hosts.check(scope.get("headers", ()))
+            except HostNotAllowed as exc:
+                await _send_error(scope, send, code_for_exception(exc), str(exc))
+                self._record(scope, 403, started)
+                return
         limit = self.state.settings.max_body_bytes
         too_large = code_for_status(413)
         for name, value in scope.get("headers", ()):
@@ -178,6 +192,31 @@ class _EdgeMiddleware:
         )
 
 
+_HEALTH_KEY = "contextmode-healthz-write-probe"
+
+
+class _WriteProbe:
+    """Writes and deletes one record (an ``Idempotency-Key`` claim of no session), so a store that
+    answers reads but refuses writes (a full disk, a read-only replica) is reported. A success is
+    trusted for ``every_s`` seconds (probes come every few seconds; two writes each would cost
+    every other request); a failure is probed again at the next call."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self._ok_at = -float("inf")
+
+    async def check(self, state: AppState) -> None:
+        store = state.engine.store
+        if time.monotonic() - self._ok_at < self.every_s or not keeps_idempotency(store):
+            return
+        tenant = state.settings.local_tenant
+        if await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30) is not None:
+            await store.release_idempotency(tenant, _HEALTH_KEY)  # left by a probe cut off: claim again
+            await store.claim_idempotency(tenant, _HEALTH_KEY, "healthz", session_id="healthz", lease_s=30)
+        await store.release_idempotency(tenant, _HEALTH_KEY)
+        self._ok_at = time.monotonic()
+
+
 def _install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ContextModeError)
     async def library_error(request: Request, exc: ContextModeError) -> JSONResponse:
@@ -266,6 +305,8 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     app.include_router(anthropic_router)
     app.include_router(users_router)
 
+    write_probe = _WriteProbe()
+
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])
     async def healthz(request: Request) -> Any:
         current: AppState = request.app.state.contextmode
@@ -274,6 +315,11 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
         except Exception as exc:
             log.warning("health check: store unavailable: %s", type(exc).__name__)
             return _error_response("/healthz", code_for_exception(StoreError("down")), "store unavailable")
+        try:
+            await asyncio.wait_for(write_probe.check(current), 5.0)
+        except Exception as exc:  # reads work, writes fail: a full disk, a read-only replica
+            log.warning("health check: store cannot write: %s", type(exc).__name__)
+            return _error_response("/healthz", code_for_exception(StoreError("read-only")), "store cannot write")
         return envelope(
             HealthOut(status="ok", store=type(current.engine.store).__name__, model=current.engine.model.name)
         )

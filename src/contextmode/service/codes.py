@@ -11,6 +11,7 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40003 | 400  | bad image (base64, MIME, size, count)              | `BadImage`                     |
 | 40004 | 400  | invalid session or tenant id                       | `InvalidSessionId`             |
 | 40101 | 401  | missing or unknown API key                         | `Unauthorized`                 |
+| 40301 | 403  | Host or Origin names a host not allowed (DNS rebinding) | `HostNotAllowed`          |
 | 40400 | 404  | no such route                                      | framework 404                  |
 | 40401 | 404  | session not found                                  | `SessionNotFound`              |
 | 40500 | 405  | method not allowed                                 | framework 405                  |
@@ -18,10 +19,12 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40902 | 409  | session busy: another turn still runs after the wait | `SessionBusy`, `LockNotAcquired` |
 | 40903 | 409  | Idempotency-Key reused with another request body   | `IdempotencyKeyReused`         |
 | 40904 | 409  | the first request with this Idempotency-Key still runs | `RequestInProgress`        |
+| 40905 | 409  | (replayed stream's last event) its first stream was cut off there | `StreamCutOff`     |
 | 41301 | 413  | request body too large                             | `PayloadTooLarge`              |
 | 42201 | 422  | follow-up without a previous answer (当前没有可用的上文信息) | `NoPreviousAnswer`     |
 | 50000 | 500  | internal error                                     | anything else                  |
 | 50001 | 500  | server misconfigured (setting, missing extra)      | `ConfigError`, `MissingExtra`  |
+| 50002 | 500  | the store refused the data (a retry fails the same way) | `StoreRefused`            |
 | 50201 | 502  | the model failed                                   | `ModelError`                   |
 | 50202 | 502  | the model is unreachable, rate limited or failing  | `ModelUnavailable`             |
 | 50301 | 503  | the store is unavailable                           | `StoreError`                   |
@@ -52,6 +55,7 @@ from ..errors import (
     NoPreviousAnswer,
     SessionNotFound,
     StoreError,
+    StoreRefused,
     TurnNotFound,
     UserError,
 )
@@ -64,10 +68,12 @@ __all__ = [
     "VALIDATION",
     "BadImage",
     "ErrorCode",
+    "HostNotAllowed",
     "IdempotencyKeyReused",
     "MessageTooLong",
     "PayloadTooLarge",
     "RequestInProgress",
+    "StreamCutOff",
     "Unauthorized",
     "code_for_exception",
     "code_for_status",
@@ -97,12 +103,21 @@ class Unauthorized(UserError):
     """No API key, or one that is not configured."""
 
 
+class HostNotAllowed(UserError):
+    """The request's ``Host`` or ``Origin`` names a host the service does not serve (DNS rebinding)."""
+
+
 class IdempotencyKeyReused(ContextModeError):
     """The ``Idempotency-Key`` was first used with another request (another body or session)."""
 
 
 class RequestInProgress(ContextModeError):
     """The first request with this ``Idempotency-Key`` has not finished yet; retry later."""
+
+
+class StreamCutOff(ContextModeError):
+    """The replayed stream of an ``Idempotency-Key`` was cut off the first time (the client left
+    before its end): the replay ends with this error event where the first stream ended."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +140,7 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (EmptyMessage, ErrorCode(code=40005, name="empty_message", meaning="empty or whitespace-only message")),
     (InvalidSessionId, ErrorCode(code=40004, name="invalid_session_id", meaning="invalid session or tenant id")),
     (Unauthorized, ErrorCode(code=40101, name="unauthorized", meaning="missing or unknown API key")),
+    (HostNotAllowed, ErrorCode(code=40301, name="host_not_allowed", meaning="host or origin not allowed")),
     (ConfigError, ErrorCode(code=50001, name="server_misconfigured", meaning="server misconfigured")),
     (MissingExtra, ErrorCode(code=50001, name="server_misconfigured", meaning="server misconfigured")),
     (InputError, ErrorCode(code=VALIDATION, name="validation_error", meaning="validation error")),
@@ -135,10 +151,12 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (LockNotAcquired, ErrorCode(code=40902, name="session_busy", meaning="session busy")),
     (IdempotencyKeyReused, ErrorCode(code=40903, name="idempotency_key_reused", meaning="Idempotency-Key reused")),
     (RequestInProgress, ErrorCode(code=40904, name="request_in_progress", meaning="request in progress")),
+    (StreamCutOff, ErrorCode(code=40905, name="stream_cut_off", meaning="the first stream was cut off")),
     (NoPreviousAnswer, ErrorCode(code=42201, name="no_previous_answer", meaning="当前没有可用的上文信息")),
     (ModelTimeout, ErrorCode(code=50401, name="model_timeout", meaning="the model timed out")),
     (ModelUnavailable, ErrorCode(code=50202, name="model_unavailable", meaning="the model is unavailable")),
     (ModelError, ErrorCode(code=50201, name="model_error", meaning="the model failed")),
+    (StoreRefused, ErrorCode(code=50002, name="store_refused", meaning="the store refused the data")),
     (StoreError, ErrorCode(code=50301, name="store_unavailable", meaning="the store is unavailable")),
     (ContextModeError, ErrorCode(code=INTERNAL, name="internal_error", meaning="internal error")),
 )
@@ -186,6 +204,7 @@ def http_status(code: int) -> int:
 
 
 STORE_UNAVAILABLE_MSG = "the store is unavailable; try again"
+STORE_REFUSED_MSG = "the store refused this request's data; nothing was stored and sending it again will fail the same way"
 
 
 def public_message(exc: BaseException, row: ErrorCode) -> str:
@@ -193,6 +212,8 @@ def public_message(exc: BaseException, row: ErrorCode) -> str:
     store failures, whose driver text (host, port, SQL) stays in the server log."""
     if row.code == INTERNAL:
         return "internal error"
+    if isinstance(exc, StoreRefused):
+        return STORE_REFUSED_MSG
     if isinstance(exc, StoreError):
         return STORE_UNAVAILABLE_MSG
     return str(exc)

@@ -9,6 +9,11 @@ in the store (`IdempotencyRecords`, per tenant); a retry then gets
 - ``409`` / 40904 while the first request still runs, or
 - ``409`` / 40903 when the key was first used with another body or session.
 
+A stream the client cut off (it left before the end) is kept as far as it was sent,
+and its replay ends with an explicit ``error`` event, code 40905 (`StreamCutOff`), in the
+route's own shape (then ``[DONE]`` where the route ends so), never silently: the turn
+is not run again, since its user turn and partial answer are already stored.
+
 A finished request's record is kept `TTL_S` (24 h), tied to its session:
 erasing the session (a forget, retention) erases the record with it, so a
 retry after a forget never replays the forgotten text. When a request fails
@@ -32,8 +37,10 @@ from fastapi.responses import Response
 
 from ..errors import InputError
 from ..store.base import IdempotencyRecords, Store, keeps_idempotency
-from .codes import IdempotencyKeyReused, RequestInProgress
-from .sse import SSEResponse
+from .anthropic_wire import anthropic_error_body, sse
+from .codes import IdempotencyKeyReused, RequestInProgress, StreamCutOff, code_for_exception
+from .responses import openai_error_body
+from .sse import DONE, SSEResponse, sse_event
 
 IdempotencyKey = Annotated[
     str | None, Header(alias="Idempotency-Key", description="Retry safely: the same key and body replay the first result.")
@@ -60,10 +67,14 @@ class Claim:
     store: IdempotencyRecords
     tenant: str
     key: str
+    route: str = ""
+    """The route's name (``sessions``, ``chat.completions``, ``messages``): the shape of its events."""
     done: bool = False
     chunks: list[bytes] = field(default_factory=list)
     mask: bool = False
     """Mask personal data in the kept response (the tenant's ``pii="mask"``)."""
+    complete: bool = False
+    """The recorded stream reached its end (``record`` read all of it)."""
 
     def _kept(self, text: str) -> str:
         if not self.mask:
@@ -85,7 +96,8 @@ class Claim:
         """Keep the events sent so far (``record`` collected them) as the replayed stream."""
         if not self.done:
             self.done = True
-            text = json.dumps({"kind": "sse", "events": [self._kept(c.decode()) for c in self.chunks]})
+            chunks = self.chunks if self.complete else [*self.chunks, *cut_off_tail(self.route)]
+            text = json.dumps({"kind": "sse", "events": [self._kept(c.decode()) for c in chunks]})
             await self.store.finish_idempotency(self.tenant, self.key, status=200, response=text, ttl_s=TTL_S)
 
     async def release(self) -> None:
@@ -99,6 +111,23 @@ class Claim:
             if not chunk.startswith(b":"):  # keep-alive comments are not part of the answer
                 self.chunks.append(chunk)
             yield chunk
+        self.complete = True
+
+
+CUT_OFF_MSG = (
+    "the first response to this Idempotency-Key was cut off here (the client left before its end); "
+    "the turn is stored as far as it got and is not run again"
+)
+
+
+def cut_off_tail(route: str) -> list[bytes]:
+    """The events that end the replay of a cut-off stream, in ``route``'s shape."""
+    row = code_for_exception(StreamCutOff())
+    if route == "messages":  # Anthropic's stream: an error event ends it
+        return [sse("error", anthropic_error_body(row.code, row.name, CUT_OFF_MSG))]
+    if route == "chat.completions":
+        return [sse_event(openai_error_body(row.code, row.name, CUT_OFF_MSG)), DONE]
+    return [sse_event({"type": "error", "code": row.code, "msg": CUT_OFF_MSG, "partial": True}), DONE]
 
 
 def fingerprint(parts: Sequence[str]) -> str:
@@ -129,7 +158,7 @@ async def claim(
     wanted = fingerprint(parts)
     record = await store.claim_idempotency(tenant, key, wanted, session_id=session_id, lease_s=LEASE_S)
     if record is None:
-        return Claim(store=store, tenant=tenant, key=key, mask=mask), None
+        return Claim(store=store, tenant=tenant, key=key, mask=mask, route=parts[0] if parts else ""), None
     if record.fingerprint != wanted:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with another request; use a new key for a new request"

@@ -42,6 +42,7 @@ from .anthropic_wire import (
     system_text,
     wire_items,
 )
+from .bodies import OffLoopJsonRoute
 from .idempotency import IdempotencyKey, SessionHeader
 from .images import DecodedImage, ImageFiles, decode_images
 from .openai_tools import agent_request
@@ -52,6 +53,7 @@ from .turns import (
     Streamed,
     Whole,
     check_message,
+    check_tool_results,
     coalesce,
     interrupted_response,
     run_turn,
@@ -62,7 +64,7 @@ from .turns import (
 
 __all__ = ["router"]
 
-router = APIRouter(tags=["anthropic-compatible"])
+router = APIRouter(tags=["anthropic-compatible"], route_class=OffLoopJsonRoute)
 
 State = Annotated[AppState, Depends(app_state)]
 PATH = "/v1/messages"
@@ -127,6 +129,7 @@ async def create_message(
                  model=body.model or engine.model.name, state=state, headers={"x-session-id": session_id})
     step = agent_request(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
     if step is not None:
+        check_tool_results(step.tool_results, state.settings)
         if last_user is not None and last_user.images:
             raise InputError("agent steps take text content only (no images)")
         whole, streamed = _agent_step(call, step)

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import USE_DEFAULT, Engine, TurnRequest, UseDefault
 from ..errors import InputError
-from ..types import SessionKey, validate_id
+from ..types import SessionKey, check_storable, validate_id
+from .bodies import OffLoopJsonRoute
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
 from .images import ImageFiles, decode_images
@@ -37,6 +38,7 @@ from .turns import (
     Streamed,
     Whole,
     check_message,
+    check_tool_results,
     coalesce,
     interrupted_response,
     run_turn,
@@ -46,7 +48,7 @@ from .turns import (
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
 
-router = APIRouter(tags=["openai-compatible"])
+router = APIRouter(tags=["openai-compatible"], route_class=OffLoopJsonRoute)
 
 State = Annotated[AppState, Depends(app_state)]
 
@@ -86,6 +88,7 @@ class ChatCompletionRequest(BaseModel):
             for i, message in enumerate(messages):
                 if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                     raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        check_storable(data, "request")  # NUL, lone surrogates: in tool results, names, ids too
         return data
 
 
@@ -190,6 +193,7 @@ async def chat_completions(
     engine = state.engine
     step = agent_request(body.messages, body.tools, body.tool_choice)
     if step is not None:
+        check_tool_results(step.tool_results, state.settings)
         if body.user:
             validate_id(body.user, "user id")
         reply = ProxyReply(model=model, stream=body.stream, include_usage=include_usage,

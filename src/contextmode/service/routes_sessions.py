@@ -16,6 +16,7 @@ from ..errors import ModelError, SessionNotFound
 from ..lifecycle.forget import forget
 from ..store.lifecycle import is_lifecycle_store
 from ..types import SessionKey, validate_id
+from .bodies import OffLoopJsonRoute
 from .codes import SUCCESS, code_for_exception, public_message
 from .idempotency import IdempotencyKey, claim
 from .images import ImageFiles, decode_images
@@ -52,7 +53,7 @@ __all__ = ["envelope", "router"]
 
 log = logging.getLogger("contextmode.service")
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], route_class=OffLoopJsonRoute)
 
 State = Annotated[AppState, Depends(app_state)]
 SessionId = Annotated[str, Path(description="Session id: 1-128 characters of A-Z a-z 0-9 . _ : -")]

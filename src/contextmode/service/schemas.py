@@ -13,7 +13,7 @@ from ..session_keys import key_for_id
 from ..store.base import SessionInfo
 from ..store.lifecycle import DeletionRecord
 from ..trace import recalled_turns
-from ..types import Constraint, Summary, ToolCall, Turn
+from ..types import Constraint, Summary, ToolCall, Turn, check_storable
 
 __all__ = [
     "ConstraintOut",
@@ -75,6 +75,7 @@ class MessageRequest(BaseModel):
             images = data.get("images")
             if isinstance(images, list) and len(images) > MAX_IMAGES_LISTED:
                 raise ValueError(f"at most {MAX_IMAGES_LISTED} images per message, got {len(images)}")
+        check_storable(data, "request")
         return data
 
 

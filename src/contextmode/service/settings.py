@@ -10,6 +10,7 @@
 | ``CONTEXTMODE_MAX_IMAGE_BYTES``   | ``5242880`` (5 MiB)            | decoded bytes per image                      |
 | ``CONTEXTMODE_ALLOWED_IMAGE_TYPES`` | ``png,jpeg,gif,webp``        | allowed image types (checked by magic bytes) |
 | ``CONTEXTMODE_MAX_MESSAGE_CHARS`` | ``32000``                      | characters per message                       |
+| ``CONTEXTMODE_MAX_TOOL_RESULT_CHARS`` | ``200000``                 | characters per tool result (proxies)         |
 | ``CONTEXTMODE_MAX_BODY_BYTES``    | ``33554432`` (32 MiB)          | bytes per request body                       |
 | ``CONTEXTMODE_IMAGE_DIR``         | ``<tmp>/contextmode-images``   | where image temp files live while a turn runs |
 | ``CONTEXTMODE_SESSION_WAIT_MS``   | ``10000``                      | wait for a session's previous turn, then 40902 |
@@ -19,7 +20,9 @@
 | ``CONTEXTMODE_STREAM_FLUSH_MS``   | ``50``                         | streamed deltas are sent at most this often  |
 | ``CONTEXTMODE_STREAM_FLUSH_BYTES`` | ``2048``                      | ...or once this many bytes wait              |
 | ``CONTEXTMODE_SSE_PING_S``        | ``15``                         | keep-alive comment on an idle stream         |
+| ``CONTEXTMODE_SSE_SEND_TIMEOUT_S`` | ``10``                        | a stream whose client stops reading this long is finished without it (0 = never) |
 | ``CONTEXTMODE_FORGET_SYNC_S``     | ``1``                          | seconds between checks for sessions another worker erased (0 = off) |
+| ``CONTEXTMODE_ALLOWED_HOSTS``     | loopback names (no keys), ``*`` (keys) | ``Host``/``Origin`` names served (``*`` = any; ``.example.com`` = with subdomains) |
 
 No key configured means one local tenant (``local``) and no authentication:
 keep the service on loopback then.
@@ -96,6 +99,8 @@ class ServiceSettings:
     """Image types accepted (subset of `IMAGE_TYPES`), checked by magic bytes, not by the declared MIME."""
     max_message_chars: int = 32_000
     """Characters per message."""
+    max_tool_result_chars: int = 200_000
+    """Characters per tool result sent to a proxy (a file, a page, a command's output)."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Bytes per request body (checked on ``Content-Length`` and while reading)."""
     image_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "contextmode-images")
@@ -115,9 +120,16 @@ class ServiceSettings:
     """...or as soon as this many bytes of text are waiting."""
     sse_ping_s: int = 15
     """A ``: ping`` comment line on an idle stream every this many seconds (proxies keep it open)."""
+    sse_send_timeout_s: float = 10.0
+    """A stream write that waits this long (the client stopped reading, its socket still open)
+    ends the sending: the turn finishes without the client, its answer stored, and the session
+    is free again (0 = wait as long as the socket lives)."""
     forget_sync_s: float = 1.0
     """Seconds between two reads of the deletion log, to drop this worker's copies of
     sessions another worker erased (0 = never; docs/lifecycle.md)."""
+    allowed_hosts: tuple[str, ...] | None = None
+    """``Host`` and browser ``Origin`` names served, against DNS rebinding (`service.hosts`);
+    ``None``: loopback names without API keys, any host with them; ``("*",)``: any host."""
 
     def __post_init__(self) -> None:
         unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
@@ -158,6 +170,9 @@ class ServiceSettings:
             if types
             else IMAGE_TYPES,
             max_message_chars=env_int(env, "CONTEXTMODE_MAX_MESSAGE_CHARS", defaults.max_message_chars, 1),
+            max_tool_result_chars=env_int(
+                env, "CONTEXTMODE_MAX_TOOL_RESULT_CHARS", defaults.max_tool_result_chars, 1
+            ),
             max_body_bytes=env_int(env, "CONTEXTMODE_MAX_BODY_BYTES", defaults.max_body_bytes, 1024),
             image_dir=Path(image_dir).expanduser() if image_dir else defaults.image_dir,
             session_wait_ms=env_int(env, "CONTEXTMODE_SESSION_WAIT_MS", defaults.session_wait_ms, 0),
@@ -167,7 +182,9 @@ class ServiceSettings:
             stream_flush_ms=env_int(env, "CONTEXTMODE_STREAM_FLUSH_MS", defaults.stream_flush_ms, 0),
             stream_flush_bytes=env_int(env, "CONTEXTMODE_STREAM_FLUSH_BYTES", defaults.stream_flush_bytes, 1),
             sse_ping_s=env_int(env, "CONTEXTMODE_SSE_PING_S", defaults.sse_ping_s, 1),
+            sse_send_timeout_s=_seconds(env, "CONTEXTMODE_SSE_SEND_TIMEOUT_S", defaults.sse_send_timeout_s),
             forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
+            allowed_hosts=_names(env, "CONTEXTMODE_ALLOWED_HOSTS"),
         )
 
 
@@ -181,6 +198,12 @@ def api_keys_from_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     if spec := env.get("CONTEXTMODE_API_KEYS", "").strip():
         keys.update(parse_api_keys(spec))
     return keys
+
+
+def _names(env: Mapping[str, str], name: str) -> tuple[str, ...] | None:
+    """A comma-separated list (``None`` when unset or empty)."""
+    names = tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
+    return names or None
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

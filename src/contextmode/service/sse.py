@@ -12,6 +12,12 @@ seconds, so proxies and load balancers do not cut a slow model's stream.
 cancels its task group and leaves the generator's cleanup to the handler, as its
 README says; the partial answer and the session's turn lock rely on ``on_close``
 running, so the pings were added here instead of a new dependency.)
+
+With ``send_timeout_s`` a client that keeps its socket open but stops reading cannot
+hold the turn (and its session's turn lock) for as long as the socket lives: once one
+write waits longer than that, nothing more is sent and the rest of the events are read
+without sending, so the turn ends as it would have, its whole answer stored, and
+``on_close`` releases the session (``stalled`` is then True).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,6 +34,8 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 __all__ = ["DONE", "PING", "SSEResponse", "sse_event"]
+
+log = logging.getLogger("contextmode.http")
 
 DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"
@@ -49,10 +58,14 @@ class SSEResponse(Response):
         on_close: Callable[[], Awaitable[None]] | None = None,
         headers: dict[str, str] | None = None,
         ping_s: float | None = None,
+        send_timeout_s: float | None = None,
     ) -> None:
         self.events = events
         self.on_close = on_close
         self.ping_s = ping_s
+        self.send_timeout_s = send_timeout_s
+        self.stalled = False
+        """True once a write waited longer than ``send_timeout_s``: nothing more is sent."""
         self._sending = asyncio.Lock()
         self._last_sent = time.monotonic()
         self.status_code = 200
@@ -63,7 +76,15 @@ class SSEResponse(Response):
 
     async def _send(self, send: Send, message: Message) -> None:
         async with self._sending:
-            await send(message)
+            if self.stalled:
+                return
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout_s)
+            except TimeoutError:
+                self.stalled = True
+                log.warning("stream client stopped reading for %.1f s; finishing the turn without it",
+                            self.send_timeout_s or 0.0)
+                return
             self._last_sent = time.monotonic()
 
     async def _stream(self, send: Send) -> None:
@@ -73,7 +94,7 @@ class SSEResponse(Response):
         await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _ping(self, send: Send, every: float) -> None:
-        while True:
+        while not self.stalled:
             await asyncio.sleep(max(0.0, self._last_sent + every - time.monotonic()))
             if time.monotonic() - self._last_sent >= every:
                 await self._send(send, {"type": "http.response.body", "body": PING, "more_body": True})

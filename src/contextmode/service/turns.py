@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Literal
 
 from starlette.responses import Response
 
+from ..agent_turn import ToolResult
 from ..engine import Delta, Engine, PreparedTurn, TurnEvent, TurnRequest, TurnResult
 from ..errors import InputError, ModelError
 from ..types import SessionKey, require_text
@@ -37,6 +38,7 @@ __all__ = [
     "Streamed",
     "Whole",
     "check_message",
+    "check_tool_results",
     "coalesce",
     "interrupted_response",
     "run_events",
@@ -71,6 +73,17 @@ def check_message(message: str, settings: ServiceSettings) -> None:
             f"the message contains the control character U+{ord(found.group()):04X} at position {found.start()}; "
             "only tab, newline and carriage return are allowed"
         )
+
+
+def check_tool_results(results: Sequence[ToolResult], settings: ServiceSettings) -> None:
+    """Raise `MessageTooLong` (40002) for a tool result longer than the service accepts: tool
+    results count against the limits as messages do (``CONTEXTMODE_MAX_TOOL_RESULT_CHARS``)."""
+    most = settings.max_tool_result_chars
+    for result in results:
+        if len(result.content) > most:
+            raise MessageTooLong(
+                f"the result of tool call {result.call_id[:64]!r} has {len(result.content)} characters; at most {most}"
+            )
 
 
 Outcome = Literal["ok", "partial", "error", "client_gone"]
@@ -374,4 +387,5 @@ async def serve_turn(
         on_close=close,
         headers=headers,
         ping_s=state.settings.sse_ping_s,
+        send_timeout_s=state.settings.sse_send_timeout_s or None,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..errors import ErrorTable, StoreError
+from ..errors import ErrorTable, StoreError, StoreRefused
 
 __all__ = ["asyncpg_errors", "redis_errors"]
 
@@ -21,6 +21,10 @@ def asyncpg_errors() -> ErrorTable:
     from asyncpg.pgproto.pgproto import BufferError as ProtocolBufferError
 
     return (
+        # The data itself is refused (NUL in text, a bad encoding, a value or index row too
+        # big): the same request fails every time, so it is not reported as "try again".
+        (pg.DataError, StoreRefused),
+        (pg.ProgramLimitExceededError, StoreRefused),
         (pg.PostgresError, StoreError),  # every error the server reports
         (pg.PostgresWarning, StoreError),
         (pg.InterfaceError, StoreError),  # the client: closed connection, bad arguments, …

@@ -19,7 +19,7 @@ from functools import lru_cache
 from ...text.tokens import search_words
 from ...types import Turn
 
-__all__ = ["CHINESE_STOPWORDS", "ENGLISH_STOPWORDS", "analyze", "stem", "unique_terms"]
+__all__ = ["CHINESE_STOPWORDS", "ENGLISH_STOPWORDS", "MAX_TERM_CHARS", "analyze", "stem", "unique_terms"]
 
 _RUNS = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+|[a-z0-9]+(?:'[a-z]+)?")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
@@ -35,6 +35,11 @@ CHINESE_STOPWORDS = frozenset(
 """Function words and question particles (kept out of the index and the query)."""
 
 _SUFFIXES_KEEP = ("ss", "us", "is")
+
+MAX_TERM_CHARS = 64
+"""Longest index term: a longer run (a base64 blob, a URL, a hash list) is indexed, and
+searched, by its first 64 characters, so no backend's index refuses it (PostgreSQL's
+B-tree rows stop near 2,700 bytes)."""
 
 
 @lru_cache(maxsize=65536)
@@ -83,7 +88,7 @@ def _terms(text: str) -> tuple[str, ...]:
     for match in _RUNS.finditer(text.lower()):
         run = match.group()
         if _CJK.match(run):
-            words = [w for w in search_words(run) if w not in CHINESE_STOPWORDS]
+            words = [w[:MAX_TERM_CHARS] for w in search_words(run) if w not in CHINESE_STOPWORDS]
             terms.extend(words)
             # Character bigrams across the run: jieba glues unknown names to their verb
             # ("叫小红"), and the question splits differently ("叫什么"); bigrams still
@@ -95,7 +100,7 @@ def _terms(text: str) -> tuple[str, ...]:
                 if bigram not in have and bigram not in CHINESE_STOPWORDS
             )
         elif run not in ENGLISH_STOPWORDS:
-            stemmed = stem(run)
+            stemmed = stem(run[:MAX_TERM_CHARS])
             if stemmed and stemmed not in ENGLISH_STOPWORDS:
                 terms.append(stemmed)
     return tuple(terms)
