@@ -33,12 +33,11 @@ from .codes import (
     Unauthorized,
     code_for_exception,
     code_for_status,
-    public_message,
 )
 from .gate import SessionGate
 from .lifecycle_tasks import lifecycle_tasks
 from .metrics import ServiceMetrics
-from .responses import error_response, validation_details
+from .responses import error_response, exception_response, validation_details
 from .routes_anthropic import router as anthropic_router
 from .routes_openai import router as openai_router
 from .routes_sessions import envelope
@@ -184,7 +183,7 @@ def _install_handlers(app: FastAPI) -> None:
         row = code_for_exception(exc)
         if row.code >= 50000:
             log.warning("%s on %s: %s", type(exc).__name__, request.url.path, exc)
-        return _error_response(request.url.path, row, public_message(exc, row))
+        return exception_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

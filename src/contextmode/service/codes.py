@@ -10,6 +10,7 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40002 | 400  | message too large (characters or tokens)           | `MessageTooLarge`, `MessageTooLong` |
 | 40003 | 400  | bad image (base64, MIME, size, count)              | `BadImage`                     |
 | 40004 | 400  | invalid session or tenant id                       | `InvalidSessionId`             |
+| 40006 | 400  | the model endpoint refused the request's parameters | `ModelRefused`                |
 | 40101 | 401  | missing or unknown API key                         | `Unauthorized`                 |
 | 40400 | 404  | no such route                                      | framework 404                  |
 | 40401 | 404  | session not found                                  | `SessionNotFound`              |
@@ -20,10 +21,12 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40904 | 409  | the first request with this Idempotency-Key still runs | `RequestInProgress`        |
 | 41301 | 413  | request body too large                             | `PayloadTooLarge`              |
 | 42201 | 422  | follow-up without a previous answer (当前没有可用的上文信息) | `NoPreviousAnswer`     |
+| 42901 | 429  | the model endpoint is rate limiting (``retry-after`` passed on) | `ModelRateLimited` |
 | 50000 | 500  | internal error                                     | anything else                  |
 | 50001 | 500  | server misconfigured (setting, missing extra)      | `ConfigError`, `MissingExtra`  |
 | 50201 | 502  | the model failed                                   | `ModelError`                   |
 | 50202 | 502  | the model is unreachable, rate limited or failing  | `ModelUnavailable`             |
+| 52901 | 529  | the model endpoint is overloaded (``retry-after`` passed on) | `ModelOverloaded`   |
 | 50301 | 503  | the store is unavailable                           | `StoreError`                   |
 | 50401 | 504  | the model timed out                                | `ModelTimeout`                 |
 
@@ -47,6 +50,9 @@ from ..errors import (
     MessageTooLarge,
     MissingExtra,
     ModelError,
+    ModelOverloaded,
+    ModelRateLimited,
+    ModelRefused,
     ModelTimeout,
     ModelUnavailable,
     NoPreviousAnswer,
@@ -136,6 +142,10 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (IdempotencyKeyReused, ErrorCode(code=40903, name="idempotency_key_reused", meaning="Idempotency-Key reused")),
     (RequestInProgress, ErrorCode(code=40904, name="request_in_progress", meaning="request in progress")),
     (NoPreviousAnswer, ErrorCode(code=42201, name="no_previous_answer", meaning="当前没有可用的上文信息")),
+    (ModelOverloaded, ErrorCode(code=52901, name="model_overloaded", meaning="the model endpoint is overloaded")),
+    (ModelRateLimited, ErrorCode(code=42901, name="rate_limited", meaning="the model endpoint is rate limiting")),
+    (ModelRefused, ErrorCode(code=40006, name="model_refused_request",
+                             meaning="the model endpoint refused the request's parameters")),
     (ModelTimeout, ErrorCode(code=50401, name="model_timeout", meaning="the model timed out")),
     (ModelUnavailable, ErrorCode(code=50202, name="model_unavailable", meaning="the model is unavailable")),
     (ModelError, ErrorCode(code=50201, name="model_error", meaning="the model failed")),

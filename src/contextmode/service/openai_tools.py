@@ -106,6 +106,8 @@ class ProxyReply:
 
 
 def _completion(result: TurnResult, reply: ProxyReply) -> JSONResponse:
+    if result.upstream is not None:  # relayed: the endpoint's own completion
+        return JSONResponse(dict(result.upstream.data), headers={**reply.headers, **result.upstream.headers})
     message: dict[str, Any] = {"role": "assistant", "content": result.answer or None}
     if result.tool_calls:
         message["tool_calls"] = _wire_calls(result)
@@ -153,9 +155,18 @@ async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply) -> AsyncI
 
     model = reply.model
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
+    relayed = started = False
     try:
         async for event in events:
+            if event.kind == "upstream":  # relayed: the endpoint's own chunks, as it sent them
+                relayed = True
+                yield sse_event(dict(event.reply.data))
+                continue
+            if relayed and event.kind != "failed":
+                continue
+            if not started and event.kind != "failed":
+                started = True
+                yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
             match event.kind:
                 case "delta":
                     yield _chunk(completion_id, created, model, {"content": event.text}, None)

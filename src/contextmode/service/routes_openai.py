@@ -14,20 +14,30 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import replace
-from typing import Annotated, Any
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from ..engine import USE_DEFAULT, Engine, TurnRequest, UseDefault
+from ..engine import Engine, TurnEvent, TurnRequest
 from ..errors import InputError
-from ..types import SessionKey, validate_id
+from ..models.base import Relay
+from ..types import SessionKey
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
 from .images import ImageFiles, decode_images
 from .openai_tools import ProxyReply, agent_request, agent_step
+from .proxy import (
+    HistoryHeader,
+    MemoryHeader,
+    adopt_history,
+    mapped_id,
+    opened,
+    side_call,
+    system_prompt,
+)
 from .responses import openai_error_body
 from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
@@ -139,27 +149,34 @@ def _error_chunk(exc: Exception, partial: str) -> bytes:
 
 
 async def _chunks(
-    started: StartedStream, engine: Engine, model: str, include_usage: bool, state: AppState
+    events: AsyncIterator[TurnEvent], engine: Engine, model: str, include_usage: bool, prompt_tokens: int
 ) -> AsyncIterator[bytes]:
-    """The turn's events as ``chat.completion.chunk`` SSE, ending with ``[DONE]``."""
+    """The turn's events as ``chat.completion.chunk`` SSE, ending with ``[DONE]``: the model
+    endpoint's own chunks as it sent them when the request was relayed (``Upstream`` events),
+    else chunks made from the answer's text."""
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
-    settings = state.settings
-    events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
     pieces: list[str] = []
+    started = relayed = False
     try:
         async for event in events:
-            match event.kind:
-                case "delta":
-                    pieces.append(event.text)
-                    yield _chunk(completion_id, created, model, {"content": event.text}, None)
-                case "done":
-                    yield _chunk(completion_id, created, model, {}, "stop")
-                    if include_usage:
-                        usage = _usage(engine, started.prepared.context.total_tokens, event.result.answer)
-                        yield _usage_chunk(completion_id, created, model, usage)
-                case "failed":
+            if event.kind == "upstream":
+                relayed = True
+                yield sse_event(dict(event.reply.data))
+                continue
+            if relayed or event.kind not in ("delta", "done"):
+                if event.kind == "failed":
                     yield _error_chunk(event.error, event.partial_answer)
+                continue
+            if not started:
+                started = True
+                yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
+            if event.kind == "delta":
+                pieces.append(event.text)
+                yield _chunk(completion_id, created, model, {"content": event.text}, None)
+            else:
+                yield _chunk(completion_id, created, model, {}, event.result.finish_reason or "stop")
+                if include_usage:
+                    yield _usage_chunk(completion_id, created, model, _usage(engine, prompt_tokens, event.result.answer))
     except Exception as exc:
         yield _error_chunk(exc, "".join(pieces))
     finally:
@@ -178,34 +195,66 @@ async def chat_completions(
     state: State,
     x_session_id: SessionHeader = None,
     idempotency_key: IdempotencyKey = None,
+    memory: MemoryHeader = None,
+    history: HistoryHeader = None,
 ) -> Any:
-    session_id = x_session_id or body.user
-    if not session_id:
+    if memory == "off":
+        messages = [m.model_dump(exclude_unset=True) for m in body.messages]
+        side = Relay(fields={**_forwarded(body), "messages": messages}, stream=body.stream)
+        return await side_call(state.engine, side, {}, state.settings.sse_ping_s)
+    raw_session = x_session_id or body.user
+    if not raw_session:
         raise InputError("name the session: header 'X-Session-Id' or the 'user' field")
-    key = SessionKey(tenant, session_id)
-    system_prompt = _system_prompt(body.messages)
+    key = SessionKey(tenant, mapped_id(raw_session))
+    user_id = mapped_id(body.user, "user id") if body.user else None
+    system = system_prompt(_system_texts(body.messages), state.engine.settings.locale)
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     model = body.model or state.engine.model.name
-    headers = {"x-session-id": session_id}
+    headers = {"x-session-id": key.session_id}
     engine = state.engine
+    relay = Relay(fields=_forwarded(body), stream=body.stream)
     step = agent_request(body.messages, body.tools, body.tool_choice)
     if step is not None:
-        if body.user:
-            validate_id(body.user, "user id")
         reply = ProxyReply(model=model, stream=body.stream, include_usage=include_usage,
-                           system_prompt=system_prompt, headers=headers)
-        whole, streamed = agent_step(engine, key, step, reply, state.metrics)
+                           system_prompt=system, headers=headers)
+        whole, streamed = agent_step(engine, key, replace(step, relay=relay), reply, state.metrics)
     else:
-        request, image_urls = _chat_request(body, key, system_prompt, idempotency_key, state)
-        whole, streamed = _chat_turn(request, image_urls, model, include_usage, state)
+        request, image_urls = _chat_request(body, key, user_id, idempotency_key, state)
+        request = replace(request, system_prompt=system, relay=relay, retry_window_s=state.settings.retry_window_s)
+        earlier = [] if history == "ignore" else _history(body.messages)
+        whole, streamed = _chat_turn(_Chat(request=request, image_urls=image_urls, history=earlier, model=model,
+                                           include_usage=include_usage), state)
     return await serve_once(
         state, key, idempotency_key, "chat.completions", body.model_dump_json(),
         whole=None if body.stream else whole, streamed=streamed, headers=headers,
     )
 
 
+_OWNED = frozenset({"messages", "model", "stream"})
+"""Request fields the proxy does not pass on as sent: memory composes ``messages``, the
+engine's model answers (``model``), and ``stream`` is the model call's own (the same value)."""
+
+
+def _forwarded(body: ChatCompletionRequest) -> dict[str, Any]:
+    """The request's fields as the client sent them, but those the proxy owns (`_OWNED`)."""
+    return body.model_dump(exclude_unset=True, exclude=set(_OWNED))
+
+
+def _history(messages: list[ProxyMessage]) -> list[tuple[Literal["user", "assistant"], str]]:
+    """The client's own conversation before its last ``user`` message (text of ``user`` and
+    plain ``assistant`` messages), for a session the service has not seen."""
+    last = max((i for i, m in enumerate(messages) if m.role == "user"), default=0)
+    earlier: list[tuple[Literal["user", "assistant"], str]] = []
+    for message in messages[:last]:
+        if message.role == "user":
+            earlier.append(("user", _text_and_images(message.content)[0]))
+        elif message.role == "assistant" and not message.tool_calls:
+            earlier.append(("assistant", _text_and_images(message.content)[0]))
+    return earlier
+
+
 def _chat_request(
-    body: ChatCompletionRequest, key: SessionKey, system_prompt: str | UseDefault | None,
+    body: ChatCompletionRequest, key: SessionKey, user_id: str | None,
     idempotency_key: str | None, state: AppState,
 ) -> tuple[TurnRequest, list[str]]:
     """The chat turn the request carries (its last ``user`` message), checked, and its image URLs."""
@@ -216,28 +265,45 @@ def _chat_request(
     if not message.strip():
         raise InputError("the last user message has no text")
     check_message(message, state.settings)
-    request = TurnRequest(key=key, message=message, mode=state.engine.settings.mode, system_prompt=system_prompt,
-                          user_id=body.user or None, idempotency_key=idempotency_key)
+    request = TurnRequest(key=key, message=message, mode=state.engine.settings.mode,
+                          user_id=user_id, idempotency_key=idempotency_key)
     return request, image_urls
 
 
-def _chat_turn(
-    request: TurnRequest, image_urls: list[str], model: str, include_usage: bool, state: AppState
-) -> tuple[Whole, Streamed]:
-    """`serve_turn`'s runners for a chat turn (images decoded now, written when it runs)."""
-    engine, headers = state.engine, {"x-session-id": request.key.session_id}
-    decoded = decode_images(image_urls, state.settings)
+@dataclass(frozen=True, kw_only=True)
+class _Chat:
+    """A chat turn of the proxy: the engine's request and what the route adds around it."""
 
-    def with_images() -> tuple[TurnRequest, ImageFiles]:
+    request: TurnRequest
+    image_urls: list[str]
+    history: list[tuple[Literal["user", "assistant"], str]]
+    """The client's earlier messages, adopted when the session holds none (`adopt_history`)."""
+    model: str
+    """The model name echoed back when the reply is not the endpoint's own."""
+    include_usage: bool
+
+
+def _chat_turn(chat: _Chat, state: AppState) -> tuple[Whole, Streamed]:
+    """`serve_turn`'s runners for a chat turn (images decoded now, written when it runs)."""
+    request, model = chat.request, chat.model
+    engine, headers = state.engine, {"x-session-id": request.key.session_id}
+    decoded = decode_images(chat.image_urls, state.settings)
+
+    async def with_images() -> tuple[TurnRequest, ImageFiles]:
+        await adopt_history(engine, request.key, chat.history, request.user_id)
         images = ImageFiles.write(decoded, state.settings.image_dir)
         return replace(request, images=images.refs()), images
 
     async def whole() -> Response:
-        turn, images = with_images()
+        turn, images = await with_images()
         try:
             result = await run_turn(engine, turn, images=images, metrics=state.metrics)
         except Interrupted as stop:
+            if not stop.partial:
+                raise stop.error from None  # nothing was said: the endpoint's status stands (429…)
             return interrupted_response("/v1/chat/completions", stop)
+        if result.upstream is not None:
+            return JSONResponse(dict(result.upstream.data), headers={**headers, **result.upstream.headers})
         return JSONResponse(
             {
                 "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -248,7 +314,7 @@ def _chat_turn(
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": result.answer},
-                        "finish_reason": "stop",
+                        "finish_reason": result.finish_reason or "stop",
                     }
                 ],
                 "usage": _usage(engine, result.prepared.context.total_tokens, result.answer),
@@ -257,20 +323,20 @@ def _chat_turn(
         )
 
     async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        turn, images = with_images()
+        turn, images = await with_images()
         started = await start_stream(engine, turn, images=images, metrics=state.metrics)
-        return started, _chunks(started, engine, model, include_usage, state)
+        settings = state.settings
+        events, _upstream_headers = await opened(started)
+        events = coalesce(events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
+        prompt = started.prepared.context.total_tokens
+        return started, _chunks(events, engine, model, chat.include_usage, prompt)
 
     return whole, streamed
 
 
-def _system_prompt(messages: list[ProxyMessage]) -> str | UseDefault | None:
-    """This request's ``system`` (or ``developer``) message as the turn's system prompt
-    (`USE_DEFAULT`, the engine's, when there is none)."""
-    system = next((m for m in messages if m.role in ("system", "developer")), None)
-    if system is None:
-        return USE_DEFAULT
-    return _text_and_images(system.content)[0] or None
+def _system_texts(messages: list[ProxyMessage]) -> list[str]:
+    """Every ``system`` / ``developer`` message's text, in order."""
+    return [_text_and_images(m.content)[0] for m in messages if m.role in ("system", "developer")]
 
 
 @router.get("/v1/models", summary="The model behind the proxy (OpenAI shape)")

@@ -20,6 +20,7 @@
 | ``CONTEXTMODE_STREAM_FLUSH_BYTES`` | ``2048``                      | ...or once this many bytes wait              |
 | ``CONTEXTMODE_SSE_PING_S``        | ``15``                         | keep-alive comment on an idle stream         |
 | ``CONTEXTMODE_FORGET_SYNC_S``     | ``1``                          | seconds between checks for sessions another worker erased (0 = off) |
+| ``CONTEXTMODE_RETRY_WINDOW_S``   | ``600``                        | a proxied message repeating the last, unanswered one within this many seconds reuses its stored turn (0 = off) |
 
 No key configured means one local tenant (``local``) and no authentication:
 keep the service on loopback then.
@@ -118,6 +119,10 @@ class ServiceSettings:
     forget_sync_s: float = 1.0
     """Seconds between two reads of the deletion log, to drop this worker's copies of
     sessions another worker erased (0 = never; docs/lifecycle.md)."""
+    retry_window_s: float = 600.0
+    """A proxied message that repeats the session's last, unanswered one (its request failed)
+    within this many seconds reuses its stored turn: an SDK's retries store one user turn
+    (0 = always store; docs/service.md)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
@@ -168,6 +173,7 @@ class ServiceSettings:
             stream_flush_bytes=env_int(env, "CONTEXTMODE_STREAM_FLUSH_BYTES", defaults.stream_flush_bytes, 1),
             sse_ping_s=env_int(env, "CONTEXTMODE_SSE_PING_S", defaults.sse_ping_s, 1),
             forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
+            retry_window_s=_seconds(env, "CONTEXTMODE_RETRY_WINDOW_S", defaults.retry_window_s),
         )
 
 

@@ -235,8 +235,11 @@ class _Handler(BaseHTTPRequestHandler):
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in self._calls
             ]
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        if _wants_logprobs(request):
+            choice["logprobs"] = _logprobs(chunks)
         payload = self._envelope("chat.completion") | {
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "choices": [choice],
             "usage": self.stub._usage(request, answer),
         }
         data = json.dumps(payload, ensure_ascii=False).encode()
@@ -244,6 +247,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = b'{"id": "chatcmpl-stub", "choices": [{"index": 0, "message": {"content": "trunc'
         self.send_response(200)
         self.send_header("content-type", "application/json")
+        self.send_header("x-request-id", f"req-stub-{id(self)}")
         if fault and fault.kind == "truncate":
             self.send_header("content-length", str(len(data)))
             self.end_headers()
@@ -271,7 +275,9 @@ class _Handler(BaseHTTPRequestHandler):
                 piece = {"index": index, "function": {"arguments": call.arguments[start : start + 8]}}
                 self._event(base | {"choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
 
-    def _stream_content(self, base: dict[str, Any], chunks: list[str], fault: Fault | None) -> bool:
+    def _stream_content(
+        self, base: dict[str, Any], chunks: list[str], fault: Fault | None, logprobs: bool = False
+    ) -> bool:
         """The content chunks, with the fault's damage; False when the stream ended early."""
         stub = self.stub
         for index, chunk in enumerate(chunks):
@@ -283,13 +289,17 @@ class _Handler(BaseHTTPRequestHandler):
                 continue
             if index and not stub._sleep(stub.chunk_delay):
                 return False
-            self._event(base | {"choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}]})
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": chunk}, "finish_reason": None}
+            if logprobs:
+                choice["logprobs"] = _logprobs([chunk])
+            self._event(base | {"choices": [choice]})
         return True
 
     def _stream(self, request: StubRequest, chunks: list[str], finish: str, fault: Fault | None) -> None:
         stub = self.stub
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
+        self.send_header("x-request-id", f"req-stub-{id(self)}")
         self.send_header("cache-control", "no-cache")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
@@ -298,7 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._event(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
         if not stub._sleep(stub.first_token_delay):
             return
-        if not self._stream_content(base, chunks, fault):
+        if not self._stream_content(base, chunks, fault, _wants_logprobs(request)):
             return
         if fault and fault.kind == "truncate":
             self.close_connection = True
@@ -313,3 +323,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._event(base | {"choices": [], "usage": stub._usage(request, "".join(chunks))})
         self._event("[DONE]")
         self._write_chunk(b"")
+
+
+def _wants_logprobs(request: StubRequest) -> bool:
+    return bool(isinstance(request.body, dict) and request.body.get("logprobs"))
+
+
+def _logprobs(pieces: list[str]) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice: one made-up entry per piece sent."""
+    return {"content": [{"token": p, "logprob": -0.5, "bytes": list(p.encode()), "top_logprobs": []}
+                        for p in pieces if p]}

@@ -232,7 +232,8 @@ class StubServer:
 
     def _answer(self, request: StubRequest) -> tuple[list[str], str, tuple[StubToolCall, ...]]:
         """The reply's chunks, finish reason (``length`` when ``max_tokens`` cut it, tokens as
-        `CharTokenCounter` counts them; ``tool_calls`` when it made calls) and tool calls."""
+        `CharTokenCounter` counts them; ``tool_calls`` when it made calls; cut before the first
+        of the request's ``stop`` strings) and tool calls."""
         answer = self.reply(request)
         if isinstance(answer, StubAnswer):
             with self._lock:
@@ -254,6 +255,11 @@ class StubServer:
         body = request.body if isinstance(request.body, dict) else {}
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
         text = "".join(chunks)
+        stop = body.get("stop")
+        found = [text.find(s) for s in ([stop] if isinstance(stop, str) else stop or ()) if isinstance(s, str) and s]
+        if any(i >= 0 for i in found):  # a stop sequence: the text before it, finish "stop"
+            text = text[: min(i for i in found if i >= 0)]
+            chunks = [text[i : i + n] for i in range(0, len(text), n)]
         if not isinstance(limit, int) or self._counter.count(text) <= limit:
             return chunks or [""], "stop"
         low, high = 0, len(text)  # longest prefix within the limit

@@ -1,0 +1,164 @@
+"""What both memory proxies (`routes_openai`, `routes_anthropic`) share beyond running a turn:
+any user string as an id, an app's own history adopted, side calls without memory, the
+client's system messages kept with the memory notice, and a stream's first event read before
+the response starts (so a rate limit is an HTTP 429, not an error inside a 200 stream).
+
+Ids: a ``user`` (or ``metadata.user_id``, or ``X-Session-Id``) that is a valid id is used as
+is; any other string (``alice@example.com``) is mapped reversibly to ``b32:`` and its UTF-8
+bytes in lower-case base32 (`mapped_id`, `original_id`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Annotated, Literal
+
+from fastapi import Header
+from fastapi.responses import JSONResponse, Response
+
+from ..assembly.render import DEFAULT_SYSTEM_PROMPT
+from ..engine import Engine, TurnEvent, UseDefault
+from ..errors import InvalidSessionId, ModelError
+from ..models.base import Relay, relays
+from ..types import SessionKey, validate_id
+from .sse import DONE, SSEResponse, sse_event
+from .turns import StartedStream
+
+__all__ = [
+    "HistoryHeader",
+    "MemoryHeader",
+    "adopt_history",
+    "mapped_id",
+    "opened",
+    "original_id",
+    "side_call",
+    "system_prompt",
+]
+
+MemoryHeader = Annotated[
+    Literal["on", "off"] | None,
+    Header(alias="X-Context-Memory",
+           description="'off': a side call (a title, a classification): sent to the model as is, "
+                       "given no memory, nothing stored."),
+]
+HistoryHeader = Annotated[
+    Literal["adopt", "ignore"] | None,
+    Header(alias="X-Context-History",
+           description="'ignore': do not import the earlier messages of a session context-mode "
+                       "has not seen (by default they are imported once, in order)."),
+]
+
+_MAPPED = "b32:"
+_MAX_ID = 128
+
+
+def mapped_id(value: str, what: str = "session id") -> str:
+    """``value`` when it is a valid id, else its reversible mapping (``b32:`` + base32 of its
+    UTF-8); `InvalidSessionId` when even that is longer than 128 characters (76 bytes)."""
+    try:
+        return validate_id(value, what)
+    except InvalidSessionId:
+        pass
+    encoded = _MAPPED + base64.b32encode(value.encode("utf-8", "surrogatepass")).decode().rstrip("=").lower()
+    if not value or len(encoded) > _MAX_ID:
+        raise InvalidSessionId(
+            f"invalid {what} {value[:40]!r}: empty, or longer than 76 bytes with characters outside "
+            "A-Z a-z 0-9 . _ : -"
+        )
+    return encoded
+
+
+def original_id(value: str) -> str:
+    """The string `mapped_id` was given (an id that was not mapped is returned as it is)."""
+    if not value.startswith(_MAPPED):
+        return value
+    text = value[len(_MAPPED):].upper()
+    try:
+        return base64.b32decode(text + "=" * (-len(text) % 8)).decode("utf-8", "surrogatepass")
+    except (binascii.Error, ValueError):
+        return value
+
+
+def system_prompt(texts: Sequence[str], locale: str) -> str | UseDefault | None:
+    """The turn's system prompt from the client's ``system`` / ``developer`` messages, every one
+    in order, then the engine's sentence that the memory sections are reference data, not
+    instructions (a client prompt never removes it). No system message: the engine's own."""
+    if not texts:
+        return UseDefault.USE_DEFAULT
+    lang = "zh" if locale.startswith("zh") else "en"
+    return "\n\n".join([*(t for t in texts if t.strip()), DEFAULT_SYSTEM_PROMPT[lang]])
+
+
+async def adopt_history(
+    engine: Engine, key: SessionKey, history: Sequence[tuple[Literal["user", "assistant"], str]],
+    user_id: str | None,
+) -> int:
+    """Store an app's own earlier messages on a session that holds no turn yet (the proxy was
+    put in front of an app that keeps its history); returns how many were stored. A session
+    that holds turns keeps them: the client's copy is not imported again."""
+    kept = [(role, text) for role, text in history if text.strip()]
+    if not kept:
+        return 0
+    state = await engine.store.load(key.tenant, key.session_id, recent=1)
+    if state.turns:
+        return 0
+    for role, text in kept:
+        await engine.record(key.tenant, key.session_id, role, text, metadata={"adopted": True}, user_id=user_id)
+    return len(kept)
+
+
+async def opened(started: StartedStream) -> tuple[AsyncIterator[TurnEvent], Mapping[str, str]]:
+    """The started stream's events from the first one after ``Prepared``, read now: a model that
+    failed before saying anything raises its error (the caller answers with its status, a 429 as
+    a 429) after the stream is closed; also the endpoint's headers to pass on."""
+    try:
+        first = await anext(started.events)
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await started.close()
+        raise
+    if first is not None and first.kind == "failed" and not first.partial_answer:
+        await started.close()
+        raise first.error
+    headers = first.reply.headers if first is not None and first.kind == "upstream" else {}
+
+    async def events() -> AsyncIterator[TurnEvent]:
+        if first is not None:
+            yield first
+        async for event in started.events:
+            yield event
+
+    return events(), headers
+
+
+async def side_call(engine: Engine, relay: Relay, headers: Mapping[str, str], ping_s: float) -> Response:
+    """A call the app marked as a side call (``X-Context-Memory: off``): its messages go to the
+    model as the app sent them, the reply comes back as the model sent it, nothing is stored."""
+    model = engine.model
+    if not relays(model):
+        raise ModelError("this server's model cannot take a request as the app composed it")
+    events = model.relay(None, relay)
+    if not relay.stream:
+        async for event in events:
+            if event.kind == "upstream":
+                return JSONResponse(dict(event.data), headers={**headers, **event.headers})
+        raise ModelError("the model endpoint sent no completion")
+    first = await anext(events)  # an error before the stream starts is answered with its status
+    first_headers = first.headers if first.kind == "upstream" else {}
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            for event in [first]:
+                if event.kind == "upstream":
+                    yield sse_event(dict(event.data))
+            async for event in events:
+                if event.kind == "upstream":
+                    yield sse_event(dict(event.data))
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+        yield DONE
+
+    return SSEResponse(body(), headers={**headers, **first_headers}, ping_s=ping_s)
