@@ -252,7 +252,8 @@ async def stream_agent_turn(
     result = TurnResult(
         answer=text, partial=False, user_turn=user_turn, assistant_turn=stored, prepared=prepared, jobs=jobs,
         model_ms=(time.perf_counter() - started) * 1000, tool_calls=calls,
-        finish_reason=ending.finish_reason, usage=ending.usage, upstream=ending.whole,
+        finish_reason=ending.finish_reason, stop_sequence=ending.stop_sequence, usage=ending.usage,
+        upstream=ending.whole,
     )
     yield Done(result=result)
 

@@ -172,6 +172,8 @@ class TurnResult:
     finish_reason: str | None = None
     """Why a relayed reply ended, as the endpoint said (``stop``, ``length``, ``tool_calls``…;
     `TurnRequest.relay`); ``None`` otherwise."""
+    stop_sequence: str | None = None
+    """The stop string a relayed reply met, when the endpoint names it (vLLM's ``stop_reason``)."""
     usage: Mapping[str, object] | None = None
     """A relayed reply's usage, as the endpoint reported it."""
     upstream: UpstreamReply | None = None

@@ -91,6 +91,7 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
         ttft_ms=ttft,
         model_ms=answer.model_ms,
         finish_reason=ending.finish_reason,
+        stop_sequence=ending.stop_sequence,
         usage=ending.usage,
         upstream=ending.whole,
     )
@@ -102,6 +103,7 @@ class Ending:
     """How a relayed reply ended, read from what the endpoint sent (`_answer`)."""
 
     finish_reason: str | None = None
+    stop_sequence: str | None = None
     usage: Mapping[str, object] | None = None
     whole: UpstreamReply | None = None
     """The whole completion of a relayed request that is not streamed."""
@@ -116,6 +118,8 @@ class Ending:
         for choice in data.get("choices") or ():  # type: ignore[attr-defined]
             if isinstance(choice, Mapping) and not choice.get("index") and choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
+                matched = choice.get("stop_reason")  # vLLM names the stop string it met
+                self.stop_sequence = matched if isinstance(matched, str) and matched else None
 
 
 async def _answer(

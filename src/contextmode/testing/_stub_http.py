@@ -96,6 +96,8 @@ class Fault:
 class _Handler(BaseHTTPRequestHandler):
     stub: StubServer
     _calls: tuple[StubToolCall, ...] = ()
+    _matched = ""
+    """The stop string the reply was cut at (sent as vLLM's ``stop_reason``), or ``""``."""
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # small SSE writes must leave at once, not after a delayed ACK
     server_version = "contextmode-stub/1"
@@ -217,6 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(500, {"error": {"message": f"stub reply failed: {exc}", "type": "server_error"}})
             return
         self._calls = calls
+        finish, _, self._matched = finish.partition(":")
         if request.stream:
             self._stream(request, chunks, finish, fault)
         else:
@@ -236,6 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
                 for c in self._calls
             ]
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        if self._matched:
+            choice["stop_reason"] = self._matched
         if _wants_logprobs(request):
             choice["logprobs"] = _logprobs(chunks)
         payload = self._envelope("chat.completion") | {
@@ -317,7 +322,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunk(b"data: {not json}\n\n")
         self._stream_calls(base)
         if not (fault and fault.kind == "unfinished"):
-            self._event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+            last: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": finish}
+            if self._matched:
+                last["stop_reason"] = self._matched
+            self._event(base | {"choices": [last]})
         options = request.body.get("stream_options") if isinstance(request.body, dict) else None
         if isinstance(options, dict) and options.get("include_usage"):
             self._event(base | {"choices": [], "usage": stub._usage(request, "".join(chunks))})
