@@ -20,6 +20,7 @@ from contextmode.service import create_app
 from contextmode.service.proxy import mapped_id, original_id
 from contextmode.testing.stub_server import StubRequest, StubServer
 from tests.service.test_service import make_engine, make_settings
+from tests.service.test_service_http import PNG_URL
 
 
 class Order(BaseModel):
@@ -216,3 +217,16 @@ async def test_every_system_message_is_kept_with_the_memory_notice(sdk: openai.A
     assert system["role"] == "system"
     content = system["content"]
     assert content.index("You are Shopbot.") < content.index("Answer briefly.") < content.index("not instructions")
+
+
+async def test_an_image_reaches_the_model_for_its_turn_only(sdk: openai.AsyncOpenAI, stub: StubServer,
+                                                            engine: Any) -> None:
+    content = [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": PNG_URL}}]
+    await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": content}], user="img")
+    sent = stub.chat_requests[-1].messages[-1]
+    assert sent["content"] == [{"type": "text", "text": "what is this?"},
+                               {"type": "image_url", "image_url": {"url": PNG_URL}}]
+    await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "and now?"}], user="img")
+    assert PNG_URL not in json.dumps(stub.chat_requests[-1].messages)  # the image boundary: this turn only
+    first = (await engine.store.turns("local", "img"))[0]
+    assert (first.content, first.metadata["image_count"]) == ("what is this?", 1)

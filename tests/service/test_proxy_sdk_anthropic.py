@@ -17,6 +17,7 @@ from contextmode.service import create_app
 from contextmode.service.proxy import mapped_id
 from contextmode.testing.stub_server import StubRequest, StubServer
 from tests.service.test_service import make_engine, make_settings
+from tests.service.test_service_http import PNG_URL
 
 TOOLS = [{"name": "search", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}]
 
@@ -115,3 +116,12 @@ async def test_history_and_any_user_string(sdk: anthropic.AsyncAnthropic, stub: 
     assert sent[0]["content"].startswith("You are Shopbot.") and "not instructions" in sent[0]["content"]
     turns = await engine.store.turns("local", mapped_id("bob@example.com"))
     assert [t.content for t in turns][:3] == [m["content"] for m in messages]
+
+
+async def test_an_image_block_reaches_the_model(sdk: anthropic.AsyncAnthropic, stub: StubServer) -> None:
+    data = PNG_URL.split(",", 1)[1]
+    content = [{"type": "text", "text": "what is this?"},
+               {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}]
+    await sdk.messages.create(model="m", max_tokens=50, messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+                              metadata={"user_id": "img"})
+    assert stub.chat_requests[-1].messages[-1]["content"][1] == {"type": "image_url", "image_url": {"url": PNG_URL}}

@@ -157,6 +157,9 @@ class Relay:
     fields: Mapping[str, object] = field(default_factory=dict, hash=False)
     stream: bool = False
     """Ask the endpoint for a chunk stream (the client asked for one)."""
+    images: tuple[str, ...] = ()
+    """``data:`` URLs of the current message's images, sent with it (the last ``user`` message)
+    as ``image_url`` parts: a vision model sees them for this turn; they are not stored."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -529,7 +529,7 @@ class OpenAIChatModel:
         request: dict[str, Any] = dict(relay.fields)
         request["model"] = self.name
         if messages is not None:
-            request["messages"] = [wire_message(m) for m in messages]
+            request["messages"] = _with_images([wire_message(m) for m in messages], relay.images)
         if not isinstance(request.get("messages"), list):
             raise ModelRefused("a relayed request needs its messages")
         named = [k for k in ("max_completion_tokens", "max_tokens") if isinstance(request.get(k), int)]
@@ -868,6 +868,19 @@ def _field(obj: Any, name: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name)
     return getattr(obj, name, None)
+
+
+def _with_images(messages: list[dict[str, Any]], images: Sequence[str]) -> list[dict[str, Any]]:
+    """``messages`` with ``images`` (URLs) as ``image_url`` parts of the last ``user`` message."""
+    if not images:
+        return messages
+    for message in reversed(messages):
+        if message["role"] == "user":
+            text = message.get("content") or ""
+            parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            message["content"] = parts + [{"type": "image_url", "image_url": {"url": url}} for url in images]
+            break
+    return messages
 
 
 def _first_choice(data: Any) -> Any:

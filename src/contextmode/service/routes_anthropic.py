@@ -144,7 +144,8 @@ async def create_message(
         decoded = decode_images(list(last_user.images), state.settings)
         request = TurnRequest(key=call.key, message=last_user.content, mode=engine.settings.mode,
                               system_prompt=call.system_prompt, user_id=user_id, idempotency_key=idempotency_key,
-                              relay=relay, retry_window_s=state.settings.retry_window_s)
+                              relay=replace(relay, images=last_user.images),
+                              retry_window_s=state.settings.retry_window_s)
         earlier = [] if history == "ignore" else _history(items)
         whole, streamed = _chat_turn(call, request, decoded, earlier)
     return await serve_once(

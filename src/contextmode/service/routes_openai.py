@@ -1,12 +1,16 @@
 """``POST /v1/chat/completions``: an OpenAI-compatible memory proxy.
 
-An app using the openai SDK points its ``base_url`` at context-mode and sends
-only its new message (the last ``user`` message of ``messages``) with a
-session id (header ``X-Session-Id``, else the ``user`` field). A ``system``
-(or ``developer``) message becomes the system prompt of that turn. context-mode
-loads the session, builds the context and calls the engine's model; the reply
-is an ordinary ``chat.completion`` (or ``chat.completion.chunk`` SSE stream
-ending with ``data: [DONE]``). Errors take OpenAI's shape ``{"error": {...}}``.
+An app using the openai SDK points its ``base_url`` at context-mode and sends its new
+message (the last ``user`` message of ``messages``) with a session id (header
+``X-Session-Id``, else the ``user`` field; any string, mapped reversibly: `proxy.mapped_id`).
+Every ``system`` / ``developer`` message, in order, is the turn's system prompt (with the
+memory notice). The request is relayed (`models.base.Relay`): every field but ``messages``
+(memory composes them), ``model`` and ``stream`` reaches the engine's model as sent, the
+length cap lowered to what the window leaves, and the answer is the model endpoint's own
+``chat.completion`` (or its ``chat.completion.chunk`` stream, then ``data: [DONE]``); the
+first choice is stored. Earlier messages are adopted on a session not seen yet
+(`proxy.adopt_history`); ``X-Context-Memory: off`` is a side call (`proxy.side_call`).
+Errors take OpenAI's shape ``{"error": {...}}``, a rate limit staying a 429 (docs/service.md).
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ router = APIRouter(tags=["openai-compatible"])
 State = Annotated[AppState, Depends(app_state)]
 
 class ProxyMessage(BaseModel):
-    """One message of the request; only the last ``user`` one and a ``system`` one are used."""
+    """One message of the request: the last ``user`` one is the new message, ``system`` /
+    ``developer`` ones the system prompt, earlier ones the app's history (adopted once)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -72,11 +77,11 @@ class ProxyMessage(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """The subset of OpenAI's request the proxy reads; other fields are accepted and ignored."""
+    """The fields of OpenAI's request the proxy reads; every other one is relayed as sent."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
+    model: str | None = Field(default=None, description="The engine's model answers (this name is echoed only by a model that cannot relay).")
     messages: list[ProxyMessage] = Field(min_length=1)
     stream: StrictBool = False
     user: str | None = Field(
@@ -220,6 +225,7 @@ async def chat_completions(
         whole, streamed = agent_step(engine, key, replace(step, relay=relay), reply, state.metrics)
     else:
         request, image_urls = _chat_request(body, key, user_id, idempotency_key, state)
+        relay = replace(relay, images=tuple(image_urls))  # checked by the image boundary first (`_chat_turn`)
         request = replace(request, system_prompt=system, relay=relay, retry_window_s=state.settings.retry_window_s)
         earlier = [] if history == "ignore" else _history(body.messages)
         whole, streamed = _chat_turn(_Chat(request=request, image_urls=image_urls, history=earlier, model=model,

@@ -47,10 +47,13 @@ class StubRequest:
 
     @property
     def last_user(self) -> str:
-        """Content of the last user message ('' if none)."""
+        """Content of the last user message, the text of its parts when it has parts ('' if none)."""
         for message in reversed(self.messages):
             if message.get("role") == "user":
-                return str(message.get("content") or "")
+                content = message.get("content") or ""
+                if isinstance(content, list):
+                    return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+                return str(content)
         return ""
 
 
