@@ -12,24 +12,39 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 from fastapi import Header
 from fastapi.responses import JSONResponse, Response
 
 from ..assembly.render import DEFAULT_SYSTEM_PROMPT
-from ..engine import Engine, TurnEvent, UseDefault
+from ..engine import Engine, TurnEvent, TurnRequest, TurnResult, UseDefault
 from ..errors import InvalidSessionId, ModelError
 from ..models.base import Relay, relays
 from ..types import SessionKey, validate_id
+from .images import ImageFiles, decode_images
 from .sse import DONE, SSEResponse, sse_event
-from .turns import StartedStream
+from .state import AppState
+from .turns import (
+    Interrupted,
+    StartedStream,
+    Streamed,
+    Whole,
+    coalesce,
+    interrupted_response,
+    run_turn,
+    start_stream,
+)
 
 __all__ = [
     "HistoryHeader",
     "MemoryHeader",
+    "ProxyChat",
+    "ReplyShape",
     "adopt_history",
+    "chat_turn",
     "mapped_id",
     "opened",
     "original_id",
@@ -132,6 +147,62 @@ async def opened(started: StartedStream) -> tuple[AsyncIterator[TurnEvent], Mapp
             yield event
 
     return events(), headers
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplyShape:
+    """How a proxy writes a chat turn's answer (OpenAI's chat completions, its Responses API)."""
+
+    path: str
+    """The route (its error shape)."""
+    json: Callable[[TurnResult], Response]
+    """The whole answer's response."""
+    sse: Callable[[StartedStream, AsyncIterator[TurnEvent]], AsyncIterator[bytes]]
+    """A started stream's events (from the first after ``Prepared``) as the route's SSE bytes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProxyChat:
+    """A chat turn of a proxy: the engine's request and what the route adds around it."""
+
+    request: TurnRequest
+    image_urls: list[str]
+    """The message's images (``data:`` URLs), checked by the image boundary before the turn."""
+    history: Sequence[tuple[Literal["user", "assistant"], str]] = ()
+    """The client's earlier messages, adopted when the session holds none (`adopt_history`)."""
+
+
+def chat_turn(chat: ProxyChat, state: AppState, shape: ReplyShape) -> tuple[Whole, Streamed]:
+    """`serve_turn`'s runners for a proxy's chat turn: images decoded now and written when it
+    runs, the client's history adopted first, a model that failed before saying anything
+    answered with its own status (a 429 stays a 429), the answer written by ``shape``."""
+    request, engine = chat.request, state.engine
+    decoded = decode_images(chat.image_urls, state.settings)
+
+    async def with_images() -> tuple[TurnRequest, ImageFiles]:
+        await adopt_history(engine, request.key, chat.history, request.user_id)
+        images = ImageFiles.write(decoded, state.settings.image_dir)
+        return replace(request, images=images.refs()), images
+
+    async def whole() -> Response:
+        turn, images = await with_images()
+        try:
+            result = await run_turn(engine, turn, images=images, metrics=state.metrics)
+        except Interrupted as stop:
+            if not stop.partial:
+                raise stop.error from None  # nothing was said: the endpoint's status stands
+            return interrupted_response(shape.path, stop)
+        return shape.json(result)
+
+    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
+        turn, images = await with_images()
+        started = await start_stream(engine, turn, images=images, metrics=state.metrics)
+        settings = state.settings
+        events, _ = await opened(started)
+        events = coalesce(events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
+        return started, shape.sse(started, events)
+
+    return whole, streamed
 
 
 async def side_call(engine: Engine, relay: Relay, headers: Mapping[str, str], ping_s: float) -> Response:

@@ -45,21 +45,15 @@ from .anthropic_wire import (
     wire_items,
 )
 from .idempotency import IdempotencyKey, SessionHeader
-from .images import DecodedImage, ImageFiles, decode_images
 from .openai_tools import agent_request
-from .proxy import HistoryHeader, adopt_history, mapped_id, opened, system_prompt
+from .proxy import HistoryHeader, ProxyChat, ReplyShape, chat_turn, mapped_id, system_prompt
 from .state import AppState, Tenant, app_state
 from .turns import (
-    Interrupted,
     StartedStream,
     Streamed,
     Whole,
     check_message,
-    coalesce,
-    interrupted_response,
-    run_turn,
     serve_once,
-    start_stream,
     step_runners,
 )
 
@@ -141,13 +135,14 @@ async def create_message(
         if not last_user.content.strip():
             raise InputError("the last user message has no text")
         check_message(last_user.content, state.settings)
-        decoded = decode_images(list(last_user.images), state.settings)
         request = TurnRequest(key=call.key, message=last_user.content, mode=engine.settings.mode,
                               system_prompt=call.system_prompt, user_id=user_id, idempotency_key=idempotency_key,
                               relay=replace(relay, images=last_user.images),
                               retry_window_s=state.settings.retry_window_s)
         earlier = [] if history == "ignore" else _history(items)
-        whole, streamed = _chat_turn(call, request, decoded, earlier)
+        shape = ReplyShape(path=PATH, json=call.json, sse=call.body)
+        whole, streamed = chat_turn(ProxyChat(request=request, image_urls=list(last_user.images), history=earlier),
+                                    state, shape)
     return await serve_once(
         state, call.key, idempotency_key, "messages", body.model_dump_json(),
         whole=None if body.stream else whole, streamed=streamed, headers=call.headers,
@@ -166,39 +161,6 @@ def _history(items: list[WireItem]) -> list[tuple[Literal["user", "assistant"], 
     last = max((i for i, item in enumerate(items) if item.role == "user"), default=0)
     return [("user" if i.role == "user" else "assistant", i.content) for i in items[:last]
             if i.role in ("user", "assistant")]
-
-
-def _chat_turn(
-    call: _Call, request: TurnRequest, decoded: list[DecodedImage],
-    history: list[tuple[Literal["user", "assistant"], str]],
-) -> tuple[Whole, Streamed]:
-    """A chat turn, run as the OpenAI proxy runs it (`run_turn`, `start_stream`)."""
-    engine, state = call.engine, call.state
-
-    async def with_images() -> tuple[TurnRequest, ImageFiles]:
-        await adopt_history(engine, request.key, history, request.user_id)
-        images = ImageFiles.write(decoded, state.settings.image_dir)
-        return replace(request, images=images.refs()), images
-
-    async def whole() -> Response:
-        turn, images = await with_images()
-        try:
-            result = await run_turn(engine, turn, images=images, metrics=state.metrics)
-        except Interrupted as stop:
-            if not stop.partial:
-                raise stop.error from None  # nothing was said: the endpoint's status stands (429, 529…)
-            return interrupted_response(PATH, stop)
-        return call.json(result)
-
-    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        turn, images = await with_images()
-        started = await start_stream(engine, turn, images=images, metrics=state.metrics)
-        settings = state.settings
-        events, _ = await opened(started)
-        events = coalesce(events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
-        return started, call.body(started, events)
-
-    return whole, streamed
 
 
 def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:

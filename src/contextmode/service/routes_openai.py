@@ -18,45 +18,34 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from ..engine import Engine, TurnEvent, TurnRequest
+from ..engine import Engine, TurnEvent, TurnRequest, TurnResult
 from ..errors import InputError
 from ..models.base import Relay
 from ..types import SessionKey
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
-from .images import ImageFiles, decode_images
 from .openai_tools import ProxyReply, agent_request, agent_step
 from .proxy import (
     HistoryHeader,
     MemoryHeader,
-    adopt_history,
+    ProxyChat,
+    ReplyShape,
+    chat_turn,
     mapped_id,
-    opened,
     side_call,
     system_prompt,
 )
 from .responses import openai_error_body
 from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
-from .turns import (
-    Interrupted,
-    StartedStream,
-    Streamed,
-    Whole,
-    check_message,
-    coalesce,
-    interrupted_response,
-    run_turn,
-    serve_once,
-    start_stream,
-)
+from .turns import StartedStream, check_message, serve_once
 
 __all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
 
@@ -228,8 +217,8 @@ async def chat_completions(
         relay = replace(relay, images=tuple(image_urls))  # checked by the image boundary first (`_chat_turn`)
         request = replace(request, system_prompt=system, relay=relay, retry_window_s=state.settings.retry_window_s)
         earlier = [] if history == "ignore" else _history(body.messages)
-        whole, streamed = _chat_turn(_Chat(request=request, image_urls=image_urls, history=earlier, model=model,
-                                           include_usage=include_usage), state)
+        shape = _chat_shape(engine, model, include_usage, headers)
+        whole, streamed = chat_turn(ProxyChat(request=request, image_urls=image_urls, history=earlier), state, shape)
     return await serve_once(
         state, key, idempotency_key, "chat.completions", body.model_dump_json(),
         whole=None if body.stream else whole, streamed=streamed, headers=headers,
@@ -276,68 +265,26 @@ def _chat_request(
     return request, image_urls
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Chat:
-    """A chat turn of the proxy: the engine's request and what the route adds around it."""
+def _chat_shape(engine: Engine, model: str, include_usage: bool, headers: dict[str, str]) -> ReplyShape:
+    """A chat turn's answer in OpenAI's chat shape: the endpoint's own completion or chunks when
+    relayed, else made from the answer."""
 
-    request: TurnRequest
-    image_urls: list[str]
-    history: list[tuple[Literal["user", "assistant"], str]]
-    """The client's earlier messages, adopted when the session holds none (`adopt_history`)."""
-    model: str
-    """The model name echoed back when the reply is not the endpoint's own."""
-    include_usage: bool
-
-
-def _chat_turn(chat: _Chat, state: AppState) -> tuple[Whole, Streamed]:
-    """`serve_turn`'s runners for a chat turn (images decoded now, written when it runs)."""
-    request, model = chat.request, chat.model
-    engine, headers = state.engine, {"x-session-id": request.key.session_id}
-    decoded = decode_images(chat.image_urls, state.settings)
-
-    async def with_images() -> tuple[TurnRequest, ImageFiles]:
-        await adopt_history(engine, request.key, chat.history, request.user_id)
-        images = ImageFiles.write(decoded, state.settings.image_dir)
-        return replace(request, images=images.refs()), images
-
-    async def whole() -> Response:
-        turn, images = await with_images()
-        try:
-            result = await run_turn(engine, turn, images=images, metrics=state.metrics)
-        except Interrupted as stop:
-            if not stop.partial:
-                raise stop.error from None  # nothing was said: the endpoint's status stands (429…)
-            return interrupted_response("/v1/chat/completions", stop)
+    def whole(result: TurnResult) -> Response:
         if result.upstream is not None:
             return JSONResponse(dict(result.upstream.data), headers={**headers, **result.upstream.headers})
+        choice = {"index": 0, "message": {"role": "assistant", "content": result.answer},
+                  "finish_reason": result.finish_reason or "stop"}
         return JSONResponse(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": result.answer},
-                        "finish_reason": result.finish_reason or "stop",
-                    }
-                ],
-                "usage": _usage(engine, result.prepared.context.total_tokens, result.answer),
-            },
+            {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+             "model": model, "choices": [choice],
+             "usage": _usage(engine, result.prepared.context.total_tokens, result.answer)},
             headers=headers,
         )
 
-    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        turn, images = await with_images()
-        started = await start_stream(engine, turn, images=images, metrics=state.metrics)
-        settings = state.settings
-        events, _upstream_headers = await opened(started)
-        events = coalesce(events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
-        prompt = started.prepared.context.total_tokens
-        return started, _chunks(events, engine, model, chat.include_usage, prompt)
+    def stream(started: StartedStream, events: AsyncIterator[TurnEvent]) -> AsyncIterator[bytes]:
+        return _chunks(events, engine, model, include_usage, started.prepared.context.total_tokens)
 
-    return whole, streamed
+    return ReplyShape(path="/v1/chat/completions", json=whole, sse=stream)
 
 
 def _system_texts(messages: list[ProxyMessage]) -> list[str]:
