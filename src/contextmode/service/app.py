@@ -40,6 +40,7 @@ from .metrics import ServiceMetrics
 from .responses import error_response, exception_response, validation_details
 from .routes_anthropic import router as anthropic_router
 from .routes_openai import router as openai_router
+from .routes_responses import router as responses_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
 from .routes_traces import router as traces_router
@@ -263,6 +264,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     app.include_router(traces_router)
     app.include_router(openai_router)
     app.include_router(anthropic_router)
+    app.include_router(responses_router)
     app.include_router(users_router)
 
     @app.get("/healthz", response_model=Envelope[HealthOut], responses={503: {"model": ErrorEnvelope}}, tags=["ops"])

@@ -1,6 +1,6 @@
 """Error responses in the caller's shape, written once for the app, the routes and replays.
 
-Under ``/v1/chat/completions`` and ``/v1/models`` an error takes OpenAI's shape
+Under ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/models`` an error takes OpenAI's shape
 ``{"error": {...}}`` (what the openai SDK parses), under ``/v1/messages``
 Anthropic's ``{"type": "error", "error": {...}}``; everywhere else it is the
 ``{code, msg, data}`` envelope.
@@ -29,7 +29,7 @@ __all__ = [
     "validation_details",
 ]
 
-OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+OPENAI_PATHS = ("/v1/chat/", "/v1/models", "/v1/responses")
 ANTHROPIC_PATHS = ("/v1/messages",)
 
 _ERROR_TYPES = {

@@ -47,7 +47,7 @@ from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
 from .turns import StartedStream, check_message, serve_once
 
-__all__ = ["ChatCompletionRequest", "ProxyMessage", "openai_error_body", "router"]
+__all__ = ["ChatCompletionRequest", "ProxyMessage", "client_history", "openai_error_body", "router", "system_texts", "text_and_images"]
 
 router = APIRouter(tags=["openai-compatible"])
 
@@ -93,7 +93,7 @@ class ChatCompletionRequest(BaseModel):
         return data
 
 
-def _text_and_images(content: str | list[dict[str, Any]] | None) -> tuple[str, list[str]]:
+def text_and_images(content: str | list[dict[str, Any]] | None) -> tuple[str, list[str]]:
     if content is None:
         return "", []
     if isinstance(content, str):
@@ -201,7 +201,7 @@ async def chat_completions(
         raise InputError("name the session: header 'X-Session-Id' or the 'user' field")
     key = SessionKey(tenant, mapped_id(raw_session))
     user_id = mapped_id(body.user, "user id") if body.user else None
-    system = system_prompt(_system_texts(body.messages), state.engine.settings.locale)
+    system = system_prompt(system_texts(body.messages), state.engine.settings.locale)
     include_usage = bool((body.stream_options or {}).get("include_usage"))
     model = body.model or state.engine.model.name
     headers = {"x-session-id": key.session_id}
@@ -216,7 +216,7 @@ async def chat_completions(
         request, image_urls = _chat_request(body, key, user_id, idempotency_key, state)
         relay = replace(relay, images=tuple(image_urls))  # checked by the image boundary first (`_chat_turn`)
         request = replace(request, system_prompt=system, relay=relay, retry_window_s=state.settings.retry_window_s)
-        earlier = [] if history == "ignore" else _history(body.messages)
+        earlier = [] if history == "ignore" else client_history(body.messages)
         shape = _chat_shape(engine, model, include_usage, headers)
         whole, streamed = chat_turn(ProxyChat(request=request, image_urls=image_urls, history=earlier), state, shape)
     return await serve_once(
@@ -235,16 +235,16 @@ def _forwarded(body: ChatCompletionRequest) -> dict[str, Any]:
     return body.model_dump(exclude_unset=True, exclude=set(_OWNED))
 
 
-def _history(messages: list[ProxyMessage]) -> list[tuple[Literal["user", "assistant"], str]]:
+def client_history(messages: list[ProxyMessage]) -> list[tuple[Literal["user", "assistant"], str]]:
     """The client's own conversation before its last ``user`` message (text of ``user`` and
     plain ``assistant`` messages), for a session the service has not seen."""
     last = max((i for i, m in enumerate(messages) if m.role == "user"), default=0)
     earlier: list[tuple[Literal["user", "assistant"], str]] = []
     for message in messages[:last]:
         if message.role == "user":
-            earlier.append(("user", _text_and_images(message.content)[0]))
+            earlier.append(("user", text_and_images(message.content)[0]))
         elif message.role == "assistant" and not message.tool_calls:
-            earlier.append(("assistant", _text_and_images(message.content)[0]))
+            earlier.append(("assistant", text_and_images(message.content)[0]))
     return earlier
 
 
@@ -256,7 +256,7 @@ def _chat_request(
     last_user = next((m for m in reversed(body.messages) if m.role == "user"), None)
     if last_user is None:
         raise InputError("messages must contain a user message")
-    message, image_urls = _text_and_images(last_user.content)
+    message, image_urls = text_and_images(last_user.content)
     if not message.strip():
         raise InputError("the last user message has no text")
     check_message(message, state.settings)
@@ -287,9 +287,9 @@ def _chat_shape(engine: Engine, model: str, include_usage: bool, headers: dict[s
     return ReplyShape(path="/v1/chat/completions", json=whole, sse=stream)
 
 
-def _system_texts(messages: list[ProxyMessage]) -> list[str]:
+def system_texts(messages: list[ProxyMessage]) -> list[str]:
     """Every ``system`` / ``developer`` message's text, in order."""
-    return [_text_and_images(m.content)[0] for m in messages if m.role in ("system", "developer")]
+    return [text_and_images(m.content)[0] for m in messages if m.role in ("system", "developer")]
 
 
 @router.get("/v1/models", summary="The model behind the proxy (OpenAI shape)")
