@@ -233,7 +233,8 @@ async def stream_agent_turn(
     try:
         async for event in _events(engine, prepared, request):
             if event.kind == "upstream":
-                ending.read(event, whole=not (request.relay and request.relay.stream))
+                if not event.accepted_only:
+                    ending.read(event, whole=not (request.relay and request.relay.stream))
                 yield Upstream(reply=event)
                 continue
             answer.add(event)

@@ -136,7 +136,8 @@ async def _answer(
     left = max(1, engine.settings.context_window - prepared.context.total_tokens)
     async for event in model.relay(prepared.messages, relay, max_tokens=left):
         if event.kind == "upstream":
-            ending.read(event, whole=not relay.stream)
+            if not event.accepted_only:
+                ending.read(event, whole=not relay.stream)
             yield Upstream(reply=event)
         elif event.kind == "text":
             yield Delta(text=event.text)

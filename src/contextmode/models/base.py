@@ -164,13 +164,20 @@ class Relay:
 
 @dataclass(frozen=True, kw_only=True)
 class UpstreamReply:
-    """What the endpoint sent, as it sent it: one chunk of a stream, or the whole completion."""
+    """What the endpoint sent, as it sent it: one chunk of a stream, or the whole completion. A
+    stream starts with one whose ``data`` is empty: the endpoint accepted the request (its
+    status and headers are in; no chunk yet), so a caller can answer before the first token."""
 
     kind: Literal["upstream"] = "upstream"
     data: Mapping[str, object] = field(hash=False)
-    """The JSON object (``chat.completion.chunk`` or ``chat.completion``)."""
+    """The JSON object (``chat.completion.chunk`` or ``chat.completion``); empty: accepted."""
     headers: Mapping[str, str] = field(default_factory=dict, hash=False)
     """The endpoint's response headers worth passing on (``x-request-id``…), on the first only."""
+
+    @property
+    def accepted_only(self) -> bool:
+        """True for the empty reply that opens a stream (nothing to pass on but its headers)."""
+        return not self.data
 
 
 @runtime_checkable

@@ -593,6 +593,7 @@ class OpenAIChatModel:
         except TimeoutError:
             raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
         headers: Mapping[str, str] = _passed(response)
+        yield UpstreamReply(data={}, headers=headers)  # accepted: its status is known before any chunk
         finished = False
         chunks = _sse_chunks(response)
         try:
@@ -604,8 +605,7 @@ class OpenAIChatModel:
                     break
                 except TimeoutError:
                     raise ModelTimeout(f"the model's stream passed the {self.deadline} s deadline") from None
-                yield UpstreamReply(data=chunk, headers=headers)
-                headers = {}
+                yield UpstreamReply(data=chunk)
                 if _field(chunk, "usage") is not None:
                     self._record_usage(_field(chunk, "usage"))
                 first = _first_choice(chunk)

@@ -160,7 +160,8 @@ async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply) -> AsyncI
         async for event in events:
             if event.kind == "upstream":  # relayed: the endpoint's own chunks, as it sent them
                 relayed = True
-                yield sse_event(dict(event.reply.data))
+                if not event.reply.accepted_only:
+                    yield sse_event(dict(event.reply.data))
                 continue
             if relayed and event.kind != "failed":
                 continue

@@ -198,7 +198,9 @@ def chat_turn(chat: ProxyChat, state: AppState, shape: ReplyShape) -> tuple[Whol
         turn, images = await with_images()
         started = await start_stream(engine, turn, images=images, metrics=state.metrics)
         settings = state.settings
-        events, _ = await opened(started)
+        events = started.events
+        if request.relay is not None and relays(engine.model):
+            events, _ = await opened(started)  # the endpoint's status, before the response starts
         events = coalesce(events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
         return started, shape.sse(started, events)
 
@@ -223,10 +225,10 @@ async def side_call(engine: Engine, relay: Relay, headers: Mapping[str, str], pi
     async def body() -> AsyncIterator[bytes]:
         try:
             for event in [first]:
-                if event.kind == "upstream":
+                if event.kind == "upstream" and not event.accepted_only:
                     yield sse_event(dict(event.data))
             async for event in events:
-                if event.kind == "upstream":
+                if event.kind == "upstream" and not event.accepted_only:
                     yield sse_event(dict(event.data))
         finally:
             await events.aclose()  # type: ignore[attr-defined]

@@ -155,7 +155,8 @@ async def _chunks(
         async for event in events:
             if event.kind == "upstream":
                 relayed = True
-                yield sse_event(dict(event.reply.data))
+                if not event.reply.accepted_only:
+                    yield sse_event(dict(event.reply.data))
                 continue
             if relayed or event.kind not in ("delta", "done"):
                 if event.kind == "failed":
