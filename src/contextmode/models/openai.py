@@ -599,12 +599,11 @@ class OpenAIChatModel:
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
+                    chunk = await _next_chunk(chunks, deadline)
                 except TimeoutError:
                     raise ModelTimeout(f"the model's stream passed the {self.deadline} s deadline") from None
+                if chunk is _END:
+                    break
                 yield UpstreamReply(data=chunk)
                 if _field(chunk, "usage") is not None:
                     self._record_usage(_field(chunk, "usage"))
@@ -648,14 +647,13 @@ class OpenAIChatModel:
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
+                    chunk = await _next_chunk(chunks, deadline)
                 except TimeoutError:
                     if not text:
                         raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
                     finished = self._stop_early(f"the {self.deadline} s deadline passed")
+                    break
+                if chunk is _END:
                     break
                 for event in self._events(chunk):
                     if event.kind == "text":
@@ -777,6 +775,16 @@ class OpenAIChatModel:
     async def aclose(self) -> None:
         """Close the underlying HTTP connection pool."""
         await self._client.close()
+
+
+_END = object()
+"""What `_next_chunk` returns once a stream has no more chunks."""
+
+
+async def _next_chunk(chunks: AsyncGenerator[Any, None], deadline: float | None) -> Any:
+    """The stream's next chunk, `_END` after the last; `TimeoutError` once ``deadline`` passes."""
+    async with asyncio.timeout_at(deadline):
+        return await anext(chunks, _END)
 
 
 async def _sse_chunks(response: Any) -> AsyncGenerator[Any, None]:
