@@ -17,7 +17,6 @@ from pydantic import BaseModel
 
 from contextmode.models.openai import OpenAIChatModel
 from contextmode.service import create_app
-from contextmode.service.proxy import mapped_id, original_id
 from contextmode.testing.stub_server import StubRequest, StubServer
 from tests.service.test_service import make_engine, make_settings
 from tests.service.test_service_http import PNG_URL
@@ -182,6 +181,7 @@ async def test_an_apps_own_history_is_adopted_once(sdk: openai.AsyncOpenAI, stub
 
 
 async def test_any_user_string_is_a_session(sdk: openai.AsyncOpenAI, engine: Any, http: httpx.AsyncClient) -> None:
+    from contextmode.service.proxy import mapped_id, original_id
     await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], user="alice@example.com")
     session = mapped_id("alice@example.com")
     assert original_id(session) == "alice@example.com" and session != "alice@example.com"

@@ -14,7 +14,6 @@ import pytest
 
 from contextmode.models.openai import OpenAIChatModel
 from contextmode.service import create_app
-from contextmode.service.proxy import mapped_id
 from contextmode.testing.stub_server import StubRequest, StubServer
 from tests.service.test_service import make_engine, make_settings
 from tests.service.test_service_http import PNG_URL
@@ -107,6 +106,7 @@ async def test_rate_limit_and_overload_keep_their_meaning(
 
 
 async def test_history_and_any_user_string(sdk: anthropic.AsyncAnthropic, stub: StubServer, engine: Any) -> None:
+    from contextmode.service.proxy import mapped_id
     messages = [{"role": "user", "content": "My order number is 7731."}, {"role": "assistant", "content": "Noted."},
                 {"role": "user", "content": "What is my order number?"}]
     await sdk.messages.create(model="m", max_tokens=50, messages=messages,  # type: ignore[arg-type]
