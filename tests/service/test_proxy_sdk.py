@@ -126,8 +126,10 @@ async def test_logprobs_and_request_id_come_back(sdk: openai.AsyncOpenAI) -> Non
     completion = raw.parse()
     assert raw.headers["x-request-id"].startswith("req-stub-") and raw.headers["x-session-id"] == "lp"
     assert completion.choices[0].logprobs is not None and completion.choices[0].logprobs.content
-    stream = await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], user="lp",
-                                               logprobs=True, stream=True)
+    raw_stream = await sdk.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], user="lp", logprobs=True, stream=True)
+    assert raw_stream.headers["x-request-id"].startswith("req-stub-")
+    stream = raw_stream.parse()
     pieces = [c.choices[0].logprobs for c in [c async for c in stream] if c.choices and c.choices[0].logprobs]
     assert pieces and all(p.content for p in pieces)
 

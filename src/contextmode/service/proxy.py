@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Literal
 
 from fastapi import Header
@@ -159,6 +159,9 @@ class ReplyShape:
     """The whole answer's response."""
     sse: Callable[[StartedStream, AsyncIterator[TurnEvent]], AsyncIterator[bytes]]
     """A started stream's events (from the first after ``Prepared``) as the route's SSE bytes."""
+    headers: dict[str, str] = field(default_factory=dict, hash=False)
+    """The response's headers, the very dict the route gives `serve_once`: a relayed stream
+    adds the endpoint's (``x-request-id``) to it before the response starts."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,7 +203,8 @@ def chat_turn(chat: ProxyChat, state: AppState, shape: ReplyShape) -> tuple[Whol
         settings = state.settings
         events = started.events
         if request.relay is not None and relays(engine.model):
-            events, _ = await opened(started)  # the endpoint's status, before the response starts
+            events, upstream = await opened(started)  # the endpoint's status, before the response starts
+            shape.headers.update(upstream)
         events = coalesce(events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
         return started, shape.sse(started, events)
 

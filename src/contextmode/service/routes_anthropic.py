@@ -140,7 +140,7 @@ async def create_message(
                               relay=replace(relay, images=last_user.images),
                               retry_window_s=state.settings.retry_window_s)
         earlier = [] if history == "ignore" else _history(items)
-        shape = ReplyShape(path=PATH, json=call.json, sse=call.body)
+        shape = ReplyShape(path=PATH, json=call.json, sse=call.body, headers=call.headers)
         whole, streamed = chat_turn(ProxyChat(request=request, image_urls=list(last_user.images), history=earlier),
                                     state, shape)
     return await serve_once(

@@ -285,7 +285,7 @@ def _chat_shape(engine: Engine, model: str, include_usage: bool, headers: dict[s
     def stream(started: StartedStream, events: AsyncIterator[TurnEvent]) -> AsyncIterator[bytes]:
         return _chunks(events, engine, model, include_usage, started.prepared.context.total_tokens)
 
-    return ReplyShape(path="/v1/chat/completions", json=whole, sse=stream)
+    return ReplyShape(path="/v1/chat/completions", json=whole, sse=stream, headers=headers)
 
 
 def system_texts(messages: list[ProxyMessage]) -> list[str]:

@@ -354,6 +354,6 @@ def _chat(
     def stream(_started: StartedStream, events: AsyncIterator[TurnEvent]) -> AsyncIterator[bytes]:
         return _events(events, model)
 
-    shape = ReplyShape(path=PATH, json=lambda result: _json(result, model, headers), sse=stream)
+    shape = ReplyShape(path=PATH, json=lambda result: _json(result, model, headers), sse=stream, headers=headers)
     earlier = [] if history == "ignore" else client_history(messages)
     return chat_turn(ProxyChat(request=request, image_urls=image_urls, history=earlier), state, shape)
