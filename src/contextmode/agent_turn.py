@@ -66,6 +66,9 @@ class AgentRequest:
     relay: Relay | None = None
     """The client's own request fields (its ``tools`` among them), sent to a model that relays
     them (the memory proxy; see `TurnRequest.relay`)."""
+    retry_window_s: float = 0.0
+    """A user message repeating the session's last, unanswered one within this many seconds
+    reuses its stored turn (`TurnRequest.retry_window_s`)."""
 
     def __post_init__(self) -> None:
         if self.message is None and not self.tool_results:
@@ -213,12 +216,14 @@ async def stream_agent_turn(
     async with engine.one_connection():  # the step's store calls: one pooled connection, let go before the model
         await _store_results(engine, key, request.tool_results)
         if request.message is not None:
-            turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt)
+            turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt,
+                                       retry_window_s=request.retry_window_s)
             prepared = await prepare_turn(engine, turn_request)
-            new_user = (await engine.store.append(key.tenant, key.session_id, [
+            new_user = prepared.retried or (await engine.store.append(key.tenant, key.session_id, [
                 NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
                         metadata=dict(metadata or {}))]))[0]
-            observe(engine, key, [new_user])
+            if prepared.retried is None:
+                observe(engine, key, [new_user])
             user_turn = new_user
         else:
             prepared = await prepare_step(engine, key, mode=mode, system_prompt=system_prompt)

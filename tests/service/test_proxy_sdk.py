@@ -232,3 +232,18 @@ async def test_an_image_reaches_the_model_for_its_turn_only(sdk: openai.AsyncOpe
     assert PNG_URL not in json.dumps(stub.chat_requests[-1].messages)  # the image boundary: this turn only
     first = (await engine.store.turns("local", "img"))[0]
     assert (first.content, first.metadata["image_count"]) == ("what is this?", 1)
+
+
+async def test_a_streamed_agent_step_rate_limited_is_a_429_too(
+    sdk: openai.AsyncOpenAI, stub: StubServer, engine: Any
+) -> None:
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+    stub.fail_next(429, count=3, retry_after=0.01)
+    with pytest.raises(openai.RateLimitError):
+        await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "find"}], user="ag",
+                                          tools=tools, parallel_tool_calls=False, stream=True)  # type: ignore[arg-type]
+    assert len(stub.chat_requests) == 3 and stub.chat_requests[-1].body["parallel_tool_calls"] is False
+    stream = await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "find"}], user="ag",
+                                               tools=tools, stream=True)  # type: ignore[arg-type]
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]).startswith("Answer to: find")
+    assert [r for r, _ in await _turns(engine, "ag")] == ["user", "assistant"]  # the retries stored one turn

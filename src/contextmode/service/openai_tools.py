@@ -25,6 +25,7 @@ from ..errors import InputError
 from ..models.base import ToolCallDelta
 from ..types import SessionKey
 from .metrics import ServiceMetrics
+from .proxy import accepted_first
 from .sse import DONE, sse_event
 from .turns import Streamed, Whole, step_runners
 
@@ -102,7 +103,9 @@ class ProxyReply:
     include_usage: bool
     system_prompt: str | UseDefault | None = USE_DEFAULT
     """The request's ``system`` message (`USE_DEFAULT`: the engine's)."""
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    """The response's headers (the dict the route gives `serve_once`; a relayed step adds the
+    endpoint's ``x-request-id``)."""
 
 
 def _completion(result: TurnResult, reply: ProxyReply) -> JSONResponse:
@@ -131,7 +134,8 @@ def agent_step(
     mode = engine.settings.mode
 
     def events() -> AsyncIterator[TurnEvent]:
-        return engine.stream_agent(key, step, mode=mode, system_prompt=reply.system_prompt)
+        stream = engine.stream_agent(key, step, mode=mode, system_prompt=reply.system_prompt)
+        return accepted_first(engine, stream, step.relay, reply.headers)
 
     return step_runners(
         events, mode, metrics,

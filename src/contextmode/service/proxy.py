@@ -35,7 +35,7 @@ from .turns import (
     coalesce,
     interrupted_response,
     run_turn,
-    start_stream,
+    start_events,
 )
 
 __all__ = [
@@ -43,10 +43,10 @@ __all__ = [
     "MemoryHeader",
     "ProxyChat",
     "ReplyShape",
+    "accepted_first",
     "adopt_history",
     "chat_turn",
     "mapped_id",
-    "opened",
     "original_id",
     "side_call",
     "system_prompt",
@@ -124,29 +124,35 @@ async def adopt_history(
     return len(kept)
 
 
-async def opened(started: StartedStream) -> tuple[AsyncIterator[TurnEvent], Mapping[str, str]]:
-    """The started stream's events from the first one after ``Prepared``, read now: a model that
-    failed before saying anything raises its error (the caller answers with its status, a 429 as
-    a 429) after the stream is closed; also the endpoint's headers to pass on."""
+def accepted_first(
+    engine: Engine, stream: AsyncIterator[TurnEvent], relay: Relay | None, headers: dict[str, str]
+) -> AsyncIterator[TurnEvent]:
+    """A relayed turn's events (``relay`` set, a model that `relays`), ``Prepared`` held back
+    until the model endpoint has answered: its acceptance (the headers it passes on go into
+    ``headers``), or its failure before saying anything, raised instead (the caller answers with
+    its status: a 429 stays a 429, not an error inside a ``200`` stream). Any other turn's
+    ``stream`` as it is: its first event after ``Prepared`` is its first token, which the
+    response must not wait for."""
+    if relay is None or not relays(engine.model):
+        return stream
+    return _accepted_first(stream, headers)
+
+
+async def _accepted_first(stream: AsyncIterator[TurnEvent], headers: dict[str, str]) -> AsyncIterator[TurnEvent]:
     try:
-        first = await anext(started.events)
-    except StopAsyncIteration:
-        first = None
-    except BaseException:
-        await started.close()
-        raise
-    if first is not None and first.kind == "failed" and not first.partial_answer:
-        await started.close()
-        raise first.error
-    headers = first.reply.headers if first is not None and first.kind == "upstream" else {}
-
-    async def events() -> AsyncIterator[TurnEvent]:
-        if first is not None:
-            yield first
-        async for event in started.events:
+        prepared = await anext(stream)
+        following = await anext(stream, None)
+        if following is not None and following.kind == "failed" and not following.partial_answer:
+            raise following.error
+        if following is not None and following.kind == "upstream":
+            headers.update(following.reply.headers)
+        yield prepared
+        if following is not None:
+            yield following
+        async for event in stream:
             yield event
-
-    return events(), headers
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,13 +205,11 @@ def chat_turn(chat: ProxyChat, state: AppState, shape: ReplyShape) -> tuple[Whol
 
     async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
         turn, images = await with_images()
-        started = await start_stream(engine, turn, images=images, metrics=state.metrics)
+        stream = accepted_first(engine, engine.stream(turn), turn.relay, shape.headers)
+        mode = turn.mode or engine.settings.mode
+        started = await start_events(stream, mode, images=images, metrics=state.metrics)
         settings = state.settings
-        events = started.events
-        if request.relay is not None and relays(engine.model):
-            events, upstream = await opened(started)  # the endpoint's status, before the response starts
-            shape.headers.update(upstream)
-        events = coalesce(events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
+        events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
         return started, shape.sse(started, events)
 
     return whole, streamed

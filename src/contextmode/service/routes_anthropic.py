@@ -46,7 +46,15 @@ from .anthropic_wire import (
 )
 from .idempotency import IdempotencyKey, SessionHeader
 from .openai_tools import agent_request
-from .proxy import HistoryHeader, ProxyChat, ReplyShape, chat_turn, mapped_id, system_prompt
+from .proxy import (
+    HistoryHeader,
+    ProxyChat,
+    ReplyShape,
+    accepted_first,
+    chat_turn,
+    mapped_id,
+    system_prompt,
+)
 from .state import AppState, Tenant, app_state
 from .turns import (
     StartedStream,
@@ -129,7 +137,7 @@ async def create_message(
     if step is not None:
         if last_user is not None and last_user.images:
             raise InputError("agent steps take text content only (no images)")
-        whole, streamed = _agent_step(call, replace(step, relay=relay))
+        whole, streamed = _agent_step(call, replace(step, relay=relay, retry_window_s=state.settings.retry_window_s))
     else:
         assert last_user is not None
         if not last_user.content.strip():
@@ -170,7 +178,8 @@ def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
     mode = engine.settings.mode
 
     def events() -> AsyncIterator[TurnEvent]:
-        return engine.stream_agent(call.key, step, mode=mode, system_prompt=call.system_prompt)
+        stream = engine.stream_agent(call.key, step, mode=mode, system_prompt=call.system_prompt)
+        return accepted_first(engine, stream, step.relay, call.headers)
 
     return step_runners(events, mode, call.state.metrics, json=call.json, body=call.body)
 

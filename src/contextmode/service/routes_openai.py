@@ -212,7 +212,8 @@ async def chat_completions(
     if step is not None:
         reply = ProxyReply(model=model, stream=body.stream, include_usage=include_usage,
                            system_prompt=system, headers=headers)
-        whole, streamed = agent_step(engine, key, replace(step, relay=relay), reply, state.metrics)
+        agent = replace(step, relay=relay, retry_window_s=state.settings.retry_window_s)
+        whole, streamed = agent_step(engine, key, agent, reply, state.metrics)
     else:
         request, image_urls = _chat_request(body, key, user_id, idempotency_key, state)
         relay = replace(relay, images=tuple(image_urls))  # checked by the image boundary first (`_chat_turn`)

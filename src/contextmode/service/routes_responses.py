@@ -34,7 +34,15 @@ from ..types import SessionKey
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
 from .openai_tools import agent_request
-from .proxy import HistoryHeader, ProxyChat, ReplyShape, chat_turn, mapped_id, system_prompt
+from .proxy import (
+    HistoryHeader,
+    ProxyChat,
+    ReplyShape,
+    accepted_first,
+    chat_turn,
+    mapped_id,
+    system_prompt,
+)
 from .routes_openai import ProxyMessage, client_history, system_texts, text_and_images
 from .sse import sse_event
 from .state import AppState, Tenant, app_state
@@ -308,9 +316,11 @@ async def create_response(
     step = agent_request(messages, tools, choice)
     if step is not None:
         mode = engine.settings.mode
-        agent = replace(step, relay=relay)
+        agent = replace(step, relay=relay, retry_window_s=state.settings.retry_window_s)
         whole, streamed = step_runners(
-            lambda: engine.stream_agent(key, agent, mode=mode, system_prompt=system), mode, state.metrics,
+            lambda: accepted_first(engine, engine.stream_agent(key, agent, mode=mode, system_prompt=system),
+                                   relay, headers),
+            mode, state.metrics,
             json=lambda result: _json(result, model, headers),
             body=lambda _started, events: _events(events, model),
         )
