@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,10 +21,7 @@ from agents import (
     set_tracing_disabled,
 )
 
-from contextmode.models.openai import OpenAIChatModel
-from contextmode.service import create_app
 from contextmode.testing.stub_server import StubAnswer, StubRequest, StubServer, StubToolCall
-from tests.service.test_service import make_engine, make_settings
 
 set_tracing_disabled(True)
 
@@ -43,23 +39,8 @@ def reply(request: StubRequest) -> str | StubAnswer:
 
 
 @pytest.fixture
-def stub() -> Any:
-    server = StubServer(reply)
-    with server:
-        yield server
-
-
-@pytest.fixture
-async def engine(stub: StubServer) -> AsyncIterator[Any]:
-    engine = make_engine(OpenAIChatModel(model="stub-model", base_url=stub.url, api_key="k"), context_window=4000)
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture
-async def sdk(engine: Any, tmp_path: Path) -> AsyncIterator[openai.AsyncOpenAI]:
-    app = create_app(engine, make_settings(tmp_path))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+async def sdk(proxy_app: Any) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy_app), base_url="http://test") as http:
         yield openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,10 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from contextmode.models.openai import OpenAIChatModel
-from contextmode.service import create_app
 from contextmode.testing.stub_server import StubRequest, StubServer
-from tests.service.test_service import make_engine, make_settings
 from tests.service.test_service_http import PNG_URL
 
 
@@ -36,25 +32,8 @@ def reply(request: StubRequest) -> str:
 
 
 @pytest.fixture
-def stub() -> Any:
-    server = StubServer(reply)
-    with server:
-        yield server
-
-
-@pytest.fixture
-async def engine(stub: StubServer) -> AsyncIterator[Any]:
-    # The model's own client retries too (max_retries=2): a relayed call must not stack on it.
-    model = OpenAIChatModel(model="stub-model", base_url=stub.url, api_key="k", max_retries=2)
-    engine = make_engine(model, context_window=4000)
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture
-async def http(engine: Any, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(engine, make_settings(tmp_path))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+async def http(proxy_app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy_app), base_url="http://test") as client:
         yield client
 
 

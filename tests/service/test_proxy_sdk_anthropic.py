@@ -5,17 +5,13 @@ server (which speaks OpenAI) as the model: Anthropic's fields reach it in their 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx2
 import pytest
 
-from contextmode.models.openai import OpenAIChatModel
-from contextmode.service import create_app
 from contextmode.testing.stub_server import StubRequest, StubServer
-from tests.service.test_service import make_engine, make_settings
 from tests.service.test_service_http import PNG_URL
 
 TOOLS = [{"name": "search", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}]
@@ -26,23 +22,8 @@ def reply(request: StubRequest) -> str:
 
 
 @pytest.fixture
-def stub() -> Any:
-    server = StubServer(reply)
-    with server:
-        yield server
-
-
-@pytest.fixture
-async def engine(stub: StubServer) -> AsyncIterator[Any]:
-    engine = make_engine(OpenAIChatModel(model="stub-model", base_url=stub.url, api_key="k"), context_window=4000)
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture
-async def sdk(engine: Any, tmp_path: Path) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    app = create_app(engine, make_settings(tmp_path))
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test") as http:
+async def sdk(proxy_app: Any) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=proxy_app), base_url="http://test") as http:
         yield anthropic.AsyncAnthropic(base_url="http://test", api_key="unused", http_client=http)
 
 
