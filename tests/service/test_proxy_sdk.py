@@ -226,3 +226,10 @@ async def test_a_streamed_agent_step_rate_limited_is_a_429_too(
                                                tools=tools, stream=True)  # type: ignore[arg-type]
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]).startswith("Answer to: find")
     assert [r for r, _ in await _turns(engine, "ag")] == ["user", "assistant"]  # the retries stored one turn
+
+
+async def test_n_choices_come_back_and_the_first_is_stored(sdk: openai.AsyncOpenAI, engine: Any) -> None:
+    completion = await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], user="n2", n=2)
+    first, second = (c.message.content for c in completion.choices)
+    assert second == f"{first} (choice 1)"
+    assert await _turns(engine, "n2") == [("user", "hi"), ("assistant", first)]

@@ -246,8 +246,13 @@ class _Handler(BaseHTTPRequestHandler):
             choice["stop_reason"] = self._matched
         if _wants_logprobs(request):
             choice["logprobs"] = _logprobs(chunks)
+        n = request.body.get("n") if isinstance(request.body, dict) else None
+        others = [  # n > 1 (not streamed): the other choices say which they are
+            {"index": i, "message": {"role": "assistant", "content": f"{answer} (choice {i})"}, "finish_reason": finish}
+            for i in range(1, n if isinstance(n, int) and 1 < n <= 8 else 1)
+        ]
         payload = self._envelope("chat.completion") | {
-            "choices": [choice],
+            "choices": [choice, *others],
             "usage": self.stub._usage(request, answer),
         }
         data = json.dumps(payload, ensure_ascii=False).encode()

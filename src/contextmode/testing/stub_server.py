@@ -15,7 +15,10 @@ or as a process: ``python -m contextmode.testing.stub_server --port 8901 --laten
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true → SSE ``data: {chunk}`` …
 ``data: [DONE]`` over chunked encoding; false → one JSON body), ``GET /v1/models``,
 with ``llamacpp_window`` llama.cpp's ``GET /props`` and ``POST /tokenize``, and for a server in another process ``POST /_stub/fault`` (JSON ``{"kind": …,
-"count": …, …}``), ``POST /_stub/reset``, ``GET /_stub/requests``.
+"count": …, …}``), ``POST /_stub/reset``, ``GET /_stub/requests``. A chat request's
+``max_tokens`` / ``max_completion_tokens`` cut the answer (``length``), its ``stop`` strings
+end it (``stop``, with vLLM's ``stop_reason``), ``logprobs`` adds made-up log probabilities,
+``n`` more choices (not streamed); every answer carries an ``x-request-id`` header.
 """
 
 from __future__ import annotations
