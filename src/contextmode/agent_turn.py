@@ -21,7 +21,16 @@ from .assembly import CurrentTurn, assemble, to_messages
 from .assembly.agent import split_step
 from .errors import InputError, ModelError
 from .memory.strategies import get_strategy
-from .models.base import ModelEvent, TextDelta, ToolChoice, ToolSpec, calls_tools
+from .models.base import (
+    ModelEvent,
+    Relay,
+    TextDelta,
+    ToolChoice,
+    ToolSpec,
+    UpstreamReply,
+    calls_tools,
+    relays,
+)
 from .processors.base import Detection
 from .tokens.tools import count_turn
 from .types import NewTurn, SessionKey, SessionState, ToolCall, Turn, tool_metadata
@@ -54,6 +63,12 @@ class AgentRequest:
     tools: Sequence[ToolSpec] = ()
     """The tools offered to the model (OpenAI's shape, passed through)."""
     tool_choice: ToolChoice | None = None
+    relay: Relay | None = None
+    """The client's own request fields (its ``tools`` among them), sent to a model that relays
+    them (the memory proxy; see `TurnRequest.relay`)."""
+    retry_window_s: float = 0.0
+    """A user message repeating the session's last, unanswered one within this many seconds
+    reuses its stored turn (`TurnRequest.retry_window_s`)."""
 
     def __post_init__(self) -> None:
         if self.message is None and not self.tool_results:
@@ -151,8 +166,15 @@ class _Answer:
         )
 
 
-async def _events(engine: Engine, prepared: PreparedTurn, request: AgentRequest) -> AsyncIterator[ModelEvent]:
+async def _events(
+    engine: Engine, prepared: PreparedTurn, request: AgentRequest
+) -> AsyncIterator[ModelEvent | UpstreamReply]:
     model = engine.model
+    if request.relay is not None and relays(model):
+        left = max(1, engine.settings.context_window - prepared.context.total_tokens)
+        async for item in model.relay(prepared.messages, request.relay, max_tokens=left):
+            yield item
+        return
     if request.tools and calls_tools(model):
         async for event in model.stream_events(prepared.messages, tools=request.tools, tool_choice=request.tool_choice):
             yield event
@@ -174,22 +196,34 @@ async def stream_agent_turn(
     then ``Done`` whose result carries the answer's tool calls (or ``Failed``). The answer (text and
     calls) is stored in a ``finally`` shielded from cancellation; a broken stream stores its text as
     partial and none of its calls (a half-received call is never stored as made)."""
-    from .engine import Delta, Done, Failed, Prepared, ToolCallPart, TurnRequest, TurnResult
+    from .engine import (
+        Delta,
+        Done,
+        Failed,
+        Prepared,
+        ToolCallPart,
+        TurnRequest,
+        TurnResult,
+        Upstream,
+    )
     from .engine.persist import observe
     from .engine.prepare import prepare_turn
     from .engine.schedule import schedule_jobs
+    from .engine.stream import Ending
 
     mode = mode or engine.settings.mode
     new_user: Turn | None = None
     async with engine.one_connection():  # the step's store calls: one pooled connection, let go before the model
         await _store_results(engine, key, request.tool_results)
         if request.message is not None:
-            turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt)
+            turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt,
+                                       retry_window_s=request.retry_window_s)
             prepared = await prepare_turn(engine, turn_request)
-            new_user = (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [
+            new_user = prepared.retried or (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [
                 NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
                         metadata=dict(metadata or {}))])))[0]
-            observe(engine, key, [new_user])
+            if prepared.retried is None:
+                observe(engine, key, [new_user])
             user_turn = new_user
         else:
             prepared = await prepare_step(engine, key, mode=mode, system_prompt=system_prompt)
@@ -197,11 +231,17 @@ async def stream_agent_turn(
         await engine.let_go()
     yield Prepared(prepared=prepared)
     answer = _Answer(pieces=[], calls={})
+    ending = Ending()
     error: ModelError | None = None
     completed = False
     started = time.perf_counter()
     try:
         async for event in _events(engine, prepared, request):
+            if event.kind == "upstream":
+                if not event.accepted_only:
+                    ending.read(event, whole=not (request.relay and request.relay.stream))
+                yield Upstream(reply=event)
+                continue
             answer.add(event)
             yield Delta(text=event.text) if event.kind == "text" else ToolCallPart(call=event)
         completed = True
@@ -218,6 +258,8 @@ async def stream_agent_turn(
     result = TurnResult(
         answer=text, partial=False, user_turn=user_turn, assistant_turn=stored, prepared=prepared, jobs=jobs,
         model_ms=(time.perf_counter() - started) * 1000, tool_calls=calls,
+        finish_reason=ending.finish_reason, stop_sequence=ending.stop_sequence, usage=ending.usage,
+        upstream=ending.whole,
     )
     yield Done(result=result)
 

@@ -20,6 +20,9 @@ ContextModeError
 ├── ModelError                     the chat model failed (timeouts, 429/5xx, bad output)
 │   ├── ModelTimeout
 │   ├── ModelUnavailable
+│   │   └── ModelRateLimited   the endpoint answered 429 (with its retry-after, when it gave one)
+│   │       └── ModelOverloaded    …or 529 (Anthropic's "overloaded")
+│   ├── ModelRefused           the endpoint refused a request the client composed (its 4xx, relayed)
 │   ├── ContextWindowExceeded      a call would not fit the model's context window (never sent)
 │   └── OutputRejected             the model answered, but unusably (schema, invented values)
 └── LockNotAcquired                another worker holds the session's job lock
@@ -45,6 +48,9 @@ __all__ = [
     "MessageTooLarge",
     "MissingExtra",
     "ModelError",
+    "ModelOverloaded",
+    "ModelRateLimited",
+    "ModelRefused",
     "ModelTimeout",
     "ModelUnavailable",
     "NoPreviousAnswer",
@@ -147,6 +153,29 @@ class ModelTimeout(ModelError):
 
 class ModelUnavailable(ModelError):
     """The chat model is unreachable, rate limited (429) or failing (5xx)."""
+
+
+class ModelRateLimited(ModelUnavailable):
+    """The model endpoint answered 429: too many requests for now."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        """Seconds the endpoint asked to wait (its ``retry-after-ms`` or ``retry-after``), when it said."""
+
+
+class ModelOverloaded(ModelRateLimited):
+    """The model endpoint answered 529: overloaded (Anthropic's ``overloaded_error``)."""
+
+
+class ModelRefused(ModelError):
+    """The model endpoint refused, as invalid, a request whose parameters a client chose (the
+    memory proxy relays them): the client's error to fix, with the endpoint's own words."""
+
+    def __init__(self, message: str, *, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+        """The endpoint's HTTP status (400, 404, 413, 422)."""
 
 
 class ContextWindowExceeded(ModelError):

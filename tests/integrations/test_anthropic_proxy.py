@@ -180,8 +180,9 @@ async def test_system_blocks_images_and_the_stored_turn(app: Any, sdk: anthropic
     assert reply.content[0].text == "答：看图"
     assert "只用英文回答" in model.calls[-1].system
     turns = await app.state.contextmode.engine.store.turns("local", "img")
-    assert [(t.role, t.content) for t in turns] == [("user", "看图"), ("assistant", "答：看图")]  # only the new message
-    assert turns[0].metadata["image_count"] == 1
+    assert [(t.role, t.content) for t in turns] == [  # a new session adopts the client's history
+        ("user", "旧的"), ("assistant", "client copy"), ("user", "看图"), ("assistant", "答：看图")]
+    assert turns[2].metadata["image_count"] == 1
     assert list((tmp_path / "images").iterdir()) == []
     with pytest.raises(anthropic.BadRequestError) as info:
         await sdk.messages.create(model="m", max_tokens=8, extra_headers={"X-Session-Id": "img"}, messages=[
@@ -194,7 +195,7 @@ async def test_errors_have_anthropics_shape(sdk: anthropic.AsyncAnthropic) -> No
     cases: list[tuple[dict[str, Any], str]] = [
         ({"messages": [{"role": "user", "content": "no session"}]}, "X-Session-Id"),
         ({"messages": [], "metadata": {"user_id": "s"}}, "messages"),
-        ({"messages": [{"role": "user", "content": "x"}], "metadata": {"user_id": "bad id!"}}, "invalid session id"),
+        ({"messages": [{"role": "user", "content": "x"}], "metadata": {"user_id": "名" * 30}}, "invalid session id"),
         ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure,"}],
           "metadata": {"user_id": "s"}}, "prefilled"),
         ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}], "metadata": {"user_id": "s"}},

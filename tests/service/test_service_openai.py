@@ -122,8 +122,8 @@ async def test_errors_have_openais_shape(sdk: Any) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         await sdk.chat.completions.create(model="m", messages=[], user="s")
     assert info.value.body["contextmode_code"] == 40001
-    with pytest.raises(openai.BadRequestError) as info:
-        await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], user="bad id!")
+    with pytest.raises(openai.BadRequestError) as info:  # any string is mapped, up to 76 bytes
+        await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], user="名" * 30)
     assert info.value.body["code"] == "invalid_session_id"
 
 

@@ -175,6 +175,10 @@ def requests_for(method: str, path: str, sid: str) -> list[tuple[str, str, dict[
             {"json": {"model": "any", "max_tokens": 64, "messages": [{"role": "user", "content": "repeat"}],
                       "metadata": {"user_id": sid}, "stream": True}},
         ],
+        ("POST", "/v1/responses"): [
+            {"json": {"model": "any", "input": "repeat our history"}, "headers": {"x-session-id": sid}},
+            {"json": {"model": "any", "input": [{"role": "user", "content": "repeat"}], "user": sid, "stream": True}},
+        ],
         ("POST", "/v1/messages/count_tokens"): [
             {"json": {"model": "any", "messages": [{"role": "user", "content": "what did I say before?"}]},
              "headers": {"x-session-id": sid}},

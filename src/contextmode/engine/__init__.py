@@ -23,6 +23,7 @@ from .request import (
     TurnEvent,
     TurnRequest,
     TurnResult,
+    Upstream,
     UseDefault,
 )
 from .seams import Processors, Recaller
@@ -41,5 +42,6 @@ __all__ = [
     "TurnEvent",
     "TurnRequest",
     "TurnResult",
+    "Upstream",
     "UseDefault",
 ]

@@ -40,7 +40,10 @@ log = logging.getLogger("contextmode.turn")
 
 
 async def store_user_turn(engine: Engine, request: TurnRequest, prepared: PreparedTurn) -> Turn:
-    """Store the user's message, numbered by exchange, with what preparing decided about it."""
+    """Store the user's message, numbered by exchange, with what preparing decided about it
+    (a retry of a failed request reuses its stored turn: `PreparedTurn.retried`)."""
+    if prepared.retried is not None:
+        return prepared.retried
     key = request.key
     meta = request.turn_metadata()
     meta["turn"] = await exchanges_so_far(engine, key, prepared.state) + 1

@@ -19,7 +19,7 @@ from ..processors.base import Detection, Rewrite
 from ..processors.intents import build_follow_up_prompt
 from ..processors.verify import verified
 from ..settings import Mode
-from ..types import SessionKey, SessionState, Turn
+from ..types import SessionKey, SessionState, Turn, utc_now
 from .request import PreparedTurn, TurnRequest
 from .seams import recall_limit
 
@@ -70,7 +70,11 @@ async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
     chosen = get_strategy(request.strategy or engine.settings.strategy)
     # Engine notices (the offline responder's text) describe a request instead of
     # answering it: they never feed memory, the rewrite or the model's history.
-    state = without_notices(await load_state(engine, request.key, chosen))
+    loaded = await load_state(engine, request.key, chosen)
+    retried = unanswered_repeat(loaded.turns, request)
+    if retried is not None:  # a retry of a failed request: its stored turn is this turn's
+        loaded = replace(loaded, turns=loaded.turns[:-1])
+    state = without_notices(loaded)
     # Tool results (often huge JSON) are no antecedents for a pronoun either.
     history = [t for t in state.turns if t.role != "tool"]
     detection = Detection(needs_context=False)
@@ -98,7 +102,21 @@ async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
         messages=to_messages(context),
         mode=mode,
         prepare_ms=(time.perf_counter() - started) * 1000,
+        retried=retried,
     )
+
+
+def unanswered_repeat(turns: Sequence[Turn], request: TurnRequest) -> Turn | None:
+    """The session's last turn when ``request`` repeats it: a user turn with the same text, never
+    answered, stored less than ``request.retry_window_s`` seconds ago (a client retrying a failed
+    request); else ``None``."""
+    if request.retry_window_s <= 0 or not turns:
+        return None
+    last = turns[-1]
+    if last.role != "user" or last.content != request.message:
+        return None
+    age = ((request.now or utc_now()) - last.created_at).total_seconds()
+    return last if 0 <= age < request.retry_window_s else None
 
 
 async def _rewrite_step(

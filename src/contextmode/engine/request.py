@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from ..assembly import Context
 from ..errors import ModelError
 from ..memory.strategies import Strategy
-from ..models.base import ToolCallDelta
+from ..models.base import Relay, ToolCallDelta, UpstreamReply
 from ..processors.base import Detection, Rewrite
 from ..settings import Mode
 from ..types import (
@@ -49,6 +49,7 @@ __all__ = [
     "TurnEvent",
     "TurnRequest",
     "TurnResult",
+    "Upstream",
     "UseDefault",
 ]
 
@@ -84,6 +85,13 @@ class TurnRequest:
     """The client's retry key (the HTTP edge replays a finished turn; the engine ignores it)."""
     now: datetime | None = None
     """The clock the context is assembled at (default: now)."""
+    relay: Relay | None = None
+    """The client's own request fields, sent to a model that relays them (`RelayingModel`: the
+    memory proxy); ``None``: the engine's own model call."""
+    retry_window_s: float = 0.0
+    """When the session's last turn is this same message, stored less than this many seconds
+    ago and never answered (the model failed), the turn reuses it instead of storing it again:
+    a client retrying a failed request stores one user turn. 0: never."""
 
     def __post_init__(self) -> None:
         require_text(self.message)
@@ -128,6 +136,9 @@ class PreparedTurn:
     """Time spent loading, detecting, rewriting and assembling, milliseconds."""
     rejected_rewrite: Rewrite | None = None
     """A rewrite the verifier refused, with its ``reason`` (kept in the user turn's metadata)."""
+    retried: Turn | None = None
+    """The stored, unanswered user turn this one repeats (`TurnRequest.retry_window_s`): it is
+    the turn's user turn, not stored again (and not in ``state``'s history)."""
 
     @cached_property
     def recalled_turns(self) -> tuple[RecalledTurn, ...]:
@@ -158,6 +169,15 @@ class TurnResult:
     """The model error that cut the answer short, if any."""
     tool_calls: tuple[ToolCall, ...] = ()
     """The tool calls the model made (agent turns); the client runs them and sends the results."""
+    finish_reason: str | None = None
+    """Why a relayed reply ended, as the endpoint said (``stop``, ``length``, ``tool_calls``…;
+    `TurnRequest.relay`); ``None`` otherwise."""
+    stop_sequence: str | None = None
+    """The stop string a relayed reply met, when the endpoint names it (vLLM's ``stop_reason``)."""
+    usage: Mapping[str, object] | None = None
+    """A relayed reply's usage, as the endpoint reported it."""
+    upstream: UpstreamReply | None = None
+    """A relayed, not streamed, reply: the endpoint's whole completion, as it sent it."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -211,5 +231,13 @@ class Failed:
     kind: Literal["failed"] = "failed"
 
 
-TurnEvent = Prepared | Delta | ToolCallPart | Done | Failed
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Upstream:
+    """What the model endpoint sent for a relayed request (`TurnRequest.relay`), as it sent it."""
+
+    reply: UpstreamReply
+    kind: Literal["upstream"] = "upstream"
+
+
+TurnEvent = Prepared | Delta | ToolCallPart | Upstream | Done | Failed
 """One event of a streamed turn (match on ``kind``)."""

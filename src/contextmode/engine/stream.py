@@ -12,20 +12,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ModelError
+from ..models.base import UpstreamReply, relays
 from ..types import Turn
 from .persist import Answer, store_answer, store_user_turn
 from .prepare import prepare_turn
-from .request import Delta, Done, Failed, Prepared, PreparedTurn, TurnEvent, TurnRequest, TurnResult
+from .request import (
+    Delta,
+    Done,
+    Failed,
+    Prepared,
+    PreparedTurn,
+    TurnEvent,
+    TurnRequest,
+    TurnResult,
+    Upstream,
+)
 from .schedule import schedule_jobs
 
 if TYPE_CHECKING:
     from .core import Engine
 
-__all__ = ["stream_turn"]
+__all__ = ["Ending", "stream_turn"]
 
 log = logging.getLogger("contextmode.turn")
 
@@ -43,16 +55,18 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
     ttft: float | None = None
     error: ModelError | None = None
     completed = False
+    ending = Ending()
     model_started = time.perf_counter()
     try:
         # Closed here (the client left before the model was asked): the finally below runs as
         # for a stream cut before its first token.
         yield Prepared(prepared=prepared)
-        async for delta in engine.model.stream(prepared.messages):
-            if ttft is None:
-                ttft = (time.perf_counter() - started) * 1000
-            pieces.append(delta)
-            yield Delta(text=delta)
+        async for event in _answer(engine, request, prepared, ending):
+            if event.kind == "delta":
+                if ttft is None:
+                    ttft = (time.perf_counter() - started) * 1000
+                pieces.append(event.text)
+            yield event
         completed = True
     except ModelError as exc:
         error = exc
@@ -76,8 +90,57 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
         jobs=jobs,
         ttft_ms=ttft,
         model_ms=answer.model_ms,
+        finish_reason=ending.finish_reason,
+        stop_sequence=ending.stop_sequence,
+        usage=ending.usage,
+        upstream=ending.whole,
     )
     yield Done(result=result)
+
+
+@dataclass
+class Ending:
+    """How a relayed reply ended, read from what the endpoint sent (`_answer`)."""
+
+    finish_reason: str | None = None
+    stop_sequence: str | None = None
+    usage: Mapping[str, object] | None = None
+    whole: UpstreamReply | None = None
+    """The whole completion of a relayed request that is not streamed."""
+
+    def read(self, reply: UpstreamReply, *, whole: bool) -> None:
+        data = reply.data
+        if whole:
+            self.whole = reply
+        usage = data.get("usage")
+        if isinstance(usage, Mapping):
+            self.usage = usage
+        for choice in data.get("choices") or ():  # type: ignore[attr-defined]
+            if isinstance(choice, Mapping) and not choice.get("index") and choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+                matched = choice.get("stop_reason")  # vLLM names the stop string it met
+                self.stop_sequence = matched if isinstance(matched, str) and matched else None
+
+
+async def _answer(
+    engine: Engine, request: TurnRequest, prepared: PreparedTurn, ending: Ending
+) -> AsyncIterator[Delta | Upstream]:
+    """The model's answer as ``Delta`` events; for a relayed request (`TurnRequest.relay`, a model
+    that `relays`) the endpoint's own replies too, as ``Upstream`` events, each before its text,
+    the reply capped at what the context window leaves."""
+    model, relay = engine.model, request.relay
+    if relay is None or not relays(model):
+        async for delta in model.stream(prepared.messages):
+            yield Delta(text=delta)
+        return
+    left = max(1, engine.settings.context_window - prepared.context.total_tokens)
+    async for event in model.relay(prepared.messages, relay, max_tokens=left):
+        if event.kind == "upstream":
+            if not event.accepted_only:
+                ending.read(event, whole=not relay.stream)
+            yield Upstream(reply=event)
+        elif event.kind == "text":
+            yield Delta(text=event.text)
 
 
 def _log_turn(prepared: PreparedTurn, user_turn: Turn, answer: Answer, jobs: list[str]) -> None:

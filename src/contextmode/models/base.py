@@ -19,15 +19,19 @@ __all__ = [
     "ClosingModel",
     "JsonSchema",
     "ModelEvent",
+    "Relay",
+    "RelayingModel",
     "StructuredChatModel",
     "TextDelta",
     "ToolCallDelta",
     "ToolCallingModel",
     "ToolChoice",
     "ToolSpec",
+    "UpstreamReply",
     "answers_to_schema",
     "calls_tools",
     "closes",
+    "relays",
 ]
 
 ToolSpec = Mapping[str, object]
@@ -139,3 +143,59 @@ class ClosingModel(Protocol):
 def closes(model: object) -> TypeGuard[ClosingModel]:
     """True when ``model`` has an HTTP client (or other resources) to close."""
     return implements(model, ClosingModel)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Relay:
+    """A client's own chat-completions request, for a model that relays it (the memory proxy).
+
+    ``fields`` are the request's fields as the client sent them (OpenAI's names: sampling,
+    ``response_format``, ``n``, ``logprobs``, ``stop``, ``tools``, ``stream_options``, unknown
+    ones…), sent to the endpoint unchanged; the model owns ``model`` and ``stream``, the caller
+    ``messages`` (memory composes them) and the length cap (see `RelayingModel.relay`)."""
+
+    fields: Mapping[str, object] = field(default_factory=dict, hash=False)
+    stream: bool = False
+    """Ask the endpoint for a chunk stream (the client asked for one)."""
+    images: tuple[str, ...] = ()
+    """``data:`` URLs of the current message's images, sent with it (the last ``user`` message)
+    as ``image_url`` parts: a vision model sees them for this turn; they are not stored."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpstreamReply:
+    """What the endpoint sent, as it sent it: one chunk of a stream, or the whole completion. A
+    stream starts with one whose ``data`` is empty: the endpoint accepted the request (its
+    status and headers are in; no chunk yet), so a caller can answer before the first token."""
+
+    kind: Literal["upstream"] = "upstream"
+    data: Mapping[str, object] = field(hash=False)
+    """The JSON object (``chat.completion.chunk`` or ``chat.completion``); empty: accepted."""
+    headers: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """The endpoint's response headers worth passing on (``x-request-id``…), on the first only."""
+
+    @property
+    def accepted_only(self) -> bool:
+        """True for the empty reply that opens a stream (nothing to pass on but its headers)."""
+        return not self.data
+
+
+@runtime_checkable
+class RelayingModel(ChatModel, Protocol):
+    """A model that can send a client's request as the client composed it (`OpenAIChatModel`)."""
+
+    def relay(
+        self, messages: Sequence[ChatMessage] | None, relay: Relay, *, max_tokens: int | None = None
+    ) -> AsyncIterator[ModelEvent | UpstreamReply]:
+        """Send ``relay.fields`` with ``messages`` (``None``: the fields' own ``messages``, a call
+        without memory) and yield, for each thing the endpoint sent, the `UpstreamReply` then the
+        first choice's text and tool-call deltas. ``max_tokens`` caps the reply (the client's own
+        ``max_tokens`` / ``max_completion_tokens`` when smaller). Errors: `ModelRateLimited`,
+        `ModelOverloaded`, `ModelRefused` (the endpoint found the client's fields invalid), and
+        the other `ModelError` s; the call is not retried (the client's SDK retries)."""
+        ...
+
+
+def relays(model: ChatModel) -> TypeGuard[RelayingModel]:
+    """True when ``model`` can relay a client's own request (`RelayingModel`)."""
+    return implements(model, RelayingModel)

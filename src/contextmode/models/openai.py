@@ -18,9 +18,27 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, MissingExtra, ModelError, ModelTimeout, ModelUnavailable
+from ..errors import (
+    ConfigError,
+    MissingExtra,
+    ModelError,
+    ModelOverloaded,
+    ModelRateLimited,
+    ModelRefused,
+    ModelTimeout,
+    ModelUnavailable,
+)
 from ..types import ChatMessage
-from .base import JsonSchema, ModelEvent, TextDelta, ToolCallDelta, ToolChoice, ToolSpec
+from .base import (
+    JsonSchema,
+    ModelEvent,
+    Relay,
+    TextDelta,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+    UpstreamReply,
+)
 from .priority import SlotGate, call_priority, endpoint_gate
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
@@ -28,7 +46,15 @@ from .settings import LLMSettings, ResponseFormatMode, check_model_request_allow
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["ModelUsage", "OpenAIChatModel", "OpenAIOptions", "is_looping", "map_openai_error", "wire_message"]
+__all__ = [
+    "ModelUsage",
+    "OpenAIChatModel",
+    "OpenAIOptions",
+    "is_looping",
+    "map_openai_error",
+    "retry_after_s",
+    "wire_message",
+]
 
 logger = logging.getLogger("contextmode.models.openai")
 
@@ -85,7 +111,7 @@ def _scrub(text: str, secret: str | None) -> str:
 
 
 def map_openai_error(
-    exc: BaseException, *, secret: str | None = None, mid_stream: bool = False
+    exc: BaseException, *, secret: str | None = None, mid_stream: bool = False, relayed: bool = False
 ) -> ModelError:
     """Translate an openai/httpx exception into the `ModelError` tree (the one place this happens).
 
@@ -94,7 +120,9 @@ def map_openai_error(
     responses) → `ModelError`. With ``mid_stream`` (the answer had started) a
     non-timeout failure is a plain `ModelError`: the stream broke, the partial
     answer stands. ``secret`` is scrubbed from the message, as is anything
-    shaped like an API key.
+    shaped like an API key. With ``relayed`` (a client's own request, `OpenAIChatModel.relay`)
+    the status keeps its meaning for the client: 429 → `ModelRateLimited` and 529 →
+    `ModelOverloaded` (with the endpoint's wait), 400/404/413/422 → `ModelRefused`.
     """
     import openai
 
@@ -111,12 +139,48 @@ def map_openai_error(
         return ModelError(f"the model's stream broke before the end; the answer is partial ({detail})")
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
+        if relayed and (kept := _relayed_status(exc, detail)) is not None:
+            return kept
         if status == 429 or status >= 500:
             return ModelUnavailable(f"the model endpoint answered HTTP {status} ({detail})")
         return ModelError(f"the model endpoint refused the request with HTTP {status} ({detail})")
     if isinstance(exc, openai.APIConnectionError):
         return ModelUnavailable(f"could not reach the model endpoint ({detail})")
     return ModelError(f"the model call failed ({detail})")
+
+
+def _relayed_status(exc: Any, detail: str) -> ModelError | None:
+    """The error a relayed request's status means to the client, or ``None`` (then a 5xx is
+    `ModelUnavailable` and any other status a `ModelError`, as for the engine's own calls)."""
+    status = int(exc.status_code)
+    if status in (429, 529):
+        wait = retry_after_s(exc.response.headers)
+        if status == 529:
+            return ModelOverloaded(f"the model endpoint is overloaded ({detail})", retry_after=wait)
+        return ModelRateLimited(f"the model endpoint is rate limiting ({detail})", retry_after=wait)
+    if status in (400, 404, 413, 422):
+        return ModelRefused(f"the model endpoint refused the request with HTTP {status} ({detail})", status=status)
+    return None
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """Seconds a response asks to wait: its ``retry-after-ms``, else its ``retry-after`` in
+    seconds (an HTTP date is not read); ``None`` when it names none."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            continue
+        if seconds >= 0:
+            return seconds
+    return None
+
+
+_PASSED_HEADERS = ("x-request-id", "request-id", "openai-processing-ms")
+"""An endpoint's response headers a relayed reply passes on to the client."""
 
 
 _AIOHTTP_CONNECTION_ERRORS = ("ClientConnectorError", "ServerDisconnectedError", "ClientOSError")
@@ -441,6 +505,126 @@ class OpenAIChatModel:
         async for event in self._stream_request(request):
             yield event
 
+    async def relay(
+        self, messages: Sequence[ChatMessage] | None, relay: Relay, *, max_tokens: int | None = None
+    ) -> AsyncIterator[ModelEvent | UpstreamReply]:
+        """Send a client's own request (`RelayingModel.relay`): its fields unchanged, but
+        ``model`` (this model's), ``stream`` (``relay.stream``), ``messages`` (when given) and
+        the length cap (the smallest of the client's, ``max_tokens`` and, when the client names
+        none, ``reply_max_tokens``, sent under the client's own name for it). One attempt: a
+        client SDK retries by itself, and the status it sees keeps its meaning
+        (`map_openai_error` with ``relayed``)."""
+        request = self._relay_request(messages, relay, max_tokens)
+        loop = asyncio.get_running_loop()
+        deadline = None if self.deadline is None else loop.time() + self.deadline
+        events = self._relay_stream(request, deadline) if relay.stream else self._relay_whole(request, deadline)
+        async with self._slot(deadline), aclosing(events):
+            async for event in events:
+                yield event
+
+    def _relay_request(
+        self, messages: Sequence[ChatMessage] | None, relay: Relay, max_tokens: int | None
+    ) -> dict[str, Any]:
+        check_model_request_allowed(self.base_url)
+        request: dict[str, Any] = dict(relay.fields)
+        request["model"] = self.name
+        if messages is not None:
+            request["messages"] = _with_images([wire_message(m) for m in messages], relay.images)
+        if not isinstance(request.get("messages"), list):
+            raise ModelRefused("a relayed request needs its messages")
+        named = [k for k in ("max_completion_tokens", "max_tokens") if isinstance(request.get(k), int)]
+        caps = [request[k] for k in named] or ([self.reply_max_tokens] if self.reply_max_tokens else [])
+        if max_tokens is not None:
+            caps.append(max_tokens)
+        for name in named:
+            del request[name]
+        if caps:
+            request[named[0] if named else self._length_param] = max(1, min(caps))
+        if self.temperature is not None:
+            request.setdefault("temperature", self.temperature)
+        request.pop("stream", None)
+        if relay.stream:
+            request["stream"] = True
+        return request
+
+    async def _relay_post(self, request: dict[str, Any], *, stream: bool) -> Any:
+        """The relayed request, sent once; the SDK's response unread (its headers available)."""
+        openai = _import_openai()
+        try:
+            if stream:
+                return await self._client.post(
+                    "/chat/completions", cast_to=object, body=request, stream=True,
+                    stream_cls=openai.AsyncStream[object],
+                    options={"headers": {_RAW_RESPONSE_HEADER: "stream"}, "max_retries": 0},
+                )
+            return await self._client.post(
+                "/chat/completions", cast_to=object, body=request,
+                options={"headers": {_RAW_RESPONSE_HEADER: "stream"}, "max_retries": 0},
+            )
+        except Exception as exc:
+            raise map_openai_error(exc, secret=self._secret, relayed=True) from self._cause(exc)
+
+    async def _relay_whole(self, request: dict[str, Any], deadline: float | None) -> AsyncGenerator[ModelEvent | UpstreamReply, None]:
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await self._relay_post(request, stream=False)
+                data = await response.parse()
+        except TimeoutError:
+            raise ModelTimeout(f"the model did not answer within the {self.deadline} s deadline") from None
+        except ModelError:
+            raise
+        except Exception as exc:
+            raise self._map(exc) from self._cause(exc)
+        if not isinstance(data, Mapping):
+            raise ModelError("the model endpoint sent a completion that is not a JSON object")
+        self._record_usage(data.get("usage"))
+        yield UpstreamReply(data=data, headers=_passed(response))
+        first = _first_choice(data)
+        self.last_finish_reason = _field(first, "finish_reason")
+        message = _field(first, "message")
+        calls = [dict(c, index=i) for i, c in enumerate(_field(message, "tool_calls") or ()) if isinstance(c, Mapping)]
+        for event in _delta_events({"content": _field(message, "content"), "tool_calls": calls}):
+            yield event
+
+    async def _relay_stream(self, request: dict[str, Any], deadline: float | None) -> AsyncGenerator[ModelEvent | UpstreamReply, None]:
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await self._relay_post(request, stream=True)
+        except TimeoutError:
+            raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
+        headers: Mapping[str, str] = _passed(response)
+        yield UpstreamReply(data={}, headers=headers)  # accepted: its status is known before any chunk
+        finished = False
+        chunks = _sse_chunks(response)
+        try:
+            while True:
+                try:
+                    chunk = await _next_chunk(chunks, deadline)
+                except TimeoutError:
+                    raise ModelTimeout(f"the model's stream passed the {self.deadline} s deadline") from None
+                if chunk is _END:
+                    break
+                yield UpstreamReply(data=chunk)
+                if _field(chunk, "usage") is not None:
+                    self._record_usage(_field(chunk, "usage"))
+                first = _first_choice(chunk)
+                if _field(first, "finish_reason"):
+                    finished = True
+                    self.last_finish_reason = str(_field(first, "finish_reason"))
+                for event in _delta_events(_field(first, "delta")):
+                    yield event
+        except ModelError:
+            raise
+        except Exception as exc:
+            if not finished:
+                raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
+            logger.info("relayed stream broke after its finish_reason: %s", type(exc).__name__)
+        finally:
+            await chunks.aclose()
+            await _close_quietly(response)
+        if not finished:
+            raise ModelError("the model's stream ended before a finish_reason (answer is partial)")
+
     async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[ModelEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
@@ -463,14 +647,13 @@ class OpenAIChatModel:
         try:
             while True:
                 try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
+                    chunk = await _next_chunk(chunks, deadline)
                 except TimeoutError:
                     if not text:
                         raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
                     finished = self._stop_early(f"the {self.deadline} s deadline passed")
+                    break
+                if chunk is _END:
                     break
                 for event in self._events(chunk):
                     if event.kind == "text":
@@ -594,6 +777,16 @@ class OpenAIChatModel:
         await self._client.close()
 
 
+_END = object()
+"""What `_next_chunk` returns once a stream has no more chunks."""
+
+
+async def _next_chunk(chunks: AsyncGenerator[Any, None], deadline: float | None) -> Any:
+    """The stream's next chunk, `_END` after the last; `TimeoutError` once ``deadline`` passes."""
+    async with asyncio.timeout_at(deadline):
+        return await anext(chunks, _END)
+
+
 async def _sse_chunks(response: Any) -> AsyncGenerator[Any, None]:
     """The JSON objects of a streamed chat completion's SSE events, up to ``data: [DONE]``.
 
@@ -683,6 +876,35 @@ def _field(obj: Any, name: str) -> Any:
     if isinstance(obj, Mapping):
         return obj.get(name)
     return getattr(obj, name, None)
+
+
+def _with_images(messages: list[dict[str, Any]], images: Sequence[str]) -> list[dict[str, Any]]:
+    """``messages`` with ``images`` (URLs) as ``image_url`` parts of the last ``user`` message."""
+    if not images:
+        return messages
+    for message in reversed(messages):
+        if message["role"] == "user":
+            text = message.get("content") or ""
+            parts: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+            message["content"] = parts + [{"type": "image_url", "image_url": {"url": url}} for url in images]
+            break
+    return messages
+
+
+def _first_choice(data: Any) -> Any:
+    """The choice of index 0 of a completion or chunk (``None`` when it has none): the one a
+    relayed reply stores; the others (``n`` > 1) reach the client only."""
+    for choice in _field(data, "choices") or ():
+        if int(_field(choice, "index") or 0) == 0:
+            return choice
+    return None
+
+
+def _passed(response: Any) -> dict[str, str]:
+    """The endpoint's response headers a relayed reply passes on (`_PASSED_HEADERS`)."""
+    http = getattr(response, "http_response", None)
+    headers = getattr(http, "headers", None) or {}
+    return {name: str(headers[name]) for name in _PASSED_HEADERS if name in headers}
 
 
 def _delta_events(delta: Any) -> list[ModelEvent]:

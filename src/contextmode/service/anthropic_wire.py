@@ -36,6 +36,7 @@ __all__ = [
     "anthropic_error_body",
     "message_body",
     "message_events",
+    "openai_fields",
     "openai_tool_choice",
     "openai_tools",
     "wire_items",
@@ -73,13 +74,13 @@ class AnthropicMessage(BaseModel):
 
 
 class MessagesRequest(BaseModel):
-    """The subset of Anthropic's request the proxy reads; other fields are accepted and ignored
-    (``max_tokens``, ``temperature``, ``stop_sequences``: the engine's model settings apply)."""
+    """The subset of Anthropic's request the proxy reads; the other fields are accepted and sent
+    to the model in OpenAI's names (`openai_fields`)."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
-    max_tokens: int | None = Field(default=None, description="Accepted; the engine's reply reserve applies.")
+    max_tokens: int | None = Field(default=None, description="The reply's cap (lowered to what the context window leaves).")
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = Field(default=None, description="This turn's system prompt.")
     metadata: dict[str, Any] | None = Field(
@@ -222,12 +223,83 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"arguments": parsed}
 
 
+_NOT_OPENAI = frozenset({
+    "model", "messages", "system", "stream", "max_tokens", "metadata", "stop_sequences", "tools", "tool_choice",
+    "thinking", "service_tier", "container", "mcp_servers", "context_management", "output_config",
+    "cache_control", "diagnostics", "inference_geo", "speed", "user_profile_id", "workspace_id",
+})
+"""Anthropic's own request fields: mapped to their OpenAI twins by `openai_fields`, or owned by
+the proxy, or with no twin; any other field (``temperature``, ``top_p``, ``top_k``, an
+``extra_body`` field) is sent as it is."""
+
+
+def openai_fields(body: MessagesRequest) -> dict[str, Any]:
+    """The request's fields in OpenAI's names, for a model endpoint that speaks OpenAI:
+    ``max_tokens``, ``stop_sequences`` → ``stop``, ``tools`` and ``tool_choice`` converted,
+    ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``, ``thinking`` →
+    ``reasoning_effort`` (by its token budget), ``output_config`` (`_output_config`),
+    ``metadata.user_id`` → ``user``; Anthropic's own fields with no twin are dropped (`_NOT_OPENAI`);
+    the rest as sent."""
+    sent = body.model_dump(exclude_unset=True)
+    fields: dict[str, Any] = {k: v for k, v in sent.items() if k not in _NOT_OPENAI}
+    if body.max_tokens is not None:
+        fields["max_tokens"] = body.max_tokens
+    stop = sent.get("stop_sequences")
+    if isinstance(stop, list) and stop:
+        fields["stop"] = stop
+    if tools := openai_tools(body.tools):
+        fields["tools"] = tools
+    if (choice := openai_tool_choice(body.tool_choice)) is not None:
+        fields["tool_choice"] = choice
+    if (body.tool_choice or {}).get("disable_parallel_tool_use") is True:
+        fields["parallel_tool_calls"] = False
+    thinking = sent.get("thinking")
+    if isinstance(thinking, Mapping) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        size = budget if isinstance(budget, int) else 0
+        fields["reasoning_effort"] = "low" if size < 4096 else "medium" if size < 16384 else "high"
+    fields.update(_output_config(sent.get("output_config")))
+    if user := body.user_id():
+        fields["user"] = user
+    return fields
+
+
+def _output_config(config: object) -> dict[str, Any]:
+    """``output_config`` in OpenAI's names: ``effort`` → ``reasoning_effort`` (``xhigh`` and
+    ``max`` → ``high``), a ``json_schema`` ``format`` → ``response_format``."""
+    if not isinstance(config, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    effort = config.get("effort")
+    if isinstance(effort, str):
+        out["reasoning_effort"] = effort if effort in ("low", "medium", "high") else "high"
+    form = config.get("format")
+    if isinstance(form, Mapping) and form.get("type") == "json_schema":
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": form.get("schema")}}
+    return out
+
+
 def output_tokens(engine: Engine, result: TurnResult) -> int:
+    completion = (result.usage or {}).get("completion_tokens")
+    if isinstance(completion, int):  # the model endpoint's own count
+        return completion
     return result.assistant_turn.tokens if result.assistant_turn else engine.counter.count(result.answer)
 
 
+def input_tokens(result: TurnResult) -> int:
+    prompt = (result.usage or {}).get("prompt_tokens")
+    return prompt if isinstance(prompt, int) else result.prepared.context.total_tokens
+
+
 def _stop_reason(result: TurnResult) -> str:
-    return "tool_use" if result.tool_calls else "end_turn"
+    """How the answer ended, in Anthropic's words: ``tool_use``, ``max_tokens`` (the endpoint's
+    ``length``), ``stop_sequence`` (an endpoint that names the stop string it met, as vLLM
+    does), else ``end_turn``."""
+    if result.tool_calls:
+        return "tool_use"
+    if result.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if result.stop_sequence else "end_turn"
 
 
 def message_body(engine: Engine, result: TurnResult, model: str) -> dict[str, Any]:
@@ -245,8 +317,8 @@ def message_body(engine: Engine, result: TurnResult, model: str) -> dict[str, An
         "model": model,
         "content": content,
         "stop_reason": _stop_reason(result),
-        "stop_sequence": None,
-        "usage": {"input_tokens": result.prepared.context.total_tokens, "output_tokens": output_tokens(engine, result)},
+        "stop_sequence": result.stop_sequence,
+        "usage": {"input_tokens": input_tokens(result), "output_tokens": output_tokens(engine, result)},
     }
 
 
@@ -314,7 +386,7 @@ def _finish(result: TurnResult, blocks: _Blocks, engine: Engine) -> list[bytes]:
         out += blocks.start(("text", -1), {"type": "text", "text": ""})
     out += blocks.close()
     out.append(sse("message_delta", {
-        "type": "message_delta", "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
+        "type": "message_delta", "delta": {"stop_reason": _stop_reason(result), "stop_sequence": result.stop_sequence},
         "usage": {"output_tokens": output_tokens(engine, result)},
     }))
     out.append(sse("message_stop", {"type": "message_stop"}))

@@ -35,15 +35,15 @@ from .codes import (
     Unauthorized,
     code_for_exception,
     code_for_status,
-    public_message,
 )
 from .gate import SessionGate
 from .hosts import HostCheck, default_hosts
 from .lifecycle_tasks import lifecycle_tasks
 from .metrics import ServiceMetrics
-from .responses import error_response, validation_details
+from .responses import error_response, exception_response, validation_details
 from .routes_anthropic import router as anthropic_router
 from .routes_openai import router as openai_router
+from .routes_responses import router as responses_router
 from .routes_sessions import envelope
 from .routes_sessions import router as sessions_router
 from .routes_traces import router as traces_router
@@ -223,7 +223,7 @@ def _install_handlers(app: FastAPI) -> None:
         row = code_for_exception(exc)
         if row.code >= 50000:
             log.warning("%s on %s: %s", type(exc).__name__, request.url.path, exc)
-        return _error_response(request.url.path, row, public_message(exc, row))
+        return exception_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -303,6 +303,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     app.include_router(traces_router)
     app.include_router(openai_router)
     app.include_router(anthropic_router)
+    app.include_router(responses_router)
     app.include_router(users_router)
 
     write_probe = _WriteProbe()

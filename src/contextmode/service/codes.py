@@ -10,6 +10,7 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40002 | 400  | message too large (characters or tokens)           | `MessageTooLarge`, `MessageTooLong` |
 | 40003 | 400  | bad image (base64, MIME, size, count)              | `BadImage`                     |
 | 40004 | 400  | invalid session or tenant id                       | `InvalidSessionId`             |
+| 40006 | 400  | the model endpoint refused the request's parameters | `ModelRefused`                |
 | 40101 | 401  | missing or unknown API key                         | `Unauthorized`                 |
 | 40301 | 403  | Host or Origin names a host not allowed (DNS rebinding) | `HostNotAllowed`          |
 | 40400 | 404  | no such route                                      | framework 404                  |
@@ -22,11 +23,13 @@ An envelope code is five digits: the HTTP status times 100 plus a number, so
 | 40905 | 409  | (replayed stream's last event) its first stream was cut off there | `StreamCutOff`     |
 | 41301 | 413  | request body too large                             | `PayloadTooLarge`              |
 | 42201 | 422  | follow-up without a previous answer (当前没有可用的上文信息) | `NoPreviousAnswer`     |
+| 42901 | 429  | the model endpoint is rate limiting (``retry-after`` passed on) | `ModelRateLimited` |
 | 50000 | 500  | internal error                                     | anything else                  |
 | 50001 | 500  | server misconfigured (setting, missing extra)      | `ConfigError`, `MissingExtra`  |
 | 50002 | 500  | the store refused the data (a retry fails the same way) | `StoreRefused`            |
 | 50201 | 502  | the model failed                                   | `ModelError`                   |
 | 50202 | 502  | the model is unreachable, rate limited or failing  | `ModelUnavailable`             |
+| 52901 | 529  | the model endpoint is overloaded (``retry-after`` passed on) | `ModelOverloaded`   |
 | 50301 | 503  | the store is unavailable                           | `StoreError`                   |
 | 50401 | 504  | the model timed out                                | `ModelTimeout`                 |
 
@@ -50,6 +53,9 @@ from ..errors import (
     MessageTooLarge,
     MissingExtra,
     ModelError,
+    ModelOverloaded,
+    ModelRateLimited,
+    ModelRefused,
     ModelTimeout,
     ModelUnavailable,
     NoPreviousAnswer,
@@ -153,6 +159,10 @@ _BY_CLASS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (RequestInProgress, ErrorCode(code=40904, name="request_in_progress", meaning="request in progress")),
     (StreamCutOff, ErrorCode(code=40905, name="stream_cut_off", meaning="the first stream was cut off")),
     (NoPreviousAnswer, ErrorCode(code=42201, name="no_previous_answer", meaning="当前没有可用的上文信息")),
+    (ModelOverloaded, ErrorCode(code=52901, name="model_overloaded", meaning="the model endpoint is overloaded")),
+    (ModelRateLimited, ErrorCode(code=42901, name="rate_limited", meaning="the model endpoint is rate limiting")),
+    (ModelRefused, ErrorCode(code=40006, name="model_refused_request",
+                             meaning="the model endpoint refused the request's parameters")),
     (ModelTimeout, ErrorCode(code=50401, name="model_timeout", meaning="the model timed out")),
     (ModelUnavailable, ErrorCode(code=50202, name="model_unavailable", meaning="the model is unavailable")),
     (ModelError, ErrorCode(code=50201, name="model_error", meaning="the model failed")),

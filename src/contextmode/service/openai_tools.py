@@ -25,6 +25,7 @@ from ..errors import InputError
 from ..models.base import ToolCallDelta
 from ..types import SessionKey
 from .metrics import ServiceMetrics
+from .proxy import accepted_first
 from .sse import DONE, sse_event
 from .turns import Streamed, Whole, step_runners
 
@@ -102,10 +103,14 @@ class ProxyReply:
     include_usage: bool
     system_prompt: str | UseDefault | None = USE_DEFAULT
     """The request's ``system`` message (`USE_DEFAULT`: the engine's)."""
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    """The response's headers (the dict the route gives `serve_once`; a relayed step adds the
+    endpoint's ``x-request-id``)."""
 
 
 def _completion(result: TurnResult, reply: ProxyReply) -> JSONResponse:
+    if result.upstream is not None:  # relayed: the endpoint's own completion
+        return JSONResponse(dict(result.upstream.data), headers={**reply.headers, **result.upstream.headers})
     message: dict[str, Any] = {"role": "assistant", "content": result.answer or None}
     if result.tool_calls:
         message["tool_calls"] = _wire_calls(result)
@@ -129,7 +134,8 @@ def agent_step(
     mode = engine.settings.mode
 
     def events() -> AsyncIterator[TurnEvent]:
-        return engine.stream_agent(key, step, mode=mode, system_prompt=reply.system_prompt)
+        stream = engine.stream_agent(key, step, mode=mode, system_prompt=reply.system_prompt)
+        return accepted_first(engine, stream, step.relay, reply.headers)
 
     return step_runners(
         events, mode, metrics,
@@ -153,9 +159,19 @@ async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply) -> AsyncI
 
     model = reply.model
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
+    relayed = started = False
     try:
         async for event in events:
+            if event.kind == "upstream":  # relayed: the endpoint's own chunks, as it sent them
+                relayed = True
+                if not event.reply.accepted_only:
+                    yield sse_event(dict(event.reply.data))
+                continue
+            if relayed and event.kind != "failed":
+                continue
+            if not started and event.kind != "failed":
+                started = True
+                yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
             match event.kind:
                 case "delta":
                     yield _chunk(completion_id, created, model, {"content": event.text}, None)

@@ -1,6 +1,6 @@
 """Error responses in the caller's shape, written once for the app, the routes and replays.
 
-Under ``/v1/chat/completions`` and ``/v1/models`` an error takes OpenAI's shape
+Under ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/models`` an error takes OpenAI's shape
 ``{"error": {...}}`` (what the openai SDK parses), under ``/v1/messages``
 Anthropic's ``{"type": "error", "error": {...}}``; everywhere else it is the
 ``{code, msg, data}`` envelope.
@@ -9,11 +9,13 @@ Anthropic's ``{"type": "error", "error": {...}}``; everywhere else it is the
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.responses import JSONResponse  # fastapi re-exports it; the MCP server has no fastapi
 
+from ..errors import ModelRateLimited
 from .anthropic_wire import anthropic_error_body
 from .codes import ErrorCode, code_for_exception, http_status, public_message
 
@@ -27,7 +29,7 @@ __all__ = [
     "validation_details",
 ]
 
-OPENAI_PATHS = ("/v1/chat/", "/v1/models")
+OPENAI_PATHS = ("/v1/chat/", "/v1/models", "/v1/responses")
 ANTHROPIC_PATHS = ("/v1/messages",)
 
 _ERROR_TYPES = {
@@ -37,6 +39,7 @@ _ERROR_TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_exceeded",
 }
 
 
@@ -62,9 +65,15 @@ def error_response(path: str, row: ErrorCode, msg: str, data: Any = None) -> JSO
 
 
 def exception_response(path: str, exc: BaseException, data: Any = None) -> JSONResponse:
-    """``exc`` as an error response for ``path`` (public message only)."""
+    """``exc`` as an error response for ``path`` (public message only); a rate-limited or
+    overloaded model endpoint's wait is passed on as ``retry-after`` (and ``retry-after-ms``),
+    the headers both SDKs' retries honour."""
     row = code_for_exception(exc)
-    return error_response(path, row, public_message(exc, row), data)
+    response = error_response(path, row, public_message(exc, row), data)
+    if isinstance(exc, ModelRateLimited) and exc.retry_after is not None:
+        response.headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
+        response.headers["retry-after-ms"] = str(max(1, round(exc.retry_after * 1000)))
+    return response
 
 
 MAX_ERROR_BYTES = 4096

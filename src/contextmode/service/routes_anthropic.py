@@ -23,20 +23,22 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
 from ..agent_turn import AgentRequest
-from ..engine import USE_DEFAULT, Engine, TurnEvent, TurnRequest, TurnResult, UseDefault
+from ..engine import Engine, TurnEvent, TurnRequest, TurnResult, UseDefault
 from ..errors import InputError
-from ..types import SessionKey, validate_id
+from ..models.base import Relay
+from ..types import SessionKey
 from .anthropic_wire import (
     MessagesRequest,
     WireItem,
     message_body,
     message_events,
+    openai_fields,
     openai_tool_choice,
     openai_tools,
     system_text,
@@ -44,21 +46,24 @@ from .anthropic_wire import (
 )
 from .bodies import OffLoopJsonRoute
 from .idempotency import IdempotencyKey, SessionHeader
-from .images import DecodedImage, ImageFiles, decode_images
 from .openai_tools import agent_request
+from .proxy import (
+    HistoryHeader,
+    ProxyChat,
+    ReplyShape,
+    accepted_first,
+    chat_turn,
+    mapped_id,
+    system_prompt,
+)
 from .state import AppState, Tenant, app_state
 from .turns import (
-    Interrupted,
     StartedStream,
     Streamed,
     Whole,
     check_message,
     check_tool_results,
-    coalesce,
-    interrupted_response,
-    run_turn,
     serve_once,
-    start_stream,
     step_runners,
 )
 
@@ -71,12 +76,12 @@ PATH = "/v1/messages"
 
 
 def _session(body: MessagesRequest, header: str | None) -> tuple[str, str | None]:
+    """The session and user ids (any string, mapped reversibly: `proxy.mapped_id`)."""
     user = body.user_id()
     session_id = header or user
     if not session_id:
         raise InputError("name the session: header 'X-Session-Id' or metadata.user_id")
-    validate_id(session_id)
-    return session_id, validate_id(user, "user id") if user else None
+    return mapped_id(session_id), mapped_id(user, "user id") if user else None
 
 
 def _last_user(items: list[WireItem]) -> WireItem:
@@ -106,7 +111,8 @@ class _Call:
                               input_tokens=started.prepared.context.total_tokens)
 
     def json(self, result: TurnResult) -> Response:
-        return JSONResponse(message_body(self.engine, result, self.model), headers=self.headers)
+        upstream = result.upstream.headers if result.upstream is not None else {}
+        return JSONResponse(message_body(self.engine, result, self.model), headers={**self.headers, **upstream})
 
 
 @router.post(
@@ -120,63 +126,52 @@ async def create_message(
     state: State,
     x_session_id: SessionHeader = None,
     idempotency_key: IdempotencyKey = None,
+    history: HistoryHeader = None,
 ) -> Any:
     session_id, user_id = _session(body, x_session_id)
     items = wire_items(body.messages)
     last_user = _last_user(items) if items[-1].role != "tool" else None
     engine = state.engine
-    call = _Call(engine=engine, key=SessionKey(tenant, session_id), system_prompt=_system_prompt(body),
+    call = _Call(engine=engine, key=SessionKey(tenant, session_id), system_prompt=_system_prompt(body, engine),
                  model=body.model or engine.model.name, state=state, headers={"x-session-id": session_id})
+    relay = Relay(fields=openai_fields(body), stream=body.stream)
     step = agent_request(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
     if step is not None:
         check_tool_results(step.tool_results, state.settings)
         if last_user is not None and last_user.images:
             raise InputError("agent steps take text content only (no images)")
-        whole, streamed = _agent_step(call, step)
+        whole, streamed = _agent_step(call, replace(step, relay=relay, retry_window_s=state.settings.retry_window_s))
     else:
         assert last_user is not None
         if not last_user.content.strip():
             raise InputError("the last user message has no text")
         check_message(last_user.content, state.settings)
-        decoded = decode_images(list(last_user.images), state.settings)
         request = TurnRequest(key=call.key, message=last_user.content, mode=engine.settings.mode,
-                              system_prompt=call.system_prompt, user_id=user_id, idempotency_key=idempotency_key)
-        whole, streamed = _chat_turn(call, request, decoded)
+                              system_prompt=call.system_prompt, user_id=user_id, idempotency_key=idempotency_key,
+                              relay=replace(relay, images=last_user.images),
+                              retry_window_s=state.settings.retry_window_s)
+        earlier = [] if history == "ignore" else _history(items)
+        shape = ReplyShape(path=PATH, json=call.json, sse=call.body, headers=call.headers)
+        whole, streamed = chat_turn(ProxyChat(request=request, image_urls=list(last_user.images), history=earlier),
+                                    state, shape)
     return await serve_once(
         state, call.key, idempotency_key, "messages", body.model_dump_json(),
         whole=None if body.stream else whole, streamed=streamed, headers=call.headers,
     )
 
 
-def _system_prompt(body: MessagesRequest) -> str | UseDefault | None:
-    """The request's ``system`` as the turn's system prompt (`USE_DEFAULT`, the engine's, when absent)."""
-    return USE_DEFAULT if body.system is None else system_text(body.system)
+def _system_prompt(body: MessagesRequest, engine: Engine) -> str | UseDefault | None:
+    """The request's ``system`` as the turn's system prompt, with the memory notice
+    (`proxy.system_prompt`; the engine's own when it has none)."""
+    text = system_text(body.system)
+    return system_prompt([text] if text else [], engine.settings.locale)
 
 
-def _chat_turn(call: _Call, request: TurnRequest, decoded: list[DecodedImage]) -> tuple[Whole, Streamed]:
-    """A chat turn, run as the OpenAI proxy runs it (`run_turn`, `start_stream`)."""
-    engine, state = call.engine, call.state
-
-    def with_images() -> tuple[TurnRequest, ImageFiles]:
-        images = ImageFiles.write(decoded, state.settings.image_dir)
-        return replace(request, images=images.refs()), images
-
-    async def whole() -> Response:
-        turn, images = with_images()
-        try:
-            result = await run_turn(engine, turn, images=images, metrics=state.metrics)
-        except Interrupted as stop:
-            return interrupted_response(PATH, stop)
-        return call.json(result)
-
-    async def streamed() -> tuple[StartedStream, AsyncIterator[bytes]]:
-        turn, images = with_images()
-        started = await start_stream(engine, turn, images=images, metrics=state.metrics)
-        settings = state.settings
-        events = coalesce(started.events, flush_ms=settings.stream_flush_ms, flush_bytes=settings.stream_flush_bytes)
-        return started, call.body(started, events)
-
-    return whole, streamed
+def _history(items: list[WireItem]) -> list[tuple[Literal["user", "assistant"], str]]:
+    """The client's conversation before its last user message (for a session not seen yet)."""
+    last = max((i for i, item in enumerate(items) if item.role == "user"), default=0)
+    return [("user" if i.role == "user" else "assistant", i.content) for i in items[:last]
+            if i.role in ("user", "assistant")]
 
 
 def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
@@ -186,7 +181,8 @@ def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
     mode = engine.settings.mode
 
     def events() -> AsyncIterator[TurnEvent]:
-        return engine.stream_agent(call.key, step, mode=mode, system_prompt=call.system_prompt)
+        stream = engine.stream_agent(call.key, step, mode=mode, system_prompt=call.system_prompt)
+        return accepted_first(engine, stream, step.relay, call.headers)
 
     return step_runners(events, mode, call.state.metrics, json=call.json, body=call.body)
 
@@ -209,6 +205,7 @@ async def count_tokens(
         raise InputError("count_tokens counts a user text message, not tool results")
     message = _last_user(items).content
     check_message(message, state.settings)
-    request = TurnRequest(key=SessionKey(tenant, session_id), message=message, system_prompt=_system_prompt(body))
+    request = TurnRequest(key=SessionKey(tenant, session_id), message=message,
+                          system_prompt=_system_prompt(body, state.engine))
     prepared = await state.engine.prepare(request)
     return JSONResponse({"input_tokens": prepared.context.total_tokens}, headers={"x-session-id": session_id})

@@ -23,6 +23,7 @@
 | ``CONTEXTMODE_SSE_SEND_TIMEOUT_S`` | ``10``                        | a stream whose client stops reading this long is finished without it (0 = never) |
 | ``CONTEXTMODE_FORGET_SYNC_S``     | ``1``                          | seconds between checks for sessions another worker erased (0 = off) |
 | ``CONTEXTMODE_ALLOWED_HOSTS``     | loopback names (no keys), ``*`` (keys) | ``Host``/``Origin`` names served (``*`` = any; ``.example.com`` = with subdomains) |
+| ``CONTEXTMODE_RETRY_WINDOW_S``   | ``600``                        | a proxied message repeating the last, unanswered one within this many seconds reuses its stored turn (0 = off) |
 
 No key configured means one local tenant (``local``) and no authentication:
 keep the service on loopback then.
@@ -130,6 +131,10 @@ class ServiceSettings:
     allowed_hosts: tuple[str, ...] | None = None
     """``Host`` and browser ``Origin`` names served, against DNS rebinding (`service.hosts`);
     ``None``: loopback names without API keys, any host with them; ``("*",)``: any host."""
+    retry_window_s: float = 600.0
+    """A proxied message that repeats the session's last, unanswered one (its request failed)
+    within this many seconds reuses its stored turn: an SDK's retries store one user turn
+    (0 = always store; docs/service.md)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.allowed_image_types) - set(IMAGE_TYPES)
@@ -185,6 +190,7 @@ class ServiceSettings:
             sse_send_timeout_s=_seconds(env, "CONTEXTMODE_SSE_SEND_TIMEOUT_S", defaults.sse_send_timeout_s),
             forget_sync_s=_seconds(env, "CONTEXTMODE_FORGET_SYNC_S", defaults.forget_sync_s),
             allowed_hosts=_names(env, "CONTEXTMODE_ALLOWED_HOSTS"),
+            retry_window_s=_seconds(env, "CONTEXTMODE_RETRY_WINDOW_S", defaults.retry_window_s),
         )
 
 

@@ -47,10 +47,13 @@ class StubRequest:
 
     @property
     def last_user(self) -> str:
-        """Content of the last user message ('' if none)."""
+        """Content of the last user message, the text of its parts when it has parts ('' if none)."""
         for message in reversed(self.messages):
             if message.get("role") == "user":
-                return str(message.get("content") or "")
+                content = message.get("content") or ""
+                if isinstance(content, list):
+                    return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+                return str(content)
         return ""
 
 
@@ -96,6 +99,8 @@ class Fault:
 class _Handler(BaseHTTPRequestHandler):
     stub: StubServer
     _calls: tuple[StubToolCall, ...] = ()
+    _matched = ""
+    """The stop string the reply was cut at (sent as vLLM's ``stop_reason``), or ``""``."""
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # small SSE writes must leave at once, not after a delayed ACK
     server_version = "contextmode-stub/1"
@@ -217,6 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(500, {"error": {"message": f"stub reply failed: {exc}", "type": "server_error"}})
             return
         self._calls = calls
+        finish, _, self._matched = finish.partition(":")
         if request.stream:
             self._stream(request, chunks, finish, fault)
         else:
@@ -235,8 +241,18 @@ class _Handler(BaseHTTPRequestHandler):
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in self._calls
             ]
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish}
+        if self._matched:
+            choice["stop_reason"] = self._matched
+        if _wants_logprobs(request):
+            choice["logprobs"] = _logprobs(chunks)
+        n = request.body.get("n") if isinstance(request.body, dict) else None
+        others = [  # n > 1 (not streamed): the other choices say which they are
+            {"index": i, "message": {"role": "assistant", "content": f"{answer} (choice {i})"}, "finish_reason": finish}
+            for i in range(1, n if isinstance(n, int) and 1 < n <= 8 else 1)
+        ]
         payload = self._envelope("chat.completion") | {
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "choices": [choice, *others],
             "usage": self.stub._usage(request, answer),
         }
         data = json.dumps(payload, ensure_ascii=False).encode()
@@ -244,6 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = b'{"id": "chatcmpl-stub", "choices": [{"index": 0, "message": {"content": "trunc'
         self.send_response(200)
         self.send_header("content-type", "application/json")
+        self.send_header("x-request-id", f"req-stub-{id(self)}")
         if fault and fault.kind == "truncate":
             self.send_header("content-length", str(len(data)))
             self.end_headers()
@@ -271,7 +288,9 @@ class _Handler(BaseHTTPRequestHandler):
                 piece = {"index": index, "function": {"arguments": call.arguments[start : start + 8]}}
                 self._event(base | {"choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
 
-    def _stream_content(self, base: dict[str, Any], chunks: list[str], fault: Fault | None) -> bool:
+    def _stream_content(
+        self, base: dict[str, Any], chunks: list[str], fault: Fault | None, logprobs: bool = False
+    ) -> bool:
         """The content chunks, with the fault's damage; False when the stream ended early."""
         stub = self.stub
         for index, chunk in enumerate(chunks):
@@ -283,13 +302,17 @@ class _Handler(BaseHTTPRequestHandler):
                 continue
             if index and not stub._sleep(stub.chunk_delay):
                 return False
-            self._event(base | {"choices": [{"index": 0, "delta": {"content": chunk}, "finish_reason": None}]})
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": chunk}, "finish_reason": None}
+            if logprobs:
+                choice["logprobs"] = _logprobs([chunk])
+            self._event(base | {"choices": [choice]})
         return True
 
     def _stream(self, request: StubRequest, chunks: list[str], finish: str, fault: Fault | None) -> None:
         stub = self.stub
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
+        self.send_header("x-request-id", f"req-stub-{id(self)}")
         self.send_header("cache-control", "no-cache")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
@@ -298,7 +321,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._event(base | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
         if not stub._sleep(stub.first_token_delay):
             return
-        if not self._stream_content(base, chunks, fault):
+        if not self._stream_content(base, chunks, fault, _wants_logprobs(request)):
             return
         if fault and fault.kind == "truncate":
             self.close_connection = True
@@ -307,9 +330,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._write_chunk(b"data: {not json}\n\n")
         self._stream_calls(base)
         if not (fault and fault.kind == "unfinished"):
-            self._event(base | {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+            last: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": finish}
+            if self._matched:
+                last["stop_reason"] = self._matched
+            self._event(base | {"choices": [last]})
         options = request.body.get("stream_options") if isinstance(request.body, dict) else None
         if isinstance(options, dict) and options.get("include_usage"):
             self._event(base | {"choices": [], "usage": stub._usage(request, "".join(chunks))})
         self._event("[DONE]")
         self._write_chunk(b"")
+
+
+def _wants_logprobs(request: StubRequest) -> bool:
+    return bool(isinstance(request.body, dict) and request.body.get("logprobs"))
+
+
+def _logprobs(pieces: list[str]) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice: one made-up entry per piece sent."""
+    return {"content": [{"token": p, "logprob": -0.5, "bytes": list(p.encode()), "top_logprobs": []}
+                        for p in pieces if p]}

@@ -15,7 +15,10 @@ or as a process: ``python -m contextmode.testing.stub_server --port 8901 --laten
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true → SSE ``data: {chunk}`` …
 ``data: [DONE]`` over chunked encoding; false → one JSON body), ``GET /v1/models``,
 with ``llamacpp_window`` llama.cpp's ``GET /props`` and ``POST /tokenize``, and for a server in another process ``POST /_stub/fault`` (JSON ``{"kind": …,
-"count": …, …}``), ``POST /_stub/reset``, ``GET /_stub/requests``.
+"count": …, …}``), ``POST /_stub/reset``, ``GET /_stub/requests``. A chat request's
+``max_tokens`` / ``max_completion_tokens`` cut the answer (``length``), its ``stop`` strings
+end it (``stop``, with vLLM's ``stop_reason``), ``logprobs`` adds made-up log probabilities,
+``n`` more choices (not streamed); every answer carries an ``x-request-id`` header.
 """
 
 from __future__ import annotations
@@ -232,7 +235,9 @@ class StubServer:
 
     def _answer(self, request: StubRequest) -> tuple[list[str], str, tuple[StubToolCall, ...]]:
         """The reply's chunks, finish reason (``length`` when ``max_tokens`` cut it, tokens as
-        `CharTokenCounter` counts them; ``tool_calls`` when it made calls) and tool calls."""
+        `CharTokenCounter` counts them; ``tool_calls`` when it made calls; ``stop:<string>`` when
+        cut before the first of the request's ``stop`` strings, sent as vLLM does, ``finish_reason``
+        ``stop`` with ``stop_reason`` the string) and tool calls."""
         answer = self.reply(request)
         if isinstance(answer, StubAnswer):
             with self._lock:
@@ -254,8 +259,11 @@ class StubServer:
         body = request.body if isinstance(request.body, dict) else {}
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
         text = "".join(chunks)
+        text, matched = _cut_at_stop(text, body.get("stop"))
+        if matched:  # a stop sequence: the text before it, finish "stop"
+            chunks = [text[i : i + n] for i in range(0, len(text), n)]
         if not isinstance(limit, int) or self._counter.count(text) <= limit:
-            return chunks or [""], "stop"
+            return chunks or [""], f"stop:{matched}" if matched else "stop"
         low, high = 0, len(text)  # longest prefix within the limit
         while low < high:
             mid = (low + high + 1) // 2
@@ -286,6 +294,14 @@ class StubServer:
     def _sleep(self, seconds: float) -> bool:
         """Sleep unless the server stops first; False when it is stopping."""
         return not (seconds > 0 and self._stopping.wait(seconds)) and not self._stopping.is_set()
+
+
+def _cut_at_stop(text: str, stop: object) -> tuple[str, str]:
+    """``text`` up to the first of the ``stop`` strings (one or a list) it holds, and that
+    string; ``(text, "")`` when it holds none."""
+    strings = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    found = sorted((text.find(s), s) for s in strings if isinstance(s, str) and s and s in text)
+    return (text[: found[0][0]], found[0][1]) if found else (text, "")
 
 
 def tool_agent_reply(tools: Iterable[str] = ("search", "read_file"), *, rounds: int = 2, parallel: int = 2) -> StubReply:
