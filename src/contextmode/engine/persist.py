@@ -98,16 +98,19 @@ async def store_answer(
             turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
             ttft_ms=answer.ttft_ms, model_ms=answer.model_ms, partial=answer.partial,
         )
-        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome))
+        stored_turns = (user_turn, stored) if stored is not None else (user_turn,)
+        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome, stored_turns))
     return stored
 
 
 async def _keep_trace(
-    engine: Engine, keeper: TraceRecords, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome
+    engine: Engine, keeper: TraceRecords, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome,
+    stored: tuple[Turn, ...],
 ) -> None:
     settings = engine.settings
     try:
-        trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name)
+        trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name,
+                            stored=stored)
         max_age = settings.trace_max_age_days
         await keeper.put_trace(
             key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),

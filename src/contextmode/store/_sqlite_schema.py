@@ -250,6 +250,25 @@ def m008_recall_frequencies(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE recall_index ADD COLUMN layout INTEGER NOT NULL DEFAULT 1")
 
 
+def m009_traces_by_reference(db: sqlite3.Connection) -> None:
+    # Traces refer to the turns and keep the other texts they repeat (system prompt, summary,
+    # pinned values) once per session, by key, while a kept trace refers to them
+    # (``last_turn``: the newest such trace). ``turn_traces.body`` now holds the packed trace
+    # (a BLOB, `store.trace_pack`); a row written before is JSON text and is read as such.
+    db.execute(
+        """
+        CREATE TABLE trace_texts (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            last_turn INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            PRIMARY KEY (tenant, session_id, key)
+        ) WITHOUT ROWID
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
@@ -263,6 +282,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m006_session_users,
     m007_deletions,
     m008_recall_frequencies,
+    m009_traces_by_reference,
 ]
 
 
