@@ -149,6 +149,68 @@ async def redis_bytes(namespace: str) -> dict[str, int]:
     return out
 
 
+def codecs(path: Path) -> dict[str, dict[str, float]]:
+    """The kept traces' and texts' JSON (unpacked) compressed again by each candidate codec:
+    total bytes, and microseconds to compress and decompress one body (median)."""
+    import bz2
+    import lzma
+    import statistics
+    import time
+    import zlib
+
+    from contextmode.store.trace_pack import _ZDICT_1, unpack_text
+
+    db = sqlite3.connect(path)
+    try:
+        bodies = [unpack_text(b).encode() for (b,) in db.execute(
+            "SELECT body FROM turn_traces UNION ALL SELECT body FROM trace_texts")]
+    finally:
+        db.close()
+
+    def zlib_with(level: int, zdict: bytes | None) -> tuple[Any, Any]:
+        def pack(b: bytes) -> bytes:
+            c = zlib.compressobj(level, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, *([zdict] if zdict else []))
+            return c.compress(b) + c.flush()
+
+        def unpack(b: bytes) -> bytes:
+            d = zlib.decompressobj(15, *([zdict] if zdict else []))
+            return d.decompress(b) + d.flush()
+        return pack, unpack
+
+    candidates: dict[str, tuple[Any, Any]] = {
+        "none": (lambda b: b, lambda b: b),
+        "zlib-6": zlib_with(6, None),
+        "zlib-9": zlib_with(9, None),
+        "zlib-9+dictionary (shipped)": zlib_with(9, _ZDICT_1),
+        "lzma-9": (lambda b: lzma.compress(b, preset=9), lzma.decompress),
+        "bz2-9": (lambda b: bz2.compress(b, 9), bz2.decompress),
+    }
+    try:
+        import zstandard
+
+        zd = zstandard.ZstdCompressionDict(_ZDICT_1, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        candidates["zstd-19"] = (zstandard.ZstdCompressor(level=19).compress,
+                                 zstandard.ZstdDecompressor().decompress)
+        candidates["zstd-19+dictionary"] = (zstandard.ZstdCompressor(level=19, dict_data=zd).compress,
+                                            zstandard.ZstdDecompressor(dict_data=zd).decompress)
+    except ImportError:
+        pass
+    out: dict[str, dict[str, float]] = {}
+    for name, (pack, unpack) in candidates.items():
+        sizes, pack_us, unpack_us = 0, [], []
+        for body in bodies:
+            started = time.perf_counter()
+            packed = pack(body)
+            pack_us.append((time.perf_counter() - started) * 1e6)
+            started = time.perf_counter()
+            assert unpack(packed) == body
+            unpack_us.append((time.perf_counter() - started) * 1e6)
+            sizes += len(packed)
+        out[name] = {"bytes": sizes, "pack_us": round(statistics.median(pack_us), 1),
+                     "unpack_us": round(statistics.median(unpack_us), 1)}
+    return out
+
+
 # -- replaying -----------------------------------------------------------------------
 
 
@@ -209,6 +271,7 @@ async def measure(backend: str, conversations: Sequence[Conversation]) -> dict[s
             await replay(url, conversations)
             kinds = sqlite_bytes(path)
             extra["file_bytes"] = path.stat().st_size
+            extra["codecs"] = codecs(path)
     elif backend == "postgres":
         async with postgres_url() as (url, schema):
             await replay(url, conversations)
@@ -239,6 +302,8 @@ def _print(backend: str, result: dict[str, Any]) -> None:
           f" {result['total_bytes'] / 1024:.0f} KB kept, {result['per_exchange']} B per exchange"
           f" ({result['ratio_to_raw']}x the raw text), traces {result['trace_share']:.0%}")
     print("          per exchange: " + ", ".join(f"{k} {v}" for k, v in result["by_kind_per_exchange"].items()))
+    for name, c in result.get("codecs", {}).items():
+        print(f"          {name:28} {c['bytes'] / 1024:8.0f} KB  pack {c['pack_us']:7.1f} us  unpack {c['unpack_us']:6.1f} us")
     if "sessions_table" in result:
         print(f"          sessions table: {result['sessions_table']}")
 

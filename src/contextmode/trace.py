@@ -384,21 +384,21 @@ class ExchangeOutcome:
     partial: bool
 
 
-_TURN_LAYERS = frozenset({"recent", "current"})
-
-
 def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceSources:
     """What this exchange's trace may refer to: every turn the session state held (window,
     key moments, recalled) and the turns the exchange stored, as stored; the summary, the
-    pinned values and each whole item the context shows that came from no turn (the system
-    prompt, instructions)."""
+    pinned values, and for each layer that shows no turn (system prompt, pins, summary,
+    instructions) its items' paragraphs and the items' lines together (a paragraph only this
+    turn shows, such as a rewrite's hint, is kept as a text too, and goes with the trace)."""
     state, ctx = prepared.state, prepared.context
     turns = {t.seq: t.content for group in (state.turns, state.key_moments, state.recalled, stored) for t in group}
     texts = [state.summary.text] if state.summary is not None else []
     texts += [c.value for c in state.constraints]
-    texts += [
-        item.text for layer in ctx.layers if layer.name not in _TURN_LAYERS for item in layer.items if item.seq is None
-    ]
+    for layer in ctx.layers:
+        if layer.items and all(item.role is None for item in layer.items):
+            texts += [part for item in layer.items for part in item.text.split("\n\n")]
+            if len(layer.items) > 1:
+                texts.append("\n".join(item.text for item in layer.items))
     return TraceSources(turns=turns, texts=tuple(dict.fromkeys(texts)))
 
 

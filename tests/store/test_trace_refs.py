@@ -119,7 +119,8 @@ async def test_a_trace_refers_to_turns_and_keeps_other_texts_once() -> None:
         reading = read_trace(packed.body)
         assert isinstance(reading, TraceReading)
         assert reading.seqs and set(reading.seqs) <= set(sources.turns)
-        assert len(reading.keys) == len(packed.texts) == 1
+        # The system prompt, and the pins and processors (JSON), each kept once by key.
+        assert len(reading.keys) == len(packed.texts) == 3
         # A source that changed (or went) is never shown as the trace: None, not wrong text.
         turns = dict(sources.turns)
         assert reading.rebuild(turns, packed.texts) == trace
@@ -131,9 +132,10 @@ async def test_a_trace_refers_to_turns_and_keeps_other_texts_once() -> None:
         assert isinstance(again, TraceReading)
         assert again.rebuild({s: t for s, t in turns.items() if s != seq}, packed.texts) is None
         # A trace without sources packs whole and reads back.
-        plain = read_trace(pack_trace(replace(trace, sources=None)).body)
+        alone = pack_trace(replace(trace, sources=None))
+        plain = read_trace(alone.body)
         assert isinstance(plain, TraceReading) and not plain.seqs
-        assert plain.rebuild({}, {}) == trace
+        assert plain.rebuild({}, alone.texts) == trace
         assert MIN_REF > 8
     finally:
         await engine.close()

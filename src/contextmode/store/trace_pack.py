@@ -176,10 +176,12 @@ def _segments(text: str, sources: Sequence[tuple[int | str, str]], whole: Mappin
         return [[ref]]
     out: list[Segment] = []
     pos = 0
+    lengths = dict(sources)
     for start, end, ref, offset in _matches(text, sources):
         if start > pos:
             out.append(text[pos:start])
-        out.append([ref, offset, offset + end - start])
+        whole_source = offset == 0 and end - start == len(lengths[ref])
+        out.append([ref] if whole_source else [ref, offset, offset + end - start])
         pos = end
     if not out:
         return text
@@ -213,11 +215,19 @@ def _text_slots(data: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
         yield data["rewrite"], "text"
 
 
+_KEPT_FIELDS = ("pins", "processors")
+"""Fields that change seldom: kept once per session as JSON texts, the trace names their key."""
+
+
 def _crc(texts: Iterator[str]) -> int:
     crc = 0
     for text in texts:
         crc = zlib.crc32(text.encode() + b"\0", crc)
     return crc
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def pack_trace(trace: TurnTrace) -> PackedTrace:
@@ -241,8 +251,13 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
             used.update(seg[0] for seg in value if isinstance(seg, list) and isinstance(seg[0], str))
             slot[key] = value
     data["_crc"] = crc
-    body = pack_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")))
     texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(used)}
+    for name in _KEPT_FIELDS:
+        kept = _json(data[name])
+        if len(kept) >= MIN_REF:
+            data[name] = f"#{text_key(kept)}"
+            texts[data[name][1:]] = pack_text(kept)
+    body = pack_text(_json(data))
     return PackedTrace(turn=trace.turn, created_at=trace.created_at, body=body, texts=texts)
 
 
@@ -266,6 +281,9 @@ class TraceReading:
         try:
             for slot, key in _text_slots(data):
                 slot[key] = _rebuild(slot[key], sources)
+            for name in _KEPT_FIELDS:
+                if isinstance(data.get(name), str):
+                    data[name] = json.loads(sources[data[name]])
         except KeyError:
             return None
         crc = data.pop("_crc", None)
@@ -281,7 +299,7 @@ def read_trace(body: bytes | str) -> TraceReading | TurnTrace:
         return trace_from_json(body)
     data: dict[str, Any] = json.loads(unpack_text(body))
     seqs: set[int] = set()
-    keys: set[str] = set()
+    keys = {data[name][1:] for name in _KEPT_FIELDS if isinstance(data.get(name), str)}
     for slot, key in _text_slots(data):
         value = slot[key]
         if isinstance(value, list):
