@@ -60,6 +60,7 @@ from .base import (
 from .lifecycle import SQL_SESSION_TABLES
 from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts, completes_block
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace, read_trace
+from .usage import postgres_session_bytes
 
 __all__ = ["PostgresStore"]
 
@@ -739,6 +740,12 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             status = await db.execute(
                 f"WITH x AS (DELETE FROM trace_texts {_W}) DELETE FROM turn_traces {_W}", *key)
         return int(status.split()[-1])
+
+    async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Bytes the session keeps by kind of record (`store.usage`)."""
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            return await postgres_session_bytes(db, key)
 
     # -- job locks --------------------------------------------------------------
 

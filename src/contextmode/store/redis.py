@@ -56,6 +56,7 @@ from .base import (
 from .lifecycle import REDIS_SESSION_KEYS
 from .postings import KeptHeads, analyze_texts
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace, read_trace
+from .usage import redis_session_bytes
 
 __all__ = ["RedisStore"]
 
@@ -450,6 +451,12 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
             pipe.delete(k["traces"], k["trace_turns"], k["trace_ages"], k["trace_texts"], k["trace_text_turns"])
             count, _ = await pipe.execute()
         return int(count)
+
+    async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Bytes the session keeps by kind of record (`store.usage`)."""
+        k = self._keys(*check_ids(tenant, session_id))
+        async with self._guard() as client:
+            return await redis_session_bytes(client, self.namespace, k["member"])
 
     # -- job locks --------------------------------------------------------------
 

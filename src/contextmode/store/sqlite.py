@@ -62,6 +62,7 @@ from .base import (
     SessionVersion,
 )
 from .postings import IndexStats, analyze_texts, completes_block
+from .usage import sqlite_session_bytes
 
 __all__ = ["SQLiteStore"]
 
@@ -569,6 +570,11 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
         return await self._run(traces.delete_traces, check_ids(tenant, session_id))
+
+    async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Bytes the session keeps by kind of record (`store.usage`)."""
+        key = check_ids(tenant, session_id)
+        return await self._run(lambda db: admin.read(db, lambda: sqlite_session_bytes(db, key)))
 
     # -- job locks --------------------------------------------------------------
 
