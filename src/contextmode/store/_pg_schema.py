@@ -259,6 +259,7 @@ async def m009_traces_by_reference(db: Conn) -> None:
             body bytea NOT NULL,
             PRIMARY KEY (tenant, session_id, key)
         ) WITH (fillfactor = 80);
+        ALTER TABLE sessions SET (fillfactor = 50, toast_tuple_target = 256);
         """
     )
 
