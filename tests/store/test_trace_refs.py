@@ -15,6 +15,7 @@ from contextmode.api import build_engine
 from contextmode.engine import Engine, TurnRequest
 from contextmode.settings import EngineSettings
 from contextmode.store import open_store
+from contextmode.store._sqlite_schema import m009_traces_by_reference
 from contextmode.store.base import TraceRecords, keeps_traces, load_trace
 from contextmode.store.trace_pack import (
     MIN_REF,
@@ -189,3 +190,34 @@ async def _kept_texts(store: object, backend: str) -> dict[str, int]:
 
 def test_min_ref_keeps_short_texts_literal() -> None:
     assert len("我不吃辣") < MIN_REF
+
+
+async def test_a_trace_kept_as_json_before_the_migration_is_still_read(tmp_path: Path) -> None:
+    """A SQLite file written before traces were kept by reference: the migration moves its
+    traces to the new table and they read back as they were."""
+    import sqlite3
+    from datetime import UTC, datetime
+
+    from contextmode.store import SQLiteStore
+    from contextmode.store._sqlite_schema import MIGRATIONS
+    from contextmode.trace import TurnTrace
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
+    db.execute("BEGIN")
+    for migration in MIGRATIONS[: MIGRATIONS.index(m009_traces_by_reference)]:
+        migration(db)
+        db.execute("INSERT INTO _migrations VALUES (?, datetime('now'))", (migration.__name__,))
+    db.execute("COMMIT")
+    old = TurnTrace(turn=1, user_seq=1, answer_seq=2, created_at=datetime(2026, 1, 2, tzinfo=UTC),
+                    typed="那家店在哪？", sent="那家店在哪？",
+                    messages=(ChatMessage(role="user", content="那家店在哪？"),))
+    db.execute("INSERT INTO turn_traces VALUES ('t', 's', 1, 0, ?)", (trace_to_json(old),))
+    db.close()
+    store = SQLiteStore(path)
+    try:
+        assert await store.get_trace("t", "s", 1) == old
+        assert await store.delete_traces("t", "s") == 1
+    finally:
+        await store.close()
