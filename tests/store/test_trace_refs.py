@@ -14,7 +14,7 @@ import pytest
 from contextmode.api import build_engine
 from contextmode.engine import Engine, TurnRequest
 from contextmode.settings import EngineSettings
-from contextmode.store import open_store
+from contextmode.store import Store, open_store
 from contextmode.store._sqlite_schema import m009_traces_by_reference
 from contextmode.store.base import TraceRecords, keeps_traces, load_trace
 from contextmode.store.trace_pack import (
@@ -142,10 +142,16 @@ async def test_a_trace_refers_to_turns_and_keeps_other_texts_once() -> None:
         await engine.close()
 
 
-@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_kept_texts_go_with_retention_and_with_the_traces(backend: str, tmp_path: Path) -> None:
-    url = "memory://" if backend == "memory" else f"sqlite:///{tmp_path / 'x.db'}"
-    store = open_store(url)
+    if backend == "memory":
+        await _retention(open_store("memory://"), backend)
+        return
+    async with fresh_store_url(backend, tmp_path) as url:  # type: ignore[arg-type]
+        await _retention(open_store(url), backend)
+
+
+async def _retention(store: Store, backend: str) -> None:
     try:
         model = FunctionModel(answer)
         engine = build_engine(store=store, model=model, processors="offline",
@@ -181,6 +187,14 @@ async def _kept_texts(store: object, backend: str) -> dict[str, int]:
                 for k, (_, last) in s.trace_texts.items()}
     import sqlite3
 
+    if backend == "postgres":
+        async with store._db() as pg:  # type: ignore[attr-defined]
+            return {r["key"]: r["last_turn"] for r in await pg.fetch("SELECT key, last_turn FROM trace_texts")}
+    if backend == "redis":
+        async with store._guard() as client:  # type: ignore[attr-defined]
+            scores = await client.zrange(f"{store.namespace}trxl:t/s", 0, -1, withscores=True)  # type: ignore[attr-defined]
+            assert await client.hlen(f"{store.namespace}trx:t/s") == len(scores)  # type: ignore[attr-defined]
+            return {k: int(v) for k, v in scores}
     db = sqlite3.connect(store.path)  # type: ignore[attr-defined]
     try:
         return dict(db.execute("SELECT key, last_turn FROM trace_texts").fetchall())
