@@ -235,3 +235,23 @@ async def test_a_trace_kept_as_json_before_the_migration_is_still_read(tmp_path:
         assert await store.delete_traces("t", "s") == 1
     finally:
         await store.close()
+
+
+async def test_a_large_trace_packs_the_same_off_the_event_loop() -> None:
+    from datetime import UTC, datetime
+
+    from contextmode.store.trace_pack import PACK_INLINE_CHARS, pack_trace_soon
+    from contextmode.trace import TurnTrace
+
+    turns = {seq: f"第{seq}轮：" + "我们聊聊周末去哪里吃饭，不要太辣，预算五十元以内。" * 20 for seq in range(1, 60)}
+    system = "\n".join(f"[2026-01-02] 用户: {text}" for text in turns.values())
+    assert len(system) > PACK_INLINE_CHARS
+    trace = TurnTrace(turn=30, user_seq=59, answer_seq=None, created_at=datetime(2026, 1, 2, tzinfo=UTC),
+                      typed=turns[59], sent=turns[59],
+                      messages=(ChatMessage(role="system", content=system), ChatMessage(role="user", content=turns[59])),
+                      sources=TraceSources(turns=turns))
+    packed = await pack_trace_soon(trace)
+    assert packed == pack_trace(trace)
+    assert len(packed.body) < len(system) // 50
+    reading = read_trace(packed.body)
+    assert isinstance(reading, TraceReading) and reading.rebuild(turns, packed.texts) == trace

@@ -9,15 +9,14 @@ from __future__ import annotations
 from ..trace import TurnTrace
 from ._codec import to_micros
 from ._sqlite_admin import WHERE, Db, read, write
-from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace, read_trace
+from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, read_trace
 
 __all__ = ["delete_traces", "get_trace", "put_trace"]
 
 
-def put_trace(db: Db, key: tuple[str, str], trace: TurnTrace, keep: int, cutoff: int | None) -> None:
+def put_trace(db: Db, key: tuple[str, str], packed: PackedTrace, keep: int, cutoff: int | None) -> None:
     """Insert or replace the trace and the texts it refers to, then prune by count and age
     (and the texts no kept trace refers to any more, `TEXT_TURN_SLACK`), in one transaction."""
-    packed = pack_trace(trace)
 
     def body() -> None:
         if db.execute(f"SELECT 1 FROM sessions {WHERE}", key).fetchone() is None:
@@ -26,12 +25,12 @@ def put_trace(db: Db, key: tuple[str, str], trace: TurnTrace, keep: int, cutoff:
             "INSERT INTO trace_texts (tenant, session_id, key, last_turn, body) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT (tenant, session_id, key) DO UPDATE SET last_turn = excluded.last_turn"
             " WHERE last_turn <= excluded.last_turn - ?",
-            [(*key, k, trace.turn, text, TEXT_TURN_SLACK) for k, text in packed.texts.items()],
+            [(*key, k, packed.turn, text, TEXT_TURN_SLACK) for k, text in packed.texts.items()],
         )
         db.execute(
             "INSERT OR REPLACE INTO turn_traces (tenant, session_id, turn, created_at, body)"
             " VALUES (?, ?, ?, ?, ?)",
-            (*key, trace.turn, to_micros(trace.created_at), packed.body),
+            (*key, packed.turn, to_micros(packed.created_at), packed.body),
         )
         pruned = 0
         if keep:

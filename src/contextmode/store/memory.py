@@ -23,7 +23,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
-from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace, read_trace
+from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
 
 __all__ = ["MemoryStore"]
 
@@ -307,11 +307,11 @@ class MemoryStore(OwnConnections):
         older_than: datetime | None = None,
     ) -> None:
         key = self._key(tenant, session_id)
+        packed = await pack_trace_soon(trace)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
                 return
-            packed = pack_trace(trace)
             session.traces[trace.turn] = packed
             for text_key, text in packed.texts.items():
                 last = session.trace_texts.get(text_key, (b"", -TEXT_TURN_SLACK))[1]

@@ -59,7 +59,7 @@ from .base import (
 )
 from .lifecycle import SQL_SESSION_TABLES
 from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts, completes_block
-from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace, read_trace
+from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import postgres_session_bytes
 
 __all__ = ["PostgresStore"]
@@ -711,7 +711,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         older_than: datetime | None = None,
     ) -> None:
         key = check_ids(tenant, session_id)
-        packed = pack_trace(trace)
+        packed = await pack_trace_soon(trace)
         async with self._db() as db:
             await db.execute(
                 _PUT_TRACE, *key, trace.turn, _aware(trace.created_at), packed.body, keep,

@@ -55,7 +55,7 @@ from .base import (
 )
 from .lifecycle import REDIS_SESSION_KEYS
 from .postings import KeptHeads, analyze_texts
-from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace, read_trace
+from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import redis_session_bytes
 
 __all__ = ["RedisStore"]
@@ -418,7 +418,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     ) -> None:
         k = self._keys(*check_ids(tenant, session_id))
         cutoff = "" if older_than is None else to_micros(older_than)
-        packed = pack_trace(trace)
+        packed = await pack_trace_soon(trace)
         await self._script(
             "TRACE_PUT",
             [k["sess"], k["traces"], k["trace_turns"], k["trace_ages"], k["trace_texts"], k["trace_text_turns"]],

@@ -25,6 +25,8 @@ a new format byte); docs/storage.md has the measurement behind the choice.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import hashlib
 import json
 import zlib
@@ -41,6 +43,7 @@ __all__ = [
     "TraceReading",
     "pack_text",
     "pack_trace",
+    "pack_trace_soon",
     "read_trace",
     "text_key",
     "unpack_text",
@@ -142,52 +145,128 @@ def _longest(text: str, source: str, *, head: bool) -> int:
     return low
 
 
-def _matches(text: str, sources: Sequence[tuple[int | str, str]]) -> list[tuple[int, int, int | str, int]]:
+@dataclass(frozen=True)
+class _Source:
+    ref: int | str
+    text: str
+    head: str
+    """The first `MIN_REF` characters: no part of the source is looked for in a text
+    that holds neither this nor `tail` (two fast searches rule out most pairs)."""
+    tail: str
+
+
+def _prepared(sources: Sequence[tuple[int | str, str]]) -> list[_Source]:
+    return [_Source(ref, text, text[:MIN_REF], text[-MIN_REF:]) for ref, text in sources]
+
+
+def _matches(text: str, sources: Sequence[_Source]) -> list[tuple[int, int, int | str, int]]:
     """Non-overlapping (start, end, source ref, start in the source), longest first chosen."""
     found: list[tuple[int, int, int | str, int]] = []
-    for ref, source in sources:
-        at = text.find(source)
+    for src in sources:
+        has_head, has_tail = src.head in text, src.tail in text
+        if not (has_head or has_tail):
+            continue
+        source, ref = src.text, src.ref
+        at = text.find(source) if has_head and has_tail else -1
         if at >= 0:
             while at >= 0:
                 found.append((at, at + len(source), ref, 0))
                 at = text.find(source, at + len(source))
             continue
-        head = _longest(text, source, head=True)
+        head = _longest(text, source, head=True) if has_head else 0
         if head:
             at = text.find(source[:head])
             found.append((at, at + head, ref, 0))
-        tail = _longest(text, source, head=False)
+        tail = _longest(text, source, head=False) if has_tail else 0
         if tail:
             at = text.find(source[-tail:])
             found.append((at, at + tail, ref, len(source) - tail))
-    chosen: list[tuple[int, int, int | str, int]] = []
+    chosen: list[tuple[int, int, int | str, int]] = []  # sorted by start, never overlapping
     for match in sorted(found, key=lambda m: m[0] - m[1]):
-        if all(match[1] <= c[0] or match[0] >= c[1] for c in chosen):
-            chosen.append(match)
-    return sorted(chosen)
+        i = bisect.bisect_left(chosen, match[0], key=lambda c: c[0])
+        if (i == 0 or chosen[i - 1][1] <= match[0]) and (i == len(chosen) or match[1] <= chosen[i][0]):
+            chosen.insert(i, match)
+    return chosen
 
 
-def _segments(text: str, sources: Sequence[tuple[int | str, str]], whole: Mapping[str, int | str]) -> str | list[Segment]:
-    """``text`` as literal text and source slices (a plain string when no source helps)."""
-    if len(text) < MIN_REF:
-        return text
-    ref = whole.get(text)
-    if ref is not None:
-        return [[ref]]
-    out: list[Segment] = []
-    pos = 0
-    lengths = dict(sources)
-    for start, end, ref, offset in _matches(text, sources):
-        if start > pos:
-            out.append(text[pos:start])
-        whole_source = offset == 0 and end - start == len(lengths[ref])
-        out.append([ref] if whole_source else [ref, offset, offset + end - start])
-        pos = end
-    if not out:
-        return text
-    if pos < len(text):
-        out.append(text[pos:])
-    return out
+class _Matcher:
+    """The sources of one trace, ready to look for in its texts."""
+
+    def __init__(self, sources: Sequence[tuple[int | str, str]], whole: Mapping[str, int | str]) -> None:
+        self.sources = _prepared(sorted(sources, key=lambda s: -len(s[1])))
+        self.lengths = {ref: len(text) for ref, text in sources}
+        self.lookup = dict(sources)
+        self.whole = whole
+
+    def segments(self, text: str, sources: Sequence[_Source]) -> str | list[Segment]:
+        """``text`` as literal text and slices of ``sources`` (a plain string when none helps,
+        or when the slices would not give ``text`` back)."""
+        if len(text) < MIN_REF:
+            return text
+        ref = self.whole.get(text)
+        if ref is not None:
+            return [[ref]]
+        out: list[Segment] = []
+        pos = 0
+        for start, end, ref, offset in _matches(text, sources):
+            if start > pos:
+                out.append(text[pos:start])
+            whole_source = offset == 0 and end - start == self.lengths[ref]
+            out.append([ref] if whole_source else [ref, offset, offset + end - start])
+            pos = end
+        if not out:
+            return text
+        if pos < len(text):
+            out.append(text[pos:])
+        return out if _rebuild(out, self.lookup) == text else text
+
+    def encoded(self, text: str, segments: list[Segment]) -> _Encoded:
+        """``segments`` (of ``text``) with where each starts, for `within`."""
+        starts, pos = [], 0
+        for seg in segments:
+            starts.append(pos)
+            pos += len(seg) if isinstance(seg, str) else self._size(seg)
+        return _Encoded(text, segments, starts)
+
+    def _size(self, seg: list[int | str]) -> int:
+        return self.lengths[seg[0]] if len(seg) == 1 else int(seg[2]) - int(seg[1])
+
+    def within(self, text: str, encoded: Sequence[_Encoded]) -> list[Segment] | None:
+        """``text`` as the span of an already encoded text that holds it (a recalled line is a
+        line of the system message), or ``None``."""
+        for done in encoded:
+            at = done.text.find(text) if len(text) >= MIN_REF else -1
+            if at >= 0:
+                out = self._cut(done, at, at + len(text))
+                return out if _rebuild(out, self.lookup) == text else None
+        return None
+
+    def _cut(self, done: _Encoded, start: int, end: int) -> list[Segment]:
+        """The segments of characters ``start``–``end`` of ``done``."""
+        out: list[Segment] = []
+        for i in range(bisect.bisect_right(done.starts, start) - 1, len(done.segments)):
+            seg, pos = done.segments[i], done.starts[i]
+            if pos >= end:
+                break
+            size = len(seg) if isinstance(seg, str) else self._size(seg)
+            lo, hi = max(start, pos), min(end, pos + size)
+            if isinstance(seg, str):
+                out.append(seg[lo - pos:hi - pos])
+            elif hi - lo == size:
+                out.append(seg)
+            else:
+                a = 0 if len(seg) == 1 else int(seg[1])
+                out.append([seg[0], a + lo - pos, a + hi - pos])
+        return out
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A text already kept as segments, and where each segment starts in it."""
+
+    text: str
+    segments: list[Segment]
+    starts: list[int]
 
 
 def _rebuild(value: str | list[Segment], sources: Mapping[int | str, str]) -> str:
@@ -238,18 +317,28 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     keyed = {f"#{text_key(t)}": t for t in given.texts if len(t) >= MIN_REF}
     sources: list[tuple[int | str, str]] = [(s, t) for s, t in given.turns.items() if len(t) >= MIN_REF]
     sources += keyed.items()
-    sources.sort(key=lambda s: -len(s[1]))
     whole: dict[str, int | str] = {text: ref for ref, text in keyed.items()}
     whole.update({text: seq for seq, text in given.turns.items()})  # a turn rather than a kept copy
-    lookup = dict(sources)
-    used: set[str] = set()
-    for slot, key in _text_slots(data):
-        value = _segments(slot[key], sources, whole)
-        if not isinstance(value, str):
-            if _rebuild(value, lookup) != slot[key]:  # never: kept literal if it were
+    matcher = _Matcher(sources, whole)
+    # The messages first, against every source; the other texts (recalled lines, typed,
+    # rewrite) repeat parts of the messages, so only the sources the messages used are
+    # looked for in them (a trace of ~100 recalled turns packs in milliseconds, not tens).
+    slots = list(_text_slots(data))
+    met: set[int | str] = set()
+    encoded: list[_Encoded] = []
+    for pass_ in (0, 1):
+        candidates = matcher.sources if pass_ == 0 else [s for s in matcher.sources if s.ref in met]
+        for slot, key in slots:
+            if (key == "content") != (pass_ == 0):
                 continue
-            used.update(seg[0] for seg in value if isinstance(seg, list) and isinstance(seg[0], str))
-            slot[key] = value
+            text = slot[key]
+            value = (pass_ and matcher.within(text, encoded)) or matcher.segments(text, candidates)
+            if not isinstance(value, str):
+                met.update(seg[0] for seg in value if isinstance(seg, list))
+                slot[key] = value
+                if pass_ == 0:
+                    encoded.append(matcher.encoded(text, value))
+    used = {ref for ref in met if isinstance(ref, str)}
     data["_crc"] = crc
     texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(used)}
     for name in _KEPT_FIELDS:
@@ -259,6 +348,20 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
             texts[data[name][1:]] = pack_text(kept)
     body = pack_text(_json(data))
     return PackedTrace(turn=trace.turn, created_at=trace.created_at, body=body, texts=texts)
+
+
+PACK_INLINE_CHARS = 16_384
+"""A trace whose texts hold more characters than this is packed on a worker thread
+(`pack_trace_soon`): matching a context of ~100 recalled turns takes milliseconds, which
+the event loop should not wait for."""
+
+
+async def pack_trace_soon(trace: TurnTrace) -> PackedTrace:
+    """`pack_trace`, on a worker thread when the trace is large (`PACK_INLINE_CHARS`)."""
+    size = sum(len(m.content) for m in trace.messages) + sum(len(r.text) for r in trace.recalled)
+    if size <= PACK_INLINE_CHARS:
+        return pack_trace(trace)
+    return await asyncio.to_thread(pack_trace, trace)
 
 
 @dataclass(frozen=True)
