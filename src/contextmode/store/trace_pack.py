@@ -193,19 +193,20 @@ class _Matcher:
     """The sources of one trace, ready to look for in its texts."""
 
     def __init__(self, sources: Sequence[tuple[int | str, str]], whole: Mapping[str, int | str]) -> None:
-        self.sources = _prepared(sorted(sources, key=lambda s: -len(s[1])))
-        self.lengths = {ref: len(text) for ref, text in sources}
+        self.sources = _prepared(sorted((s for s in sources if len(s[1]) >= MIN_REF), key=lambda s: -len(s[1])))
+        """Those long enough to look for inside a text (any source may match a text whole)."""
         self.lookup = dict(sources)
+        self.lengths = {ref: len(text) for ref, text in sources}
         self.whole = whole
 
     def segments(self, text: str, sources: Sequence[_Source]) -> str | list[Segment]:
         """``text`` as literal text and slices of ``sources`` (a plain string when none helps,
         or when the slices would not give ``text`` back)."""
+        ref = self.whole.get(text)
+        if ref is not None and text:
+            return [[ref]]  # a turn whole, however short: it goes with the turn
         if len(text) < MIN_REF:
             return text
-        ref = self.whole.get(text)
-        if ref is not None:
-            return [[ref]]
         out: list[Segment] = []
         pos = 0
         for start, end, ref, offset in _matches(text, sources):
@@ -315,8 +316,7 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     crc = _crc(slot[key] for slot, key in _text_slots(data))
     given = trace.sources or TraceSources()
     keyed = {f"#{text_key(t)}": t for t in given.texts if len(t) >= MIN_REF}
-    sources: list[tuple[int | str, str]] = [(s, t) for s, t in given.turns.items() if len(t) >= MIN_REF]
-    sources += keyed.items()
+    sources: list[tuple[int | str, str]] = [*given.turns.items(), *keyed.items()]
     whole: dict[str, int | str] = {text: ref for ref, text in keyed.items()}
     whole.update({text: seq for seq, text in given.turns.items()})  # a turn rather than a kept copy
     matcher = _Matcher(sources, whole)
