@@ -310,37 +310,44 @@ def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _encode(data: dict[str, Any], matcher: _Matcher) -> set[int | str]:
+    """Replace the trace's texts in ``data`` by segments; return the sources they use.
+
+    The messages first, against every source; the other texts (recalled lines, typed,
+    rewrite) repeat parts of the messages, so they are cut from the encoded message that
+    holds them, else matched against the sources the messages used only (a trace of ~100
+    recalled turns packs in milliseconds, not tens)."""
+    slots = list(_text_slots(data))
+    met: set[int | str] = set()
+    encoded: list[_Encoded] = []
+    for slot, key in slots:
+        if key == "content":
+            value = matcher.segments(slot[key], matcher.sources)
+            if not isinstance(value, str):
+                met.update(seg[0] for seg in value if isinstance(seg, list))
+                encoded.append(matcher.encoded(slot[key], value))
+                slot[key] = value
+    narrowed = [s for s in matcher.sources if s.ref in met]
+    for slot, key in slots:
+        if key != "content":
+            value = matcher.within(slot[key], encoded) or matcher.segments(slot[key], narrowed)
+            if not isinstance(value, str):
+                met.update(seg[0] for seg in value if isinstance(seg, list))
+                slot[key] = value
+    return met
+
+
 def pack_trace(trace: TurnTrace) -> PackedTrace:
     """The trace as a store keeps it: texts by reference to ``trace.sources``, JSON packed."""
     data = trace_to_dict(trace)
     crc = _crc(slot[key] for slot, key in _text_slots(data))
     given = trace.sources or TraceSources()
     keyed = {f"#{text_key(t)}": t for t in given.texts if len(t) >= MIN_REF}
-    sources: list[tuple[int | str, str]] = [*given.turns.items(), *keyed.items()]
     whole: dict[str, int | str] = {text: ref for ref, text in keyed.items()}
     whole.update({text: seq for seq, text in given.turns.items()})  # a turn rather than a kept copy
-    matcher = _Matcher(sources, whole)
-    # The messages first, against every source; the other texts (recalled lines, typed,
-    # rewrite) repeat parts of the messages, so only the sources the messages used are
-    # looked for in them (a trace of ~100 recalled turns packs in milliseconds, not tens).
-    slots = list(_text_slots(data))
-    met: set[int | str] = set()
-    encoded: list[_Encoded] = []
-    for pass_ in (0, 1):
-        candidates = matcher.sources if pass_ == 0 else [s for s in matcher.sources if s.ref in met]
-        for slot, key in slots:
-            if (key == "content") != (pass_ == 0):
-                continue
-            text = slot[key]
-            value = (pass_ and matcher.within(text, encoded)) or matcher.segments(text, candidates)
-            if not isinstance(value, str):
-                met.update(seg[0] for seg in value if isinstance(seg, list))
-                slot[key] = value
-                if pass_ == 0:
-                    encoded.append(matcher.encoded(text, value))
-    used = {ref for ref in met if isinstance(ref, str)}
+    used = _encode(data, _Matcher([*given.turns.items(), *keyed.items()], whole))
     data["_crc"] = crc
-    texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(used)}
+    texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(r for r in used if isinstance(r, str))}
     for name in _KEPT_FIELDS:
         kept = _json(data[name])
         if len(kept) >= MIN_REF:
