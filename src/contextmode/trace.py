@@ -32,13 +32,16 @@ __all__ = [
     "RecalledTurn",
     "TraceLayer",
     "TraceRewrite",
+    "TraceSources",
     "TurnTrace",
     "build_trace",
     "cap_trace",
     "exchange_count",
     "explain_recalled",
     "recalled_turns",
+    "trace_from_dict",
     "trace_from_json",
+    "trace_sources",
     "trace_to_dict",
     "trace_to_json",
 ]
@@ -111,6 +114,18 @@ class TraceRewrite:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TraceSources:
+    """Texts the store holds, or keeps once per session, that a trace's texts may refer to
+    instead of copying them (`store.trace_pack`): never part of the trace's JSON."""
+
+    turns: Mapping[int, str] = field(default_factory=dict)
+    """Turn seq → its content exactly as stored (the turns the context showed)."""
+    texts: Sequence[str] = ()
+    """Texts stored nowhere else that turns repeat (system prompt, summary, pinned values):
+    a store keeps each once per session, by hash, while a kept trace refers to it."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TurnTrace:
     """One exchange as sent to the model."""
 
@@ -170,6 +185,8 @@ class TurnTrace:
     pii_masked: Mapping[str, int] = field(default_factory=dict)
     """Personal values masked in this exchange's stored turns, by kind (``{"phone": 1}``;
     ``EngineSettings(pii="mask")``); the trace's own texts are masked the same way."""
+    sources: TraceSources | None = field(default=None, compare=False, repr=False)
+    """What the texts may refer to when stored (set by `build_trace`); not kept, not shown."""
 
 
 def message_to_dict(message: ChatMessage) -> dict[str, Any]:
@@ -196,6 +213,7 @@ def _plain(trace: TurnTrace) -> dict[str, Any]:
     """The trace as JSON-ready builtins; by hand, because `dataclasses.asdict` deep-copies
     every field and this runs on every turn."""
     data = dict(vars(trace))
+    del data["sources"]
     data["created_at"] = trace.created_at.isoformat()
     data["messages"] = [message_to_dict(m) for m in trace.messages]
     data["layers"] = [{**vars(x), "dropped_seqs": list(x.dropped_seqs)} for x in trace.layers]
@@ -219,8 +237,12 @@ def trace_to_dict(trace: TurnTrace) -> dict[str, Any]:
 
 def trace_from_json(text: str) -> TurnTrace:
     """Inverse of `trace_to_json`; unknown keys (a newer writer) are ignored."""
-    data: dict[str, Any] = json.loads(text)
-    known = set(TurnTrace.__dataclass_fields__)
+    return trace_from_dict(json.loads(text))
+
+
+def trace_from_dict(data: dict[str, Any]) -> TurnTrace:
+    """Inverse of `trace_to_dict`; unknown keys (a newer writer) are ignored."""
+    known = set(TurnTrace.__dataclass_fields__) - {"sources"}
     data = {k: v for k, v in data.items() if k in known}
     data["created_at"] = datetime.fromisoformat(data["created_at"])
     data["messages"] = tuple(message_from_dict(m) for m in data.get("messages", ()))
@@ -366,10 +388,35 @@ class ExchangeOutcome:
     partial: bool
 
 
+def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceSources:
+    """What this exchange's trace may refer to: every turn the session state held (window,
+    key moments, recalled) and the turns the exchange stored, as stored; the summary, the
+    pinned values, and for each layer that shows no turn (system prompt, pins, summary,
+    instructions) its items' paragraphs and the items' lines together (a paragraph only this
+    turn shows, such as a rewrite's hint, is kept as a text too, and goes with the trace)."""
+    state, ctx = prepared.state, prepared.context
+    turns = {t.seq: t.content for group in (state.turns, state.key_moments, state.recalled, stored) for t in group}
+    texts = [state.summary.text] if state.summary is not None else []
+    texts += [c.value for c in state.constraints]
+    for layer in ctx.layers:
+        if layer.items and all(item.role is None for item in layer.items):
+            texts += [part for item in layer.items for part in item.text.split("\n\n")]
+            if len(layer.items) > 1:
+                texts.append("\n".join(item.text for item in layer.items))
+    return TraceSources(turns=turns, texts=tuple(dict.fromkeys(texts)))
+
+
 def build_trace(
-    prepared: PreparedTurn, outcome: ExchangeOutcome, *, processors: Mapping[str, str], model: str
+    prepared: PreparedTurn,
+    outcome: ExchangeOutcome,
+    *,
+    processors: Mapping[str, str],
+    model: str,
+    stored: Sequence[Turn] = (),
 ) -> TurnTrace:
-    """The trace of a finished exchange from what the engine prepared and measured."""
+    """The trace of a finished exchange from what the engine prepared and measured;
+    ``stored``: the turns the exchange stored (the message, the answer), which its texts
+    may refer to."""
     ctx = prepared.context
     follow_up = prepared.detection.intent if prepared.detection.intent != "pronoun" else None
     return TurnTrace(
@@ -411,4 +458,5 @@ def build_trace(
         ttft_ms=None if outcome.ttft_ms is None else round(outcome.ttft_ms, 3),
         model_ms=round(outcome.model_ms, 3),
         partial=outcome.partial,
+        sources=trace_sources(prepared, stored),
     )

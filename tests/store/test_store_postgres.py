@@ -88,6 +88,19 @@ _THREE_STATEMENTS = (
 )
 
 
+def _typed(body: str | None, packed: bytes | None) -> str:
+    """What a kept row holds, whichever way it was written: the trace's typed message (a
+    packed trace, or the JSON the three statements wrote) or the test's own body."""
+    import json
+
+    from contextmode.store.trace_pack import unpack_text
+
+    if packed is not None:
+        return str(json.loads(unpack_text(packed))["typed"])
+    assert body is not None
+    return str(json.loads(body)["typed"]) if body.startswith("{") else body
+
+
 async def test_put_trace_in_one_statement_keeps_what_the_three_statements_kept(schema: str) -> None:
     """From random kept traces, a random write (a new, rewritten or old turn; count and age
     limits; an unknown session) leaves the same traces as the three statements did."""
@@ -129,9 +142,9 @@ async def test_put_trace_in_one_statement_keeps_what_the_three_statements_kept(s
                         await db.execute(_THREE_STATEMENTS[2], *key, older)
                 kept = {}
                 for copy in ("new", "old"):
-                    kept[copy] = [tuple(r) for r in await db.fetch(
-                        "SELECT turn, created_at, body FROM turn_traces WHERE tenant = 't' AND session_id = $1"
-                        " ORDER BY turn", copy)]
+                    kept[copy] = [(r["turn"], r["created_at"], _typed(r["body"], r["packed"])) for r in await db.fetch(
+                        "SELECT turn, created_at, body, packed FROM turn_traces WHERE tenant = 't'"
+                        " AND session_id = $1 ORDER BY turn", copy)]
                 assert kept["new"] == kept["old"], f"step {step}: turn {turn} keep {keep} older {older}"
     finally:
         await store.close()

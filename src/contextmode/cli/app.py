@@ -52,6 +52,7 @@ for _module in ("followup", "rewrite", "summary", "constraints", "emotion", "loc
 
 importlib.import_module("contextmode.cli.index").register(app)
 importlib.import_module("contextmode.cli.mcp").register(app)
+importlib.import_module("contextmode.cli.stats").register(app)
 from .lifecycle import register as _register_lifecycle  # noqa: E402 - after the eval sub-app
 
 _register_lifecycle(app)

@@ -137,17 +137,19 @@ async def store_answer(
             ttft_ms=answer.ttft_ms, model_ms=answer.model_ms, partial=answer.partial,
         )
         masked = masked_counts(user_turn, stored)
-        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome, masked))
+        stored_turns = (user_turn, stored) if stored is not None else (user_turn,)
+        engine.trace_writes.add(key, _keep_trace(engine, keeper, key, prepared, outcome, masked, stored_turns))
     return stored
 
 
 async def _keep_trace(
     engine: Engine, keeper: TraceRecords, key: SessionKey, prepared: PreparedTurn, outcome: ExchangeOutcome,
-    masked: Mapping[str, int],
+    masked: Mapping[str, int], stored: tuple[Turn, ...],
 ) -> None:
     settings = engine.settings
     try:
-        trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name)
+        trace = build_trace(prepared, outcome, processors=engine.processor_versions(), model=engine.model.name,
+                            stored=stored)
         trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
         if (await engine.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:

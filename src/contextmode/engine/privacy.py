@@ -91,7 +91,8 @@ def keepable_trace(policy: PiiPolicy, trace: TurnTrace) -> TurnTrace:
     if policy != "mask":
         return trace
     masked = mask_json(trace_to_dict(trace))
-    return trace_from_json(json.dumps(masked, ensure_ascii=False))
+    # The stored turns it refers to are masked alike: keep what the texts may refer to.
+    return replace(trace_from_json(json.dumps(masked, ensure_ascii=False)), sources=trace.sources)
 
 
 def masked_counts(*turns: Turn | None) -> dict[str, int]:

@@ -241,6 +241,29 @@ async def m008_recall_frequencies(db: Conn) -> None:
     )
 
 
+async def m009_traces_by_reference(db: Conn) -> None:
+    # Traces refer to the turns and keep the other texts they repeat (system prompt, summary,
+    # pinned values) once per session in ``trace_texts`` (``last_turn``: about the newest
+    # trace referring to it, `store.trace_pack.TEXT_TURN_SLACK` behind at most).
+    # ``turn_traces.packed`` holds the packed trace; ``body`` (JSON) is left for rows
+    # written before, and read as such.
+    await db.execute(
+        """
+        ALTER TABLE turn_traces ALTER COLUMN body DROP NOT NULL;
+        ALTER TABLE turn_traces ADD COLUMN packed bytea;
+        CREATE TABLE trace_texts (
+            tenant text NOT NULL,
+            session_id text NOT NULL,
+            key text NOT NULL,
+            last_turn integer NOT NULL,
+            body bytea NOT NULL,
+            PRIMARY KEY (tenant, session_id, key)
+        ) WITH (fillfactor = 80);
+        ALTER TABLE sessions SET (fillfactor = 50, toast_tuple_target = 256);
+        """
+    )
+
+
 MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m001_sessions,
     m002_turns,
@@ -254,6 +277,7 @@ MIGRATIONS: list[Callable[[Conn], Awaitable[None]]] = [
     m006_session_users,
     m007_deletions,
     m008_recall_frequencies,
+    m009_traces_by_reference,
 ]
 
 

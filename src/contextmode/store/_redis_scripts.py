@@ -4,8 +4,10 @@ Keys of one session (``P`` = namespace + ``tenant/session_id``):
 ``{ns}s:P`` hash of heads and derived records, ``{ns}t:P`` hash seq → turn JSON
 (written once), ``{ns}e:P`` sorted set of emotion scores (member = seq padded to
 12 digits, so ties order by seq), ``{ns}j:P`` hash of job counters.
-Kept traces: ``{ns}tr:P`` hash turn → trace JSON, ``{ns}trn:P`` sorted set of
-turn numbers, ``{ns}tra:P`` the same members by creation time (age limit).
+Kept traces: ``{ns}tr:P`` hash turn → packed trace (`store.trace_pack`; JSON when written
+before), ``{ns}trn:P`` sorted set of turn numbers, ``{ns}tra:P`` the same members by creation
+time (age limit), ``{ns}trx:P`` hash key → packed text the traces refer to, ``{ns}trxl:P``
+those keys by the last turn referring to them (retention).
 Recall index (`store.postings`, `_redis_postings`): ``{ns}rp:P`` hash ``block:term`` →
 packed postings, ``{ns}ri:P`` hash of ``indexed_seq``, ``docs``, ``total_len`` and
 ``df:term`` (turns containing the term), written by APPEND with the turns.
@@ -376,10 +378,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: sess, traces hash, turn numbers zset, creation times zset
-# ARGV: turn, trace JSON, keep (0 = no count limit), created micros, cutoff ('' = no age limit)
+# KEYS: sess, traces hash, turn numbers zset, creation times zset, kept texts hash, their last turns zset
+# ARGV: turn, packed trace, keep (0 = no count limit), created micros, cutoff ('' = no age limit),
+#       slack (TEXT_TURN_SLACK), then key, packed text pairs (the texts the trace refers to)
 TRACE_PUT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local turn = tonumber(ARGV[1])
+local slack = tonumber(ARGV[6])
+for i = 7, #ARGV, 2 do
+  redis.call('HSETNX', KEYS[5], ARGV[i], ARGV[i + 1])
+  local last = redis.call('ZSCORE', KEYS[6], ARGV[i])
+  if not last or tonumber(last) <= turn - slack then redis.call('ZADD', KEYS[6], turn, ARGV[i]) end
+end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
@@ -396,6 +406,15 @@ for _, t in ipairs(gone) do
   redis.call('HDEL', KEYS[2], t)
   redis.call('ZREM', KEYS[3], t)
   redis.call('ZREM', KEYS[4], t)
+end
+if #gone > 0 then
+  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  local below = '+inf'
+  if #oldest > 0 then below = '(' .. (tonumber(oldest[2]) - slack) end
+  for _, k in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', below)) do
+    redis.call('HDEL', KEYS[5], k)
+    redis.call('ZREM', KEYS[6], k)
+  end
 end
 return 1
 """

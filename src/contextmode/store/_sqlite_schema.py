@@ -250,6 +250,48 @@ def m008_recall_frequencies(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE recall_index ADD COLUMN layout INTEGER NOT NULL DEFAULT 1")
 
 
+def m009_traces_by_reference(db: sqlite3.Connection) -> None:
+    # Traces refer to the turns and keep the other texts they repeat (system prompt, summary,
+    # pins) once per session, by key, while a kept trace refers to them (``last_turn``: about
+    # the newest such trace, `store.trace_pack.TEXT_TURN_SLACK`). ``turn_traces.body`` now
+    # holds the packed trace (a BLOB); a row written before is JSON text and is read as such.
+    # Both are rowid tables: a WITHOUT ROWID row keeps at most ~1 KB in its page and spills
+    # the rest to an overflow page of its own, so a 3 KB trace took two pages.
+    # (executescript would commit the migration's transaction: one statement at a time.)
+    for statement in (
+        """
+        CREATE TABLE turn_traces_by_rowid (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            turn INTEGER NOT NULL,
+            created_at INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            PRIMARY KEY (tenant, session_id, turn)
+        )
+        """,
+        """
+        INSERT INTO turn_traces_by_rowid SELECT tenant, session_id, turn, created_at, body FROM turn_traces
+        """,
+        """
+        DROP TABLE turn_traces
+        """,
+        """
+        ALTER TABLE turn_traces_by_rowid RENAME TO turn_traces
+        """,
+        """
+        CREATE TABLE trace_texts (
+            tenant TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            last_turn INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            PRIMARY KEY (tenant, session_id, key)
+        )
+        """,
+    ):
+        db.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m001_sessions,
     m002_turns,
@@ -263,6 +305,7 @@ MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     m006_session_users,
     m007_deletions,
     m008_recall_frequencies,
+    m009_traces_by_reference,
 ]
 
 

@@ -93,6 +93,7 @@ SQL_SESSION_TABLES: tuple[SqlKind, ...] = (
     SqlKind(kind="recall_postings", table="recall_recent"),  # the open block's rows
     SqlKind(kind="recall_df", table="recall_df"),
     SqlKind(kind="traces", table="turn_traces"),
+    SqlKind(kind="trace_texts", table="trace_texts"),
     SqlKind(kind="idempotency", table="idempotency"),
 )
 REDIS_SESSION_KEYS: tuple[RedisKind, ...] = (
@@ -102,6 +103,8 @@ REDIS_SESSION_KEYS: tuple[RedisKind, ...] = (
     RedisKind(kind="traces", prefix="tr"),
     RedisKind(kind="trace_turns", prefix="trn"),
     RedisKind(kind="trace_ages", prefix="tra"),
+    RedisKind(kind="trace_texts", prefix="trx"),
+    RedisKind(kind="trace_texts_turns", prefix="trxl"),
     RedisKind(kind="idempotency", prefix="idk", lists_keys=True),
     RedisKind(kind="recall_postings", prefix="rp"),
     RedisKind(kind="recall_index", prefix="ri", count_fields="indexed_seq"),

@@ -23,6 +23,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
+from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
 
 __all__ = ["MemoryStore"]
 
@@ -40,8 +41,10 @@ class _Session:
     """Emotion index: ``(-emotion, -seq)`` sorted, strongest (then newest) first."""
     last_answer: str | None = None
     jobs: dict[str, JobStats] = field(default_factory=dict)
-    traces: dict[int, TurnTrace] = field(default_factory=dict)
-    """Kept traces by exchange number."""
+    traces: dict[int, PackedTrace] = field(default_factory=dict)
+    """Kept traces by exchange number, as every store keeps them (`store.trace_pack`)."""
+    trace_texts: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    """Texts the traces refer to: key → (packed text, newest turn number referring to it)."""
     user_id: str | None = None
 
 
@@ -304,19 +307,36 @@ class MemoryStore(OwnConnections):
         older_than: datetime | None = None,
     ) -> None:
         key = self._key(tenant, session_id)
+        packed = await pack_trace_soon(trace)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
                 return
-            session.traces[trace.turn] = trace
+            session.traces[trace.turn] = packed
+            for text_key, text in packed.texts.items():
+                last = session.trace_texts.get(text_key, (b"", -TEXT_TURN_SLACK))[1]
+                if last <= trace.turn - TEXT_TURN_SLACK:
+                    session.trace_texts[text_key] = (text, trace.turn)
             newest = max(session.traces)
             for turn, kept in list(session.traces.items()):
                 if (keep and turn <= newest - keep) or (older_than and kept.created_at < older_than):
                     del session.traces[turn]
+            oldest = min(session.traces, default=newest + 1)
+            for text_key, (_, last) in list(session.trace_texts.items()):
+                if last < oldest - TEXT_TURN_SLACK:
+                    del session.trace_texts[text_key]
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
         session = self._sessions.get(self._key(tenant, session_id))
-        return session.traces.get(turn) if session else None
+        kept = session.traces.get(turn) if session else None
+        if session is None or kept is None:
+            return None
+        reading = read_trace(kept.body)
+        if not isinstance(reading, TraceReading):
+            return reading
+        turns = {t.seq: t.content for t in _kept(session.turns) if t.seq in reading.seqs}
+        texts = {k: session.trace_texts[k][0] for k in reading.keys if k in session.trace_texts}
+        return reading.rebuild(turns, texts)
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
         key = self._key(tenant, session_id)
@@ -326,6 +346,7 @@ class MemoryStore(OwnConnections):
                 return 0
             count = len(session.traces)
             session.traces.clear()
+            session.trace_texts.clear()
             return count
 
     # -- lifecycle ----------------------------------------------------------------

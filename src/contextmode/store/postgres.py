@@ -32,7 +32,7 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..trace import TurnTrace, trace_from_json, trace_to_json
+from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
 from . import _pg_postings as pg_postings
 from ._codec import (
@@ -59,6 +59,8 @@ from .base import (
 )
 from .lifecycle import SQL_SESSION_TABLES
 from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts, completes_block
+from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
+from .usage import postgres_session_bytes
 
 __all__ = ["PostgresStore"]
 
@@ -116,6 +118,9 @@ _LOAD = (
 # (a bounded look keeps each write O(1)) those older than ``$7`` go. The new trace (when the
 # session exists) takes part as written; it is not written if it would be dropped at once, and
 # its old version then goes too, so no row is both deleted and upserted in the statement.
+# The texts the trace refers to (keys ``$8``, packed ``$9``) are kept once (``last_turn``
+# moved up when ``$10`` = TEXT_TURN_SLACK behind); those whose ``last_turn`` lags the oldest
+# trace left by more go, except the ones this trace names.
 _PUT_TRACE = (
     f"WITH c AS (SELECT x.ins, GREATEST((SELECT MAX(turn) FROM turn_traces {_W}),"
     " CASE WHEN x.ins THEN $3::int END) AS top"
@@ -128,12 +133,19 @@ _PUT_TRACE = (
     " ORDER BY q.turn LIMIT 8),"
     " doomed AS (SELECT turn FROM f WHERE $7::timestamptz IS NOT NULL AND created_at < $7::timestamptz),"
     " d AS (DELETE FROM turn_traces t USING k WHERE t.tenant = $1 AND t.session_id = $2"
-    " AND ((k.cut IS NOT NULL AND t.turn <= k.cut) OR t.turn IN (SELECT turn FROM doomed)))"
-    " INSERT INTO turn_traces (tenant, session_id, turn, created_at, body)"
-    " SELECT $1, $2, $3, $4, $5 FROM k WHERE k.ins AND (k.cut IS NULL OR $3 > k.cut)"
+    " AND ((k.cut IS NOT NULL AND t.turn <= k.cut) OR t.turn IN (SELECT turn FROM doomed))),"
+    " tx AS (INSERT INTO trace_texts AS x (tenant, session_id, key, last_turn, body)"
+    " SELECT $1, $2, u.key, $3, u.body FROM k, unnest($8::text[], $9::bytea[]) AS u(key, body) WHERE k.ins"
+    " ON CONFLICT (tenant, session_id, key) DO UPDATE SET last_turn = excluded.last_turn"
+    " WHERE x.last_turn <= excluded.last_turn - $10::int),"
+    " dt AS (DELETE FROM trace_texts x WHERE x.tenant = $1 AND x.session_id = $2 AND NOT (x.key = ANY($8::text[]))"
+    " AND x.last_turn < COALESCE((SELECT MIN(turn) FROM f WHERE turn NOT IN (SELECT turn FROM doomed)),"
+    " 2147483647) - $10::int)"
+    " INSERT INTO turn_traces (tenant, session_id, turn, created_at, body, packed)"
+    " SELECT $1, $2, $3, $4, NULL, $5 FROM k WHERE k.ins AND (k.cut IS NULL OR $3 > k.cut)"
     " AND $3 NOT IN (SELECT turn FROM doomed)"
     " ON CONFLICT (tenant, session_id, turn)"
-    " DO UPDATE SET created_at = excluded.created_at, body = excluded.body"
+    " DO UPDATE SET created_at = excluded.created_at, body = NULL, packed = excluded.packed"
 )
 
 
@@ -699,23 +711,41 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         older_than: datetime | None = None,
     ) -> None:
         key = check_ids(tenant, session_id)
+        packed = await pack_trace_soon(trace)
         async with self._db() as db:
             await db.execute(
-                _PUT_TRACE, *key, trace.turn, _aware(trace.created_at), trace_to_json(trace), keep,
+                _PUT_TRACE, *key, trace.turn, _aware(trace.created_at), packed.body, keep,
                 None if older_than is None else _aware(older_than),
+                list(packed.texts), list(packed.texts.values()), TEXT_TURN_SLACK,
             )
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
         key = check_ids(tenant, session_id)
         async with self._db() as db:
-            body = await db.fetchval(f"SELECT body FROM turn_traces {_W} AND turn = $3", *key, turn)
-        return trace_from_json(body) if body is not None else None
+            row = await db.fetchrow(f"SELECT body, packed FROM turn_traces {_W} AND turn = $3", *key, turn)
+            if row is None:
+                return None
+            reading = read_trace(row["packed"] if row["packed"] is not None else row["body"])
+            if not isinstance(reading, TraceReading):
+                return reading
+            turns = await db.fetch(f"SELECT seq, content FROM turns {_W} AND seq = ANY($3::bigint[])",
+                                   *key, sorted(reading.seqs)) if reading.seqs else []
+            texts = await db.fetch(f"SELECT key, body FROM trace_texts {_W} AND key = ANY($3::text[])",
+                                   *key, sorted(reading.keys)) if reading.keys else []
+        return reading.rebuild({r["seq"]: r["content"] for r in turns}, {r["key"]: r["body"] for r in texts})
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
         key = check_ids(tenant, session_id)
         async with self._db() as db:
-            status = await db.execute(f"DELETE FROM turn_traces {_W}", *key)
+            status = await db.execute(
+                f"WITH x AS (DELETE FROM trace_texts {_W}) DELETE FROM turn_traces {_W}", *key)
         return int(status.split()[-1])
+
+    async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Bytes the session keeps by kind of record (`store.usage`)."""
+        key = check_ids(tenant, session_id)
+        async with self._db() as db:
+            return await postgres_session_bytes(db, key)
 
     # -- job locks --------------------------------------------------------------
 

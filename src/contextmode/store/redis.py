@@ -26,7 +26,7 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..trace import TurnTrace, trace_from_json, trace_to_json
+from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _redis_scripts as lua
 from ._codec import (
@@ -55,6 +55,8 @@ from .base import (
 )
 from .lifecycle import REDIS_SESSION_KEYS
 from .postings import KeptHeads, analyze_texts
+from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
+from .usage import redis_session_bytes
 
 __all__ = ["RedisStore"]
 
@@ -161,6 +163,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
             "user_prefix": f"{ns}u:{tenant}/",
             "traces": f"{ns}tr:{path}", "trace_turns": f"{ns}trn:{path}",
             "trace_ages": f"{ns}tra:{path}", "idempotency": f"{ns}idk:{path}",
+            "trace_texts": f"{ns}trx:{path}", "trace_text_turns": f"{ns}trxl:{path}",
             "rpostings": f"{ns}rp:{path}", "rindex": f"{ns}ri:{path}",
         }
 
@@ -415,26 +418,45 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     ) -> None:
         k = self._keys(*check_ids(tenant, session_id))
         cutoff = "" if older_than is None else to_micros(older_than)
+        packed = await pack_trace_soon(trace)
         await self._script(
             "TRACE_PUT",
-            [k["sess"], k["traces"], k["trace_turns"], k["trace_ages"]],
-            [trace.turn, trace_to_json(trace), keep, to_micros(trace.created_at), cutoff],
+            [k["sess"], k["traces"], k["trace_turns"], k["trace_ages"], k["trace_texts"], k["trace_text_turns"]],
+            [trace.turn, packed.body, keep, to_micros(trace.created_at), cutoff, TEXT_TURN_SLACK,
+             *(part for pair in packed.texts.items() for part in pair)],
         )
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
         k = self._keys(*check_ids(tenant, session_id))
-        async with self._guard() as client:
+        async with self._raw() as client:
             body = await client.hget(k["traces"], str(turn))
-        return trace_from_json(body) if body is not None else None
+            if body is None:
+                return None
+            reading = read_trace(body.decode() if body[:1] == b"{" else bytes(body))
+            if not isinstance(reading, TraceReading):
+                return reading
+            seqs, keys = sorted(reading.seqs), sorted(reading.keys)
+            turns = await client.hmget(k["turns"], [str(s) for s in seqs]) if seqs else []
+            texts = await client.hmget(k["trace_texts"], keys) if keys else []
+        return reading.rebuild(
+            {s: json.loads(t)[1] for s, t in zip(seqs, turns, strict=True) if t is not None},
+            {key: bytes(t) for key, t in zip(keys, texts, strict=True) if t is not None},
+        )
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
         k = self._keys(*check_ids(tenant, session_id))
         async with self._guard() as client:
             pipe = client.pipeline(transaction=True)
             pipe.hlen(k["traces"])
-            pipe.delete(k["traces"], k["trace_turns"], k["trace_ages"])
+            pipe.delete(k["traces"], k["trace_turns"], k["trace_ages"], k["trace_texts"], k["trace_text_turns"])
             count, _ = await pipe.execute()
         return int(count)
+
+    async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Bytes the session keeps by kind of record (`store.usage`)."""
+        k = self._keys(*check_ids(tenant, session_id))
+        async with self._guard() as client:
+            return await redis_session_bytes(client, self.namespace, k["member"])
 
     # -- job locks --------------------------------------------------------------
 

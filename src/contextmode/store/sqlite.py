@@ -62,6 +62,8 @@ from .base import (
     SessionVersion,
 )
 from .postings import IndexStats, analyze_texts, completes_block
+from .trace_pack import pack_trace_soon
+from .usage import sqlite_session_bytes
 
 __all__ = ["SQLiteStore"]
 
@@ -562,13 +564,20 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         cutoff = None if older_than is None else to_micros(older_than)
         # Written just after the reply: on the loop's connection when the file is free, so the
         # session's next turn does not find it locked by the private thread.
-        await self._run_quick(traces.put_trace, check_ids(tenant, session_id), trace, keep, cutoff, writes=True)
+        key = check_ids(tenant, session_id)
+        packed = await pack_trace_soon(trace)
+        await self._run_quick(traces.put_trace, key, packed, keep, cutoff, writes=True)
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
         return await self._run(traces.get_trace, check_ids(tenant, session_id), turn)
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
         return await self._run(traces.delete_traces, check_ids(tenant, session_id))
+
+    async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
+        """Bytes the session keeps by kind of record (`store.usage`)."""
+        key = check_ids(tenant, session_id)
+        return await self._run(lambda db: admin.read(db, lambda: sqlite_session_bytes(db, key)))
 
     # -- job locks --------------------------------------------------------------
 

@@ -1,0 +1,93 @@
+"""How many bytes a session keeps, by kind of record (``contextmode stats``).
+
+The kinds are those erasure counts (`store.lifecycle.SQL_SESSION_TABLES`,
+`REDIS_SESSION_KEYS`) plus ``sessions`` (the session row: heads, summary, pins, last
+answer). What is measured is what the backend says a record costs:
+
+- SQLite: the bytes of every column's value (``length()`` of text and blobs, 8 per number),
+  without page or index overhead;
+- PostgreSQL: ``pg_column_size`` of each row (compressed values, row headers), without
+  indexes or dead row versions;
+- Redis: ``MEMORY USAGE`` of each of the session's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, TypeGuard, runtime_checkable
+
+from .._protocols import implements
+from .lifecycle import REDIS_SESSION_KEYS, SQL_SESSION_TABLES
+
+__all__ = [
+    "SQL_KINDS",
+    "StorageUsage",
+    "postgres_session_bytes",
+    "redis_session_bytes",
+    "reports_usage",
+    "sqlite_session_bytes",
+]
+
+SQL_KINDS: tuple[tuple[str, str], ...] = (
+    ("sessions", "sessions"), *((k.kind, k.table) for k in SQL_SESSION_TABLES)
+)
+"""(kind, table) of every SQL table holding a session's records."""
+
+
+@runtime_checkable
+class StorageUsage(Protocol):
+    """A store that tells what one session keeps, in bytes, by kind of record."""
+
+    async def session_bytes(self, tenant: str, session_id: str) -> Mapping[str, int]:
+        """Kind → bytes the session's records of that kind take (kinds with none left out);
+        empty for an unknown session."""
+        ...
+
+
+def reports_usage(store: object) -> TypeGuard[StorageUsage]:
+    """True when ``store`` reports its size per session (`StorageUsage`)."""
+    return implements(store, StorageUsage)
+
+
+def _add(out: dict[str, int], kind: str, size: int) -> None:
+    if size:
+        out[kind] = out.get(kind, 0) + size
+
+
+def sqlite_session_bytes(db: Any, key: tuple[str, str]) -> dict[str, int]:
+    """SQLite: the summed value sizes of the session's rows in every table (a ``sqlite3``
+    connection; run it inside a read)."""
+    out: dict[str, int] = {}
+    for kind, table in SQL_KINDS:
+        columns = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+        if not columns:
+            continue
+        size = " + ".join(f"COALESCE(length(CAST({c} AS BLOB)), 0)" for c in columns)
+        row = db.execute(
+            f"SELECT SUM({size}) FROM {table} WHERE tenant = ? AND session_id = ?", key
+        ).fetchone()
+        _add(out, kind, int(row[0] or 0))
+    return out
+
+
+async def postgres_session_bytes(db: Any, key: tuple[str, str]) -> dict[str, int]:
+    """PostgreSQL: ``pg_column_size`` of the session's rows in every table (an asyncpg
+    connection whose search path is the store's schema)."""
+    parts = " UNION ALL ".join(
+        f"SELECT '{kind}' AS kind, SUM(pg_column_size(t.*))::bigint AS size FROM {table} t"
+        " WHERE t.tenant = $1 AND t.session_id = $2"
+        for kind, table in SQL_KINDS
+    )
+    out: dict[str, int] = {}
+    for row in await db.fetch(parts, *key):
+        _add(out, row["kind"], int(row["size"] or 0))
+    return out
+
+
+async def redis_session_bytes(client: Any, namespace: str, path: str) -> dict[str, int]:
+    """Redis: ``MEMORY USAGE`` of the session's keys (``path`` = ``tenant/session_id``)."""
+    kinds = [("sessions", "s"), *((k.kind, k.prefix) for k in REDIS_SESSION_KEYS)]
+    out: dict[str, int] = {}
+    for kind, prefix in kinds:
+        _add(out, kind, int(await client.memory_usage(f"{namespace}{prefix}:{path}", samples=0) or 0))
+    return out
