@@ -62,7 +62,7 @@ async def test_a_follow_up_after_an_offline_exchange_is_answered_over_the_previo
     ("first", "follow_up", "head", "pin"),
     [
         (ZH_FIRST, "帮我总结一下这周的计划", "请对以下内容进行简要总结:\n", "- 预算50元以内"),
-        (EN_FIRST, "Summarize my plan", "Please summarise the following briefly:\n", "- budget $50"),
+        (EN_FIRST, "Summarize my plan", "Please summarise the following briefly:\n", "- budget under $50"),
     ],
 )
 async def test_a_summary_follow_up_summarises_the_conversation_with_its_pins(
