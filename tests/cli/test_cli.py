@@ -25,8 +25,11 @@ def run_cli(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[s
         k: v for k, v in os.environ.items() if not k.startswith("CONTEXTMODE_") and k != "PYTHONPATH"
     }
     environ.update(PYTHONPATH=str(SRC), CONTEXTMODE_HOME=str(home), NO_COLOR="1", COLUMNS="200", **env)
+    # _BLOCK=name: run as if that package were not installed.
+    block = environ.pop("_BLOCK", "")
     return subprocess.run(
-        [sys.executable, "-c", "from contextmode.cli import main; main()", *args],
+        [sys.executable, "-c", f"import sys; sys.modules.update(dict.fromkeys({block.split()!r})); "
+         "from contextmode.cli import main; main()", *args],
         capture_output=True, text=True, env=environ, timeout=300,
     )
 
@@ -42,6 +45,14 @@ def test_serve_with_an_unknown_store_url_says_so_in_one_line(tmp_path: Path) -> 
     assert len(out) <= 2, out
     assert "CONTEXTMODE_STORE_URL" in out[0] and "foo://nowhere" in out[0] and "sqlite://" in out[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("missing", ["fastapi", "uvicorn"])
+def test_serve_without_the_service_extra_is_one_line_and_exit_2(tmp_path: Path, missing: str) -> None:
+    # The README's basic install (no service extra): the module cannot be imported.
+    result = run_cli("serve", home=tmp_path, _BLOCK=missing)
+    assert result.returncode == 2
+    assert lines(result) == [f"error: '{missing}' is not installed: pip install 'contextmode-engine[service]'"]
 
 
 def test_a_bad_budget_setting_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.console import Console
 
 from ..api import build_engine
 from ..engine import PreparedTurn
-from ..errors import ContextModeError, UserError
+from ..errors import ContextModeError, MissingExtra, UserError
 from ..settings import EngineSettings
 from .render import prepared_panel, trace_panel, turns_table
 
@@ -72,6 +73,10 @@ def demo(
     asyncio.run(run_demo(console, store=store, session=session, window=window, show_messages=messages))
 
 
+_SERVICE_MODULES = ("fastapi", "uvicorn", "prometheus_client", "httpx")
+"""What ``contextmode serve`` imports from the ``service`` extra."""
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1, CONTEXTMODE_HOST).")] = None,
@@ -79,12 +84,15 @@ def serve(
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
     """Run the HTTP service (SSE chat, OpenAI-compatible proxy, inspector page)."""
-    try:
-        import uvicorn
+    # Checked before anything starts: uvicorn alone installed would import the app in its
+    # own process and die there with a long traceback.
+    for module in _SERVICE_MODULES:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtra("service", module)
+    import uvicorn
 
-        from ..service.settings import ServiceSettings
-    except ModuleNotFoundError as exc:
-        raise typer.BadParameter(f"{exc.name} is missing: pip install 'contextmode-engine[service]'") from exc
+    from ..service.settings import ServiceSettings
+
     settings = ServiceSettings.from_env()
     _check_settings()
     uvicorn.run(
