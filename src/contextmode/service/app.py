@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import Engine
+from ..engine.warmup import warm_up
 from ..errors import ContextModeError, StoreError
 from ..jobs import takes_hooks
 from .auth import ApiKeys
@@ -235,6 +236,9 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The first context after a restart costs what the next ones do: jieba's dictionary
+        # and the offline processors' models load now, before the first request.
+        log.info("warmed up in %.0f ms", await warm_up(state.engine))
         # What is alive at startup (modules, and lexicons or models already loaded) stays alive:
         # the collector no longer scans it at every full collection (CPU on every turn). Once
         # per process: later apps (tests) would otherwise pin the garbage of earlier ones.
