@@ -156,3 +156,28 @@ async def test_inspect_explains_recall_with_the_query_recall_was_given() -> None
     assert reasons == expected
     locker = next(r for r in reasons if r["seq"] == 1)
     assert locker["matched"] and json.loads(json.dumps(locker)) == locker  # the message's terms; JSON as before
+
+
+def test_inspect_names_every_stored_turn_by_its_exchange_number(tmp_path: Path) -> None:
+    """One numbering: the CLI says "turn 2" (the second user message) and "turn 2's answer",
+    never a storage sequence number, in the session view and in a past turn's view."""
+    url = f"sqlite:///{tmp_path / 'cm.db'}"
+
+    async def chat() -> None:
+        engine = build_engine(store=url, model=FunctionModel(lambda m: "好的。"))
+        for text in ("我不吃辣，预算五十以内。", "推荐一家餐厅", "那家店在哪？", "人均多少钱？"):
+            await engine.turn("local", "s", text)
+            await engine.drain()
+        await engine.close()
+
+    asyncio.run(chat())
+    past = run_cli("inspect", "s", "--turn", "3", "--store", url, home=tmp_path)
+    assert past.returncode == 0, past.stderr
+    assert "turn 3 as the model received it" in past.stdout
+    assert "pinned at turn 3 (as they were then):" in past.stdout
+    assert "📌 不吃辣 (from turn 1)" in past.stdout
+    assert "seq" not in past.stdout
+    now = run_cli("inspect", "s", "--store", url, home=tmp_path)
+    assert now.returncode == 0, now.stderr
+    assert "seq" not in now.stdout and "message 1" not in now.stdout and "recalled message" not in now.stdout
+    assert "turn n = the n-th user message" in now.stdout

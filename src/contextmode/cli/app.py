@@ -17,7 +17,7 @@ from ..api import build_engine
 from ..engine import PreparedTurn
 from ..errors import ContextModeError, MissingExtra, UserError
 from ..settings import EngineSettings
-from .render import prepared_panel, trace_panel, turns_table
+from .render import Numbering, load_numbering, prepared_panel, trace_panel, trace_seqs, turns_table
 
 __all__ = ["app", "main"]
 
@@ -142,7 +142,8 @@ def inspect(
                 if as_json:
                     print(json.dumps(trace_to_dict(trace), ensure_ascii=False))
                 else:
-                    console.print(trace_panel(trace))
+                    numbering = await load_numbering(engine.store, tenant, session, trace_seqs(trace))
+                    console.print(trace_panel(trace, numbering))
                 return
             info = await engine.store.info(tenant, session)
             if info is None:
@@ -165,16 +166,19 @@ def inspect(
                 return
             console.print(turns_table(state.turns, state.constraints))
             if state.summary:
-                console.print(f"[cyan]summary (messages 1–{state.summary.covers_seq}, v{state.summary.version}):[/cyan] {state.summary.text}")
+                covers = await load_numbering(engine.store, tenant, session, [state.summary.covers_seq])
+                console.print(f"[cyan]summary ({covers.through(state.summary.covers_seq)}, v{state.summary.version}):[/cyan] {state.summary.text}")
             for name, stats in info.jobs.items():
                 console.print(f"job {name}: ok {stats.ok}, failed {stats.failed}" + (f", last error: {stats.last_error}" if stats.last_error else ""))
             console.print(prepared_panel(prepared))
+            numbering = Numbering(prepared.state.recalled)
             for reason in _recall_reasons(prepared):
+                neighbour = reason["neighbour_of"]
                 console.print(
-                    f"recalled turn {reason['seq']}: score {reason['score']}, matched "
+                    f"recalled {numbering.label(reason['seq'])}: score {reason['score']}, matched "
                     f"{', '.join(reason['matched']) or '—'}"
-                    + (f" ({_neighbour_side(reason['seq'], reason['neighbour_of'])} {reason['neighbour_of']})"
-                       if reason["neighbour_of"] else "")
+                    + (f" ({_neighbour_side(reason['seq'], neighbour)} {numbering.label(neighbour)})"
+                       if neighbour else "")
                 )
         finally:
             await engine.close()

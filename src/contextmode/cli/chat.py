@@ -11,7 +11,7 @@ from ..engine import Engine, TurnRequest
 from ..errors import ContextModeError
 from ..models.offline import OfflineResponder
 from ..types import SessionKey
-from .render import prepared_panel, turns_table
+from .render import load_numbering, prepared_panel, turns_table
 
 __all__ = ["HELP", "run_chat"]
 
@@ -82,13 +82,15 @@ async def _command(console: Console, engine: Engine, tenant: str, session: str, 
     elif command == "/summary":
         state = await engine.store.load(tenant, session, recent=0)
         if state.summary:
-            console.print(f"[cyan]messages 1–{state.summary.covers_seq} (v{state.summary.version}):[/cyan] {state.summary.text}")
+            covers = await load_numbering(engine.store, tenant, session, [state.summary.covers_seq])
+            console.print(f"[cyan]{covers.through(state.summary.covers_seq)} (v{state.summary.version}):[/cyan] {state.summary.text}")
         else:
             console.print("no summary yet")
     elif command == "/constraints":
         state = await engine.store.load(tenant, session, recent=0)
+        numbering = await load_numbering(engine.store, tenant, session, [c.source_seq for c in state.constraints])
         for c in state.constraints:
-            console.print(f"📌 {c.value}  [bright_black](message {c.source_seq}, {c.kind}, key {c.key})[/bright_black]")
+            console.print(f"📌 {c.value}  [bright_black]({numbering.label(c.source_seq)}, {c.kind}, key {c.key})[/bright_black]")
         if not state.constraints:
             console.print("no pinned constraints")
     elif command == "/history":
