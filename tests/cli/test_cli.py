@@ -181,3 +181,20 @@ def test_inspect_names_every_stored_turn_by_its_exchange_number(tmp_path: Path) 
     assert now.returncode == 0, now.stderr
     assert "seq" not in now.stdout and "message 1" not in now.stdout and "recalled message" not in now.stdout
     assert "turn n = the n-th user message" in now.stdout
+
+
+def test_chat_help_lists_every_command_in_two_aligned_columns(tmp_path: Path) -> None:
+    from contextmode.cli.chat import HELP
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTMODE_") and k != "PYTHONPATH"}
+    environ.update(PYTHONPATH=str(SRC), CONTEXTMODE_HOME=str(tmp_path), NO_COLOR="1", COLUMNS="120")
+    result = subprocess.run(
+        [sys.executable, "-c", "from contextmode.cli import main; main()", "chat", "--store", "memory://"],
+        input="/help\n/quit\n", capture_output=True, text=True, env=environ, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.lstrip("你> ").startswith("/")]
+    rows = [line[line.index("/"):] for line in rows]
+    assert [r.split("  ")[0] for r in rows] == [command for command, _ in HELP]  # "[message]" kept
+    columns = {r.index(what) for r, (_, what) in zip(rows, HELP, strict=True)}
+    assert len(columns) == 1, rows
