@@ -327,3 +327,27 @@ def test_timeline_markers_sit_on_their_own_cells(browser: Any, server: LiveServe
     # Each legend sample is centred on its label's line.
     assert all(abs(offset) < 0.5 for offset in layout["legend"])
     assert page.errors == []
+
+
+def test_a_past_turn_shows_its_own_pins_beside_todays(browser: Any, server: LiveServer) -> None:
+    """Turn 2 opened after the budget changed at turn 3: the pins the model got at turn 2
+    (五十) under their own heading, today's (一百) beside them as "now"; every turn named by
+    its exchange number."""
+    page = open_page(browser, f"{server.url}/#session=web-then-now")
+    send(page, "我不吃辣，预算五十以内")
+    send(page, "推荐一家餐厅")
+    send(page, "预算改成一百元")
+    assert "预算一百元" in page.inner_text("#constraints")
+    open_turn(page, 2)
+    then = page.inner_text("#pins-then")
+    assert "第 2 轮时的约束" in then and "预算五十元以内" in then and "一百" not in then
+    assert "来自第 1 轮" in then
+    now = page.inner_text("#pins-now")
+    assert "现在的约束" in now and "预算一百元" in now and "五十" not in now
+    assert serious_violations(page) == []
+    # Back to the newest turn: one pins card again.
+    page.reload()
+    page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    assert page.locator("#pins-then").count() == 0
+    assert "#" not in page.inner_text("#session-view")
+    assert page.errors == []

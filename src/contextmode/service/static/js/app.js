@@ -14,7 +14,7 @@ import { ApiError, apiKey, getSession, getTurnContext, listSessions, previewCont
 import { addError, addUserMessage, highlightTurn, renderHistory, startAnswer } from "./chat.js";
 import { $, clear, el } from "./dom.js";
 import { applyStatic, currentLang, setLang, t } from "./i18n.js";
-import { renderContext, renderSession, traceContext } from "./inspector.js";
+import { renderContext, renderSession, traceContext, useSession } from "./inspector.js";
 
 const POLL_MS = 400; // while background jobs are pending: every 0.4 s for the first 8 s,
 const POLL_SLOW_MS = 2000; // then every 2 s (a busy server's jobs can take longer),
@@ -83,6 +83,7 @@ function handleError(error) {
 // -- rendering ---------------------------------------------------------------------------
 
 function renderInspector() {
+  useSession(state.session);
   renderContext(state.ctx, state.source);
   renderSession(state.session ?? emptySession(state.sessionId), state.ctx, state.currentSeq);
   // What the page last loaded, for anyone (tests included) waiting for the view to catch up.
