@@ -187,7 +187,21 @@ async function openSession(id) {
     renderHistory(state.session?.turns ?? []);
     renderInspector();
   }
+  await showNewestTurn();
   pollJobs();
+}
+
+/** After a load or reload, the inspector shows the newest exchange as the model received it
+ * (its kept trace), not a blank pane; nothing when no trace was kept. */
+async function showNewestTurn() {
+  const turns = state.session?.turns ?? [];
+  const newest = turns.findLast((turn) => turn.role === "user" && turn.metadata?.turn)?.metadata.turn;
+  if (!newest || state.ctx) return;
+  try {
+    await openTurn(newest, { focus: false });
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 404)) throw error;
+  }
 }
 
 // -- sending -----------------------------------------------------------------------------
@@ -294,7 +308,7 @@ async function streamTurn(sessionId, message) {
 }
 
 /** Show what the model received at exchange `turn` (the kept trace), for a past turn. */
-async function openTurn(turn) {
+async function openTurn(turn, { focus = true } = {}) {
   const view = state.view;
   const trace = await getTurnContext(state.sessionId, turn);
   if (view !== state.view) return;
@@ -302,7 +316,7 @@ async function openTurn(turn) {
   state.source = { kind: "past", turn };
   state.currentSeq = trace.user_seq;
   renderInspector();
-  $("#context-source")?.focus();
+  if (focus) $("#context-source")?.focus();
 }
 
 async function preview() {

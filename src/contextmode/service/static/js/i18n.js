@@ -1,6 +1,25 @@
 // UI labels in Chinese and English. The language is picked from navigator.language
 // unless the user chose one with the toggle (kept in localStorage).
 
+// Chinese names of what the server sends as identifiers (intents, jobs, pin keys, the
+// detector's reason), so the Chinese page has no English labels.
+const ZH_INTENTS = { detail: "展开", simplify: "简化", example: "举例", summary: "总结", pronoun: "指代" };
+const ZH_JOBS = { summary: "摘要", constraints: "约束", emotion: "情绪", index: "索引" };
+const ZH_PIN_KEYS = {
+  budget: "预算", spice: "辣度", diet: "饮食", name: "名字", age: "年龄", location: "住址", hometown: "家乡",
+  job: "职业", workplace: "工作单位", like: "喜欢", dislike: "不喜欢", allergy: "过敏", avoid: "避免",
+  family: "家人", favorite: "最爱", fact: "事实",
+};
+
+/** The detector's reason ("model p=0.42, cue: …", "follow-up intent example") in Chinese. */
+function zhReason(reason) {
+  return reason
+    .replace(/^model p=/, "模型概率 ")
+    .replace(/, cue: /, "，线索：")
+    .replace(/^follow-up intent (\w+)/, (_, intent) => `追问意图：${ZH_INTENTS[intent] ?? intent}`)
+    .replace(/^no earlier turns$/, "没有更早的对话");
+}
+
 const STRINGS = {
   zh: {
     subtitle: "上下文检查器",
@@ -8,6 +27,7 @@ const STRINGS = {
     newSession: "新会话",
     noSessions: "（还没有会话）",
     mode: "模式",
+    modeDefault: "默认（服务的设置）",
     modeContextual: "上下文模式",
     modeDecoupled: "解耦模式",
     apiKey: "API 密钥",
@@ -64,9 +84,9 @@ const STRINGS = {
     notRewritten: "未改写：原问题即发给模型的问题",
     detection: (d) =>
       `需要上下文：${d.needs_context ? "是" : "否"}` +
-      (d.intent ? ` · 意图 ${d.intent}` : "") +
+      (d.intent ? ` · 意图 ${ZH_INTENTS[d.intent] ?? d.intent}` : "") +
       ` · 分数 ${Number(d.score).toFixed(2)}` +
-      (d.reason ? ` · ${d.reason}` : ""),
+      (d.reason ? ` · ${zhReason(d.reason)}` : ""),
     rewriteSource: (s) => `改写来源：${s}`,
     constraints: "固定约束",
     noConstraints: "还没有约束。",
@@ -101,8 +121,13 @@ const STRINGS = {
     error: "错误",
     turnMeta: (m) =>
       [m.ttft != null ? `首字 ${m.ttft} ms` : null, m.tokens != null ? `输入 ${m.tokens} tokens` : null,
-        m.jobs?.length ? `后台：${m.jobs.join("、")}` : null].filter(Boolean).join(" · "),
+        m.jobs?.length ? `后台：${m.jobs.map((j) => ZH_JOBS[j] ?? j).join("、")}` : null].filter(Boolean).join(" · "),
     turn: (n, role) => `第 ${n} 轮 · ${({ user: "用户", tool: "工具结果" })[role] ?? "助手"}`,
+    jobName: (name) => ZH_JOBS[name] ?? name,
+    pinKey: (key) => {
+      const [head, ...rest] = key.split(":");
+      return [ZH_PIN_KEYS[head] ?? head, ...rest].join("：");
+    },
     layer: {
       system: "系统指令", constraints: "约束", summary: "摘要", key_moments: "关键时刻", recall: "召回",
       recent: "近期对话", current: "当前消息", format: "格式要求",
@@ -110,10 +135,13 @@ const STRINGS = {
   },
   en: {
     subtitle: "context inspector",
+    jobName: (name) => name,
+    pinKey: (key) => key,
     session: "Session",
     newSession: "New session",
     noSessions: "(no sessions yet)",
     mode: "Mode",
+    modeDefault: "default (the service's)",
     modeContextual: "contextual",
     modeDecoupled: "decoupled",
     apiKey: "API key",

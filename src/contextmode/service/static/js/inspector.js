@@ -374,7 +374,7 @@ function constraintList(session, pins = session.constraints, id = "constraints")
         "li",
         { dataset: { key: c.key, sourceSeq: c.source_seq }, title: c.quote },
         el("span", { class: "constraint-value" }, c.value),
-        el("span", { class: "constraint-key" }, c.key),
+        el("span", { class: "constraint-key", title: c.key }, t("pinKey", c.key)),
         el("a", { class: "constraint-source", href: `#turn-${c.source_seq}` }, t("fromTurn", exchangeOf(session, c.source_seq) ?? turnRef(c.source_seq))),
       ),
     ),
@@ -394,7 +394,7 @@ function jobList(session) {
       return el(
         "li",
         { class: [pending.includes(name) ? "pending" : null, failed ? "failed" : null].filter(Boolean).join(" ") || null, dataset: { job: name } },
-        el("strong", {}, name),
+        el("strong", { title: name }, t("jobName", name)),
         pending.includes(name) ? el("span", { class: "badge" }, t("pending")) : null,
         stats ? el("span", { class: "muted" }, t("jobLine", stats.ok, stats.failed)) : null,
         stats?.last_error ? el("span", { class: "error-text" }, stats.last_error) : null,
