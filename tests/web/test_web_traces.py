@@ -384,3 +384,24 @@ def test_follow_ups_on_the_offline_defaults_are_answered_and_keep_the_numbering(
     page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
     page.wait_for_selector("#context-source.past[data-turn='4']", timeout=WAIT_MS)
     assert page.errors == []
+
+
+def test_a_skip_link_and_a_busy_indicator(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-skip")
+    send(page, "我不吃辣")
+    # The first Tab stop skips every chat bubble: Enter on it lands in the composer.
+    first = "document.querySelector('a[href], button, input, select, textarea, [tabindex]').className"
+    assert page.evaluate(first) == "skip-link"
+    page.focus(".skip-link")
+    assert page.evaluate("document.activeElement.textContent") == "跳到输入框"
+    assert page.evaluate("document.querySelector('.skip-link').getBoundingClientRect().top") >= 0  # shown
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "message-input"
+    assert page.evaluate("location.hash") == "#session=web-skip"  # the URL still names the session
+    # While the page waits for the server, the bar shows and the inspector is aria-busy.
+    assert page.evaluate("getComputedStyle(document.querySelector('#busy-bar')).visibility") == "hidden"
+    page.evaluate("document.body.dataset.busy = 'yes'")
+    assert page.evaluate("getComputedStyle(document.querySelector('#busy-bar')).visibility") == "visible"
+    page.evaluate("document.body.dataset.busy = 'no'")
+    assert page.get_attribute(".pane.inspector", "aria-busy") == "false"
+    assert page.errors == []

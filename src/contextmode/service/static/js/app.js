@@ -39,13 +39,19 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 let queue = Promise.resolve();
 let queued = 0;
 
+/** The busy indicator (a moving bar at the top) and the inspector's aria-busy. */
+function setBusy(busy) {
+  document.body.dataset.busy = busy ? "yes" : "no";
+  $(".pane.inspector")?.setAttribute("aria-busy", busy ? "true" : "false");
+}
+
 /** Run `task` after every task queued before it; the page is "busy" while any is queued. */
 function serial(task) {
   queued += 1;
-  document.body.dataset.busy = "yes";
+  setBusy(true);
   const run = queue.then(task).catch(handleError).finally(() => {
     queued -= 1;
-    if (queued === 0) document.body.dataset.busy = "no";
+    if (queued === 0) setBusy(false);
   });
   queue = run;
   return run;
@@ -397,6 +403,11 @@ function wire() {
       await refreshSessionList();
       await openSession(state.sessionId);
     });
+  });
+  // The skip link focuses the composer without changing the URL (which names the session).
+  $(".skip-link").addEventListener("click", (event) => {
+    event.preventDefault();
+    $("#message-input").focus();
   });
   document.addEventListener("click", (event) => {
     const opener = event.target.closest?.("[data-open-turn]");
