@@ -3,6 +3,8 @@ once an exchange exists, over the last real exchange (the conversation for a sum
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
 from contextmode.api import build_engine
@@ -14,9 +16,12 @@ from contextmode.settings import EngineSettings
 from contextmode.types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
 
 
-def _defaults() -> Engine:
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
     # The README's embedded defaults: offline processors, the offline responder, BM25 recall.
-    return build_engine(store="memory://", model=OfflineResponder(), settings=EngineSettings())
+    made = build_engine(store="memory://", model=OfflineResponder(), settings=EngineSettings())
+    yield made
+    await made.close()
 
 
 ZH_FIRST = "这周的计划：周一健身，周三读书，预算50元以内"
@@ -37,25 +42,21 @@ EN_FIRST = "My plan this week: gym on Monday, reading on Wednesday, budget under
     ],
 )
 async def test_a_follow_up_after_an_offline_exchange_is_answered_over_the_previous_message(
-    first: str, follow_up: str, intent: str, template_head: str
+    engine: Engine, first: str, follow_up: str, intent: str, template_head: str
 ) -> None:
-    engine = _defaults()
-    try:
-        await engine.turn("t", "s", first)
-        result = await engine.turn("t", "s", follow_up)
-        assert result.prepared.detection.intent == intent
-        sent = result.prepared.messages[-1].content
-        assert sent.startswith(template_head)
-        assert sent.endswith(follow_up)
-        # The offline answer says what the engine did: it shows the expanded question.
-        assert first in result.answer and result.assistant_turn is not None and result.assistant_turn.notice
-        state = await engine.store.load("t", "s")
-        users = [t for t in state.turns if t.role == "user"]
-        # The user's words are stored (not the template), numbered by exchange: no drift.
-        assert [(t.content, t.metadata["turn"]) for t in users] == [(first, 1), (follow_up, 2)]
-        assert users[1].metadata["intent"] == intent
-    finally:
-        await engine.close()
+    await engine.turn("t", "s", first)
+    result = await engine.turn("t", "s", follow_up)
+    assert result.prepared.detection.intent == intent
+    sent = result.prepared.messages[-1].content
+    assert sent.startswith(template_head)
+    assert sent.endswith(follow_up)
+    # The offline answer says what the engine did: it shows the expanded question.
+    assert first in result.answer and result.assistant_turn is not None and result.assistant_turn.notice
+    state = await engine.store.load("t", "s")
+    users = [t for t in state.turns if t.role == "user"]
+    # The user's words are stored (not the template), numbered by exchange: no drift.
+    assert [(t.content, t.metadata["turn"]) for t in users] == [(first, 1), (follow_up, 2)]
+    assert users[1].metadata["intent"] == intent
 
 
 @pytest.mark.parametrize(
@@ -66,46 +67,34 @@ async def test_a_follow_up_after_an_offline_exchange_is_answered_over_the_previo
     ],
 )
 async def test_a_summary_follow_up_summarises_the_conversation_with_its_pins(
-    first: str, follow_up: str, head: str, pin: str
+    engine: Engine, first: str, follow_up: str, head: str, pin: str
 ) -> None:
-    engine = _defaults()
-    try:
-        await engine.turn("t", "s", first)
-        await engine.drain()  # the constraints job pins the budget
-        pins = [c.value for c in (await engine.store.load("t", "s")).constraints]
-        assert pin[2:] in pins
-        result = await engine.turn("t", "s", follow_up)
-        assert result.prepared.detection.intent == "summary"
-        sent = result.prepared.messages[-1].content
-        assert sent.startswith(head)
-        assert pin in sent  # the pins, under their heading
-        assert first in sent  # and the conversation
-        assert [t.metadata.get("turn") for t in (await engine.store.load("t", "s")).turns if t.role == "user"] == [1, 2]
-    finally:
-        await engine.close()
+    await engine.turn("t", "s", first)
+    await engine.drain()  # the constraints job pins the budget
+    pins = [c.value for c in (await engine.store.load("t", "s")).constraints]
+    assert pin[2:] in pins
+    result = await engine.turn("t", "s", follow_up)
+    assert result.prepared.detection.intent == "summary"
+    sent = result.prepared.messages[-1].content
+    assert sent.startswith(head)
+    assert pin in sent  # the pins, under their heading
+    assert first in sent  # and the conversation
+    assert [t.metadata.get("turn") for t in (await engine.store.load("t", "s")).turns if t.role == "user"] == [1, 2]
 
 
-async def test_follow_ups_in_a_row_build_on_the_last_real_question_not_on_each_other() -> None:
-    engine = _defaults()
-    try:
-        await engine.turn("t", "s", "什么是熵")
+async def test_follow_ups_in_a_row_build_on_the_last_real_question_not_on_each_other(engine: Engine) -> None:
+    await engine.turn("t", "s", "什么是熵")
+    await engine.turn("t", "s", "举个例子")
+    result = await engine.turn("t", "s", "详细一点")
+    assert "用户的上一个问题（还没有模型回答过）：什么是熵\n" in result.prepared.messages[-1].content
+
+
+async def test_the_refusal_stays_while_nothing_was_ever_answered(engine: Engine) -> None:
+    # a user turn whose answer never came (the model failed before any text)
+    await engine.store.append("t", "s", [NewTurn(role="user", content="什么是熵", tokens=4)])
+    with pytest.raises(NoPreviousAnswer, match="当前没有可用的上文信息"):
         await engine.turn("t", "s", "举个例子")
-        result = await engine.turn("t", "s", "详细一点")
-        assert "用户的上一个问题（还没有模型回答过）：什么是熵\n" in result.prepared.messages[-1].content
-    finally:
-        await engine.close()
-
-
-async def test_the_refusal_stays_while_nothing_was_ever_answered() -> None:
-    engine = _defaults()
-    try:
-        # a user turn whose answer never came (the model failed before any text)
-        await engine.store.append("t", "s", [NewTurn(role="user", content="什么是熵", tokens=4)])
-        with pytest.raises(NoPreviousAnswer, match="当前没有可用的上文信息"):
-            await engine.turn("t", "s", "举个例子")
-        assert (await engine.store.version("t", "s")).last_seq == 1  # nothing stored
-    finally:
-        await engine.close()
+    assert (await engine.store.version("t", "s")).last_seq == 1  # nothing stored
 
 
 def _turn(seq: int, role: str, content: str, **meta: object) -> Turn:
