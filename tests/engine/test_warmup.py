@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from contextmode.api import build_engine
 from contextmode.engine import Processors
 from contextmode.engine.warmup import warm_up
@@ -58,3 +60,23 @@ async def test_warm_up_skips_a_processor_that_may_call_a_model_and_writes_nothin
         assert list(await engine.store.list_sessions("local")) == []
     finally:
         await engine.close()
+
+
+async def test_a_failed_warm_up_does_not_stop_the_service(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    import httpx
+
+    from contextmode.processors.base import ModelFree
+    from contextmode.service import ServiceSettings, create_app
+
+    class Broken(ModelFree):
+        async def detect(self, message: str, history: Sequence[Turn]) -> Detection:
+            raise RuntimeError("broken on the sample")
+
+    engine = build_engine(store="memory://", model=OfflineResponder(),
+                          processors=replace(Processors.offline(), detector=Broken()))
+    app = create_app(engine, ServiceSettings(image_dir=tmp_path / "images"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/healthz")).status_code == 200
