@@ -252,7 +252,7 @@ def build_engine(
         log.info("token counter: %s (%s)", counter.name, "exact" if counter.exact else "an estimate")
     if isinstance(model, OfflineResponder) and model.counter is None:
         # Its notices show token totals: a new responder with the engine's counter.
-        model = OfflineResponder(counter=counter, preview_chars=model.preview_chars,
+        model = OfflineResponder(counter=counter, preview_chars=model.preview_chars, max_listed=model.max_listed,
                                  chunk_chars=model.chunk_chars, name=model.name)
     if store is None or isinstance(store, str):
         store = open_store(store)

@@ -25,8 +25,11 @@ def run_cli(*args: str, home: Path, **env: str) -> subprocess.CompletedProcess[s
         k: v for k, v in os.environ.items() if not k.startswith("CONTEXTMODE_") and k != "PYTHONPATH"
     }
     environ.update(PYTHONPATH=str(SRC), CONTEXTMODE_HOME=str(home), NO_COLOR="1", COLUMNS="200", **env)
+    # _BLOCK=name: run as if that package were not installed.
+    block = environ.pop("_BLOCK", "")
     return subprocess.run(
-        [sys.executable, "-c", "from contextmode.cli import main; main()", *args],
+        [sys.executable, "-c", f"import sys; sys.modules.update(dict.fromkeys({block.split()!r})); "
+         "from contextmode.cli import main; main()", *args],
         capture_output=True, text=True, env=environ, timeout=300,
     )
 
@@ -42,6 +45,14 @@ def test_serve_with_an_unknown_store_url_says_so_in_one_line(tmp_path: Path) -> 
     assert len(out) <= 2, out
     assert "CONTEXTMODE_STORE_URL" in out[0] and "foo://nowhere" in out[0] and "sqlite://" in out[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("missing", ["fastapi", "uvicorn"])
+def test_serve_without_the_service_extra_is_one_line_and_exit_2(tmp_path: Path, missing: str) -> None:
+    # The README's basic install (no service extra): the module cannot be imported.
+    result = run_cli("serve", home=tmp_path, _BLOCK=missing)
+    assert result.returncode == 2
+    assert lines(result) == [f"error: '{missing}' is not installed: pip install 'contextmode-engine[service]'"]
 
 
 def test_a_bad_budget_setting_is_one_line_and_debug_shows_the_traceback(tmp_path: Path) -> None:
@@ -145,3 +156,45 @@ async def test_inspect_explains_recall_with_the_query_recall_was_given() -> None
     assert reasons == expected
     locker = next(r for r in reasons if r["seq"] == 1)
     assert locker["matched"] and json.loads(json.dumps(locker)) == locker  # the message's terms; JSON as before
+
+
+def test_inspect_names_every_stored_turn_by_its_exchange_number(tmp_path: Path) -> None:
+    """One numbering: the CLI says "turn 2" (the second user message) and "turn 2's answer",
+    never a storage sequence number, in the session view and in a past turn's view."""
+    url = f"sqlite:///{tmp_path / 'cm.db'}"
+
+    async def chat() -> None:
+        engine = build_engine(store=url, model=FunctionModel(lambda m: "好的。"))
+        for text in ("我不吃辣，预算五十以内。", "推荐一家餐厅", "那家店在哪？", "人均多少钱？"):
+            await engine.turn("local", "s", text)
+            await engine.drain()
+        await engine.close()
+
+    asyncio.run(chat())
+    past = run_cli("inspect", "s", "--turn", "3", "--store", url, home=tmp_path)
+    assert past.returncode == 0, past.stderr
+    assert "turn 3 as the model received it" in past.stdout
+    assert "pinned at turn 3 (as they were then):" in past.stdout
+    assert "📌 不吃辣 (from turn 1)" in past.stdout
+    assert "seq" not in past.stdout
+    now = run_cli("inspect", "s", "--store", url, home=tmp_path)
+    assert now.returncode == 0, now.stderr
+    assert "seq" not in now.stdout and "message 1" not in now.stdout and "recalled message" not in now.stdout
+    assert "turn n = the n-th user message" in now.stdout
+
+
+def test_chat_help_lists_every_command_in_two_aligned_columns(tmp_path: Path) -> None:
+    from contextmode.cli.chat import HELP
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTMODE_") and k != "PYTHONPATH"}
+    environ.update(PYTHONPATH=str(SRC), CONTEXTMODE_HOME=str(tmp_path), NO_COLOR="1", COLUMNS="120")
+    result = subprocess.run(
+        [sys.executable, "-c", "from contextmode.cli import main; main()", "chat", "--store", "memory://"],
+        input="/help\n/quit\n", capture_output=True, text=True, env=environ, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.lstrip("你> ").startswith("/")]
+    rows = [line[line.index("/"):] for line in rows]
+    assert [r.split("  ")[0] for r in rows] == [command for command, _ in HELP]  # "[message]" kept
+    columns = {r.index(what) for r, (_, what) in zip(rows, HELP, strict=True)}
+    assert len(columns) == 1, rows

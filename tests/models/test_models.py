@@ -188,3 +188,14 @@ def test_public_names_are_complete_and_sorted(module_name: str) -> None:
         and getattr(value, "__module__", None) == module_name
     }
     assert defined <= set(exported)
+
+
+def test_offline_notice_stays_short_for_a_long_context() -> None:
+    messages = [ChatMessage(role="system", content="你是助手。")] + [
+        ChatMessage(role="user" if i % 2 == 0 else "assistant", content=f"第{i}条消息") for i in range(19)
+    ]
+    lines = OfflineResponder().render(messages).split("\n")
+    listed = [line for line in lines if line[:1].isdigit()]
+    assert [line.split(".")[0] for line in listed] == ["1", "16", "17", "18", "19", "20"]
+    assert "…（中间另有 14 条）" in lines
+    assert len(lines) <= 12

@@ -39,6 +39,14 @@ async def test_page_is_served_at_root_with_its_headers(tmp_path: Path) -> None:
     assert 'href="/static/inspector.css"' in response.text
 
 
+async def test_the_favicon_is_served_not_a_404(tmp_path: Path) -> None:
+    async with client(make_app(tmp_path)) as http:
+        response = await http.get("/favicon.ico")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("image/svg+xml")
+    assert response.text.startswith("<svg")
+
+
 async def test_every_asset_the_page_loads_is_served(tmp_path: Path) -> None:
     html = (STATIC_DIR / "index.html").read_text(encoding="utf-8")
     referenced = set(re.findall(r'(?:src|href)="(/static/[^"]+)"', html))
@@ -56,7 +64,7 @@ async def test_every_asset_the_page_loads_is_served(tmp_path: Path) -> None:
         for url in sorted(referenced):
             response = await http.get(url)
             assert response.status_code == 200, url
-            expected = "text/css" if url.endswith(".css") else "javascript"
+            expected = {"css": "text/css", "svg": "image/svg+xml"}.get(url.rsplit(".", 1)[-1], "javascript")
             assert expected in response.headers["content-type"], url
             assert (
                 response.headers["content-security-policy"]

@@ -327,3 +327,81 @@ def test_timeline_markers_sit_on_their_own_cells(browser: Any, server: LiveServe
     # Each legend sample is centred on its label's line.
     assert all(abs(offset) < 0.5 for offset in layout["legend"])
     assert page.errors == []
+
+
+def test_a_past_turn_shows_its_own_pins_beside_todays(browser: Any, server: LiveServer) -> None:
+    """Turn 2 opened after the budget changed at turn 3: the pins the model got at turn 2
+    (五十) under their own heading, today's (一百) beside them as "now"; every turn named by
+    its exchange number."""
+    page = open_page(browser, f"{server.url}/#session=web-then-now")
+    send(page, "我不吃辣，预算五十以内")
+    send(page, "推荐一家餐厅")
+    send(page, "预算改成一百元")
+    assert "预算一百元" in page.inner_text("#constraints")
+    open_turn(page, 2)
+    then = page.inner_text("#pins-then")
+    assert "第 2 轮时的约束" in then and "预算五十元以内" in then and "一百" not in then
+    assert "来自第 1 轮" in then
+    now = page.inner_text("#pins-now")
+    assert "现在的约束" in now and "预算一百元" in now and "五十" not in now
+    assert serious_violations(page) == []
+    # Labels in the page's language: pin keys, job names, the detector's reason, the mode picker.
+    session_text = page.inner_text("#session-view")
+    assert {"预算", "辣度"} <= set(page.eval_on_selector_all("#pins-now .constraint-key", "ns => ns.map(n => n.textContent)"))
+    assert not {"budget", "spice", "constraints", "emotion"} & set(session_text.replace("：", " ").split())
+    assert "model p=" not in page.inner_text("#context-view")
+    assert page.inner_text("#mode-select option[value='']") == "默认（服务的设置）"
+    # A reload shows the newest exchange, turn 3, as it was: its message changed the budget
+    # afterwards, so the model still got 五十 then.
+    page.reload()
+    page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    page.wait_for_selector("#context-source.past[data-turn='3']", timeout=WAIT_MS)
+    assert "预算五十元以内" in page.inner_text("#pins-then")
+    assert "#" not in page.inner_text("#session-view")
+    assert page.errors == []
+
+
+@pytest.mark.parametrize(
+    ("locale", "first", "follow_ups"),
+    [
+        ("zh-CN", "这周的计划：周一健身，周三读书，预算五十以内", ["详细一点", "举个例子", "帮我总结一下这周的计划"]),
+        ("en-US", "My plan this week: gym on Monday, reading on Wednesday", ["Tell me more", "Give me an example", "Summarize my plan"]),
+    ],
+)
+def test_follow_ups_on_the_offline_defaults_are_answered_and_keep_the_numbering(
+    browser: Any, server: LiveServer, locale: str, first: str, follow_ups: list[str]
+) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-follow-{locale}", locale=locale)
+    send(page, first)
+    for text in follow_ups:
+        answer = send(page, text)
+        assert first[:12] in answer["text"]  # the offline answer shows the exchange it builds on
+    assert page.locator(".message.error").count() == 0
+    numbers = page.eval_on_selector_all(".message.user", "nodes => nodes.map(n => n.dataset.turn)")
+    assert numbers == ["1", "2", "3", "4"]
+    # After a reload the inspector shows the newest exchange as it was sent, not a blank pane.
+    page.reload()
+    page.wait_for_selector("body[data-ready=yes]", timeout=WAIT_MS)
+    page.wait_for_selector("#context-source.past[data-turn='4']", timeout=WAIT_MS)
+    assert page.errors == []
+
+
+def test_a_skip_link_and_a_busy_indicator(browser: Any, server: LiveServer) -> None:
+    page = open_page(browser, f"{server.url}/#session=web-skip")
+    send(page, "我不吃辣")
+    # The first Tab stop skips every chat bubble: Enter on it lands in the composer.
+    first = "document.querySelector('a[href], button, input, select, textarea, [tabindex]').className"
+    assert page.evaluate(first) == "skip-link"
+    page.focus(".skip-link")
+    assert page.evaluate("document.activeElement.textContent") == "跳到输入框"
+    assert page.evaluate("document.querySelector('.skip-link').getBoundingClientRect().top") >= 0  # shown
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "message-input"
+    assert page.evaluate("location.hash") == "#session=web-skip"  # the URL still names the session
+    # While the page waits for the server, the bar shows and the inspector is aria-busy.
+    assert page.evaluate("getComputedStyle(document.querySelector('#busy-bar')).visibility") == "hidden"
+    page.evaluate("document.body.dataset.busy = 'yes'")
+    assert page.evaluate("getComputedStyle(document.querySelector('#busy-bar')).visibility") == "visible"
+    page.evaluate("document.body.dataset.busy = 'no'")
+    assert page.get_attribute(".pane.inspector", "aria-busy") == "false"
+    assert page.errors == []

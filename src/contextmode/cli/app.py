@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,10 +15,10 @@ from rich.console import Console
 
 from ..api import build_engine
 from ..engine import PreparedTurn
-from ..errors import ContextModeError, UserError
+from ..errors import ContextModeError, MissingExtra, UserError
 from ..session_keys import id_for_input, key_for_id
 from ..settings import EngineSettings
-from .render import prepared_panel, trace_panel, turns_table
+from .render import Numbering, load_numbering, prepared_panel, trace_panel, trace_seqs, turns_table
 
 __all__ = ["app", "main"]
 
@@ -74,6 +75,10 @@ def demo(
     asyncio.run(run_demo(console, store=store, session=session, window=window, show_messages=messages))
 
 
+_SERVICE_MODULES = ("fastapi", "uvicorn", "prometheus_client", "httpx")
+"""What ``contextmode serve`` imports from the ``service`` extra."""
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1, CONTEXTMODE_HOST).")] = None,
@@ -81,12 +86,15 @@ def serve(
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
     """Run the HTTP service (SSE chat, OpenAI-compatible proxy, inspector page)."""
-    try:
-        import uvicorn
+    # Checked before anything starts: uvicorn alone installed would import the app in its
+    # own process and die there with a long traceback.
+    for module in _SERVICE_MODULES:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtra("service", module)
+    import uvicorn
 
-        from ..service.settings import ServiceSettings
-    except ModuleNotFoundError as exc:
-        raise typer.BadParameter(f"{exc.name} is missing: pip install 'contextmode-engine[service]'") from exc
+    from ..service.settings import ServiceSettings
+
     settings = ServiceSettings.from_env()
     _check_settings()
     uvicorn.run(
@@ -138,7 +146,8 @@ def inspect(
                 if as_json:
                     print(json.dumps(trace_to_dict(trace), ensure_ascii=False))
                 else:
-                    console.print(trace_panel(trace))
+                    numbering = await load_numbering(engine.store, tenant, sid, trace_seqs(trace))
+                    console.print(trace_panel(trace, numbering))
                 return
             info = await engine.store.info(tenant, sid)
             if info is None:
@@ -161,16 +170,19 @@ def inspect(
                 return
             console.print(turns_table(state.turns, state.constraints))
             if state.summary:
-                console.print(f"[cyan]summary (messages 1–{state.summary.covers_seq}, v{state.summary.version}):[/cyan] {state.summary.text}")
+                covers = await load_numbering(engine.store, tenant, sid, [state.summary.covers_seq])
+                console.print(f"[cyan]summary ({covers.through(state.summary.covers_seq)}, v{state.summary.version}):[/cyan] {state.summary.text}")
             for name, stats in info.jobs.items():
                 console.print(f"job {name}: ok {stats.ok}, failed {stats.failed}" + (f", last error: {stats.last_error}" if stats.last_error else ""))
             console.print(prepared_panel(prepared))
+            numbering = Numbering(prepared.state.recalled)
             for reason in _recall_reasons(prepared):
+                neighbour = reason["neighbour_of"]
                 console.print(
-                    f"recalled turn {reason['seq']}: score {reason['score']}, matched "
+                    f"recalled {numbering.label(reason['seq'])}: score {reason['score']}, matched "
                     f"{', '.join(reason['matched']) or '—'}"
-                    + (f" ({_neighbour_side(reason['seq'], reason['neighbour_of'])} {reason['neighbour_of']})"
-                       if reason["neighbour_of"] else "")
+                    + (f" ({_neighbour_side(reason['seq'], neighbour)} {numbering.label(neighbour)})"
+                       if neighbour else "")
                 )
         finally:
             await engine.close()

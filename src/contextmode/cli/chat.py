@@ -3,30 +3,54 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from ..api import build_engine
 from ..engine import Engine, TurnRequest
 from ..errors import ContextModeError
 from ..models.offline import OfflineResponder
 from ..types import SessionKey
-from .render import prepared_panel, turns_table
+from .render import load_numbering, prepared_panel, turns_table
 
-__all__ = ["HELP", "run_chat"]
+__all__ = ["HELP", "help_table", "run_chat"]
 
-HELP = """commands:
-  /context [message]  the layers the next message would get (with token bars)
-  /summary            the committed summary and what it covers
-  /constraints        pinned constraints with the turn they came from
-  /history            the newest stored turns
-  /reset              delete this session (turns and derived records)
-  /session [id]       show or switch the session
-  /help, /quit"""
+HELP: tuple[tuple[str, str], ...] = (
+    ("/context [message]", "the layers the next message would get (with token bars)"),
+    ("/summary", "the committed summary and what it covers"),
+    ("/constraints", "pinned constraints with the turn they came from"),
+    ("/history", "the newest stored turns"),
+    ("/reset", "delete this session (turns and derived records)"),
+    ("/session [id]", "show or switch the session"),
+    ("/help", "this list"),
+    ("/quit", "leave (or Ctrl+D); Ctrl+L clears the screen"),
+)
+"""The chat's commands and what each does."""
+
+
+def help_table() -> Table:
+    """`HELP` in two aligned columns (a table: "[message]" is never read as markup)."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for command, what in HELP:
+        table.add_row(Text(command), Text(what))
+    return table
+
+
+def _line_editing() -> None:
+    """Line editing for the prompt: history with the arrows, Ctrl+L clears the screen
+    (without it the terminal echoes ``^L``). Where Python has no readline, nothing."""
+    with contextlib.suppress(ImportError):  # Windows
+        import readline  # noqa: F401 - importing it is what turns line editing on
 
 
 async def run_chat(console: Console, *, session: str, store: str | None, tenant: str) -> None:
     engine = build_engine(store=store)
+    _line_editing()
     console.print(
         f"context-mode chat · session [bold]{session}[/bold] · model {engine.model.name} · "
         f"tokens {engine.counter.name}{'' if engine.counter.exact else ' (estimate)'} · /help for commands"
@@ -73,7 +97,7 @@ async def _command(console: Console, engine: Engine, tenant: str, session: str, 
     if command in ("/summary", "/constraints", "/history", "/context"):
         await engine.drain()  # show what the background jobs of the last turn produced
     if command == "/help":
-        console.print(HELP)
+        console.print(help_table())
     elif command == "/context":
         try:
             console.print(prepared_panel(await engine.prepare(tenant, session, arg or "…"), show_messages=True))
@@ -82,13 +106,15 @@ async def _command(console: Console, engine: Engine, tenant: str, session: str, 
     elif command == "/summary":
         state = await engine.store.load(tenant, session, recent=0)
         if state.summary:
-            console.print(f"[cyan]messages 1–{state.summary.covers_seq} (v{state.summary.version}):[/cyan] {state.summary.text}")
+            covers = await load_numbering(engine.store, tenant, session, [state.summary.covers_seq])
+            console.print(f"[cyan]{covers.through(state.summary.covers_seq)} (v{state.summary.version}):[/cyan] {state.summary.text}")
         else:
             console.print("no summary yet")
     elif command == "/constraints":
         state = await engine.store.load(tenant, session, recent=0)
+        numbering = await load_numbering(engine.store, tenant, session, [c.source_seq for c in state.constraints])
         for c in state.constraints:
-            console.print(f"📌 {c.value}  [bright_black](message {c.source_seq}, {c.kind}, key {c.key})[/bright_black]")
+            console.print(f"📌 {c.value}  [bright_black]({numbering.label(c.source_seq)}, {c.kind}, key {c.key})[/bright_black]")
         if not state.constraints:
             console.print("no pinned constraints")
     elif command == "/history":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rich.console import Group
 from rich.panel import Panel
@@ -12,11 +12,62 @@ from rich.text import Text
 from ..assembly import Context
 from ..assembly.agent import tool_sentence
 from ..engine import PreparedTurn
+from ..store.base import Store
 from ..text.lang import is_chinese
 from ..trace import RecalledTurn, TurnTrace
 from ..types import Constraint, Turn
 
-__all__ = ["context_table", "prepared_panel", "token_bar", "trace_panel", "turns_table"]
+__all__ = [
+    "Numbering",
+    "context_table",
+    "load_numbering",
+    "prepared_panel",
+    "token_bar",
+    "trace_panel",
+    "trace_seqs",
+    "turns_table",
+]
+
+
+class Numbering:
+    """The one numbering the CLI shows: a stored turn by its exchange ("turn 3" for the third
+    user message, "turn 3's answer" for what came back), as the API's ``turn`` and the page
+    do; a turn stored without one (older data) is "message <seq>"."""
+
+    def __init__(self, turns: Iterable[Turn] = ()) -> None:
+        self._by_seq: dict[int, tuple[int, str]] = {}
+        for turn in turns:
+            number = turn.metadata.get("turn")
+            if isinstance(number, int) and number > 0:
+                self._by_seq[turn.seq] = (number, turn.role)
+
+    def label(self, seq: int) -> str:
+        """``turn 3``, ``turn 3's answer`` (``turn 3's tool result``), or ``message 12``."""
+        known = self._by_seq.get(seq)
+        if known is None:
+            return f"message {seq}"
+        number, role = known
+        if role == "user":
+            return f"turn {number}"
+        return f"turn {number}'s {'answer' if role == 'assistant' else role}"
+
+    def labels(self, seqs: Sequence[int], most: int = 8) -> str:
+        """The first ``most`` of ``seqs`` labelled, then how many more."""
+        text = ", ".join(self.label(s) for s in seqs[:most])
+        return text + (f" … (+{len(seqs) - most})" if len(seqs) > most else "")
+
+    def through(self, seq: int) -> str:
+        """``turns 1–3``: the exchanges up to stored turn ``seq`` (a summary's cover)."""
+        known = self._by_seq.get(seq)
+        return f"turns 1–{known[0]}" if known else f"messages 1–{seq}"
+
+
+async def load_numbering(store: Store, tenant: str, session_id: str, seqs: Iterable[int]) -> Numbering:
+    """The numbering of the stored turns ``seqs`` refer to (one read of their range)."""
+    wanted = [s for s in seqs if s > 0]
+    if not wanted:
+        return Numbering()
+    return Numbering(await store.turns(tenant, session_id, from_seq=min(wanted), to_seq=max(wanted)))
 
 _COLORS = {
     "system": "bright_black",
@@ -39,8 +90,9 @@ def token_bar(used: int, allocated: int, width: int = 16, color: str = "green") 
     return bar
 
 
-def context_table(context: Context) -> Table:
+def context_table(context: Context, numbering: Numbering | None = None) -> Table:
     """One row per layer: tokens used of allocated, a bar, items, dropped turns."""
+    numbering = numbering or Numbering()
     flag = "" if context.exact else " (estimated)"
     table = Table(
         title=f"{context.total_tokens} / {context.input_budget} tokens{flag} · {context.counter} · "
@@ -56,9 +108,7 @@ def context_table(context: Context) -> Table:
         account = context.accounts.get(name)
         if account is None:
             continue
-        dropped = ", ".join(str(s) for s in account.dropped_seqs[:8])
-        if len(account.dropped_seqs) > 8:
-            dropped += f" … (+{len(account.dropped_seqs) - 8})"
+        dropped = numbering.labels(account.dropped_seqs)
         table.add_row(
             Text(name, style=_COLORS.get(name, "")),
             f"{account.used}/{account.allocated}",
@@ -88,7 +138,8 @@ def prepared_panel(prepared: PreparedTurn, *, show_messages: bool = False) -> Pa
         head.append(f"{prepared.rejected_rewrite.text} ({prepared.rejected_rewrite.reason})", style="bright_black")
     head.append(f"\nmode: {prepared.mode} · prepared in {prepared.prepare_ms:.1f} ms")
     parts.append(head)
-    parts.append(context_table(prepared.context))
+    state = prepared.state
+    parts.append(context_table(prepared.context, Numbering((*state.turns, *state.recalled, *state.key_moments))))
     if show_messages:
         for m in prepared.messages:
             line = Text(f"[{m.role}] ", style="bold").append(m.content, style="")
@@ -103,9 +154,9 @@ def prepared_panel(prepared: PreparedTurn, *, show_messages: bool = False) -> Pa
 def turns_table(turns: Sequence[Turn], constraints: Sequence[Constraint] = ()) -> Table:
     """Stored turns with their tokens and emotion; pinned constraints marked by source turn."""
     pinned = {c.source_seq: c.value for c in constraints}
-    table = Table(title="turns (turn n = the n-th user message)", title_justify="left")
-    for col in ("turn", "seq", "role", "tokens", "emotion", "content"):
-        table.add_column(col, justify="right" if col in ("turn", "seq", "tokens", "emotion") else "left")
+    table = Table(title="turns (turn n = the n-th user message and its answer)", title_justify="left")
+    for col in ("turn", "role", "tokens", "emotion", "content"):
+        table.add_column(col, justify="right" if col in ("turn", "tokens", "emotion") else "left")
     for t in turns:
         text = tool_sentence(t, zh=is_chinese(t.content[:200])) if t.tool_calls or t.role == "tool" else t.content
         content = text if len(text) < 80 else text[:77] + "…"
@@ -115,13 +166,15 @@ def turns_table(turns: Sequence[Turn], constraints: Sequence[Constraint] = ()) -
             content += "  (partial)"
         number = t.metadata.get("turn")
         table.add_row(
-            str(number) if isinstance(number, int) and number else "", str(t.seq), "notice" if t.notice else t.role, str(t.tokens), "" if t.emotion is None else f"{t.emotion:.2f}", content
+            str(number) if isinstance(number, int) and number else "", "notice" if t.notice else t.role, str(t.tokens), "" if t.emotion is None else f"{t.emotion:.2f}", content
         )
     return table
 
 
-def trace_panel(trace: TurnTrace) -> Panel:
-    """A kept turn: what was typed, what was sent, the layers, and the messages received."""
+def trace_panel(trace: TurnTrace, numbering: Numbering | None = None) -> Panel:
+    """A kept turn: what was typed, what was sent, the layers, the pins as they were then,
+    and the messages received (``numbering``: `load_numbering` of `trace_seqs`)."""
+    numbering = numbering or Numbering()
     head = Text()
     head.append("typed: ", style="bold")
     head.append(trace.typed)
@@ -148,21 +201,30 @@ def trace_panel(trace: TurnTrace) -> Panel:
         layers.add_row(
             Text(layer.name, style=_COLORS.get(layer.name, "")), f"{layer.used}/{layer.allocated}",
             token_bar(layer.used, layer.allocated, color=color), str(layer.items),
-            ", ".join(str(s) for s in layer.dropped_seqs[:8]),
+            numbering.labels(layer.dropped_seqs),
         )
     parts: list[object] = [head, layers]
+    if trace.pins:
+        parts.append(Text(f"pinned at turn {trace.turn} (as they were then):", style="bold"))
     for pin in trace.pins:
-        parts.append(Text(f"📌 {pin.value} (from seq {pin.source_seq})", style="magenta"))
+        parts.append(Text(f"📌 {pin.value} (from {numbering.label(pin.source_seq)})", style="magenta"))
     for hit in trace.recalled:
-        parts.append(Text(f"↩ seq {hit.seq} ({hit.layer}: {hit.why}{_recall_detail(hit)})", style="yellow"))
+        parts.append(Text(f"↩ {numbering.label(hit.seq)} ({hit.layer}: {hit.why}{_recall_detail(hit, numbering)})", style="yellow"))
     parts.append(Text("messages received:", style="bold"))
     for m in trace.messages:
         parts.append(Text(f"[{m.role}] ", style="bold").append(m.content, style=""))
-    title = f"turn {trace.turn} (seq {trace.user_seq}) as the model received it"
+    title = f"turn {trace.turn} as the model received it"
     return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]
 
 
-def _recall_detail(hit: RecalledTurn) -> str:
+def trace_seqs(trace: TurnTrace) -> list[int]:
+    """The stored turns a kept trace refers to (pins, recalled turns, dropped turns)."""
+    seqs = [p.source_seq for p in trace.pins] + [r.seq for r in trace.recalled]
+    seqs += [r.neighbour_of for r in trace.recalled if r.neighbour_of is not None]
+    return seqs + [s for layer in trace.layers for s in layer.dropped_seqs]
+
+
+def _recall_detail(hit: RecalledTurn, numbering: Numbering) -> str:
     """Score, ranker, matched terms and neighbour of a recalled turn, as one short clause."""
     parts = []
     if hit.score is not None:
@@ -171,5 +233,5 @@ def _recall_detail(hit: RecalledTurn) -> str:
         parts.append(f"matched {', '.join(hit.matched)}")
     if hit.neighbour_of is not None:
         side = "the turn before" if hit.seq < hit.neighbour_of else "the answer after"
-        parts.append(f"{side} seq {hit.neighbour_of}")
+        parts.append(f"{side} {numbering.label(hit.neighbour_of)}")
     return f"; {'; '.join(parts)}" if parts else ""

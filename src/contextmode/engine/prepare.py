@@ -10,16 +10,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..assembly import Context, CurrentTurn, assemble, cut_to_tokens, to_messages
 from ..errors import MessageTooLarge, NoPreviousAnswer
 from ..memory.strategies import Strategy, get_strategy
-from ..processors.base import Detection, Rewrite
+from ..processors.base import Detection, IntentKind, Rewrite
 from ..processors.intents import build_follow_up_prompt
 from ..processors.verify import verified
 from ..settings import Mode
+from ..text.lang import is_chinese
 from ..types import SessionKey, SessionState, Turn, utc_now
+from .followup import TEMPLATE_INTENTS, answered_before, follow_up_context
 from .request import PreparedTurn, TurnRequest
 from .seams import recall_limit
 
@@ -27,9 +29,6 @@ if TYPE_CHECKING:
     from .core import Engine
 
 __all__ = ["load_state", "prepare_turn"]
-
-_TEMPLATE_INTENTS = frozenset({"detail", "simplify", "example", "summary"})
-"""Follow-up intents answered from the last answer; a pronoun goes through the rewriter instead."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,18 +69,21 @@ async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
     chosen = get_strategy(request.strategy or engine.settings.strategy)
     # Engine notices (the offline responder's text) describe a request instead of
     # answering it: they never feed memory, the rewrite or the model's history.
-    loaded = await load_state(engine, request.key, chosen)
-    retried = unanswered_repeat(loaded.turns, request)
+    raw = await load_state(engine, request.key, chosen)
+    retried = unanswered_repeat(raw.turns, request)
     if retried is not None:  # a retry of a failed request: its stored turn is this turn's
-        loaded = replace(loaded, turns=loaded.turns[:-1])
-    state = without_notices(loaded)
+        raw = replace(raw, turns=raw.turns[:-1])
+    state = without_notices(raw)
     # Tool results (often huge JSON) are no antecedents for a pronoun either.
     history = [t for t in state.turns if t.role != "tool"]
     detection = Detection(needs_context=False)
     if history:
         await engine.let_go_before(engine.detector)
         detection = await engine.detector.detect(message, history)
-    step = await _rewrite_step(engine, state, message, detection, chosen)
+    if detection.intent in TEMPLATE_INTENTS:
+        step = _template_step(engine, raw, state, message, detection)
+    else:
+        step = await _rewrite_step(engine, state, message, detection, chosen)
     current = step.current
     if mode == "decoupled" and step.verified_text is not None:
         current = step.verified_text
@@ -122,13 +124,7 @@ def unanswered_repeat(turns: Sequence[Turn], request: TurnRequest) -> Turn | Non
 async def _rewrite_step(
     engine: Engine, state: SessionState, message: str, detection: Detection, strategy: Strategy
 ) -> _Rewritten:
-    """A follow-up template answers a follow-up intent; otherwise the rewriter's output goes
-    through the verifier (a rewrite is a hint until it accepts it)."""
-    if detection.intent in _TEMPLATE_INTENTS:
-        if not state.last_answer:
-            raise NoPreviousAnswer(detection.intent or "follow-up")
-        return _Rewritten(current=_follow_up_prompt(engine, detection, state.last_answer, message),
-                          rewrite=None, rejected=None, quotes=_answer_turn(state))
+    """The rewriter's output goes through the verifier (a rewrite is a hint until it accepts it)."""
     if not (detection.needs_context and engine.settings.rewrite and state.turns):
         return _Rewritten(current=message, rewrite=None, rejected=None)
     recent = [t for t in state.turns if t.role != "tool"][-max(strategy.recent_turns, 4):]
@@ -146,15 +142,33 @@ def _answer_turn(state: SessionState) -> Turn | None:
     return None
 
 
-def _follow_up_prompt(engine: Engine, detection: Detection, last_answer: str, message: str) -> str:
-    # Keep the template inside half the input budget: the last answer may be long.
+def _template_step(
+    engine: Engine, raw: SessionState, state: SessionState, message: str, detection: Detection
+) -> _Rewritten:
+    """A follow-up intent answered by its template over the last real exchange (the
+    conversation for a summary; `followup.py`). Refused (`NoPreviousAnswer`) only while
+    nothing in the session was ever answered."""
+    intent = cast("IntentKind", detection.intent)
+    locale = engine.settings.locale
+    lang = locale if locale != "auto" else ("zh" if is_chinese(message) else "en")
+    source = follow_up_context(state, intent, lang) if answered_before(raw) else None
+    if source is None:
+        raise NoPreviousAnswer(intent)
+    quotes = _answer_turn(state) if source == state.last_answer else None
+    return _Rewritten(current=_follow_up_prompt(engine, intent, source, message, lang), rewrite=None, rejected=None,
+                      quotes=quotes)
+
+
+def _follow_up_prompt(engine: Engine, intent: IntentKind, source: str, message: str, lang: str) -> str:
+    # Keep the template inside half the input budget: the last answer may be long
+    # (its end is kept: for a conversation, the newest turns).
     limit = engine.budget().input_tokens // 2
     count = engine.counter.count
-    prompt = build_follow_up_prompt(detection.intent, last_answer, message)  # type: ignore[arg-type]
+    prompt = build_follow_up_prompt(intent, source, message, locale=lang)
     if count(prompt) > limit:
-        head = count(prompt) - count(last_answer)
-        trimmed = cut_to_tokens(last_answer, max(1, limit - head), count)
-        prompt = build_follow_up_prompt(detection.intent, trimmed, message)  # type: ignore[arg-type]
+        head = count(prompt) - count(source)
+        trimmed = cut_to_tokens(source, max(1, limit - head), count)
+        prompt = build_follow_up_prompt(intent, trimmed, message, locale=lang)
     return prompt
 
 
@@ -219,7 +233,8 @@ async def _load_more(
     wanted = len(state.turns) + idle // 4 + _IDLE_TOKENS
     more = await engine.store.load(key.tenant, key.session_id, recent=max(wanted, strategy.recent_turns),
                                    max_uncovered=wanted)
-    return replace(state, turns=without_notices(more).turns)
+    last = state.turns[-1].seq  # nothing newer than what the turn loaded (a retried message is this turn's)
+    return replace(state, turns=tuple(t for t in without_notices(more).turns if t.seq <= last))
 
 
 def without_notices(state: SessionState) -> SessionState:

@@ -33,13 +33,16 @@ class OfflineResponder:
         preview_chars: int = 80,
         chunk_chars: int = 24,
         name: str = "offline",
+        max_listed: int = 6,
     ) -> None:
         """``counter`` adds token totals; ``preview_chars`` characters of each message are shown;
-        the answer streams in pieces of ``chunk_chars`` characters."""
+        the answer streams in pieces of ``chunk_chars`` characters; at most ``max_listed``
+        messages are listed (the first and the newest, a line says how many between)."""
         self.name = name
         self.counter = counter
         self.preview_chars = preview_chars
         self.chunk_chars = max(1, chunk_chars)
+        self.max_listed = max(2, max_listed)
 
     def __repr__(self) -> str:
         return f"OfflineResponder(name={self.name!r})"
@@ -67,7 +70,15 @@ class OfflineResponder:
             head = f"What the model would have received ({len(messages)} messages"
             head += f", {total} tokens in total):" if total is not None else "):"
         lines.append(head)
-        for index, message in enumerate(messages, 1):
+        # A long context is listed by its ends (the system prompt, the newest messages): the
+        # notice stays a few lines; the inspector shows every message.
+        listed = list(enumerate(messages, 1))
+        skipped = len(listed) - self.max_listed
+        if skipped > 0:
+            listed = listed[:1] + listed[1 + skipped:]
+        for index, message in listed:
+            if skipped > 0 and index == skipped + 2:
+                lines.append(f"…（中间另有 {skipped} 条）" if zh else f"… ({skipped} more in between)")
             tokens = f" {self.counter.count(message.content)} tokens" if self.counter else ""
             # Earlier answers are not quoted: they are stored as turns, and quoting them
             # would make every offline answer grow with the ones before it.

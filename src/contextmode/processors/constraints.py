@@ -118,9 +118,11 @@ def canonical_fact(clause: str) -> str:
 
 
 def _scored_facts(
-    text: str, scorer: FactScorer, limit: int | None, typed: list[Constraint], source_seq: int
+    text: str, scorer: FactScorer, limit: int | None, read: Sequence[str], source_seq: int
 ) -> list[Constraint]:
-    typed_words = {w for c in typed for w in content_words(c.value)}
+    """The clauses the scorer rates as self-disclosure, but none the typed rules read
+    (``read``: their values and the words they matched, retractions included)."""
+    typed_words = {w for r in read for w in content_words(r)}
     out = []
     for clause, _ in scorer.select(text, limit):
         if _MARKUP.search(clause.text):
@@ -157,8 +159,13 @@ def extract_constraints(
     found: list[Constraint] = []
     retracted: list[Retract] = []
     generic_found: list[tuple[int, int, Constraint]] = []
+    read: list[str] = []
     for sentence in _statements(text, language):
         for hit in _sentence_hits(sentence, language, generic_facts=generic_facts and model is None):
+            if isinstance(hit, Retract) or ":" not in hit.key:
+                # A one-valued fact ("budget", "location") or a retraction is never pinned
+                # again as a raw clause: that copy would keep the old value after an update.
+                read.append(hit.matched)
             if isinstance(hit, Retract):
                 retracted.append(hit)
                 continue
@@ -175,7 +182,8 @@ def extract_constraints(
         generic_found = sorted(generic_found)[:max_generic]
     found.extend(c for _, _, c in sorted(generic_found, key=lambda item: item[1]))
     if model is not None:
-        found.extend(_scored_facts(text, model, max_generic, found, source_seq))
+        read.extend(c.value for c in found)
+        found.extend(_scored_facts(text, model, max_generic, read, source_seq))
     return found, retracted
 
 
@@ -199,7 +207,7 @@ def _sentence_hits(sentence: str, language: str, *, generic_facts: bool) -> list
         hits.extend(rule(sentence))
     if generic_facts:
         generic = zh_generic if language == "zh" else en_generic
-        typed_words = {w for h in hits if isinstance(h, Found) for w in content_words(h.value)}
+        typed_words = {w for h in hits for w in content_words(f"{h.value if isinstance(h, Found) else ''} {h.matched}")}
         for fact in generic(sentence):
             words = content_words(fact.value) if isinstance(fact, Found) else []
             # A clause a typed rule already read ("I live in Boston") is not pinned twice.

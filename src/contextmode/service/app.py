@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine import Engine
+from ..engine.warmup import warm_up
 from ..errors import ContextModeError, StoreError
 from ..jobs import takes_hooks
 from ..store.base import keeps_idempotency
@@ -274,6 +275,12 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The first context after a restart costs what the next ones do: jieba's dictionary
+        # and the offline processors' models load now, before the first request.
+        try:
+            log.info("warmed up in %.0f ms", await warm_up(state.engine))
+        except Exception:  # a processor of the user's that fails on the sample: serve anyway
+            log.warning("warm-up failed; the first turn loads what it needs", exc_info=True)
         # What is alive at startup (modules, and lexicons or models already loaded) stays alive:
         # the collector no longer scans it at every full collection (CPU on every turn). Once
         # per process: later apps (tests) would otherwise pin the garbage of earlier ones.

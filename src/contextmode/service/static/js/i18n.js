@@ -1,6 +1,25 @@
 // UI labels in Chinese and English. The language is picked from navigator.language
 // unless the user chose one with the toggle (kept in localStorage).
 
+// Chinese names of what the server sends as identifiers (intents, jobs, pin keys, the
+// detector's reason), so the Chinese page has no English labels.
+const ZH_INTENTS = { detail: "展开", simplify: "简化", example: "举例", summary: "总结", pronoun: "指代" };
+const ZH_JOBS = { summary: "摘要", constraints: "约束", emotion: "情绪", index: "索引" };
+const ZH_PIN_KEYS = {
+  budget: "预算", spice: "辣度", diet: "饮食", name: "名字", age: "年龄", location: "住址", hometown: "家乡",
+  job: "职业", workplace: "工作单位", like: "喜欢", dislike: "不喜欢", allergy: "过敏", avoid: "避免",
+  family: "家人", favorite: "最爱", fact: "事实",
+};
+
+/** The detector's reason ("model p=0.42, cue: …", "follow-up intent example") in Chinese. */
+function zhReason(reason) {
+  return reason
+    .replace(/^model p=/, "模型概率 ")
+    .replace(/, cue: /, "，线索：")
+    .replace(/^follow-up intent (\w+)/, (_, intent) => `追问意图：${ZH_INTENTS[intent] ?? intent}`)
+    .replace(/^no earlier turns$/, "没有更早的对话");
+}
+
 const STRINGS = {
   zh: {
     subtitle: "上下文检查器",
@@ -8,6 +27,9 @@ const STRINGS = {
     newSession: "新会话",
     noSessions: "（还没有会话）",
     mode: "模式",
+    modeDefault: "默认（服务的设置）",
+    skipToComposer: "跳到输入框",
+    busy: "正在等待服务器…",
     modeContextual: "上下文模式",
     modeDecoupled: "解耦模式",
     apiKey: "API 密钥",
@@ -53,8 +75,8 @@ const STRINGS = {
     rankerFused: "BM25+向量融合",
     recallMatched: (terms) => `匹配词：${terms}`,
     recallRelated: "经相关词找到（无直接匹配词）",
-    recallNeighbour: (seq) => `#${seq} 的前一轮（上下文）`,
-    recallAnswer: (seq) => `#${seq} 的下一轮（对其提问的回答）`,
+    recallNeighbour: (ref) => `${ref}的前一条（上下文）`,
+    recallAnswer: (ref) => `${ref}的下一条（对其提问的回答）`,
     keyMomentIntensity: (e) => `情绪强度 ${e}`,
     droppedInLayer: (seqs) => `丢弃：${seqs}`,
     rewrite: "问题改写",
@@ -64,13 +86,16 @@ const STRINGS = {
     notRewritten: "未改写：原问题即发给模型的问题",
     detection: (d) =>
       `需要上下文：${d.needs_context ? "是" : "否"}` +
-      (d.intent ? ` · 意图 ${d.intent}` : "") +
+      (d.intent ? ` · 意图 ${ZH_INTENTS[d.intent] ?? d.intent}` : "") +
       ` · 分数 ${Number(d.score).toFixed(2)}` +
-      (d.reason ? ` · ${d.reason}` : ""),
+      (d.reason ? ` · ${zhReason(d.reason)}` : ""),
     rewriteSource: (s) => `改写来源：${s}`,
     constraints: "固定约束",
     noConstraints: "还没有约束。",
     fromTurn: (n) => `来自第 ${n} 轮`,
+    turnRef: (n, role) => (role === "user" ? `第 ${n} 轮` : `第 ${n} 轮的${role === "tool" ? "工具结果" : "回答"}`),
+    pinsThen: (n) => `第 ${n} 轮时的约束（模型当时收到的）`,
+    pinsNow: "现在的约束",
     timeline: "会话时间线",
     legendCovered: "已被摘要覆盖",
     legendDropped: "被窗口丢弃",
@@ -99,8 +124,13 @@ const STRINGS = {
     error: "错误",
     turnMeta: (m) =>
       [m.ttft != null ? `首字 ${m.ttft} ms` : null, m.tokens != null ? `输入 ${m.tokens} tokens` : null,
-        m.jobs?.length ? `后台：${m.jobs.join("、")}` : null].filter(Boolean).join(" · "),
+        m.jobs?.length ? `后台：${m.jobs.map((j) => ZH_JOBS[j] ?? j).join("、")}` : null].filter(Boolean).join(" · "),
     turn: (n, role) => `第 ${n} 轮 · ${({ user: "用户", tool: "工具结果" })[role] ?? "助手"}`,
+    jobName: (name) => ZH_JOBS[name] ?? name,
+    pinKey: (key) => {
+      const [head, ...rest] = key.split(":");
+      return [ZH_PIN_KEYS[head] ?? head, ...rest].join("：");
+    },
     layer: {
       system: "系统指令", constraints: "约束", summary: "摘要", key_moments: "关键时刻", recall: "召回",
       recent: "近期对话", current: "当前消息", format: "格式要求",
@@ -108,10 +138,15 @@ const STRINGS = {
   },
   en: {
     subtitle: "context inspector",
+    jobName: (name) => name,
+    pinKey: (key) => key,
     session: "Session",
     newSession: "New session",
     noSessions: "(no sessions yet)",
     mode: "Mode",
+    modeDefault: "default (the service's)",
+    skipToComposer: "Skip to the message box",
+    busy: "Waiting for the server…",
     modeContextual: "contextual",
     modeDecoupled: "decoupled",
     apiKey: "API key",
@@ -157,8 +192,8 @@ const STRINGS = {
     rankerFused: "BM25+dense fused",
     recallMatched: (terms) => `matched: ${terms}`,
     recallRelated: "found through related terms (no direct match)",
-    recallNeighbour: (seq) => `the turn before #${seq} (its context)`,
-    recallAnswer: (seq) => `the turn after #${seq} (the answer to its question)`,
+    recallNeighbour: (ref) => `the message before ${ref} (its context)`,
+    recallAnswer: (ref) => `the message after ${ref} (the answer to its question)`,
     keyMomentIntensity: (e) => `emotion ${e}`,
     droppedInLayer: (seqs) => `dropped: ${seqs}`,
     rewrite: "Question rewrite",
@@ -175,6 +210,9 @@ const STRINGS = {
     constraints: "Pinned constraints",
     noConstraints: "No constraints yet.",
     fromTurn: (n) => `from turn ${n}`,
+    turnRef: (n, role) => (role === "user" ? `turn ${n}` : `turn ${n}'s ${role === "tool" ? "tool result" : "answer"}`),
+    pinsThen: (n) => `Pins at turn ${n} (what the model got then)`,
+    pinsNow: "Pins now",
     timeline: "Session timeline",
     legendCovered: "covered by the summary",
     legendDropped: "dropped by the window",

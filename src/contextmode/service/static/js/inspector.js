@@ -10,6 +10,22 @@ export function exchangeOf(session, seq) {
   return turn?.metadata?.turn || null;
 }
 
+// Stored turn seq → [exchange number, role] of the session shown: the page names every turn
+// by its exchange ("第 3 轮", "第 3 轮的回答"), as the bubbles do, never by storage number.
+let numbering = new Map();
+
+/** Name turns after `session`'s exchange numbers from now on (call before drawing). */
+export function useSession(session) {
+  numbering = new Map((session?.turns ?? []).map((turn) => [turn.seq, [turn.metadata?.turn || null, turn.role]]));
+}
+
+/** Stored turn `seq` by its exchange ("第 3 轮" / "第 3 轮的回答"); "#seq" only for a turn the
+ * page has not loaded (older than the newest 200). */
+export function turnRef(seq) {
+  const [n, role] = numbering.get(seq) ?? [null, null];
+  return n ? t("turnRef", n, role) : `#${seq}`;
+}
+
 /** A kept trace (GET …/turns/{n}/context) in the shape the context view draws. */
 export function traceContext(trace) {
   return {
@@ -146,7 +162,7 @@ function rewriteCard(ctx) {
 }
 
 const pct = (part, whole) => (whole > 0 ? Math.min(100, (100 * part) / whole) : 0);
-const seqList = (seqs) => [...seqs].sort((a, b) => a - b).map((s) => `#${s}`).join(", ");
+const seqList = (seqs) => [...seqs].sort((a, b) => a - b).map(turnRef).join(", ");
 
 /** Turn numbers that the context holds verbatim (only a full context, i.e. a preview, lists items). */
 function contextSeqs(ctx) {
@@ -202,7 +218,7 @@ function layerRow(layer, ctx, widest) {
     el(
       "li",
       { class: item.truncated ? "truncated" : null },
-      el("span", { class: "item-meta" }, [item.seq != null ? `#${item.seq}` : null, item.role, `${item.tokens} tok`, keyMomentWhy(item, layer)].filter(Boolean).join(" · ")),
+      el("span", { class: "item-meta" }, [item.seq != null ? turnRef(item.seq) : null, item.role, `${item.tokens} tok`, keyMomentWhy(item, layer)].filter(Boolean).join(" · ")),
       el("span", { class: "item-text" }, item.text),
     ),
   );
@@ -218,7 +234,7 @@ function keyMomentWhy(item, layer) {
 /** Why an older turn is in the context: recall's ranker, score, matched terms (or the hit it
  * is the turn before); a key moment's emotion intensity. */
 export function recallReason(turn) {
-  const parts = [`#${turn.seq}`, layerLabel(turn.layer)];
+  const parts = [turnRef(turn.seq), layerLabel(turn.layer)];
   if (turn.layer === "key_moments") {
     if (turn.score != null) parts.push(t("keyMomentIntensity", turn.score.toFixed(2)));
     return parts.join(" · ");
@@ -226,7 +242,7 @@ export function recallReason(turn) {
   if (turn.score != null) parts.push(t("recallScore", turn.ranker === "bm25+dense" ? t("rankerFused") : "BM25", turn.score));
   if (turn.matched?.length) parts.push(t("recallMatched", turn.matched.join(", ")));
   if (turn.neighbour_of != null) {
-    parts.push(t(turn.seq > turn.neighbour_of ? "recallAnswer" : "recallNeighbour", turn.neighbour_of));
+    parts.push(t(turn.seq > turn.neighbour_of ? "recallAnswer" : "recallNeighbour", turnRef(turn.neighbour_of)));
   }
   else if (!turn.matched?.length) parts.push(t("recallRelated"));
   return parts.join(" · ");
@@ -301,9 +317,14 @@ export function renderContext(ctx, source) {
       ctx.dropped_seqs.length ? seqList(ctx.dropped_seqs) : t("noneDropped"),
     ),
   );
-  // A long item scrolls inside its box: it must be reachable by keyboard to scroll it.
-  for (const item of root.querySelectorAll(".items li, .recalled-turns li")) {
-    if (item.scrollHeight > item.clientHeight) item.tabIndex = 0;
+  reachScrollers(root);
+}
+
+/** A box whose text scrolls inside it must be reachable by keyboard to scroll it (axe-core's
+ * scrollable-region-focusable): long items, recalled turns, a long summary. */
+function reachScrollers(root) {
+  for (const box of root.querySelectorAll(".items li, .recalled-turns li, .summary-text, .constraints")) {
+    if (box.scrollHeight > box.clientHeight || box.scrollWidth > box.clientWidth) box.tabIndex = 0;
   }
 }
 
@@ -330,7 +351,7 @@ function timeline(session, ctx, currentSeq) {
     if (pinned.has(seq)) classes.push("pinned");
     if (seq === currentSeq) classes.push("current");
     const exchange = exchanges.get(seq);
-    const label = exchange ? t("turn", exchange, role) : `#${seq}`;
+    const label = exchange ? t("turn", exchange, role) : turnRef(seq);
     cells.push(el("span", { class: classes.join(" "), dataset: { seq, turn: exchange ?? "" }, title: [label, ...marks].join(" · ") }, exchange ? String(exchange) : "·"));
   }
   const legend = [
@@ -343,18 +364,18 @@ function timeline(session, ctx, currentSeq) {
   return [el("div", { class: "timeline", id: "timeline" }, cells), el("p", { class: "legend" }, legend)];
 }
 
-function constraintList(session) {
-  if (!session.constraints.length) return el("p", { class: "muted", id: "constraints" }, t("noConstraints"));
+function constraintList(session, pins = session.constraints, id = "constraints") {
+  if (!pins.length) return el("p", { class: "muted", id }, t("noConstraints"));
   return el(
     "ul",
-    { class: "constraints", id: "constraints" },
-    session.constraints.map((c) =>
+    { class: "constraints", id },
+    pins.map((c) =>
       el(
         "li",
         { dataset: { key: c.key, sourceSeq: c.source_seq }, title: c.quote },
         el("span", { class: "constraint-value" }, c.value),
-        el("span", { class: "constraint-key" }, c.key),
-        el("a", { class: "constraint-source", href: `#turn-${c.source_seq}` }, t("fromTurn", exchangeOf(session, c.source_seq) ?? `#${c.source_seq}`)),
+        el("span", { class: "constraint-key", title: c.key }, t("pinKey", c.key)),
+        el("a", { class: "constraint-source", href: `#turn-${c.source_seq}` }, t("fromTurn", exchangeOf(session, c.source_seq) ?? turnRef(c.source_seq))),
       ),
     ),
   );
@@ -373,12 +394,26 @@ function jobList(session) {
       return el(
         "li",
         { class: [pending.includes(name) ? "pending" : null, failed ? "failed" : null].filter(Boolean).join(" ") || null, dataset: { job: name } },
-        el("strong", {}, name),
+        el("strong", { title: name }, t("jobName", name)),
         pending.includes(name) ? el("span", { class: "badge" }, t("pending")) : null,
         stats ? el("span", { class: "muted" }, t("jobLine", stats.ok, stats.failed)) : null,
         stats?.last_error ? el("span", { class: "error-text" }, stats.last_error) : null,
       );
     }),
+  );
+}
+
+/** The pins: for a past turn, those the model got then (from its trace) beside today's. */
+function pinsCards(session, ctx) {
+  const now = el("section", { class: "card", id: "pins-now" }, el("h3", {}, t("constraints")), constraintList(session));
+  const then = ctx?.trace?.pins;
+  if (!then) return now;
+  now.querySelector("h3").textContent = t("pinsNow");
+  return el(
+    "div",
+    { class: "then-now" },
+    el("section", { class: "card then", id: "pins-then" }, el("h3", {}, t("pinsThen", ctx.trace.turn)), constraintList(session, then, "constraints-then")),
+    now,
   );
 }
 
@@ -392,16 +427,17 @@ export function renderSession(session, ctx, currentSeq) {
   const summary = session.summary;
   clear(
     root,
-    el("section", { class: "card" }, el("h3", {}, t("constraints")), constraintList(session)),
+    pinsCards(session, ctx),
     el("section", { class: "card" }, el("h3", {}, t("timeline")), timeline(session, ctx, currentSeq)),
     el(
       "section",
       { class: "card", id: "summary-card" },
       el("h3", {}, t("summary")),
       summary
-        ? [el("p", { class: "muted" }, t("summaryCovers", exchangeOf(session, summary.covers_seq) ?? `#${summary.covers_seq}`, summary.version, summary.tokens)), el("p", { class: "quote summary-text" }, summary.text)]
+        ? [el("p", { class: "muted" }, t("summaryCovers", exchangeOf(session, summary.covers_seq) ?? turnRef(summary.covers_seq), summary.version, summary.tokens)), el("p", { class: "quote summary-text" }, summary.text)]
         : el("p", { class: "muted" }, t("noSummary")),
     ),
     el("section", { class: "card" }, el("h3", {}, t("jobs")), jobList(session)),
   );
+  reachScrollers(root);
 }
