@@ -128,3 +128,22 @@ def test_no_previous_answer(last_answer: str | None) -> None:
     with pytest.raises(NoPreviousAnswer, match="当前没有可用的上文信息") as info:
         build_follow_up_prompt("detail", last_answer, "详细说说")
     assert info.value.intent == "detail"
+
+
+@pytest.mark.parametrize("message", [
+    "今天我们去公园玩，然后总结一下经验",
+    "Yesterday my boss asked me to summarize the meeting notes for him",
+    "老板让我总结一下会议",
+    "We went hiking today, then summarized the trip",
+])
+def test_a_statement_that_only_mentions_summarising_is_no_follow_up(message: str) -> None:
+    assert classify_follow_up_intent(message) is None
+
+
+@pytest.mark.parametrize(("message", "intent"), [
+    ("帮我总结一下这周的计划", "summary"), ("Summarize my plan", "summary"), ("总结一下", "summary"),
+    ("详细一点", "detail"), ("好的，详细说说", "detail"), ("能详细说说第二点吗？", "detail"),
+    ("举个例子", "example"), ("OK, give me an example", "example"), ("Tell me more", "detail"),
+])
+def test_requests_stay_follow_ups(message: str, intent: str) -> None:
+    assert classify_follow_up_intent(message) == intent

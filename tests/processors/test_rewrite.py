@@ -92,3 +92,13 @@ def test_subject_ellipsis_is_off_by_default() -> None:
 def test_answer_to_a_question_gets_no_subject() -> None:
     # After a yes/no question the short message is an answer, not an ellipsis.
     assert not OfflineRewriter().rewrite_texts("挺好的", ["新手机好用吗"]).changed
+
+
+def test_a_contraction_is_never_an_antecedent() -> None:
+    rewriter = OfflineRewriter()
+    context = ["I've been reading a lot lately.", "That's great! What are you reading?",
+               "I've started a novel, I've loved it so far."]
+    result = rewriter.rewrite_texts("What was it about", context)
+    assert not result.changed and result.text == "What was it about"
+    named = rewriter.rewrite_texts("What was it about", ["I watched Inception last night.", "Did you like Inception?"])
+    assert named.text == "What was Inception about"

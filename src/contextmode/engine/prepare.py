@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
@@ -19,6 +20,7 @@ from ..processors.base import Detection, IntentKind, Rewrite
 from ..processors.intents import build_follow_up_prompt
 from ..processors.verify import verified
 from ..settings import Mode
+from ..text.dates import named_day
 from ..text.lang import is_chinese
 from ..types import SessionKey, SessionState, Turn, utc_now
 from .followup import TEMPLATE_INTENTS, answered_before, follow_up_context
@@ -91,6 +93,8 @@ async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
     # template's own words.
     query = f"{message}\n{step.quotes.content}" if step.quotes is not None else step.verified_text or current
     state = await _recall_step(engine, state, query, chosen)
+    if recall_limit(chosen):
+        state = await _dated_step(engine, request.key, state, message, request.now or utc_now())
     context = _assemble_step(engine, request, state, current, step, mode, chosen)
     if mode != "decoupled" and recall_limit(chosen) and _idle(context, state):
         state = await _load_more(engine, request.key, state, context, chosen)
@@ -182,6 +186,43 @@ async def _recall_step(engine: Engine, state: SessionState, query: str, strategy
         engine.store, state, query, limit=limit, recent_turns=strategy.recent_turns
     )
     return replace(state, recalled=tuple(t for t in recalled if not t.notice))
+
+
+_DAY_TURNS = 64
+"""At most this many turns of a day a question names come first in recall."""
+
+
+async def _dated_step(engine: Engine, key: SessionKey, state: SessionState, message: str, now: datetime) -> SessionState:
+    """A question that names a day ("我5月2日的心情怎么样？", "What did I say last Tuesday?")
+    recalls that day's turns first, whatever words they use (`text.dates.named_day`, read
+    against the question's time). The day is found by a binary search over the log's dates:
+    O(log history) one-turn reads, only for such a question."""
+    day = named_day(message, now)
+    if day is None or state.last_seq < 1:
+        return state
+    zone = now.tzinfo
+
+    def on_or_after(turn: Turn) -> bool:
+        return turn.created_at.astimezone(zone).date() >= day
+
+    lo, hi = 1, state.last_seq + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        probe = await engine.store.turns(key.tenant, key.session_id, from_seq=mid, to_seq=mid)
+        if not probe or on_or_after(probe[0]):
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo > state.last_seq:
+        return state
+    found = await engine.store.turns(key.tenant, key.session_id, from_seq=lo, to_seq=min(state.last_seq, lo + _DAY_TURNS - 1))
+    days = [t for t in found if t.created_at.astimezone(zone).date() == day and not t.notice and t.role != "tool"]
+    if not days:
+        return state
+    # The user's own words of that day first (what they said, felt, did), then the answers.
+    days.sort(key=lambda t: (t.role != "user", t.seq))
+    seen = {t.seq for t in days}
+    return replace(state, recalled=(*days, *(t for t in state.recalled if t.seq not in seen)))
 
 
 def _assemble_step(

@@ -78,14 +78,51 @@ _EN_PATTERNS: dict[IntentKind, re.Pattern[str]] = {
 }
 
 
+_REQUEST_MARKERS = ("请", "帮我", "给我", "麻烦", "能不能", "能否", "可以", "可不可以", "你", "再", "吗",
+                    "？", "?", "please", "can you", "could you", "would you", "will you", "give me",
+                    "tell me", "show me", "let's", "let me")
+"""Words that address the assistant: a message holding one asks it for something."""
+_NARRATION = re.compile(
+    r"(我|我们|他|她|他们|今天|昨天|明天|上周|下周|刚才|早上|晚上)|\b(i|we|my|our|he|she|they|his|her|"
+    r"their|today|yesterday|tomorrow|last)\b", re.I)
+_REPORTED = re.compile(
+    r"\b(?:asked|asks|told|tells|wants?|wanted|needs?|needed|made|makes|expects?|expected)\s+"
+    r"(?:me|us|him|her|them)\s+to\b|(?<=[\u4e00-\u9fff])(?:让|叫|要求)(?:我|我们|他|她|他们)", re.I)
+_CLAUSE = re.compile(r"[，,；;。.!！]|然后|and then")
+
+
+def _only_mentions(query: str, lowered: str, keyword_at: int) -> bool:
+    """True for a statement that merely mentions summarising, detail or examples: reported
+    speech ("my boss asked me to summarize the notes", "老板让我总结"), or a later clause of a
+    narration that does not address the assistant ("今天我们去公园玩，然后总结一下经验")."""
+    if _REPORTED.search(query[:keyword_at + 1]) or _REPORTED.search(query):
+        return True
+    if any(m in lowered for m in _REQUEST_MARKERS):
+        return False
+    before = [m.start() for m in _CLAUSE.finditer(lowered, 0, keyword_at)]
+    return bool(before) and bool(_NARRATION.search(query[:before[-1] + 1]))
+
+
+def _keyword_at(intent: IntentKind, lowered: str) -> int:
+    """Where ``intent``'s keyword starts in ``lowered`` (-1: none)."""
+    spots = [lowered.find(k) for k in INTENT_KEYWORDS[intent]["zh"] if k in lowered]
+    match = _EN_PATTERNS[intent].search(lowered)
+    if match is not None:
+        spots.append(match.start())
+    return min(spots) if spots else -1
+
+
 def classify_follow_up_intent(query: str) -> IntentKind | None:
-    """The keyword follow-up intent of ``query``, or ``None`` when none matches."""
+    """The keyword follow-up intent of ``query``, or ``None`` when none matches or the message
+    only mentions it (a statement about summarising, not a request to; `_only_mentions`)."""
     lowered = query.lower()
     for intent in INTENT_PRIORITY:
-        if any(k in lowered for k in INTENT_KEYWORDS[intent]["zh"]):
-            return intent
-        if _EN_PATTERNS[intent].search(lowered):
-            return intent
+        at = _keyword_at(intent, lowered)
+        if at < 0:
+            continue
+        if intent != "pronoun" and _only_mentions(query, lowered, at):
+            return None
+        return intent
     return None
 
 

@@ -122,16 +122,27 @@ def _zh_candidates(text: str) -> list[tuple[str, str]]:
     return found
 
 
+_EN_PRONOUNS = frozenset(["i", "you", "we", "me", "us", "my", "your", "our", "mine", "yours", "ours"])
+
+
+def _function_word(word: str) -> bool:
+    """A function word or a pronoun, contractions included ("I've", "We're", "It's" are no
+    antecedent: "What was it about" never becomes "What was I've about")."""
+    lowered = word.lower()
+    head = lowered.split("'", 1)[0].split("\u2019", 1)[0]
+    return lowered in _EN_FUNCTION or head in _EN_FUNCTION or head in _EN_PRONOUNS
+
+
 def _en_candidates(text: str) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for match in _EN_SPAN.finditer(text):
         span = match.group(0).strip()
         words = span.split()
-        while words and words[0].lower() in _EN_FUNCTION:
+        while words and _function_word(words[0]):
             words = words[1:]
         while words and words[-1].lower() in {"of", "the", "and", "&", "de", "von", "van"}:
             words = words[:-1]
-        if words and not (len(words) == 1 and words[0].lower() in _EN_FUNCTION):
+        if words and not (len(words) == 1 and _function_word(words[0])):
             found.append((" ".join(words), "eng"))
     return found
 
