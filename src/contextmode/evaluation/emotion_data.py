@@ -45,6 +45,8 @@ class Utterance:
     label: str
     dialogue: str
     speaker: str
+    series: str = ""
+    """The TV series (``TV_ID``): a series' speakers and scenes recur across its dialogues."""
 
     @property
     def emotional(self) -> bool:
@@ -96,7 +98,7 @@ def read_cped(path: Path) -> list[Utterance]:
         raise ValueError(f"{path}: not a CPED file (missing {', '.join(sorted(missing))})")
     return [
         Utterance(text=r["Utterance"], label=r["Emotion"], dialogue=r["Dialogue_ID"],
-                  speaker=r["Speaker"])
+                  speaker=r["Speaker"], series=r.get("TV_ID") or r["Dialogue_ID"].split("_", 1)[0])
         for r in rows if r["Utterance"].strip()
     ]
 
