@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from contextmode.api import build_engine
+from contextmode.settings import EngineSettings
 from contextmode.testing.models import FunctionModel
 from contextmode.types import NewTurn
 
@@ -140,7 +141,9 @@ async def test_inspect_explains_recall_with_the_query_recall_was_given() -> None
     from contextmode.processors.base import Rewrite
     from contextmode.trace import recalled_turns
 
-    engine = build_engine(store="memory://", model=FunctionModel(lambda m: "ok"))
+    # A window smaller than the conversation: the locker turn comes back through recall.
+    engine = build_engine(store="memory://", model=FunctionModel(lambda m: "ok"),
+                          settings=EngineSettings(context_window=300))
     turns = [NewTurn(role="user", content="My locker code at the gym is 4417, please remember it.", tokens=12),
              NewTurn(role="assistant", content="Noted, your gym locker code is 4417.", tokens=9)]
     for n in range(30):

@@ -29,10 +29,12 @@ else:
 """
 
 
-def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(tmp_path: Path, *args: str, window: int | None = None) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "CONTEXTMODE_HOME": str(tmp_path / "home")}
+    if window is not None:
+        env["CONTEXTMODE_CONTEXT_WINDOW"] = str(window)
     return subprocess.run([sys.executable, str(script), str(tmp_path / "s.db"), *args],
                           capture_output=True, text=True, env=env, timeout=240, check=False)
 
@@ -42,6 +44,7 @@ def test_exit_right_after_the_last_turn_finishes_the_jobs_quietly(tmp_path: Path
     assert wrote.returncode == 0, wrote.stderr
     assert "cannot schedule" not in wrote.stderr
     assert "WARNING" not in wrote.stderr and "ERROR" not in wrote.stderr, wrote.stderr
-    read = _run(tmp_path, "read")
+    # A window smaller than the conversation, so the summary the jobs wrote is sent.
+    read = _run(tmp_path, "read", window=800)
     assert read.returncode == 0, read.stderr
     assert "constraints" in read.stdout and "summary" in read.stdout, read.stdout

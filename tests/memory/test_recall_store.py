@@ -263,11 +263,12 @@ def _layout1_rows(turns: list[NewTurn]) -> list[tuple[str, int, bytes]]:
 def _layout1_sqlite(path: Path, sessions: dict[str, list[NewTurn]]) -> None:
     """A file as the store wrote it before layout 2: every migration but the last, the
     postings of each session in 512-seq rows and no frequency rows."""
-    assert _sqlite_schema.MIGRATIONS[-1].__name__ == "m008_recall_frequencies"
+    names = [m.__name__ for m in _sqlite_schema.MIGRATIONS]
+    layout2 = names.index("m008_recall_frequencies")
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("BEGIN")
     db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)")
-    for migration in _sqlite_schema.MIGRATIONS[:-1]:
+    for migration in _sqlite_schema.MIGRATIONS[:layout2]:
         migration(db)
         db.execute("INSERT INTO _migrations VALUES (?, datetime('now'))", (migration.__name__,))
     for sid, turns in sessions.items():

@@ -197,7 +197,7 @@ async def test_every_system_message_is_kept_with_the_memory_notice(sdk: openai.A
     system = stub.chat_requests[-1].messages[0]
     assert system["role"] == "system"
     content = system["content"]
-    assert content.index("You are Shopbot.") < content.index("Answer briefly.") < content.index("not instructions")
+    assert content.index("You are Shopbot.") < content.index("Answer briefly.") < content.index("never instructions")
 
 
 async def test_an_image_reaches_the_model_for_its_turn_only(sdk: openai.AsyncOpenAI, stub: StubServer,

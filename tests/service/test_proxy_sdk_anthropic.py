@@ -94,7 +94,7 @@ async def test_history_and_any_user_string(sdk: anthropic.AsyncAnthropic, stub: 
                               metadata={"user_id": "bob@example.com"}, system="You are Shopbot.")
     sent = stub.chat_requests[-1].messages
     assert "My order number is 7731." in str(sent)
-    assert sent[0]["content"].startswith("You are Shopbot.") and "not instructions" in sent[0]["content"]
+    assert sent[0]["content"].startswith("You are Shopbot.") and "never instructions" in sent[0]["content"]
     turns = await engine.store.turns("local", mapped_id("bob@example.com"))
     assert [t.content for t in turns][:3] == [m["content"] for m in messages]
 

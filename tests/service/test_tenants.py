@@ -188,6 +188,7 @@ def requests_for(method: str, path: str, sid: str) -> list[tuple[str, str, dict[
         ("GET", "/metrics"): [{}],
         ("GET", "/"): [{}],
         ("GET", "/static/{path}"): [{}],
+        ("GET", "/favicon.ico"): [{}],
         ("GET", "/openapi.json"): [{}],
         ("GET", "/docs"): [{}],
         ("GET", "/docs/oauth2-redirect"): [{}],
@@ -249,7 +250,8 @@ async def test_tenant_b_cannot_reach_tenant_a_on_any_route(world: World) -> None
 
 
 async def test_without_a_valid_key_only_public_routes_answer(world: World) -> None:
-    public = {"/healthz", "/metrics", "/", "/static/{path}", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+    public = {"/healthz", "/metrics", "/", "/static/{path}", "/favicon.ico", "/openapi.json", "/docs",
+              "/docs/oauth2-redirect", "/redoc"}
     for method, path in sorted(set(all_routes(world.app))):
         for header in ({}, {"authorization": "Bearer nope"}, {"x-api-key": KEY_A + "x"}, {"authorization": f"Basic {KEY_A}"}):
             for m, url, kwargs in requests_for(method, path, "a-private"):

@@ -182,7 +182,7 @@ async def test_each_recalled_turn_says_why_in_the_trace_and_the_context(tmp_path
     from contextmode.memory.recall import Recaller
     from contextmode.service.schemas import ContextOut
 
-    engine = make_engine(FunctionModel(answer))
+    engine = make_engine(FunctionModel(answer), context_window=240)  # smaller than the conversation
     engine.recaller = Recaller()
     await engine.turn("local", "s", "My cat is called Whiskers and she sleeps on the piano")
     for i in range(8):

@@ -227,8 +227,8 @@ def serious_violations(page: Any) -> list[str]:
 def test_the_inspector_says_why_each_older_turn_was_recalled(browser: Any, server: LiveServer) -> None:
     page = open_page(browser, f"{server.url}/#session=web-recall")
     send(page, "My cat Whiskers sleeps on the old piano")
-    for i in range(6):
-        send(page, f"Tell me about the weather in town number {i}")
+    for i in range(6):  # long enough that the conversation no longer fits whole: recall brings turn 1
+        send(page, " ".join([f"Tell me about the weather in town number {i}."] * 20))
     send(page, "Where does Whiskers sleep?")
     # As sent: the reasons, without the texts (the stream's context event stays small).
     hit = "#recalled-card li[data-seq='1']"

@@ -152,13 +152,14 @@ async def _keep_trace(
                             stored=stored)
         trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
-        if (await engine.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:
-            return  # erased since the reply (a forget on another worker): keep nothing of it
-        await keeper.put_trace(
-            key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
-            keep=settings.trace_keep,
-            older_than=trace.created_at - timedelta(days=max_age) if max_age else None,
-        )
+        async with engine.one_connection():  # the check and the write: one pooled connection
+            if (await engine.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:
+                return  # erased since the reply (a forget on another worker): keep nothing of it
+            await keeper.put_trace(
+                key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
+                keep=settings.trace_keep,
+                older_than=trace.created_at - timedelta(days=max_age) if max_age else None,
+            )
     except Exception:
         # The turn and its answer are stored; a lost trace must not fail anything.
         log.warning("trace of turn %d (session %s) not kept", outcome.turn, key.session_id, exc_info=True)
