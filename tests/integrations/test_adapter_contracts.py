@@ -203,16 +203,12 @@ def _first_roles(budget: int, seed: int, turns: int) -> dict[str, str]:
         cm.close()
 
 
-@pytest.mark.xfail(strict=False, reason="needs the engine's recent layer to keep question+answer pairs "
-                   "(assembly/assemble.py, the lead's change for issue 40); adapters pass what it gives")
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(budget=st.sampled_from([300, 450, 700, 1000, 1500]), seed=st.integers(0, 10_000), turns=st.integers(2, 9))
 def test_first_message_after_the_system_ones_is_the_users(budget: int, seed: int, turns: int) -> None:
     assert _first_roles(budget, seed, turns) == {"llama_index": "user", "langchain": "user", "openai_agents": "user"}
 
 
-@pytest.mark.xfail(strict=False, reason="needs the engine's recent layer to keep question+answer pairs "
-                   "(assembly/assemble.py, the lead's change for issue 40)")
 def test_long_answers_at_1500_tokens_never_start_with_an_orphaned_answer() -> None:
     cm = _memory(1500)
     try:
