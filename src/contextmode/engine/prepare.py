@@ -219,10 +219,13 @@ async def _dated_step(engine: Engine, key: SessionKey, state: SessionState, mess
     days = [t for t in found if t.created_at.astimezone(zone).date() == day and not t.notice and t.role != "tool"]
     if not days:
         return state
-    # The user's own words of that day first (what they said, felt, did), then the answers.
-    days.sort(key=lambda t: (t.role != "user", t.seq))
-    seen = {t.seq for t in days}
-    return replace(state, recalled=(*days, *(t for t in state.recalled if t.seq not in seen)))
+    # That day's turns recall ranked first (in its order), then the day's others (the user's own
+    # words first: what they said, felt, did), then everything else recall found.
+    on_day = {t.seq: t for t in days}
+    ranked = [t for t in state.recalled if t.seq in on_day]
+    ranked_seqs = {t.seq for t in ranked}
+    rest = sorted((t for t in days if t.seq not in ranked_seqs), key=lambda t: (t.role != "user", t.seq))
+    return replace(state, recalled=(*ranked, *rest, *(t for t in state.recalled if t.seq not in on_day)))
 
 
 def _assemble_step(
