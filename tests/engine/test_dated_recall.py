@@ -59,3 +59,23 @@ async def test_a_question_naming_no_day_is_unchanged() -> None:
     prepared = await engine.prepare("t", sid, "推荐一部电影吧", now=NOW)  # type: ignore[attr-defined]
     assert "被老板批评" not in _shown(prepared)
     await engine.close()  # type: ignore[attr-defined]
+
+
+async def test_continue_after_long_answers_sends_the_answer_once_and_opens_with_the_question() -> None:
+    """"继续说说" after long exchanges at a 1,500-token window: the previous answer goes once,
+    inside the follow-up template, never again clipped as the window's first message."""
+    answers = ["关于这个问题，第一点是要注意作息规律，第二点是睡前少看手机，第三点是适当运动。" * 12 + f"（第{i}个回答完）"
+               for i in range(3)]
+    replies = iter(answers)
+    engine = build_engine(store=MemoryStore(), model=FunctionModel(lambda m: next(replies)),
+                          counter=CharTokenCounter(), settings=EngineSettings(context_window=1500))
+    for question in ("我最近睡不好，有什么办法？", "压力大的时候怎么放松？", "周末适合做什么运动？"):
+        await engine.turn("t", "s", question)
+    await engine.drain()
+    end = "（第2个回答完）"  # the template keeps the end of a long answer
+    prepared = await engine.prepare("t", "s", "继续说说")
+    messages = prepared.messages
+    assert prepared.detection.intent == "detail"
+    assert sum(end in m.content for m in messages) == 1
+    assert messages[0].role == "system" and messages[1].role == "user"
+    await engine.close()
