@@ -37,6 +37,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
+from functools import partial
 from typing import Literal, Protocol
 
 from ...processors.base import ModelFree
@@ -411,10 +412,11 @@ class Recaller(ModelFree):
         entry.created_at = state.created_at
         async with entry.lock:  # no catch-up thread may grow the arrays while we search them
             await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq)
-            hits = self.rank(
-                entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
-                dense=entry.dense,
-            )
+            rank = partial(self.rank, entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
+                           dense=entry.dense)
+            # The query's embedding (a model, maybe a server) runs in a worker thread, as the
+            # catch-up does: the loop keeps serving. BM25 alone stays on the loop (microseconds).
+            hits = await asyncio.to_thread(rank) if entry.dense is not None else rank()
         ranker = "bm25" if entry.dense is None else "bm25+dense"
         return await self._turns_of(store, state, message, hits, limit, ranker)
 
