@@ -78,7 +78,8 @@ class StubAnswer:
 
 @dataclass(frozen=True, kw_only=True)
 class Fault:
-    """A failure applied to the next chat-completions request(s)."""
+    """A failure applied to the next chat-completions request(s) (a ``status`` fault applies to
+    an embeddings request too)."""
 
     kind: FaultKind
     """``status``: HTTP error; ``hang``: never answer; ``malformed``: invalid JSON / SSE data;
@@ -187,7 +188,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- embeddings ------------------------------------------------------------------------
     def _embeddings(self, request: StubRequest) -> None:
-        """OpenAI's ``POST /v1/embeddings``: one `StubServer.embed` vector per input, in order."""
+        """OpenAI's ``POST /v1/embeddings``: one `StubServer.embed` vector per input, in order
+        (a queued ``status`` fault answers it with that status instead)."""
+        fault = self.stub._next_fault()
+        if fault is not None and fault.kind == "status":
+            message = fault.message or f"stub fault: HTTP {fault.status}"
+            self._send_json(fault.status, {"error": {"message": message, "type": "stub_fault"}})
+            return
         raw = request.body.get("input") if isinstance(request.body, dict) else None
         texts = [raw] if isinstance(raw, str) else raw
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):

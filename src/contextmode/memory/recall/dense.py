@@ -252,7 +252,8 @@ class DenseIndex:
         if needed > len(self._seqs):
             capacity = max(needed, 2 * len(self._seqs), 64)
             grown = np.zeros((capacity, vectors.shape[1]), dtype=np.float32)
-            grown[: self._size] = self._vectors[: self._size]
+            if self._size:
+                grown[: self._size] = self._vectors[: self._size]
             seqs = np.zeros(capacity, dtype=np.int64)
             seqs[: self._size] = self._seqs[: self._size]
             self._vectors, self._seqs = grown, seqs
