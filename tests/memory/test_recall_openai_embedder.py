@@ -101,8 +101,15 @@ def test_a_failing_or_odd_server_is_one_clear_line(stub: StubServer) -> None:
 def test_one_vector_per_token_is_mean_pooled(stub: StubServer) -> None:
     # llama-cpp-python's server answers so for a model without pooling (a chat model).
     stub.embed = lambda text: [[1.0, 0.0], [0.0, 1.0]] if "two" in text else [[3.0, 3.0]]  # type: ignore[assignment,return-value]
-    vectors = OpenAIEmbedder(stub.url, "m").embed(["two tokens", "one"])
+    embedder = OpenAIEmbedder(stub.url, "m")
+    vectors = embedder.embed(["two tokens", "one"])
     assert vectors == pytest.approx(np.full((2, 2), 2 ** -0.5))
+    # Its batches are wrong past the first input (tests/models/test_local_embeddings.py): one a request.
+    assert _embedding_requests(stub) == [["two tokens", "one"], ["two tokens"], ["one"]]
+    embedder.embed(["one", "two tokens"])
+    assert _embedding_requests(stub)[3:] == [["one"], ["two tokens"]]
+    four = OpenAIEmbedder(stub.url, "m", batch_size=2).embed(["two", "one", "one", "two"])
+    assert four.shape == (4, 2) and np.array_equal(four[0], four[3])
 
 
 def test_the_remote_model_is_refused_when_model_requests_are_off() -> None:

@@ -125,7 +125,7 @@ class OpenAIEmbedder:
     Texts go in batches of ``batch_size``; rows come back L2-normalised float32. ``dim`` is the
     first answer's vector size unless given (then a first call learns it: `dim` asks once). A
     server that answers one vector per token (llama-cpp-python's for a model without pooling)
-    is mean-pooled. An unreachable or failing server raises `ModelUnavailable`, an answer
+    is mean-pooled, and asked one text a request from then on (its batches are wrong there). An unreachable or failing server raises `ModelUnavailable`, an answer
     that is not a list of vectors of one size `OutputRejected`, each in one line. Uses httpx
     (the ``openai`` extra); calls are synchronous (the recaller runs them in a worker thread)."""
 
@@ -167,8 +167,9 @@ class OpenAIEmbedder:
         self._client.close()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        rows = [self._batch(list(texts[i : i + self._batch_size]))
-                for i in range(0, len(texts), self._batch_size)]
+        size = self._batch_size  # (a batch may lower it: the batches are cut first)
+        batches = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
+        rows = [self._batch(batch) for batch in batches]
         if not rows:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         matrix = np.concatenate(rows) if len(rows) > 1 else rows[0]
@@ -187,22 +188,28 @@ class OpenAIEmbedder:
             detail = " ".join(response.text.split())[:200]
             raise ModelUnavailable(f"the embeddings endpoint {url} answered {response.status_code}: {detail}")
         try:
-            return self._vectors(response.json(), len(texts))
+            vectors, per_token = self._vectors(response.json(), len(texts))
         except ValueError as exc:
             raise OutputRejected(f"the embeddings endpoint {url} answered without usable vectors ({exc})") from None
+        if per_token and len(texts) > 1:
+            # llama-cpp-python (0.3.x) slices the token vectors of every input after a batch's
+            # first at the wrong offset (tokens, not floats): such a server gets one text a request.
+            self._batch_size = 1
+            return np.vstack([self._batch([text]) for text in texts])
+        return vectors
 
-    def _vectors(self, body: object, count: int) -> np.ndarray:
-        """The ``data[].embedding`` rows of an answer, in ``index`` order, as a float matrix
-        (`ValueError` when it is anything else)."""
+    def _vectors(self, body: object, count: int) -> tuple[np.ndarray, bool]:
+        """The ``data[].embedding`` rows of an answer, in ``index`` order, as a float matrix, and
+        whether they were vectors per token, mean-pooled (`ValueError` when it is anything else)."""
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list) or len(data) != count:
             raise ValueError(f"expected {count} vectors in 'data'")
         items = sorted(data, key=lambda d: d.get("index", 0) if isinstance(d, dict) else 0)
-        rows = []
+        rows, per_token = [], False
         for item in items:
             vector = np.asarray(item.get("embedding") if isinstance(item, dict) else None, dtype=np.float64)
             if vector.ndim == 2 and len(vector):  # one vector per token: mean-pooled
-                vector = vector.mean(axis=0)
+                vector, per_token = vector.mean(axis=0), True
             if vector.ndim != 1 or not len(vector) or not np.isfinite(vector).all():
                 raise ValueError("an embedding is not a list of numbers")
             rows.append(vector)
@@ -210,7 +217,7 @@ class OpenAIEmbedder:
         if any(len(r) != size for r in rows) or (self._dim is not None and size != self._dim):
             raise ValueError(f"vectors of {sorted({len(r) for r in rows})} numbers, expected {self._dim or size}")
         self._dim = size
-        return np.stack(rows)
+        return np.stack(rows), per_token
 
 
 class DenseIndex:
