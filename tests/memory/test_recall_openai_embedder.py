@@ -190,6 +190,28 @@ async def test_recall_with_the_embedder_finds_a_paraphrase_bm25_misses(stub: Stu
     assert [len(b) for b in _embedding_requests(stub)] == [state.last_seq, 1]
 
 
+async def test_a_failing_embedder_leaves_recall_to_bm25_for_a_while(
+    stub: StubServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    stub.embed = _knows_calm
+    question = "Which activity lets me destress whenever everything feels overwhelming?"
+    store = MemoryStore()
+    state = await _session(store)
+    bm25 = await Recaller(RecallSettings(neighbours=False)).recall(store, state, question, limit=3)
+    fused = Recaller(RecallSettings(neighbours=False), embedder=OpenAIEmbedder(stub.url, "stub-embed"))
+    stub.fail_next(503, message="model loading")
+    with caplog.at_level("WARNING", logger="contextmode.recall"):
+        alone = await fused.recall(store, state, question, limit=3)
+    assert [t.seq for t in alone] == [t.seq for t in bm25]  # the turn goes on, on BM25
+    assert "BM25 alone for 30 s" in caplog.text and "answered 503: model loading" in caplog.text
+    await fused.recall(store, state, question, limit=3)
+    assert len(_embedding_requests(stub)) == 1  # paused: not asked again at once
+    fused._dense_paused_until = 0.0  # the pause is over
+    again = await fused.recall(store, state, question, limit=3)
+    assert again[0].content == "Pottery is like therapy for me."
+    assert [len(b) for b in _embedding_requests(stub)] == [state.last_seq, state.last_seq, 1]
+
+
 # -- settings ----------------------------------------------------------------------------
 
 

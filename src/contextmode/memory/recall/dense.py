@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Protocol, TypeGuard, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from ...errors import ConfigError, MissingExtra, ModelUnavailable, OutputRejecte
 from ...types import Turn
 from .index import turn_text
 from .text import indexed
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "DenseIndex", "Embedder", "EnglishOnly", "MiniLMEmbedder", "OpenAIEmbedder", "convex_fuse", "english_only",
@@ -186,8 +189,7 @@ class OpenAIEmbedder:
         except httpx.HTTPError as exc:
             raise ModelUnavailable(f"could not reach the embeddings endpoint {url} ({type(exc).__name__}: {exc})") from None
         if response.status_code != 200:
-            detail = " ".join(response.text.split())[:200]
-            raise ModelUnavailable(f"the embeddings endpoint {url} answered {response.status_code}: {detail}")
+            raise ModelUnavailable(f"the embeddings endpoint {url} answered {response.status_code}: {_said(response)}")
         try:
             vectors, per_token = self._vectors(response.json(), len(texts))
         except ValueError as exc:
@@ -219,6 +221,17 @@ class OpenAIEmbedder:
             raise ValueError(f"vectors of {sorted({len(r) for r in rows})} numbers, expected {self._dim or size}")
         self._dim = size
         return np.stack(rows), per_token
+
+
+def _said(response: httpx.Response) -> str:
+    """What a failing server said, on one line: OpenAI's ``error.message`` when it sent one."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    said = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+    return " ".join(str(said or response.text).split())[:200]
 
 
 class DenseIndex:
