@@ -118,6 +118,16 @@ def test_the_remote_model_is_refused_when_model_requests_are_off() -> None:
         OpenAIEmbedder("https://api.openai.com/v1", "text-embedding-3-small")
 
 
+def test_the_missing_client_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from contextmode.errors import MissingExtra
+
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    with pytest.raises(MissingExtra, match=r"contextmode-engine\[openai\]"):
+        OpenAIEmbedder("http://127.0.0.1:9/v1", "m")
+
+
 class _FlakyEmbedder:
     def __init__(self) -> None:
         self.fail = True
