@@ -42,6 +42,7 @@ from .engine import (
 )
 from .errors import ConfigError
 from .jobs import JobQueue
+from .memory.recall.dense import Embedder
 from .memory.strategies import Strategy
 from .models.base import ChatModel
 from .models.offline import OfflineResponder
@@ -229,7 +230,8 @@ def build_engine(
     ``processors``: ``offline`` (default) or ``llm`` (``CONTEXTMODE_PROCESSORS``), a
     `Processors` value (e.g. ``replace(Processors.offline(), summarizer=mine)``), or a function
     of the chosen model (e.g. ``lambda m: replace(default_processors(m), summarizer=mine)``).
-    ``recaller``: default the BM25 `Recaller` (``None``: no recall layer).
+    ``recaller``: default the BM25 `Recaller` (``None``: no recall layer), fused with dense
+    retrieval from ``settings.embeddings_base_url`` when one is set (``CONTEXTMODE_EMBEDDINGS_*``).
     """
     from .models.factory import model_from_env
     from .store import open_store
@@ -265,11 +267,22 @@ def build_engine(
         # Recall costs O(new turn) per turn to index; it is used by strategies with a recall layer.
         from .memory.recall import Recaller as BM25Recaller
 
-        recaller = BM25Recaller()
+        recaller = BM25Recaller(embedder=_embedder(settings))
     engine = Engine(store=store, model=model, counter=counter, processors=processors, settings=settings,
                     recaller=recaller, jobs=jobs, system_prompt=system_prompt)
     engine.owns_model = owns_model  # its HTTP client is closed with the engine
     return engine
+
+
+def _embedder(settings: EngineSettings) -> Embedder | None:
+    """The dense-recall embedder the settings name (an OpenAI-protocol server), or ``None``."""
+    if not (settings.embeddings_base_url and settings.embeddings_model):
+        return None
+    from .memory.recall.dense import OpenAIEmbedder
+
+    log.info("recall: BM25 fused with embeddings from %s (%s)", settings.embeddings_base_url, settings.embeddings_model)
+    return OpenAIEmbedder(settings.embeddings_base_url, settings.embeddings_model,
+                          api_key=settings.embeddings_api_key)
 
 
 class ContextMode:

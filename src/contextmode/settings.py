@@ -102,6 +102,14 @@ class EngineSettings:
     raw_message: bool = False
     """Send the current message with chat-template control strings (``<|im_start|>``…) whole;
     by default they are broken like those of stored text."""
+    embeddings_base_url: str | None = None
+    """Dense recall from your own embedder: the root (with ``/v1``) of a server speaking OpenAI's
+    ``POST /v1/embeddings`` (OpenAI, Ollama, llama.cpp's server, TEI, vLLM), fused with BM25
+    (`memory.recall.dense.OpenAIEmbedder`; needs the ``openai`` extra). ``None``: BM25 alone."""
+    embeddings_model: str | None = None
+    """The embedding model's name on that server (``text-embedding-3-small``, ``nomic-embed-text``…)."""
+    embeddings_api_key: str | None = field(default=None, repr=False)
+    """Its key, sent as ``Authorization: Bearer``; never shown by ``repr``."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("contextual", "decoupled"):
@@ -111,6 +119,16 @@ class EngineSettings:
         for tenant, policy in self.pii_tenants.items():
             if policy not in ("keep", "mask"):
                 raise ConfigError(f"pii of tenant {tenant!r} (CONTEXTMODE_PII_TENANTS) must be 'keep' or 'mask', got {policy!r}")
+        if bool(self.embeddings_base_url) != bool(self.embeddings_model):
+            raise ConfigError(
+                "dense recall needs both CONTEXTMODE_EMBEDDINGS_BASE_URL and CONTEXTMODE_EMBEDDINGS_MODEL "
+                "(CONTEXTMODE_EMBEDDING_MODEL, singular, is the local MiniLM directory)"
+            )
+
+    @property
+    def embeddings(self) -> bool:
+        """True when an embeddings server is configured (dense recall on)."""
+        return bool(self.embeddings_base_url and self.embeddings_model)
 
     def pii_for(self, tenant: str) -> PiiPolicy:
         """The personal-data policy of ``tenant``: its own when set, else ``pii``."""
@@ -120,7 +138,8 @@ class EngineSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
         """Settings from ``CONTEXTMODE_STRATEGY``, ``_CONTEXT_WINDOW``, ``_REPLY_RESERVE``,
         ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``,
-        ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``, ``_PII``, ``_PII_TENANTS``, ``_RAW_MESSAGE``."""
+        ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``, ``_PII``, ``_PII_TENANTS``, ``_RAW_MESSAGE``,
+        ``_EMBEDDINGS_BASE_URL``, ``_EMBEDDINGS_MODEL``, ``_EMBEDDINGS_API_KEY``."""
         env = os.environ if env is None else env
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
@@ -139,6 +158,9 @@ class EngineSettings:
             pii=env.get("CONTEXTMODE_PII", "keep").strip().lower() or "keep",  # type: ignore[arg-type]
             pii_tenants=_tenant_policies(env.get("CONTEXTMODE_PII_TENANTS", "")),
             raw_message=env_flag(env, "CONTEXTMODE_RAW_MESSAGE", False),
+            embeddings_base_url=env.get("CONTEXTMODE_EMBEDDINGS_BASE_URL", "").strip() or None,
+            embeddings_model=env.get("CONTEXTMODE_EMBEDDINGS_MODEL", "").strip() or None,
+            embeddings_api_key=env.get("CONTEXTMODE_EMBEDDINGS_API_KEY", "").strip() or None,
         )
 
 

@@ -78,7 +78,8 @@ class StubAnswer:
 
 @dataclass(frozen=True, kw_only=True)
 class Fault:
-    """A failure applied to the next chat-completions request(s)."""
+    """A failure applied to the next chat-completions request(s) (a ``status`` fault applies to
+    an embeddings request too)."""
 
     kind: FaultKind
     """``status``: HTTP error; ``hang``: never answer; ``malformed``: invalid JSON / SSE data;
@@ -163,6 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if path.endswith("/chat/completions"):
                 self._chat(request)
+            elif path.endswith("/embeddings"):
+                self._embeddings(request)
             elif path == "/tokenize" and self.stub.llamacpp_window and isinstance(request.body, dict):
                 count = self.stub._counter.count(str(request.body.get("content", "")))
                 self._send_json(200, {"tokens": list(range(count))})
@@ -182,6 +185,26 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    # -- embeddings ------------------------------------------------------------------------
+    def _embeddings(self, request: StubRequest) -> None:
+        """OpenAI's ``POST /v1/embeddings``: one `StubServer.embed` vector per input, in order
+        (a queued ``status`` fault answers it with that status instead)."""
+        fault = self.stub._next_fault()
+        if fault is not None and fault.kind == "status":
+            message = fault.message or f"stub fault: HTTP {fault.status}"
+            self._send_json(fault.status, {"error": {"message": message, "type": "stub_fault"}})
+            return
+        raw = request.body.get("input") if isinstance(request.body, dict) else None
+        texts = [raw] if isinstance(raw, str) else raw
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            self._send_json(400, {"error": {"message": "'input' must be a string or a list of strings",
+                                            "type": "invalid_request_error"}})
+            return
+        data = [{"object": "embedding", "index": i, "embedding": list(self.stub.embed(t))} for i, t in enumerate(texts)]
+        tokens = sum(self.stub._counter.count(t) for t in texts)
+        self._send_json(200, {"object": "list", "data": data, "model": self.stub.model,
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     # -- chat completions ------------------------------------------------------------------
     def _chat(self, request: StubRequest) -> None:

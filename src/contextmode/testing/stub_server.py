@@ -14,7 +14,7 @@ or as a process: ``python -m contextmode.testing.stub_server --port 8901 --laten
 
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true → SSE ``data: {chunk}`` …
 ``data: [DONE]`` over chunked encoding; false → one JSON body), ``GET /v1/models``,
-with ``llamacpp_window`` llama.cpp's ``GET /props`` and ``POST /tokenize``, and for a server in another process ``POST /_stub/fault`` (JSON ``{"kind": …,
+``POST /v1/embeddings`` (`StubServer.embed`, by default `hashed_embedding`), with ``llamacpp_window`` llama.cpp's ``GET /props`` and ``POST /tokenize``, and for a server in another process ``POST /_stub/fault`` (JSON ``{"kind": …,
 "count": …, …}``), ``POST /_stub/reset``, ``GET /_stub/requests``. A chat request's
 ``max_tokens`` / ``max_completion_tokens`` cut the answer (``length``), its ``stop`` strings
 end it (``stop``, with vLLM's ``stop_reason``), ``logprobs`` adds made-up log probabilities,
@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import signal
 import threading
+import zlib
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
@@ -46,6 +48,7 @@ __all__ = [
     "StubServer",
     "StubToolCall",
     "echo_reply",
+    "hashed_embedding",
     "main",
     "tool_agent_reply",
 ]
@@ -128,6 +131,9 @@ class StubServer:
         self._thread: threading.Thread | None = None
         self._counter = CharTokenCounter()
         self._call_serial = 0
+        self.embed: Callable[[str], Sequence[float]] = hashed_embedding
+        """The vector ``POST /v1/embeddings`` answers for one text (replace it to give the stub
+        a "model" that knows which words mean alike)."""
         self.overflows: list[int] = []
         """With ``llamacpp_window``: the tokens asked by each chat request refused as larger than
         the window (prompt plus ``max_tokens``, as llama-cpp-python's server refuses them)."""
@@ -302,6 +308,19 @@ def _cut_at_stop(text: str, stop: object) -> tuple[str, str]:
     strings = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
     found = sorted((text.find(s), s) for s in strings if isinstance(s, str) and s and s in text)
     return (text[: found[0][0]], found[0][1]) if found else (text, "")
+
+
+EMBEDDING_DIM = 64
+"""Size of the stub's `hashed_embedding` vectors."""
+
+
+def hashed_embedding(text: str, dim: int = EMBEDDING_DIM) -> list[float]:
+    """A deterministic bag-of-words vector: each lower-cased word adds 1 to the bucket its CRC-32
+    names (not normalised: the client must do that). Texts sharing words point alike."""
+    vector = [0.0] * dim
+    for word in re.findall(r"\w+", text.lower()):
+        vector[zlib.crc32(word.encode()) % dim] += 1.0
+    return vector
 
 
 def tool_agent_reply(tools: Iterable[str] = ("search", "read_file"), *, rounds: int = 2, parallel: int = 2) -> StubReply:

@@ -4,7 +4,7 @@
 - `index`: the in-process incremental BM25 index;
 - `stored`: BM25 over postings a store keeps (only the query terms' postings are read);
 - `semantic`: query expansion by meaning, from a static thesaurus distilled from MiniLM (numpy only);
-- `dense`: optional embeddings fused with BM25 by reciprocal rank;
+- `dense`: optional embeddings (MiniLM, or any OpenAI ``/v1/embeddings`` server) fused with BM25;
 - `recaller`: the `Recaller` the engine asks, which picks one of the above per session;
 - `strategy`: the strategies with a recall layer (``default``, ``hybrid_recall``), registered
   by `register_recall_strategies` (called once, by `contextmode.memory`).

@@ -32,13 +32,17 @@ inspector.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
+from functools import partial
 from typing import Literal, Protocol
 
+from ...errors import ModelError
 from ...processors.base import ModelFree
 from ...store.postings import (
     IndexStats,
@@ -55,6 +59,11 @@ from .semantic import Thesaurus, default_thesaurus, expand
 from .stored import StoredPostings
 from .strategy import HybridRecall
 from .text import analyze, indexed
+
+log = logging.getLogger("contextmode.recall")
+
+DENSE_PAUSE_S = 30.0
+"""After the embedder fails, recall ranks by BM25 alone for this many seconds before it asks again."""
 
 _THREAD_BATCH = 256
 """Catch-ups of at least this many turns run in a worker thread."""
@@ -274,6 +283,8 @@ class Recaller(ModelFree):
         self._max_sessions = max_sessions
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._stored = StoredPostings()
+        self._dense_paused_until = 0.0
+        """`time.monotonic` before which the embedder is not asked (it failed just now)."""
 
     @property
     def model_free(self) -> bool:
@@ -313,25 +324,28 @@ class Recaller(ModelFree):
         return entry.index
 
     async def _catch_up(
-        self, entry: _Entry, store: TurnSource, tenant: str, session_id: str, last_seq: int
+        self, entry: _Entry, store: TurnSource, tenant: str, session_id: str, last_seq: int,
+        *, embed: bool = True,
     ) -> None:
-        """Index the turns up to ``last_seq`` not indexed yet (caller holds ``entry.lock``)."""
+        """Index the turns up to ``last_seq`` not indexed yet (caller holds ``entry.lock``);
+        ``embed=False``: the BM25 index alone."""
+        dense = entry.dense if embed else None
         indexes: list[BM25Index | DenseIndex] = [entry.index]
-        if entry.dense is not None:
-            indexes.append(entry.dense)
+        if dense is not None:
+            indexes.append(dense)
         done = min(i.last_seq for i in indexes)
         while done < last_seq:
             stop = min(last_seq, done + self.settings.batch)
             turns = await store.turns(tenant, session_id, from_seq=done + 1, to_seq=stop)
             if not turns:
                 break
-            if entry.dense is not None or len(turns) >= _THREAD_BATCH:
+            if dense is not None or len(turns) >= _THREAD_BATCH:
                 # A first build (or embeddings) takes long enough to stall replies:
                 # do it in a worker thread. Safe: we hold the entry's lock, and
                 # observe() stays away from an index whose lock is held.
-                await asyncio.to_thread(_add_all, entry, turns)
+                await asyncio.to_thread(_add_all, entry.index, dense, turns)
             else:
-                _add_all(entry, turns)
+                _add_all(entry.index, dense, turns)
             done = turns[-1].seq
 
     def observe(self, tenant: str, session_id: str, turns: Sequence[Turn]) -> None:
@@ -410,13 +424,30 @@ class Recaller(ModelFree):
             entry = self._entry(state.tenant, state.session_id)
         entry.created_at = state.created_at
         async with entry.lock:  # no catch-up thread may grow the arrays while we search them
-            await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq)
-            hits = self.rank(
-                entry.index, message, recent=state.turns, exclude_from_seq=exclude_from,
-                dense=entry.dense,
-            )
-        ranker = "bm25" if entry.dense is None else "bm25+dense"
+            hits, ranker = await self._ranked(entry, store, state, message, exclude_from)
         return await self._turns_of(store, state, message, hits, limit, ranker)
+
+    async def _ranked(
+        self, entry: _Entry, store: TurnSource, state: SessionState, message: str, exclude_from: int
+    ) -> tuple[list[RecallHit], str]:
+        """The session's hits and their ranker (caller holds ``entry.lock``): BM25 fused with the
+        embedder's ranking, or BM25 alone while the embedder fails (its server down: logged, and
+        not asked again for `DENSE_PAUSE_S` seconds; a turn never fails for it)."""
+        dense = entry.dense if time.monotonic() >= self._dense_paused_until else None
+        if dense is not None:
+            try:
+                await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq)
+                rank = partial(self.rank, entry.index, message, recent=state.turns,
+                               exclude_from_seq=exclude_from, dense=dense)
+                # The query's embedding (a model, maybe a server) runs in a worker thread, as the
+                # catch-up does: the loop keeps serving. BM25 alone stays on the loop (microseconds).
+                return await asyncio.to_thread(rank), "bm25+dense"
+            except ModelError as exc:
+                self._dense_paused_until = time.monotonic() + DENSE_PAUSE_S
+                log.warning("recall: BM25 alone for %.0f s, the embedder failed: %s", DENSE_PAUSE_S, exc)
+        await self._catch_up(entry, store, state.tenant, state.session_id, state.last_seq, embed=False)
+        hits = self.rank(entry.index, message, recent=state.turns, exclude_from_seq=exclude_from)
+        return hits, "bm25"
 
     async def _turns_of(
         self, store: TurnSource, state: SessionState, message: str, hits: list[RecallHit],
@@ -618,11 +649,11 @@ def explain_recall(
     return out
 
 
-def _add_all(entry: _Entry, turns: Sequence[Turn]) -> None:
+def _add_all(index: BM25Index, dense: DenseIndex | None, turns: Sequence[Turn]) -> None:
     for turn in turns:
-        entry.index.add(turn)
-    if entry.dense is not None:
-        entry.dense.add_many(turns)
+        index.add(turn)
+    if dense is not None:
+        dense.add_many(turns)
 
 
 class _TermStats(Protocol):
