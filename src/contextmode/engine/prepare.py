@@ -49,9 +49,10 @@ class _Rewritten:
 
 
 async def load_state(engine: Engine, key: SessionKey, strategy: Strategy) -> SessionState:
-    """The session state the strategy needs (O(window))."""
+    """The session state the strategy needs (O(window)); two turns more than its window, so the
+    window can reach back to the question its oldest answer replies to."""
     return await engine.store.load(
-        key.tenant, key.session_id, recent=strategy.recent_turns, key_moments=strategy.key_moment_limit
+        key.tenant, key.session_id, recent=strategy.recent_turns + 2, key_moments=strategy.key_moment_limit
     )
 
 

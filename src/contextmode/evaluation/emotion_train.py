@@ -193,7 +193,11 @@ def cross_validate_cped(rows: Sequence[Utterance], folds: int, *, seed: int = 0
     # Folds by TV series: a series' speakers, scenes and catchphrases recur across its
     # dialogues, so folds grouped by dialogue alone share them and read optimistic.
     series = np.array([r.series or r.dialogue for r in rows])
-    splitter = StratifiedGroupKFold(min(folds, len(set(series))), shuffle=True, random_state=seed)
+    grouped_by = "tv series (no series, speaker or dialogue in two folds)"
+    if len(set(series.tolist())) < 2:  # one series (a small sample): folds by dialogue
+        series, grouped_by = data.groups, "dialogue (one tv series only: its speakers recur across folds)"
+    folds = min(folds, len(set(series.tolist())))
+    splitter = StratifiedGroupKFold(folds, shuffle=True, random_state=seed)
     for train, test in splitter.split(data.x, data.y, series):
         train, test = np.sort(train), np.sort(test)
         model = fit_recipe(data, train, seed=seed)
@@ -210,8 +214,7 @@ def cross_validate_cped(rows: Sequence[Utterance], folds: int, *, seed: int = 0
         figures["calm_share"].append(float((scores < CALM_THRESHOLD).mean()))
         figures["neutral_share"].append(float(1.0 - gold.mean()))
 
-    return {"folds": min(folds, len(set(series))), "grouped_by": "tv series (no series, speaker or dialogue in two folds)",
-            "series": sorted(set(series.tolist())), "seed": seed,
+    return {"folds": folds, "grouped_by": grouped_by, "groups": len(set(series.tolist())), "seed": seed,
             "held_out": {k: _fold_stats(v) for k, v in figures.items()}}
 
 

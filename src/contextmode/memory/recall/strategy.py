@@ -19,7 +19,7 @@ no key moments, nothing recalled) flows to the others (`memory.budget.allocate`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -32,6 +32,17 @@ __all__ = ["DefaultStrategy", "HybridRecall", "register_recall_strategies"]
 _MAX_RECENT = 200
 """The recent window's demand never grows past the turns a plain load returns (the store's
 ``max_uncovered``): turns loaded for budget left idle are backfill, not demand."""
+
+
+def _window(turns: Sequence[Turn], n: int) -> tuple[Turn, ...]:
+    """The last ``n`` turns, grown back to the question the oldest of them answers (a turn
+    whose answer was never stored shifts the alternation): the window opens with the user."""
+    if n <= 0:
+        return ()
+    start = max(0, len(turns) - n)
+    while start > 0 and turns[start].role != "user":
+        start -= 1
+    return tuple(turns[start:])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +65,7 @@ class HybridRecall(Hybrid):
     )
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
-        recent = tuple(state.turns[-self.recent_turns :]) if self.recent_turns > 0 else ()
+        recent = _window(state.turns, self.recent_turns)
         first_recent = recent[0].seq if recent else state.last_seq + 1
         # Loaded key moments carry their emotion score; they win over the same turn in the tail.
         pool = {t.seq: t for t in (*state.turns, *state.key_moments) if t.seq < first_recent}
