@@ -5,6 +5,7 @@ window never opens with an answer whose question is missing."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
@@ -89,7 +90,9 @@ def test_no_turn_twice_and_no_budget_idle_while_turns_are_left_out(
 def test_a_larger_budget_never_sends_a_strict_subset_of_old_turns(
     session: tuple[SessionState, tuple[Turn, ...]], small: int, more: int,
 ) -> None:
-    state, _ = session
+    # Without a summary: a summary that first fits at the larger budget is content that takes
+    # the place of turns (it restates them), which this property does not count.
+    state = replace(session[0], summary=None)
     smaller = set(_shown(_build(state, small)))
     larger = set(_shown(_build(state, small + more)))
     assert not (larger < smaller), (sorted(smaller), sorted(larger))

@@ -92,10 +92,14 @@ def _tail(turns: Sequence[Turn], n: int) -> Sequence[Turn]:
 def _uncovered(state: SessionState, at_least: int) -> Sequence[Turn]:
     """Turns the summary does not cover yet, and at least the newest ``at_least``."""
     covers = state.summary_covers_seq
-    uncovered = [t for t in state.turns if t.seq > covers]
-    if len(uncovered) >= at_least:
-        return uncovered
-    return _tail(state.turns, at_least)
+    turns = list(state.turns)
+    start = next((i for i, t in enumerate(turns) if t.seq > covers), len(turns))
+    if len(turns) - start < at_least:
+        start = max(0, len(turns) - at_least)
+    # Reach back to the question the oldest answer replies to, when it is loaded.
+    while start > 0 and start < len(turns) and turns[start].role != "user":
+        start -= 1
+    return turns[start:]
 
 
 @dataclass(frozen=True, kw_only=True)
