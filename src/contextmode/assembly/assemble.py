@@ -298,7 +298,6 @@ def assemble(
     _whole_when_it_fits(candidates, fixed.available)
     allocation = _allocate(candidates, frame, fixed.available, budget.shares or plan.shares)
     selection = _select(candidates, allocation, fixed.available, frame)
-    _spend_leftover(candidates, selection, allocation, fixed.available, frame)
     hint = current.hint
     return _render(_RenderContext(
         frame=frame, message=message, sent=sent, strategy=strategy.name, fixed=fixed,
@@ -522,9 +521,10 @@ _FILL_ORDER: tuple[LayerName, ...] = ("constraints", "summary", "key_moments", "
 def _select(
     candidates: dict[LayerName, list[_Candidate]], allocation: _Allocation, available: int, frame: _Frame
 ) -> _Selection:
-    """Fill each flexible layer within its allocation. A turn is shown once: recall skips what
-    the key moments hold; the recent window, growing back over older turns with the budget no
-    layer used, takes over a turn recall or the key moments show (and their tokens with it)."""
+    """Fill each flexible layer within its allocation, then spend what is left on turns still
+    left out (`_spend_leftover`). A turn is shown once: recall skips what the key moments hold;
+    the recent window, growing back over older turns with the budget no layer used, takes over a
+    turn recall or the key moments show (and their tokens with it)."""
     alloc, section_overheads, count = allocation.tokens, allocation.section_overheads, frame.count
     chosen: dict[LayerName, list[_Candidate]] = {}
     truncated: dict[LayerName, bool] = {}
@@ -545,7 +545,8 @@ def _select(
             leftover += max(0, alloc.get(name, 0) - _used(picked, section_overheads[name]))
         chosen[name] = picked
         truncated[name] = cut
-    return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated)
+    queue = _spend_leftover(candidates, chosen, section_overheads, available, frame)
+    return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated, queue=queue)
 
 
 def _used(picked: Sequence[_Candidate], overhead: int) -> int:
@@ -569,13 +570,14 @@ def _dropped(candidates: dict[LayerName, list[_Candidate]], chosen: dict[LayerNa
 
 
 def _spend_leftover(
-    candidates: dict[LayerName, list[_Candidate]], selection: _Selection, allocation: _Allocation,
-    available: int, frame: _Frame,
-) -> None:
+    candidates: dict[LayerName, list[_Candidate]], chosen: dict[LayerName, list[_Candidate]],
+    overheads: Mapping[LayerName, int], available: int, frame: _Frame,
+) -> list[_Candidate]:
     """Budget still free once every layer is filled goes to turns still left out: recall's
     next-ranked first, then the newest of the older loaded turns, as recall lines (evidence
-    found is never dropped while budget is free; no budget idles while turns are left out)."""
-    chosen, overheads = selection.chosen, allocation.section_overheads
+    found is never dropped while budget is free; no budget idles while turns are left out).
+    Returns those that did not fit, best first, for the exact top-up after rendering (`_top_up`)."""
+    queue: list[_Candidate] = []
     free = available - sum(_used(picked, overheads[name]) for name, picked in chosen.items())
     shown = {c.seq for picked in chosen.values() for c in picked if c.seq is not None}
     wanted = [c for c in candidates["recall"] if c.seq not in shown]
@@ -587,15 +589,14 @@ def _spend_leftover(
         if cand.seq is None or cand.seq in shown:
             continue
         cost = cand.cost + (cand.day_cost if cand.day not in days else 0) + (0 if recall else overheads["recall"])
+        shown.add(cand.seq)
         if cost > free:
-            selection.queue.append(cand)
-            shown.add(cand.seq)
+            queue.append(cand)
             continue
         recall.append(replace(cand, spare=True))
-        shown.add(cand.seq)
         days.add(cand.day)
         free -= cost
-    selection.dropped.update(_dropped(candidates, chosen))
+    return queue
 
 
 # -- agent items (tool calls and results): see assembly/agent.py -----------------
@@ -812,7 +813,8 @@ def _fill(
     as_messages: bool,
     overhead: int,
 ) -> tuple[list[_Candidate], bool]:
-    """Pick candidates (already in priority order) within ``limit`` tokens."""
+    """Pick candidates (already in priority order) within ``limit`` tokens: every layer but the
+    recent turns (`_fill_recent`); a summary too long keeps its newest part."""
     picked: list[_Candidate] = []
     spent = 0
     days: set[str] = set()
@@ -823,15 +825,6 @@ def _fill(
             spent += cost
             if cand.day is not None:
                 days.add(cand.day)
-        elif name == "recent":
-            if not picked and cand.turn is not None:
-                # The newest turn alone is too big: keep its newest part (design article 001).
-                extra = cand.cost - cand.turn.tokens
-                text = cut_to_tokens(cand.line, limit - extra, count)
-                if text:
-                    picked.append(_Candidate(text, count(text) + extra, cand.seq, cand.turn))
-                    return picked, True
-            break  # keep the recent window contiguous
         elif name == "summary":
             text = cut_to_tokens(cand.line, limit - 1, count)
             if text:
