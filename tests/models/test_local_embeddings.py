@@ -9,13 +9,13 @@ sent alone). A handful of short texts: a few seconds of model time.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from contextmode.memory.recall.dense import OpenAIEmbedder
+from contextmode.testing.ci import skip_or_fail
 from contextmode.testing.local_model import LOCAL_MODEL_ALIAS, llama_server, local_model_ready
 
 pytestmark = [pytest.mark.local_model, pytest.mark.slow]
@@ -25,9 +25,7 @@ pytestmark = [pytest.mark.local_model, pytest.mark.slow]
 def embeddings_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     missing = local_model_ready()
     if missing is not None:
-        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on"):
-            pytest.fail(f"CI needs the local-model extra: {missing}")
-        pytest.skip(missing)
+        skip_or_fail(f"the local-model extra is missing: {missing}")
     with llama_server(tmp_path_factory.mktemp("local-embeddings"), n_ctx=512, embedding=True) as base_url:
         yield base_url
 

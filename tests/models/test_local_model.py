@@ -8,13 +8,13 @@ Run alone with ``pytest -m local_model``. Replies and processor calls are capped
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from contextmode.testing.ci import skip_or_fail
 from contextmode.testing.local_model import (
     CONVERSATIONS,
     llama_server,
@@ -41,17 +41,11 @@ SMALL = {
 }
 
 
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     missing = local_model_ready()
     if missing is not None:
-        if _ci():
-            pytest.fail(f"CI needs the local-model extra: {missing}")
-        pytest.skip(missing)
+        skip_or_fail(f"the local-model extra is missing: {missing}")
     logs = tmp_path_factory.mktemp("local-model")
     with llama_server(logs) as base_url, service(base_url, logs, env=SMALL) as worker:
         yield worker.url

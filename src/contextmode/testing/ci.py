@@ -17,7 +17,7 @@ from collections.abc import Generator
 
 import pytest
 
-__all__ = ["ci_required"]
+__all__ = ["ci_required", "skip_or_fail"]
 
 _TRUTHY = frozenset({"1", "true", "yes"})
 
@@ -25,6 +25,13 @@ _TRUTHY = frozenset({"1", "true", "yes"})
 def ci_required() -> bool:
     """Whether ``CI`` is truthy, i.e. every optional component must be present."""
     return os.environ.get("CI", "").strip().lower() in _TRUTHY
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip locally; fail under a truthy ``CI`` (`ci_required`), where every component must be present."""
+    if ci_required():
+        pytest.fail(f"{reason} (CI is set: services are required)")
+    pytest.skip(reason)
 
 
 def _reason(longrepr: object) -> str:

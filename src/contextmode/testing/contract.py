@@ -41,7 +41,7 @@ from ..store.base import (
 from ..store.postings import IndexStats, has_postings, postings_for, reads_turns_at, unpack
 from ..trace import TraceLayer, TurnTrace
 from ..types import ChatMessage, Constraint, NewTurn, Summary, ToolCall, tool_metadata
-from .ci import ci_required
+from .ci import skip_or_fail
 
 __all__ = [
     "StoreContract",
@@ -77,13 +77,6 @@ def service_url(env: str, default: str) -> str:
     Callers check reachability themselves and call `skip_or_fail` when it is absent.
     """
     return os.environ.get(env) or default
-
-
-def skip_or_fail(reason: str) -> None:
-    """Skip locally; fail under a truthy ``CI`` (`ci.ci_required`), where every service must be present."""
-    if ci_required():
-        pytest.fail(f"{reason} (CI is set: services are required)")
-    pytest.skip(reason)
 
 
 _T, _S = "tenant-a", "session-1"
