@@ -28,8 +28,10 @@ def turn_usage(engine: Engine, trace: TurnTrace, outcome: ExchangeOutcome, previ
     if trace.turn == 1:
         cacheable = 0
     elif previous is not None and not previous.cut and not trace.cut:
-        shared = cacheable_prefix_tokens(request_text(previous.messages), request_text(trace.messages), engine.counter)
-        cacheable = min(shared, prompt)
+        text = request_text(trace.messages)
+        shared = cacheable_prefix_tokens(request_text(previous.messages), text, engine.counter)
+        # As a share of the request as rendered, applied to its tokens as the endpoint counts them.
+        cacheable = min(prompt, round(prompt * shared / max(1, engine.counter.count(text))))
     price = price_for(trace.model, engine.settings.prices)
     usd: float | None = None
     if price is not None:

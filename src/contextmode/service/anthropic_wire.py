@@ -238,8 +238,8 @@ def openai_fields(body: MessagesRequest) -> dict[str, Any]:
     ``max_tokens``, ``stop_sequences`` → ``stop``, ``tools`` and ``tool_choice`` converted,
     ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``, ``thinking`` →
     ``reasoning_effort`` (by its token budget), ``output_config`` (`_output_config`),
-    ``metadata.user_id`` → ``user``; Anthropic's own fields with no twin are dropped (`_NOT_OPENAI`);
-    the rest as sent."""
+    ``metadata.user_id`` → ``user``, a stream asks for its usage (``stream_options``); Anthropic's own
+    fields with no twin are dropped (`_NOT_OPENAI`); the rest as sent."""
     sent = body.model_dump(exclude_unset=True)
     fields: dict[str, Any] = {k: v for k, v in sent.items() if k not in _NOT_OPENAI}
     if body.max_tokens is not None:
@@ -261,6 +261,8 @@ def openai_fields(body: MessagesRequest) -> dict[str, Any]:
     fields.update(_output_config(sent.get("output_config")))
     if user := body.user_id():
         fields["user"] = user
+    if body.stream:  # the usage (cached tokens included) comes as a last chunk
+        fields["stream_options"] = {"include_usage": True}
     return fields
 
 
