@@ -407,8 +407,11 @@ def _fixed_layers(state: SessionState, frame: _Frame, config: AssemblyConfig, se
     sections = _instruction_sections(frame, config, sent, current.hint)
     costs = {name: frame.count(text) + frame.sep_cost for name, text in sections.items()}
     system_message_overhead = message_overhead(frame.counter, "system") if frame.as_messages else 0
-    if frame.tail:  # the message after the recent turns
-        system_message_overhead += message_overhead(frame.counter, "user")
+    # The message after the recent turns (`_Frame.tail`): its overhead is whole-layer cost when
+    # it holds the hint, else it comes out of what the flexible layers get.
+    tail_overhead = message_overhead(frame.counter, "user") if frame.tail else 0
+    if "hint" in sections and "hint" in frame.tail:
+        system_message_overhead, tail_overhead = system_message_overhead + tail_overhead, 0
     available = frame.input_budget - current_cost - sum(costs.values()) - system_message_overhead
     reserve = _pins_reserve(state, frame.count, frame.locale, frame.sep_cost, available)
     step, step_cost, current_text = _current_step(current.agent_step, available, reserve, frame.shape, sent, current_text)
@@ -416,6 +419,7 @@ def _fixed_layers(state: SessionState, frame: _Frame, config: AssemblyConfig, se
     available -= step_cost
     if available < 0:
         raise MessageTooLarge(current_cost + sum(costs.values()), frame.input_budget)
+    available = max(0, available - tail_overhead)
     return _Fixed(current_text=current_text, current_cost=current_cost, step=step, sections=sections, costs=costs,
                   available=available)
 
