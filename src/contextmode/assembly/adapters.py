@@ -75,13 +75,7 @@ def to_anthropic(context: Context, *, cache: bool = False) -> dict[str, Any]:
     for index, m in enumerate(messages):
         if m.role == "system":
             continue
-        # Tool items go as text here (a call as a sentence, a result as the user's side).
-        role = "user" if m.role == "tool" else m.role
-        content = m.content
-        if m.tool_calls:
-            content = (content + "\n" if content else "") + "; ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
-        elif m.role == "tool":
-            content = f"[{m.tool_call_id}] {content}"
+        role, content = _anthropic_turn(m)
         if cache:
             block: dict[str, Any] = {"type": "text", "text": content}
             if index == last_stable:
@@ -102,6 +96,17 @@ def to_anthropic(context: Context, *, cache: bool = False) -> dict[str, Any]:
         blocks = [{"type": "text", "text": system, "cache_control": dict(_EPHEMERAL)}] if system else []
         return {"system": blocks, "messages": turns}
     return {"system": system, "messages": turns}
+
+
+def _anthropic_turn(m: ChatMessage) -> tuple[str, str]:
+    """A message's Anthropic role and text: tool items go as text (a call as a sentence, a
+    result as the user's side)."""
+    content = m.content
+    if m.tool_calls:
+        content = (content + "\n" if content else "") + "; ".join(f"{c.name}({c.arguments})" for c in m.tool_calls)
+    elif m.role == "tool":
+        content = f"[{m.tool_call_id}] {content}"
+    return ("user" if m.role == "tool" else m.role), content
 
 
 def to_text(context: Context) -> str:

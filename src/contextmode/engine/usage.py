@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from ..models.caching import cacheable_prefix_tokens, request_text
 from ..models.pricing import price_for, turn_cost
-from ..trace import ExchangeOutcome, TurnTrace, TurnUsage
+from ..store.records import TurnTrace, TurnUsage
+from .trace import ExchangeOutcome
 
 if TYPE_CHECKING:
     from .core import Engine

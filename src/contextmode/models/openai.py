@@ -713,8 +713,8 @@ class OpenAIChatModel:
         """``chat.completions.create``, adapting once to servers that refuse an optional parameter.
 
         A 400/422 that names ``max_completion_tokens`` (newer OpenAI models) switches the
-        length parameter; a 400/422 on a request with ``stream_options`` drops usage capture.
-        Each adaptation is remembered for later calls once it has worked.
+        length parameter; one on a request with prompt-cache hints drops them; one on a request with
+        ``stream_options`` drops usage capture. Each adaptation is remembered for later calls once it has worked.
         """
         openai = _import_openai()
         length_param, with_usage = self._length_param, stream and self._include_usage
@@ -745,11 +745,8 @@ class OpenAIChatModel:
                     raise self._map(exc) from self._cause(exc)
                 if "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
                     length_param = "max_completion_tokens"
-                elif any(k in request for k in _CACHE_HINTS):
-                    self._send_cache_hints = False  # an endpoint that refuses unknown fields
-                    for k in _CACHE_HINTS:
-                        request.pop(k, None)
-                    logger.info("model endpoint refused the prompt cache hints; they are not sent")
+                elif self._drop_cache_hints(request):
+                    pass
                 elif "response_format" in kwargs:
                     self._refused_format(request)
                 elif with_usage:
@@ -767,6 +764,15 @@ class OpenAIChatModel:
                 logger.info("model endpoint refused stream_options; usage capture disabled")
             return result
         raise ModelError("the model endpoint refused the request")  # unreachable in practice
+
+    def _drop_cache_hints(self, request: dict[str, Any]) -> bool:
+        """After a refused request: take the prompt-cache hints out of it and never send them
+        again (an endpoint that refuses fields it does not know); False when it had none."""
+        dropped = [request.pop(k) for k in _CACHE_HINTS if k in request]
+        if dropped:
+            self._send_cache_hints = False
+            logger.info("model endpoint refused the prompt cache hints; they are not sent")
+        return bool(dropped)
 
     def _refused_format(self, request: dict[str, Any]) -> None:
         """Step down after a refused ``response_format``: json_schema → json_object → none."""
