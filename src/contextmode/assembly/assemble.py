@@ -500,8 +500,6 @@ class _Allocation:
     """Each flexible layer's tokens, its share as shown in the accounting, its section's overhead."""
 
     tokens: dict[LayerName, int]
-    nominal: dict[LayerName, int]
-    """Each layer's share when every layer is hungry (what it gets whatever the others need)."""
     shown: dict[LayerName, int]
     """Each layer's nominal share (every layer hungry) or more: a layer shows its share even
     when it needed less and gave the rest away."""
@@ -531,7 +529,7 @@ def _allocate(
         optional_pins=optional,
     )
     shown = {n: max(tokens[n], nominal.get(n, 0)) for n in tokens}
-    return _Allocation(tokens=tokens, nominal=dict(nominal), shown=shown, section_overheads=section_overheads)
+    return _Allocation(tokens=tokens, shown=shown, section_overheads=section_overheads)
 
 
 @dataclass(frozen=True, kw_only=True)
