@@ -414,7 +414,8 @@ def _fixed_layers(state: SessionState, frame: _Frame, config: AssemblyConfig, se
         system_message_overhead, tail_overhead = system_message_overhead + tail_overhead, 0
     available = frame.input_budget - current_cost - sum(costs.values()) - system_message_overhead
     reserve = _pins_reserve(state, frame.count, frame.locale, frame.sep_cost, available)
-    step, step_cost, current_text = _current_step(current.agent_step, available, reserve, frame.shape, sent, current_text)
+    step, step_cost, current_text = _current_step(current.agent_step, available - tail_overhead, reserve, frame.shape,
+                                                  sent, current_text)
     current_cost += step_cost
     available -= step_cost
     if available < 0:
