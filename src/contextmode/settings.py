@@ -65,8 +65,9 @@ class EngineSettings:
 
     strategy: str = "default"
     """Memory strategy name: ``default`` (summary, pins, key moments, recalled older turns and
-    recent turns), or ``window``, ``token_window``, ``summary``, ``sliding_summary``, ``hybrid``,
-    ``hybrid_recall``."""
+    recent turns), or ``steady`` (the default with a request prefix that stays the same from turn
+    to turn, for prompt caches: docs/caching.md), ``window``, ``token_window``, ``summary``,
+    ``sliding_summary``, ``hybrid``, ``hybrid_recall``."""
     context_window: int = 8192
     """The model's context window, tokens."""
     reply_reserve: int | None = None
@@ -74,8 +75,10 @@ class EngineSettings:
     mode: Mode = "contextual"
     """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite."""
     order: str = "default"
-    """Layer order preset: ``default`` (background, then the newest turns and the message) or
-    ``question_first`` (the message right after the pinned constraints)."""
+    """Layer order preset: ``default`` (instructions, pins, summary and the turns first, what
+    changes every turn after them: prompt caches reuse the rest, docs/caching.md),
+    ``chronological`` (background, then the newest turns and the message) or ``question_first``
+    (the message right after the pinned constraints)."""
     locale: str = "auto"
     """``zh``, ``en`` or ``auto``."""
     summary_threshold: int = 10
