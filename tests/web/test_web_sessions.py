@@ -20,7 +20,15 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from tests.web.test_web_browser import DOCS_IMG, WAIT_MS, LiveServer, browser, open_page, send, server
+from tests.web.test_web_browser import (
+    DOCS_IMG,
+    WAIT_MS,
+    LiveServer,
+    browser,
+    open_page,
+    send,
+    server,
+)
 from tests.web.test_web_traces import open_turn, serious_violations, shown_messages
 
 pytestmark = pytest.mark.browser
@@ -91,6 +99,21 @@ def _conversation(page: Any, messages: list[str]) -> list[dict[str, Any]]:
     return answers
 
 
+def _built_on(answers: list[dict[str, Any]], templates: tuple[int, ...], quoted: str, *, summary: int,
+              pins: tuple[str, ...]) -> None:
+    """The offline answers to the detail/example follow-ups show the exchange they build on;
+    the one to the summary request shows today's pins."""
+    assert all(quoted in answers[i]["text"] for i in templates)
+    assert all(pin in answers[summary]["text"] for pin in pins)
+
+
+def _one_budget_pin(page: Any, value: str, source: str, *, gone: tuple[str, ...]) -> None:
+    budget = page.locator("#constraints li[data-key=budget]")
+    assert budget.count() == 1 and value in budget.inner_text() and source in budget.inner_text()
+    pins = page.inner_text("#constraints")
+    assert not [old for old in gone if old in pins]
+
+
 def _numbering(page: Any, turns: int) -> None:
     """One numbering: bubbles by exchange, and every "turn N" the inspector names an exchange."""
     numbers = page.eval_on_selector_all(".message.user", "nodes => nodes.map(n => Number(n.dataset.turn))")
@@ -110,14 +133,10 @@ def test_a_chinese_session_of_twenty_messages(browser: Any, server: LiveServer, 
     answers += _conversation(page, ZH_MESSAGES[3:])
     # Follow-ups on the offline defaults are answered by what the engine built: the detail and
     # example templates over the last exchange, the summary over the conversation and its pins.
-    detail, example, summary = answers[3]["text"], answers[4]["text"], answers[10]["text"]
-    assert "那家店在哪？" in detail and "那家店在哪？" in example
-    assert "预算一百元" in summary and "不吃辣" in summary
+    _built_on(answers, (3, 4), "那家店在哪？", summary=10, pins=("预算一百元", "不吃辣"))
     _numbering(page, 20)
     # The budget changed at turn 8: one budget pin, today's.
-    budget = page.locator("#constraints li[data-key=budget]")
-    assert budget.count() == 1 and "预算一百元" in budget.inner_text() and "来自第 8 轮" in budget.inner_text()
-    assert "五十" not in page.inner_text("#constraints")
+    _one_budget_pin(page, "预算一百元", "来自第 8 轮", gone=("五十",))
     assert {"预算", "辣度", "过敏：花生"} <= set(
         page.eval_on_selector_all("#constraints .constraint-key", "ns => ns.map(n => n.textContent)")
     )
@@ -151,16 +170,11 @@ def test_an_english_session_of_ten_messages(browser: Any, server: LiveServer, tm
     answers = _conversation(page, EN_MESSAGES[:1])
     assert serious_violations(page) == []
     answers += _conversation(page, EN_MESSAGES[1:])
-    more, example, summary = answers[3]["text"], answers[4]["text"], answers[7]["text"]
-    assert "Where is it?" in more and "Where is it?" in example
-    assert "$40" in summary and "vegetarian" in summary
+    _built_on(answers, (3, 4), "Where is it?", summary=7, pins=("$40", "vegetarian"))
     _numbering(page, 10)
     # "Raise the budget to $40" replaced the pin: one budget, no raw copy of the old one.
-    pins = page.inner_text("#constraints")
-    budget = page.locator("#constraints li[data-key=budget]")
-    assert budget.count() == 1 and "budget $40" in budget.inner_text() and "from turn 6" in budget.inner_text()
-    assert "$20" not in pins and "20 per meal" not in pins and "fact" not in pins
-    assert "allergy: peanuts" in pins
+    _one_budget_pin(page, "budget $40", "from turn 6", gone=("$20", "20 per meal", "fact"))
+    assert "allergy: peanuts" in page.inner_text("#constraints")
     # Labels in the page's language: nothing Chinese in an English page of English messages
     # (but the language toggle, which names the other language in its own: 中文).
     chrome = page.inner_text("#context-view") + page.inner_text("#session-view") + page.inner_text(".topbar h1")
