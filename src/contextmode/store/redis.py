@@ -34,7 +34,6 @@ from ._codec import (
     check_user,
     constraints_from_json,
     constraints_to_json,
-    dumps,
     from_micros,
     now_micros,
     owner_error,
@@ -43,6 +42,7 @@ from ._codec import (
 from ._driver_errors import redis_errors
 from ._redis_lifecycle import RedisLifecycle
 from ._redis_postings import RedisPostings, index_rows
+from ._redis_rows import decode_turn, encode_turn
 from .base import (
     ClosesOnExit,
     IdempotencyRecord,
@@ -63,18 +63,6 @@ __all__ = ["RedisStore"]
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:\-]{0,64}$")
 
 
-def _encode(turn: NewTurn) -> str:
-    return dumps([turn.role, turn.content, turn.tokens, to_micros(turn.created_at),
-                  dict(turn.metadata)])
-
-
-def _decode(seq: int, doc: str, score: str | None) -> Turn:
-    role, content, tokens, created, metadata = json.loads(doc)
-    return Turn(seq=seq, role=role, content=content, tokens=tokens,
-                created_at=from_micros(created), metadata=metadata,
-                emotion=float(score) if score else None)
-
-
 async def _read_seqs(client: Any, k: dict[str, str], seqs: list[int]) -> list[Turn]:
     """The turns at ``seqs`` (ascending) that exist: one pipeline per 1,000 seqs."""
     out: list[Turn] = []
@@ -84,7 +72,7 @@ async def _read_seqs(client: Any, k: dict[str, str], seqs: list[int]) -> list[Tu
             pipe.hmget(k["turns"], part)
             pipe.zmscore(k["emo"], [f"{s:012d}" for s in part])
             docs, scores = await pipe.execute()
-        out += [_decode(s, d, c) for s, d, c in zip(part, docs, scores, strict=True) if d]
+        out += [decode_turn(s, d, c) for s, d, c in zip(part, docs, scores, strict=True) if d]
     return out
 
 
@@ -198,7 +186,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
             k["member"], answer, len(turns), user_id or "", k["user_prefix"],
         ]
         for turn in turns:
-            args += [_encode(turn), "" if turn.emotion is None else repr(float(turn.emotion)),
+            args += [encode_turn(turn), "" if turn.emotion is None else repr(float(turn.emotion)),
                      turn.content]
         keys = [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"], k["users"],
                 k["rpostings"], k["rindex"]]
@@ -217,7 +205,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
                 f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
             )
         return [
-            _decode(last + i, _encode(t), None if t.emotion is None else repr(float(t.emotion)))
+            decode_turn(last + i, encode_turn(t), None if t.emotion is None else repr(float(t.emotion)))
             for i, t in enumerate(turns, start=1)
         ]
 
@@ -251,13 +239,13 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
             tenant=tenant,
             session_id=session_id,
             last_seq=int(last_seq),
-            turns=tuple(_decode(first + i, doc, score)
+            turns=tuple(decode_turn(first + i, doc, score)
                         for i, (doc, score) in enumerate(zip(tail, tail_scores, strict=True))
                         if doc),  # a turn a retention policy erased is skipped
             summary=summary,
             constraints=constraints_from_json(constraints),
             constraints_version=int(constraints_version or 0),
-            key_moments=tuple(_decode(int(seq), doc, score) for seq, doc, score
+            key_moments=tuple(decode_turn(int(seq), doc, score) for seq, doc, score
                               in zip(moment_seqs, moment_docs, moment_scores, strict=True) if doc),
             last_answer=answer,
             created_at=from_micros(int(created)),

@@ -43,7 +43,6 @@ from ._codec import (
     constraints_to_json,
     from_micros,
     last_answer,
-    loads_mapping,
     metadata_json,
     now_micros,
     summary_fields,
@@ -51,6 +50,8 @@ from ._codec import (
     window_start,
 )
 from ._sqlite_lifecycle import SQLiteLifecycle
+from ._sqlite_rows import TURN_SELECT
+from ._sqlite_rows import turn as turn_row
 from ._sqlite_schema import migrate
 from .base import (
     ClosesOnExit,
@@ -75,11 +76,6 @@ _SESSION_COLS = (
     " summary_tokens, summary_version, summary_created_at, constraints, constraints_version,"
     " emotions_version"
 )
-_TURN_SELECT = (
-    "SELECT t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata, e.emotion FROM turns t"
-    " LEFT JOIN turn_emotions e ON e.tenant = t.tenant AND e.session_id = t.session_id"
-    " AND e.seq = t.seq WHERE t.tenant = ? AND t.session_id = ?"
-)
 
 
 _QUICK_CHECKPOINT_EVERY = 500
@@ -95,18 +91,6 @@ def _busy(exc: sqlite3.Error) -> bool:
 
 def _passive_checkpoint(db: Db) -> None:
     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-
-
-def _turn(row: Sequence[Any]) -> Turn:
-    return Turn(
-        seq=row[0],
-        role=row[1],
-        content=row[2],
-        tokens=row[3],
-        created_at=from_micros(row[4]),
-        metadata=loads_mapping(row[5]),
-        emotion=row[6],
-    )
 
 
 def _summary(row: Sequence[Any]) -> Summary | None:
@@ -370,7 +354,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
             if row is None:
                 return SessionState(tenant=tenant, session_id=session_id)
             first = window_start(row[0], row[5], recent, max_uncovered)
-            tail = [_turn(r) for r in db.execute(f"{_TURN_SELECT} AND t.seq >= ? ORDER BY t.seq",
+            tail = [turn_row(r) for r in db.execute(f"{TURN_SELECT} AND t.seq >= ? ORDER BY t.seq",
                                                  (*key, first))]
             moments: list[Turn] = []
             if key_moments > 0:
@@ -384,8 +368,8 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
                     )
                 ]
                 for seq in sorted(seqs):
-                    moment = db.execute(f"{_TURN_SELECT} AND t.seq = ?", (*key, seq)).fetchone()
-                    moments.append(_turn(moment))
+                    moment = db.execute(f"{TURN_SELECT} AND t.seq = ?", (*key, seq)).fetchone()
+                    moments.append(turn_row(moment))
             return SessionState(
                 tenant=tenant,
                 session_id=session_id,
@@ -410,10 +394,10 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
 
         def body(db: Db) -> list[Turn]:
             rows = db.execute(
-                f"{_TURN_SELECT} AND t.seq >= ? AND t.seq <= ? ORDER BY t.seq",
+                f"{TURN_SELECT} AND t.seq >= ? AND t.seq <= ? ORDER BY t.seq",
                 (*key, from_seq, upper),
             )
-            return [_turn(r) for r in rows]
+            return [turn_row(r) for r in rows]
 
         return await self._run(body)
 
@@ -426,8 +410,8 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
             for start in range(0, len(wanted), 500):
                 part = wanted[start : start + 500]
                 marks = ",".join("?" * len(part))
-                rows = db.execute(f"{_TURN_SELECT} AND t.seq IN ({marks}) ORDER BY t.seq", (*key, *part))
-                out += [_turn(r) for r in rows]
+                rows = db.execute(f"{TURN_SELECT} AND t.seq IN ({marks}) ORDER BY t.seq", (*key, *part))
+                out += [turn_row(r) for r in rows]
             return out
 
         return await self._run(lambda db: admin.read(db, lambda: body(db)))
