@@ -57,7 +57,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import SQL_SESSION_TABLES
-from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts, completes_block
+from .postings import IndexHead, IndexStats, KeptHeads, append_input, completes_block
 from .records import TurnTrace
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import postgres_session_bytes
@@ -409,13 +409,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        key = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
-        turns = list(turns)
-        # Analysed before the transaction: the write lock is held only to write.
-        analyzed = analyze_texts([t.content for t in turns] + [
-            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
-        ])
+        given = append_input(tenant, session_id, turns, user_id)
+        key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
         now = utc_now()
         # The postings are computed for the head this process's last append left (if any) and
         # written by the append's own statement; `index_turns` redoes them if it was stale.

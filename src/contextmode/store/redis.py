@@ -53,7 +53,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import REDIS_SESSION_KEYS
-from .postings import KeptHeads, analyze_texts
+from .postings import KeptHeads, append_input
 from .records import TurnTrace
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import redis_session_bytes
@@ -172,15 +172,11 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        tenant, session_id = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
-        k = self._keys(tenant, session_id)
-        turns = list(turns)
-        answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
         # Analysed once, before any script: a redone append only renumbers the postings.
-        analyzed = analyze_texts([t.content for t in turns] + [
-            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
-        ]) if turns else {}
+        given = append_input(tenant, session_id, turns, user_id)
+        (tenant, session_id), user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
+        k = self._keys(tenant, session_id)
+        answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
         args: list[Any] = [
             "" if expected_last_seq is None else expected_last_seq, now_micros(), session_id,
             k["member"], answer, len(turns), user_id or "", k["user_prefix"],

@@ -61,7 +61,7 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .postings import IndexStats, analyze_texts, completes_block
+from .postings import IndexStats, append_input, completes_block
 from .records import TurnTrace
 from .trace_pack import pack_trace_soon
 from .usage import sqlite_session_bytes
@@ -260,13 +260,8 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        key = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
-        turns = list(turns)
-        # Analysed before the transaction: the write lock is held only to write.
-        analyzed = analyze_texts([t.content for t in turns] + [
-            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
-        ])
+        given = append_input(tenant, session_id, turns, user_id)
+        key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
         now = now_micros()
         answer = last_answer(turns)
 
