@@ -17,7 +17,7 @@ Each user turn answered by the other side is one request. For each request, rend
 receives it (`contextmode.models.caching.request_text`), we measure the share of its tokens
 that is a byte-identical prefix of the previous request of the session (what OpenAI, Anthropic,
 DeepSeek, Qwen and the llama.cpp server can serve from their cache), and the money it costs at
-the listed prices (`contextmode.models.pricing.DEFAULT_PRICES`: the cacheable prefix billed at the
+the listed prices (`contextmode.pricing.DEFAULT_PRICES`: the cacheable prefix billed at the
 cache price when it reaches the family's minimum; the rest at the cache-write price, i.e. a
 cache written on every request), reply tokens not included.
 
@@ -50,7 +50,7 @@ from contextmode.api import build_engine
 from contextmode.engine import TurnRequest
 from contextmode.evaluation.locomo import evaluate_locomo, load_locomo
 from contextmode.models.caching import cacheable_prefix_tokens, request_text
-from contextmode.models.pricing import DEFAULT_PRICES, turn_cost
+from contextmode.pricing import DEFAULT_PRICES, turn_cost
 from contextmode.settings import EngineSettings
 from contextmode.store.memory import MemoryStore
 from contextmode.testing import FunctionModel

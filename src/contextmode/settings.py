@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigError
-from .models.pricing import DEFAULT_PRICES, Price, load_prices
+from .pricing import DEFAULT_PRICES, Price, load_prices
 
 __all__ = ["EngineSettings", "Mode", "PiiPolicy", "contextmode_home", "env_flag", "env_int"]
 
@@ -117,7 +117,7 @@ class EngineSettings:
     prices: tuple[Price, ...] = DEFAULT_PRICES
     """Prices per model family that turn each exchange's tokens into money (its trace's
     ``usage``); ``CONTEXTMODE_PRICES``: a JSON object or the path of a JSON file
-    (`contextmode.models.pricing`, docs/caching.md)."""
+    (`contextmode.pricing`, docs/caching.md)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("contextual", "decoupled"):

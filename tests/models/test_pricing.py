@@ -16,7 +16,7 @@ from contextmode.models.caching import (
     shared_prefix_chars,
     usage_from,
 )
-from contextmode.models.pricing import DEFAULT_PRICES, Price, load_prices, price_for, turn_cost
+from contextmode.pricing import DEFAULT_PRICES, Price, load_prices, price_for, turn_cost
 from contextmode.settings import EngineSettings
 from contextmode.testing import CharTokenCounter
 from contextmode.types import ChatMessage

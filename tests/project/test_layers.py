@@ -3,7 +3,7 @@ above, and no module imports itself back through others.
 
 The order, lowest first (see docs/architecture.md):
 
-0. ``types``, ``errors``, ``settings``, ``jsonparse``, ``prompts``, ``_protocols``, ``_version``,
+0. ``types``, ``errors``, ``settings``, ``pricing``, ``jsonparse``, ``prompts``, ``_protocols``, ``_version``,
    ``session_keys``: plain data, configuration and the cached optional-ability check (``implements``);
 1. ``text``: language detection, jieba tokenisation, the shared per-text analysis, recall's index terms;
 2. ``tokens``: token counters;
@@ -32,7 +32,8 @@ import pytest
 PACKAGE = "contextmode"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"types", "errors", "settings", "jsonparse", "prompts", "_protocols", "_version", "session_keys"}),
+    frozenset({"types", "errors", "settings", "jsonparse", "prompts", "_protocols", "_version", "session_keys",
+               "pricing"}),
     frozenset({"text"}),
     frozenset({"tokens"}),
     frozenset({"models"}),

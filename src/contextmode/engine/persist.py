@@ -164,7 +164,8 @@ async def _keep_trace(
             if (await engine.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:
                 return  # erased since the reply (a forget on another worker): keep nothing of it
             previous = await keeper.get_trace(key.tenant, key.session_id, outcome.turn - 1) if outcome.turn > 1 else None
-            trace = replace(trace, usage=turn_usage(engine, trace, outcome, previous))
+            trace = replace(trace, usage=turn_usage(trace, outcome, previous, counter=engine.counter,
+                                                    prices=settings.prices))
             await keeper.put_trace(
                 key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
                 keep=settings.trace_keep,

@@ -2,38 +2,38 @@
 
 Worked out when the exchange's trace is kept (just after the reply, off its path): the request
 as sent is compared with the previous exchange's kept request (`models.caching`), and the
-engine's price table (`EngineSettings.prices`) turns the tokens into money (`models.pricing`).
+engine's price table (`EngineSettings.prices`) turns the tokens into money (`contextmode.pricing`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..models.caching import cacheable_prefix_tokens, request_text
-from ..models.pricing import price_for, turn_cost
+from ..pricing import PriceTable, price_for, turn_cost
 from ..store.records import TurnTrace, TurnUsage
+from ..tokens.base import TokenCounter
 from .trace import ExchangeOutcome
-
-if TYPE_CHECKING:
-    from .core import Engine
 
 __all__ = ["turn_usage"]
 
 
-def turn_usage(engine: Engine, trace: TurnTrace, outcome: ExchangeOutcome, previous: TurnTrace | None) -> TurnUsage:
+def turn_usage(
+    trace: TurnTrace, outcome: ExchangeOutcome, previous: TurnTrace | None, *, counter: TokenCounter,
+    prices: PriceTable,
+) -> TurnUsage:
     """The usage of the exchange ``trace`` records (``previous``: the session's exchange before
-    it, when kept). The cacheable part is measured only between two traces kept whole (a trace
-    cut by its size cap no longer holds the request as sent)."""
+    it, when kept), measured with ``counter`` and priced with ``prices``. The cacheable part is
+    measured only between two traces kept whole (a trace cut by its size cap no longer holds
+    the request as sent)."""
     prompt = outcome.reported_prompt_tokens or trace.total_tokens
     cacheable: int | None = None
     if trace.turn == 1:
         cacheable = 0
     elif previous is not None and not previous.cut and not trace.cut:
         text = request_text(trace.messages)
-        shared = cacheable_prefix_tokens(request_text(previous.messages), text, engine.counter)
+        shared = cacheable_prefix_tokens(request_text(previous.messages), text, counter)
         # As a share of the request as rendered, applied to its tokens as the endpoint counts them.
-        cacheable = min(prompt, round(prompt * shared / max(1, engine.counter.count(text))))
-    price = price_for(trace.model, engine.settings.prices)
+        cacheable = min(prompt, round(prompt * shared / max(1, counter.count(text))))
+    price = price_for(trace.model, prices)
     usd: float | None = None
     if price is not None:
         cached = outcome.reported_cached_tokens if outcome.reported_cached_tokens is not None else cacheable or 0

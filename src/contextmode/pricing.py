@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["DEFAULT_PRICES", "Price", "PriceTable", "TurnCost", "load_prices", "price_for", "turn_cost"]
 
