@@ -21,14 +21,14 @@ the listed prices (`contextmode.pricing.DEFAULT_PRICES`: the cacheable prefix bi
 cache price when it reaches the family's minimum; the rest at the cache-write price, i.e. a
 cache written on every request), reply tokens not included.
 
-Three layouts are replayed: ``new``, the shipped one (order ``default``: instructions, reply
-format, pins, summary and the window first, what changes every turn — key moments, recall, the
-rewrite hint — in one message after the window); ``old``, the order before (``chronological``:
-recall and the hint inside the system message); ``steady``, the ``steady`` strategy in the new
-order (the window's budget fixed, its start moving 16 turns at a time, recall at most 1,200
-tokens). ``--locomo-eval`` adds LoCoMo evidence recall at 2,000 tokens: the new order selects
-what the old one did (the delta is 0 by construction; recall does not depend on the order),
-``steady`` selects otherwise. The last line is JSON.
+Three layouts are replayed: ``shipped``, the shipped default (order ``default``: recall, key
+moments and the rewrite hint inside the system message, before the turns; messages alternate
+user/assistant); ``cache_first``, the order ``cache_first`` (instructions, reply format, pins,
+summary and the window first, what changes every turn in one message after the window);
+``steady``, the ``steady`` strategy in the ``cache_first`` order (the window's budget fixed, its
+start moving 16 turns at a time, recall at most 1,200 tokens). ``--locomo-eval`` adds LoCoMo
+evidence recall at 2,000 tokens: an order selects what the default does (the delta is 0 by
+construction; recall does not depend on the order), ``steady`` selects otherwise. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class Layout:
     strategy: str
 
 
-LAYOUTS = (Layout("new", "default", "default"), Layout("old", "chronological", "default"),
-           Layout("steady", "default", "steady"))
+LAYOUTS = (Layout("shipped", "default", "default"), Layout("cache_first", "cache_first", "default"),
+           Layout("steady", "cache_first", "steady"))
 
 
 @dataclass
@@ -188,13 +188,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                                 "seconds": round(time.perf_counter() - started, 1)}
     delta = steady_delta = None
     if args.locomo_eval:
-        # Evidence recall depends on what is selected, not on the order: the shipped default
-        # (new order) selects as the old one did; the steady layout selects otherwise.
+        # Evidence recall depends on what is selected, not on the order: ``cache_first`` selects
+        # what the shipped default does; the steady layout selects otherwise.
         recall = evaluate_locomo(args.locomo, [2000], ["default", "steady"], progress=False)["recall"]
         delta = 0.0
         steady_delta = round(recall["steady"]["2000"] - recall["default"]["2000"], 4)
         results["locomo_recall_2000"] = {"default": recall["default"]["2000"], "steady": recall["steady"]["2000"]}
-    for name in ("new", "old", "steady"):
+    for name in ("shipped", "cache_first", "steady"):
         r = results[name]["all"]
         print(f"{name}: {r['turns']} turns, cacheable prefix share p50 {r['share_p50']:.3f} "
               f"(p10 {r['share_p10']:.3f}), $/1000 turns {r['usd_per_1000_turns']}")
@@ -203,11 +203,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "prices": {p.family: {"input": p.input, "cache_read": p.cache_read, "cache_write": p.cache_write,
                               "min_prefix": p.min_prefix} for p in DEFAULT_PRICES},
         "detail": results,
-        "cacheable_prefix_share_p50": results["new"]["all"]["share_p50"],
-        "cacheable_prefix_share_p50_old": results["old"]["all"]["share_p50"],
-        "usd_per_1000_turns": results["new"]["all"]["usd_per_1000_turns"],
-        "usd_per_1000_turns_old": results["old"]["all"]["usd_per_1000_turns"],
-        "locomo_recall_2000_delta": delta,
+        "cacheable_prefix_share_p50": results["shipped"]["all"]["share_p50"],
+        "usd_per_1000_turns": results["shipped"]["all"]["usd_per_1000_turns"],
+        "cache_first_cacheable_prefix_share_p50": results["cache_first"]["all"]["share_p50"],
+        "cache_first_usd_per_1000_turns": results["cache_first"]["all"]["usd_per_1000_turns"],
+        "cache_first_locomo_recall_2000_delta": delta,
         "steady_cacheable_prefix_share_p50": results["steady"]["all"]["share_p50"],
         "steady_usd_per_1000_turns": results["steady"]["all"]["usd_per_1000_turns"],
         "steady_locomo_recall_2000_delta": steady_delta,

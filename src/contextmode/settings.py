@@ -75,10 +75,10 @@ class EngineSettings:
     mode: Mode = "contextual"
     """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite."""
     order: str = "default"
-    """Layer order preset: ``default`` (instructions, pins, summary and the turns first, what
-    changes every turn after them: prompt caches reuse the rest, docs/caching.md),
-    ``chronological`` (background, then the newest turns and the message) or ``question_first``
-    (the message right after the pinned constraints)."""
+    """Layer order preset: ``default`` (background, then the newest turns and the message; the
+    messages alternate user/assistant), ``cache_first`` (instructions, pins, summary and the turns
+    first, what changes every turn after them in one more user message: prompt caches reuse the
+    rest, docs/caching.md) or ``question_first`` (the message right after the pinned constraints)."""
     locale: str = "auto"
     """``zh``, ``en`` or ``auto``."""
     summary_threshold: int = 10

@@ -336,7 +336,7 @@ def scenarios(draw: st.DrawFn) -> tuple[SessionState, str, str, Budget, Assembly
     budget = draw(st.sampled_from([Budget(context_window=window), Budget.emotion_window(window),
                                    Budget.fixed_layers(window), Budget(context_window=window, reply_reserve=0)]))
     config = AssemblyConfig(format=draw(st.sampled_from(["messages", "text"])),
-                            order=draw(st.sampled_from(["default", "chronological", "question_first"])),
+                            order=draw(st.sampled_from(["default", "cache_first", "question_first"])),
                             reply_format=draw(st.sampled_from(["", "简短回答", "Answer in JSON"])))
     return state, draw(_text) or "嗯", draw(st.sampled_from(sorted(STRATEGIES))), budget, config
 
@@ -404,18 +404,18 @@ def test_question_first_order_puts_the_current_message_third_in_text_form() -> N
     assert ctx.total_tokens == exact_total(ctx)
 
 
-def test_chronological_order_puts_the_background_first() -> None:
+def test_default_order_puts_the_background_first() -> None:
     ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
-                   config=AssemblyConfig(format="text", order="chronological"))
+                   config=AssemblyConfig(format="text"))
     text = to_text(ctx)
     positions = _heading_positions(text, ["用户约束与画像", "早期对话摘要", "关键情绪时刻", "近期对话", "当前消息"])
     assert positions == sorted(positions)
 
 
 @pytest.mark.parametrize("fmt", ["messages", "text"])
-def test_default_order_puts_what_changes_every_turn_after_the_turns(fmt: str) -> None:
+def test_cache_first_order_puts_what_changes_every_turn_after_the_turns(fmt: str) -> None:
     ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
-                   config=AssemblyConfig(format=fmt), current=CurrentTurn(hint="推荐个川菜"))
+                   config=AssemblyConfig(format=fmt, order="cache_first"), current=CurrentTurn(hint="推荐个川菜"))
     text = to_text(ctx)
     marks = ["## 用户约束与画像", "## 早期对话摘要", "## 近期对话" if fmt == "text" else "[assistant]",
              "## 关键情绪时刻", "可能指的是", "推荐个菜"]
@@ -441,7 +441,8 @@ def test_custom_order_must_name_every_layer() -> None:
 
 
 def test_messages_adapter_shape() -> None:
-    ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW)
+    ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
+                   config=AssemblyConfig(order="cache_first"))
     messages = to_messages(ctx)
     assert messages[0].role == "system"
     assert "<summary>" in messages[0].content and "<constraints>" in messages[0].content
@@ -450,9 +451,12 @@ def test_messages_adapter_shape() -> None:
     assert [m.content for m in messages[1:-2]] == [t.content for t in _full_state().turns]
     assert messages[-2].role == "user" and messages[-2].content.startswith("## 关键情绪时刻")
     assert (messages[-1].role, messages[-1].content) == ("user", "推荐个菜")
-    old = to_messages(assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
-                               config=AssemblyConfig(order="chronological")))
+    # The default order keeps every non-turn layer in the system message: the messages
+    # alternate user/assistant, as strict chat templates (Gemma, Mistral) demand.
+    old = to_messages(assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW))
     assert [m.content for m in old[1:-1]] == [t.content for t in _full_state().turns]
+    roles = [m.role for m in old[1:]]
+    assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
     text_ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, now=NOW,
                         config=AssemblyConfig(format="text"))
     assert [m.role for m in to_messages(text_ctx)] == ["user"]

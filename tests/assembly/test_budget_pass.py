@@ -123,7 +123,8 @@ def _kept_prefixes(strategy: str) -> float:
         state = SessionState(tenant="t", session_id="s", last_seq=n - 1, turns=tuple(turns[: n - 1]),
                              recalled=recalled)
         ctx = assemble(state, turns[n - 1].content, counter=COUNTER, strategy=strategy,
-                       budget=Budget(context_window=4000, reply_reserve=0), now=NOW)
+                       budget=Budget(context_window=4000, reply_reserve=0), now=NOW,
+                       config=AssemblyConfig(order="cache_first"))
         messages = to_messages(ctx)
         recent = ctx.layer("recent")
         stable = messages[: 1 + (len(recent.items) if recent else 0)]
@@ -135,7 +136,7 @@ def _kept_prefixes(strategy: str) -> float:
 
 def test_a_steady_window_keeps_the_prefix_from_turn_to_turn() -> None:
     steady, default = _kept_prefixes("steady"), _kept_prefixes("default")
-    # The steady window moves a block at a time: most turns repeat the previous request's
+    # Both in the ``cache_first`` order (recall after the turns). The steady window moves a block at a time: most turns repeat the previous request's
     # prefix; the default window slides with what recall leaves, almost every turn.
     assert steady >= 0.85 and steady > default + 0.2, (steady, default)
 

@@ -74,7 +74,8 @@ async def test_a_llamacpp_server_gets_cache_prompt(stub: StubServer) -> None:
 
 
 async def test_each_trace_holds_the_cacheable_and_cached_tokens_and_the_money(stub: StubServer) -> None:
-    engine = make_engine(_model(stub), context_window=4000)
+    # The ``cache_first`` order: recall and the hint after the turns, so the prefix repeats.
+    engine = make_engine(_model(stub), context_window=4000, order="cache_first")
     try:
         await _talk(engine, "bees", SAID)
         traces = [await engine.trace("t", "bees", n) for n in range(1, len(SAID) + 1)]
@@ -96,11 +97,11 @@ async def test_each_trace_holds_the_cacheable_and_cached_tokens_and_the_money(st
 
 
 def test_the_anthropic_renderer_marks_the_end_of_the_stable_part() -> None:
-    from contextmode.assembly import CurrentTurn, assemble
+    from contextmode.assembly import AssemblyConfig, CurrentTurn, assemble
     from tests.assembly.test_assembly import COUNTER, NOW, _full_state
 
     ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
-                   current=CurrentTurn(hint="推荐个川菜"))
+                   current=CurrentTurn(hint="推荐个川菜"), config=AssemblyConfig(order="cache_first"))
     request = to_anthropic(ctx, cache=True)
     assert request["system"][0]["cache_control"] == {"type": "ephemeral"}
     blocks = [(m["role"], b) for m in request["messages"] for b in m["content"]]

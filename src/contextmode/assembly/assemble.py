@@ -60,16 +60,22 @@ __all__ = [
 ]
 
 ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
+    # Chronological: background (summary, key moments, recall) first, then the newest turns,
+    # the message and the reply instruction (the emotional-companion article's order). Every
+    # non-turn layer goes in the system message, so the messages alternate user/assistant as
+    # strict chat templates (Gemma, Mistral) demand.
+    "default": (
+        "system", "hint", "constraints", "summary", "key_moments", "recall", "recent", "current", "format",
+    ),
     # Stable first, what changes every turn last (docs/caching.md): instructions, reply format,
     # pins, the summary and the window make a prefix the next turn's request repeats byte for
     # byte (what prompt caches reuse); the key moments, the recalled turns and the rewrite hint
-    # follow the window, as one message before the current one.
-    "default": ("system", "format", "constraints", "summary", "recent", "key_moments", "recall", "hint", "current"),
-    # Chronological: background (summary, key moments, recall) first, then the newest turns,
-    # the message and the reply instruction (the emotional-companion article's order; the
-    # default before prompt caching was measured).
-    "chronological": (
-        "system", "hint", "constraints", "summary", "key_moments", "recall", "recent", "current", "format",
+    # follow the window, as one message before the current one (two user messages in a row:
+    # not for strict-alternation templates). Not the default: with the default strategy it
+    # raises the cacheable share of a request only from 0.02 to 0.07 (p50, bench_cache.py);
+    # with ``CONTEXTMODE_STRATEGY=steady`` it reaches 0.55.
+    "cache_first": (
+        "system", "format", "constraints", "summary", "recent", "key_moments", "recall", "hint", "current",
     ),
     # The question right after the pinned constraints, then the turns and the summary
     # (the context-manager article's order).
@@ -79,7 +85,9 @@ ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
 }
 """Layer order presets by name (``CONTEXTMODE_ORDER``)."""
 
-DEPRECATED_ORDER_NAMES: dict[str, str] = {"seed001": "chronological", "seed003": "question_first"}
+DEPRECATED_ORDER_NAMES: dict[str, str] = {
+    "seed001": "default", "seed003": "question_first",
+}
 """Old preset names, still accepted for one release with a `DeprecationWarning`."""
 
 
