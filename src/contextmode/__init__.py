@@ -9,7 +9,7 @@ print(cm.context("demo", "推荐一家餐厅").summary_line())
 ```
 """
 
-from .agent_turn import AgentRequest, ToolResult
+from .engine.agent import AgentRequest, ToolResult
 from .api import ContextMode, build_engine
 from .assembly import AssemblyConfig, Context, assemble, to_anthropic, to_messages, to_text
 from .engine import Engine, PreparedTurn, Processors, TurnEvent, TurnRequest, TurnResult

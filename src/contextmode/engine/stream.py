@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import ModelError
 from ..models.base import UpstreamReply, relays
 from ..types import Turn
+from .parts import TurnParts
 from .persist import Answer, store_answer, store_user_turn
 from .prepare import prepare_turn
 from .request import (
@@ -34,23 +34,20 @@ from .request import (
 )
 from .schedule import schedule_jobs
 
-if TYPE_CHECKING:
-    from .core import Engine
-
 __all__ = ["Ending", "stream_turn"]
 
 log = logging.getLogger("contextmode.turn")
 
 
-async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+async def stream_turn(parts: TurnParts, request: TurnRequest) -> AsyncIterator[TurnEvent]:
     """`Engine.stream`: ``Prepared``, then ``Delta`` events, then ``Done`` (or ``Failed``)."""
     started = time.perf_counter()
     # Loading, recalling and storing the user turn share one pooled store connection (with the
     # service's turn lock: its scope), handed back before the model answers.
-    async with engine.one_connection():
-        prepared = await prepare_turn(engine, request)
-        user_turn = await store_user_turn(engine, request, prepared)
-        await engine.let_go()
+    async with parts.one_connection():
+        prepared = await prepare_turn(parts, request)
+        user_turn = await store_user_turn(parts, request, prepared)
+        await parts.let_go()
     pieces: list[str] = []
     ttft: float | None = None
     error: ModelError | None = None
@@ -61,7 +58,7 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
         # Closed here (the client left before the model was asked): the finally below runs as
         # for a stream cut before its first token.
         yield Prepared(prepared=prepared)
-        async for event in _answer(engine, request, prepared, ending):
+        async for event in _answer(parts, request, prepared, ending):
             if event.kind == "delta":
                 if ttft is None:
                     ttft = (time.perf_counter() - started) * 1000
@@ -75,8 +72,8 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
             text="".join(pieces), partial=not completed, ttft_ms=ttft,
             model_ms=(time.perf_counter() - model_started) * 1000,
         )
-        assistant_turn = await asyncio.shield(store_answer(engine, request.key, user_turn, answer, prepared))
-        jobs = schedule_jobs(engine, request.key, user_turn, prepared)
+        assistant_turn = await asyncio.shield(store_answer(parts, request.key, user_turn, answer, prepared))
+        jobs = schedule_jobs(parts, request.key, user_turn, prepared)
         _log_turn(prepared, user_turn, answer, jobs)
     if error is not None:
         yield Failed(error=error, partial_answer=answer.text, prepared=prepared)
@@ -123,17 +120,17 @@ class Ending:
 
 
 async def _answer(
-    engine: Engine, request: TurnRequest, prepared: PreparedTurn, ending: Ending
+    parts: TurnParts, request: TurnRequest, prepared: PreparedTurn, ending: Ending
 ) -> AsyncIterator[Delta | Upstream]:
     """The model's answer as ``Delta`` events; for a relayed request (`TurnRequest.relay`, a model
     that `relays`) the endpoint's own replies too, as ``Upstream`` events, each before its text,
     the reply capped at what the context window leaves."""
-    model, relay = engine.model, request.relay
+    model, relay = parts.model, request.relay
     if relay is None or not relays(model):
         async for delta in model.stream(prepared.messages):
             yield Delta(text=delta)
         return
-    left = max(1, engine.settings.context_window - prepared.context.total_tokens)
+    left = max(1, parts.settings.context_window - prepared.context.total_tokens)
     async for event in model.relay(prepared.messages, relay, max_tokens=left):
         if event.kind == "upstream":
             if not event.accepted_only:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse
 
-from ..agent_turn import AgentRequest, ToolResult
+from ..engine.agent import AgentRequest, ToolResult
 from ..engine import USE_DEFAULT, Engine, TurnEvent, TurnResult, UseDefault
 from ..errors import InputError
 from ..models.base import ToolCallDelta

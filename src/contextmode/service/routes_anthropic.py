@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
-from ..agent_turn import AgentRequest
+from ..engine.agent import AgentRequest
 from ..engine import Engine, TurnEvent, TurnRequest, TurnResult, UseDefault
 from ..errors import InputError
 from ..models.base import Relay

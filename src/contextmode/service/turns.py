@@ -19,7 +19,7 @@ from typing import Literal
 
 from starlette.responses import Response
 
-from ..agent_turn import ToolResult
+from ..engine.agent import ToolResult
 from ..engine import Delta, Engine, PreparedTurn, TurnEvent, TurnRequest, TurnResult
 from ..errors import InputError, ModelError
 from ..types import SessionKey, require_text
