@@ -9,10 +9,11 @@ print(cm.context("demo", "推荐一家餐厅").summary_line())
 ```
 """
 
-from .engine.agent import AgentRequest, ToolResult
+from ._version import __version__
 from .api import ContextMode, build_engine
 from .assembly import AssemblyConfig, Context, assemble, to_anthropic, to_messages, to_text
 from .engine import Engine, PreparedTurn, Processors, TurnEvent, TurnRequest, TurnResult
+from .engine.agent import AgentRequest
 from .errors import (
     ConfigError,
     ContextModeError,
@@ -34,11 +35,10 @@ from .types import (
     SessionState,
     Summary,
     ToolCall,
+    ToolResult,
     Turn,
     tool_metadata,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AgentRequest",

@@ -521,7 +521,7 @@ class ContextMode:
         from .engine.persist import exchanges_so_far, observe
         from .engine.schedule import schedule_jobs
         from .tokens.tools import count_turn
-        from .types import NewTurn, tool_metadata
+        from .types import NewTurn
 
         engine = self.engine
         parts = engine.parts()
@@ -535,9 +535,9 @@ class ContextMode:
             meta = dict(record.metadata)
             exchanges += m.role == "user"
             meta["turn"] = exchanges
-            meta.update(tool_metadata(tool_calls=m.tool_calls, tool_call_id=m.tool_call_id))
             tokens = count_turn(engine.counter, m.content, tool_calls=m.tool_calls, tool_result=m.role == "tool")
             new.append(NewTurn(role=m.role, content=m.content, tokens=tokens, metadata=meta,
+                               tool_calls=m.tool_calls, tool_call_id=m.tool_call_id,
                                created_at=record.created_at or utc_now()))
         stored = await engine.store.append(self.tenant, session_id, engine.keepable(self.tenant, new), user_id=user_id)
         observe(parts, key, stored)
@@ -567,7 +567,8 @@ class ContextMode:
 
         stored = await engine.store.append(self.tenant, session_id, [
             NewTurn(role=t.role, content=t.content, tokens=t.tokens, created_at=t.created_at,
-                    emotion=t.emotion, metadata=t.metadata) for t in kept], user_id=info)
+                    emotion=t.emotion, metadata=t.metadata, tool_calls=t.tool_calls, tool_call_id=t.tool_call_id,
+                    tool_name=t.tool_name) for t in kept], user_id=info)
         from .engine.persist import observe
 
         observe(engine.parts(), SessionKey(self.tenant, session_id), stored)
@@ -598,8 +599,8 @@ class ContextMode:
         the earlier turns through the layers (summary, pins, and recall for that user turn).
         ``system_prompt`` as for `acontext`. Raises `MessageTooLarge` when that user turn and
         its step alone exceed the budget, `InputError` when the session holds no user turn."""
-        from .engine.agent import latest_user
         from .assembly import CurrentTurn, assemble
+        from .engine.agent import latest_user
         from .memory.strategies import get_strategy
 
         engine = self.engine

@@ -34,7 +34,7 @@ from ..models.base import (
 from ..processors.base import Detection
 from ..settings import Mode
 from ..tokens.tools import count_turn
-from ..types import NewTurn, SessionKey, SessionState, ToolCall, Turn, tool_metadata
+from ..types import NewTurn, SessionKey, SessionState, ToolCall, Turn
 from .parts import TurnParts
 from .persist import append_fenced, observe
 from .prepare import load_state, prepare_turn
@@ -113,7 +113,8 @@ async def _store_results(parts: TurnParts, key: SessionKey, results: Sequence[To
             role="tool",
             content=r.content,
             tokens=count_turn(parts.counter, r.content, tool_result=True),
-            metadata=tool_metadata(tool_call_id=r.call_id, tool_name=names.get(r.call_id)),
+            tool_call_id=r.call_id,
+            tool_name=names.get(r.call_id),
         )
         for r in fresh
     ]
@@ -260,11 +261,12 @@ async def _store_answer(
 ) -> Turn | None:
     if not text and not calls:
         return None
-    meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": parts.model.name, **tool_metadata(tool_calls=calls)}
+    meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": parts.model.name}
     if not completed:
         meta["partial"] = True
     stored = await append_fenced(parts, key, parts.keepable(key.tenant, [
-        NewTurn(role="assistant", content=text, tokens=count_turn(parts.counter, text, tool_calls=calls), metadata=meta)]),
+        NewTurn(role="assistant", content=text, tokens=count_turn(parts.counter, text, tool_calls=calls), metadata=meta,
+                tool_calls=calls)]),
         holds=user_turn.seq)
     observe(parts, key, stored)
     return stored[0]

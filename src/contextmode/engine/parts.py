@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime
 
+from .._version import __version__
 from ..assembly import AssemblyConfig
 from ..jobs import JobQueue
 from ..memory.budget import Budget
@@ -123,8 +124,6 @@ class TurnParts:
 
     def processor_versions(self) -> dict[str, str]:
         """Seam → the implementation that served the turn, with the package version."""
-        from .. import __version__
-
         p = self.processors
         seams: dict[str, object] = {
             "detector": p.detector, "rewriter": p.rewriter, "summarizer": p.summarizer,

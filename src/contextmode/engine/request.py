@@ -30,6 +30,7 @@ from ..types import (
     SessionKey,
     SessionState,
     ToolCall,
+    ToolResult,
     Turn,
     require_text,
     validate_id,
@@ -62,16 +63,6 @@ class UseDefault(Enum):
 
 
 USE_DEFAULT: Final = UseDefault.USE_DEFAULT
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolResult:
-    """The result of one tool call, as the client sends it back (an agent step's input)."""
-
-    call_id: str
-    """The id of the call it answers."""
-    content: str
-    """What the tool returned (text; JSON stays as text)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

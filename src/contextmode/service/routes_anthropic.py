@@ -28,8 +28,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
-from ..engine.agent import AgentRequest
 from ..engine import Engine, TurnEvent, TurnRequest, TurnResult, UseDefault
+from ..engine.agent import AgentRequest
 from ..errors import InputError
 from ..models.base import Relay
 from ..types import SessionKey
