@@ -2,15 +2,15 @@
 
 The order, lowest first (see docs/architecture.md):
 
-0. ``types``, ``errors``, ``settings``, ``jsonparse``, ``prompts``, ``_protocols``, ``session_keys``: plain data,
-   configuration and the cached optional-ability check (``implements``);
+0. ``types``, ``errors``, ``settings``, ``jsonparse``, ``prompts``, ``_protocols``, ``session_keys``,
+   ``_version``: plain data, configuration and the cached optional-ability check (``implements``);
 1. ``text``: language detection, jieba tokenisation, the shared per-text analysis;
 2. ``tokens``: token counters;
 3. ``models``: chat models;
 4. ``processors``: detector, rewriter, extractor, summariser, emotion scorer;
 5. ``store``, ``memory``: persistence, strategies and recall;
 6. ``assembly``: the context window;
-7. ``jobs``, ``trace``, ``engine``, ``agent_turn``, ``lifecycle``: the turn;
+7. ``jobs``, ``trace``, ``engine``, ``lifecycle``: the turn;
 8. ``api``, ``service``, ``cli``, ``evaluation``, ``testing``: the edges.
 
 Imports inside functions and under ``TYPE_CHECKING`` count too: a lazy import that runs
@@ -28,14 +28,14 @@ import pytest
 import contextmode
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"types", "errors", "settings", "jsonparse", "prompts", "_protocols", "session_keys"}),
+    frozenset({"types", "errors", "settings", "jsonparse", "prompts", "_protocols", "session_keys", "_version"}),
     frozenset({"text"}),
     frozenset({"tokens"}),
     frozenset({"models"}),
     frozenset({"processors"}),
     frozenset({"store", "memory"}),
     frozenset({"assembly"}),
-    frozenset({"jobs", "trace", "engine", "agent_turn", "lifecycle"}),
+    frozenset({"jobs", "trace", "engine", "lifecycle"}),
     frozenset({"api", "service", "cli", "evaluation", "testing", "integrations", "__main__"}),
 )
 CHECKED = ("text", "models", "processors")
