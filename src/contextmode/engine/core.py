@@ -37,9 +37,9 @@ from ..store.base import (
     keeps_traces,
     load_trace,
 )
+from ..store.records import TurnTrace
 from ..text.pii import require_pii_libraries
 from ..tokens.base import TokenCounter
-from ..trace import TurnTrace
 from ..types import NewTurn, SessionKey, SessionState, Turn
 from .agent import AgentRequest, stream_agent_turn
 from .parts import PendingSummaries, TurnParts

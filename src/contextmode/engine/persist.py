@@ -14,12 +14,13 @@ from ..errors import ConflictError, SessionErased
 from ..models.base import answers_with_notices
 from ..store.base import TraceRecords
 from ..store.postings import has_postings
-from ..trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
+from ..store.records import cap_trace, exchange_count
 from ..types import NewTurn, SessionKey, SessionState, Turn, check_storable, utc_now
 from .parts import TurnParts
 from .privacy import keepable_trace, masked_counts
 from .request import PreparedTurn, TurnRequest
 from .seams import indexes_turns
+from .trace import ExchangeOutcome, build_trace
 
 __all__ = [
     "Answer",
