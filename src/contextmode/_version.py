@@ -1,4 +1,4 @@
-"""The package version, in a module of its own: code inside the package reads it without
-importing the package's front (`contextmode/__init__.py` imports every layer)."""
+"""The package version, on the ground floor so that any layer may read it (the package's
+``__init__`` imports every layer)."""
 
 __version__ = "0.1.0"
