@@ -10,10 +10,10 @@ print(cm.context("demo", "推荐一家餐厅").summary_line())
 """
 
 from ._version import __version__
-from .agent_turn import AgentRequest, ToolResult
 from .api import ContextMode, build_engine
 from .assembly import AssemblyConfig, Context, assemble, to_anthropic, to_messages, to_text
 from .engine import Engine, PreparedTurn, Processors, TurnEvent, TurnRequest, TurnResult
+from .engine.agent import AgentRequest
 from .errors import (
     ConfigError,
     ContextModeError,
@@ -35,6 +35,7 @@ from .types import (
     SessionState,
     Summary,
     ToolCall,
+    ToolResult,
     Turn,
     tool_metadata,
 )

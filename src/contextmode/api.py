@@ -521,28 +521,29 @@ class ContextMode:
         from .engine.persist import exchanges_so_far, observe
         from .engine.schedule import schedule_jobs
         from .tokens.tools import count_turn
-        from .types import NewTurn, tool_metadata
+        from .types import NewTurn
 
         engine = self.engine
+        parts = engine.parts()
         key = SessionKey(self.tenant, session_id)
         if not records:
             return []
-        exchanges = await exchanges_so_far(engine, key, None)
+        exchanges = await exchanges_so_far(parts, key, None)
         new: list[NewTurn] = []
         for record in records:
             m = record.message
             meta = dict(record.metadata)
             exchanges += m.role == "user"
             meta["turn"] = exchanges
-            meta.update(tool_metadata(tool_calls=m.tool_calls, tool_call_id=m.tool_call_id))
             tokens = count_turn(engine.counter, m.content, tool_calls=m.tool_calls, tool_result=m.role == "tool")
             new.append(NewTurn(role=m.role, content=m.content, tokens=tokens, metadata=meta,
+                               tool_calls=m.tool_calls, tool_call_id=m.tool_call_id,
                                created_at=record.created_at or utc_now()))
         stored = await engine.store.append(self.tenant, session_id, engine.keepable(self.tenant, new), user_id=user_id)
-        observe(engine, key, stored)
+        observe(parts, key, stored)
         for turn in stored:
             if turn.role == "user":
-                schedule_jobs(engine, key, turn, None)
+                schedule_jobs(parts, key, turn, None)
         return stored
 
     async def apop(self, session_id: str) -> Turn | None:
@@ -566,10 +567,11 @@ class ContextMode:
 
         stored = await engine.store.append(self.tenant, session_id, [
             NewTurn(role=t.role, content=t.content, tokens=t.tokens, created_at=t.created_at,
-                    emotion=t.emotion, metadata=t.metadata) for t in kept], user_id=info)
+                    emotion=t.emotion, metadata=t.metadata, tool_calls=t.tool_calls, tool_call_id=t.tool_call_id,
+                    tool_name=t.tool_name) for t in kept], user_id=info)
         from .engine.persist import observe
 
-        observe(engine, SessionKey(self.tenant, session_id), stored)
+        observe(engine.parts(), SessionKey(self.tenant, session_id), stored)
         if state.summary is not None and state.summary.covers_seq < popped.seq:
             await engine.store.commit_summary(self.tenant, session_id, state.summary, expected_version=0)
         pins = [c for c in state.constraints if c.source_seq != popped.seq]
@@ -597,14 +599,14 @@ class ContextMode:
         the earlier turns through the layers (summary, pins, and recall for that user turn).
         ``system_prompt`` as for `acontext`. Raises `MessageTooLarge` when that user turn and
         its step alone exceed the budget, `InputError` when the session holds no user turn."""
-        from .agent_turn import _latest_user
         from .assembly import CurrentTurn, assemble
+        from .engine.agent import latest_user
         from .memory.strategies import get_strategy
 
         engine = self.engine
         chosen = get_strategy(engine.settings.strategy)
         state = await engine.load(self.tenant, session_id, chosen)
-        history, user, step = await _latest_user(engine, SessionKey(self.tenant, session_id), state)
+        history, user, step = await latest_user(engine.parts(), SessionKey(self.tenant, session_id), state)
         state = replace(state, turns=tuple(history))
         recall_limit = int(getattr(chosen, "recall_limit", 0) or 0)
         if engine.recaller is not None and recall_limit:

@@ -12,13 +12,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
 from typing import Any, Literal
 
 from .errors import EmptyMessage, InputError, InvalidSessionId
 
 __all__ = [
     "NOTICE_PREFIXES",
+    "TOOL_KEYS",
     "ChatMessage",
     "Constraint",
     "ConstraintKind",
@@ -29,6 +29,7 @@ __all__ = [
     "SessionState",
     "Summary",
     "ToolCall",
+    "ToolResult",
     "Turn",
     "check_storable",
     "require_text",
@@ -135,19 +136,32 @@ class ToolCall:
     """The arguments as the model wrote them (JSON text, kept verbatim)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ToolResult:
+    """The result of one tool call, as the client sends it back (an agent step's input)."""
+
+    call_id: str
+    """The id of the call it answers."""
+    content: str
+    """What the tool returned (text; JSON stays as text)."""
+
+
 _TOOL_CALLS = "tool_calls"
 _TOOL_CALL_ID = "tool_call_id"
 _TOOL_NAME = "tool_name"
+TOOL_KEYS: frozenset[str] = frozenset({_TOOL_CALLS, _TOOL_CALL_ID, _TOOL_NAME})
+"""The metadata keys that hold a turn's agent fields in their stored form (`tool_metadata`)."""
 
 
 def tool_metadata(
     *, tool_calls: Sequence[ToolCall] = (), tool_call_id: str | None = None, tool_name: str | None = None
 ) -> dict[str, Any]:
-    """The metadata keys that make a turn an agent item.
+    """The agent fields of a turn in their stored form: the keys of its JSON metadata.
 
-    Tool calls and results travel in the turn's JSON metadata, so every store
-    keeps them append-only in the existing turn record, and data stored before
-    they existed reads back unchanged (a turn without these keys is plain text).
+    Every store keeps tool calls and results append-only in the existing turn record, and
+    data stored before they existed reads back unchanged (a turn without these keys is plain
+    text). A turn's typed fields (`Turn.tool_calls`, `tool_call_id`, `tool_name`) are made from
+    these keys when it is read, and write them when it is made (`NewTurn`).
     """
     meta: dict[str, Any] = {}
     if tool_calls:
@@ -171,26 +185,32 @@ def _calls_from(metadata: Mapping[str, Any]) -> tuple[ToolCall, ...]:
 
 
 class _AgentFields:
-    """Typed views of the agent keys in ``metadata`` (shared by `NewTurn` and `Turn`)."""
+    """The typed agent fields of a turn (shared by `NewTurn` and `Turn`), kept in step with their
+    stored form in ``metadata`` (`tool_metadata`): made from it when the turn is read (a turn
+    stored or exported before the fields existed included), written into it when the turn is
+    made from typed values. The typed value wins when both are given."""
 
     metadata: Mapping[str, Any]
+    tool_calls: tuple[ToolCall, ...]
+    tool_call_id: str | None
+    tool_name: str | None
 
-    @cached_property
-    def tool_calls(self) -> tuple[ToolCall, ...]:
-        """Tool calls of an assistant turn, in the order the model made them (empty otherwise)."""
-        return _calls_from(self.metadata)
-
-    @property
-    def tool_call_id(self) -> str | None:
-        """For a ``tool`` turn: the call it answers."""
-        value = self.metadata.get(_TOOL_CALL_ID)
-        return str(value) if value is not None else None
-
-    @property
-    def tool_name(self) -> str | None:
-        """For a ``tool`` turn: the function that produced it, when known."""
-        value = self.metadata.get(_TOOL_NAME)
-        return str(value) if value else None
+    def _sync_agent_fields(self) -> None:
+        meta = self.metadata
+        stored = _TOOL_CALLS in meta or _TOOL_CALL_ID in meta or _TOOL_NAME in meta
+        if not (stored or self.tool_calls or self.tool_call_id is not None or self.tool_name):
+            return  # a plain turn: nothing to do (the common case, a few lookups)
+        calls = tuple(self.tool_calls) or _calls_from(meta)
+        call_id = self.tool_call_id
+        if call_id is None and meta.get(_TOOL_CALL_ID) is not None:
+            call_id = str(meta[_TOOL_CALL_ID])
+        name = self.tool_name or (str(meta[_TOOL_NAME]) if meta.get(_TOOL_NAME) else None)
+        agent = tool_metadata(tool_calls=calls, tool_call_id=call_id, tool_name=name)
+        extras = {k: v for k, v in meta.items() if k not in TOOL_KEYS}
+        object.__setattr__(self, "tool_calls", calls)
+        object.__setattr__(self, "tool_call_id", call_id)
+        object.__setattr__(self, "tool_name", name)
+        object.__setattr__(self, "metadata", {**extras, **agent})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,7 +229,17 @@ class NewTurn(_AgentFields):
     emotion: float | None = None
     """Emotion intensity 0–1 if already known; usually scored later by a job."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    """Free JSON-able extras (``partial``, ``image_count``, ``rewrite``…)."""
+    """Free JSON-able extras (``partial``, ``image_count``, ``rewrite``…), and the agent fields
+    in their stored form (`tool_metadata`; made from the typed fields)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tool calls of an assistant turn, in the order the model made them (empty otherwise)."""
+    tool_call_id: str | None = None
+    """For a ``tool`` turn: the call it answers."""
+    tool_name: str | None = None
+    """For a ``tool`` turn: the function that produced it, when known."""
+
+    def __post_init__(self) -> None:
+        self._sync_agent_fields()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -229,7 +259,16 @@ class Turn(_AgentFields):
     emotion: float | None = None
     """Emotion intensity 0–1, ``None`` until scored."""
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    """Free JSON-able extras."""
+    """Free JSON-able extras, and the agent fields in their stored form (`tool_metadata`)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tool calls of an assistant turn, in the order the model made them (empty otherwise)."""
+    tool_call_id: str | None = None
+    """For a ``tool`` turn: the call it answers."""
+    tool_name: str | None = None
+    """For a ``tool`` turn: the function that produced it, when known."""
+
+    def __post_init__(self) -> None:
+        self._sync_agent_fields()
 
     @property
     def partial(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -456,7 +457,7 @@ def test_messages_adapter_shape() -> None:
     old = to_messages(assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW))
     assert [m.content for m in old[1:-1]] == [t.content for t in _full_state().turns]
     roles = [m.role for m in old[1:]]
-    assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+    assert all(a != b for a, b in pairwise(roles))
     text_ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, now=NOW,
                         config=AssemblyConfig(format="text"))
     assert [m.role for m in to_messages(text_ctx)] == ["user"]

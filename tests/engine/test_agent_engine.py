@@ -7,8 +7,8 @@ import json
 import random
 from datetime import UTC, datetime, timedelta
 
-from contextmode.agent_turn import AgentRequest, ToolResult
 from contextmode.assembly.agent import as_sentence
+from contextmode.engine.agent import AgentRequest, ToolResult
 from contextmode.memory.recall import Recaller
 from contextmode.store.memory import MemoryStore
 from contextmode.testing.models import FunctionModel

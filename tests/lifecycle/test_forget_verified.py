@@ -83,7 +83,7 @@ def _strings_in(root: object) -> set[str]:
 
 
 def _cache_text(engine: Engine) -> str:
-    roots = [engine.recaller, engine._uncommitted, engine.jobs]
+    roots = [engine.recaller, engine.pending_summaries, engine.jobs]
     return "\n".join(_strings_in(roots))
 
 

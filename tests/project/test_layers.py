@@ -12,7 +12,7 @@ The order, lowest first (see docs/architecture.md):
 5. ``store``: persistence, with the kept trace records (``store.records``);
 6. ``memory``: strategies and recall (recall reads the store's postings);
 7. ``assembly``: the context window;
-8. ``jobs``, ``engine``, ``agent_turn``, ``lifecycle``: the turn;
+8. ``jobs``, ``engine``, ``lifecycle``: the turn;
 9. ``api``, ``service``, ``cli``, ``evaluation``, ``testing``, ``integrations``: the edges.
 
 The graph is grimp's (the import-graph library behind import-linter): every import statement
@@ -41,20 +41,11 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"store"}),
     frozenset({"memory"}),
     frozenset({"assembly"}),
-    frozenset({"jobs", "engine", "agent_turn", "lifecycle"}),
+    frozenset({"jobs", "engine", "lifecycle"}),
     frozenset({"api", "service", "cli", "evaluation", "testing", "integrations", "__main__"}),
 )
 
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({
-        "contextmode.agent_turn", "contextmode.engine", "contextmode.engine.core",
-        "contextmode.engine.persist", "contextmode.engine.prepare", "contextmode.engine.schedule",
-        "contextmode.engine.stream",
-    }): "engine steps import `Engine` and reach into it; agent_turn.py imports engine/core.py, "
-        "which imports it back (issue 34's engine half: steps take a typed context)",
-    frozenset({"contextmode.service.openai_tools", "contextmode.service.routes_openai"}):
-        "routes_openai.py and openai_tools.py import each other's private names (issue 34's engine half)",
-}
+KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 """Circles being removed elsewhere, each with why. A circle of any other modules fails; one of
 these (or of a part of one) is reported as an expected failure, by name, until it is gone."""
 

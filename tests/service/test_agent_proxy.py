@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from contextmode.agent_turn import AgentRequest, ToolResult
+from contextmode.engine.agent import AgentRequest, ToolResult
 from contextmode.models.openai import OpenAIChatModel
 from contextmode.service import create_app
 from contextmode.testing.agents import wire_pairing_errors

@@ -326,4 +326,5 @@ def as_sentence(turn: Turn) -> Turn:
     a summary says what was called and what came back, never raw JSON); others unchanged."""
     if turn.role != "tool" and not turn.tool_calls:
         return turn
-    return replace(turn, content=tool_sentence(turn, zh=is_chinese(turn.content[:200])), metadata={})
+    return replace(turn, content=tool_sentence(turn, zh=is_chinese(turn.content[:200])), metadata={}, tool_calls=(),
+                   tool_call_id=None, tool_name=None)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal, overload
 
-from ..agent_turn import AgentRequest
 from ..assembly import AssemblyConfig
 from ..jobs import JobQueue, JobRunner, JobSettings
 from ..memory.budget import Budget
@@ -36,21 +35,21 @@ from ..store.base import (
     StoreAbility,
     TraceRecords,
     keeps_traces,
-    let_go,
     load_trace,
-    one_connection,
 )
 from ..store.records import TurnTrace
 from ..text.pii import require_pii_libraries
 from ..tokens.base import TokenCounter
-from ..types import NewTurn, SessionKey, SessionState, Summary, Turn
-from .persist import TraceWrites, record_turn
+from ..types import NewTurn, SessionKey, SessionState, Turn
+from .agent import AgentRequest, stream_agent_turn
+from .parts import PendingSummaries, TurnParts
+from .persist import record_turn
 from .prepare import load_state, prepare_turn
-from .privacy import keepable
 from .request import USE_DEFAULT, PreparedTurn, TurnEvent, TurnRequest, TurnResult, UseDefault
 from .schedule import schedule_jobs, summarize_now
-from .seams import Processors, Recaller, caches_sessions, safe_with_shared_connection
+from .seams import Processors, Recaller, caches_sessions
 from .stream import stream_turn
+from .writes import TraceWrites
 
 __all__ = ["Engine"]
 
@@ -80,9 +79,8 @@ class Engine:
         self.recaller = recaller
         self.system_prompt = system_prompt
         """The default system prompt; a `TurnRequest` may set its own."""
-        self._uncommitted: dict[tuple[str, str], tuple[int, int, datetime | None, Summary]] = {}
-        """Summaries computed but not committed, by session: (expected version, first seq,
-        session creation time, summary)."""
+        self.pending_summaries = PendingSummaries()
+        """Summaries computed but not committed, by session (a cut-off job's retry commits them)."""
         self.jobs: JobQueue = jobs or JobRunner(
             store, replace(JobSettings.from_env(), attempts=self.settings.job_attempts)
         )
@@ -144,41 +142,47 @@ class Engine:
     def one_connection(self) -> AbstractAsyncContextManager[None]:
         """A scope in which this task's store calls share one pooled connection, taken at the
         first statement (`store.base.SharesConnection`; a store without one: nothing)."""
-        return one_connection(self.store)
+        return self.parts().one_connection()
 
     async def let_go(self) -> None:
         """Hand this task's shared store connection back to the pool (a model is about to work)."""
-        await let_go(self.store)
+        await self.parts().let_go()
 
     async def let_go_before(self, collaborator: object) -> None:
         """`let_go` unless ``collaborator``, about to run, is `SafeWithSharedConnection` (it calls
         no model: the offline processors, the BM25 recaller)."""
-        if not safe_with_shared_connection(collaborator):
-            await let_go(self.store)
+        await self.parts().let_go_before(collaborator)
+
+    # -- what one turn works with -------------------------------------------
+
+    def parts(self) -> TurnParts:
+        """The collaborators a turn or a job works with, as they are now (`engine.parts`):
+        taken once at the start of each, so a collaborator swapped meanwhile serves the next."""
+        return TurnParts(
+            store=self.store, model=self.model, counter=self.counter, processors=self.processors,
+            settings=self.settings, recaller=self.recaller, system_prompt=self.system_prompt, jobs=self.jobs,
+            trace_writes=self.trace_writes, pending_summaries=self.pending_summaries,
+            trace_keeper=self.trace_keeper(),
+        )
 
     # -- preparing -------------------------------------------------------
 
     def budget(self) -> Budget:
         """The token budget of one context."""
-        return Budget(context_window=self.settings.context_window, reply_reserve=self.settings.reply_reserve)
+        return self.parts().budget()
 
     def keepable(self, tenant: str, turns: Sequence[NewTurn]) -> list[NewTurn]:
         """``turns`` as ``tenant``'s store may keep them: personal data masked under
         ``pii="mask"`` (`contextmode.engine.privacy`); every append of the engine goes through here."""
-        return keepable(self.settings.pii_for(tenant), self.counter, turns)
+        return self.parts().keepable(tenant, turns)
 
     def assembly_config(self, system_prompt: str | UseDefault | None = USE_DEFAULT) -> AssemblyConfig:
         """How contexts are assembled; ``system_prompt`` overrides the engine's for one turn."""
-        return AssemblyConfig(
-            order=self.settings.order,
-            locale=self.settings.locale,
-            system_prompt=self.system_prompt if isinstance(system_prompt, UseDefault) else system_prompt,
-            raw_message=self.settings.raw_message,
-        )
+        return self.parts().assembly_config(system_prompt)
 
     async def load(self, tenant: str, session_id: str, strategy: Strategy) -> SessionState:
         """The session state the strategy needs (O(window))."""
-        return await load_state(self, SessionKey(tenant, session_id), strategy)
+        return await load_state(self.parts(), SessionKey(tenant, session_id), strategy)
 
     @overload
     async def prepare(self, request: TurnRequest, /) -> PreparedTurn: ...
@@ -201,7 +205,7 @@ class Engine:
             request = TurnRequest(
                 key=SessionKey(request, session_id or ""), message=message or "", mode=mode, strategy=strategy, now=now
             )
-        return await prepare_turn(self, request)
+        return await prepare_turn(self.parts(), request)
 
     # -- the turn --------------------------------------------------------
 
@@ -211,19 +215,23 @@ class Engine:
         The user turn is stored before the model is called. The answer is
         stored in a ``finally`` shielded from cancellation, marked ``partial``
         when the stream broke or the client went away; a `ModelError` ends the
-        stream with ``Failed`` after the partial answer is safe.
+        stream with ``Failed`` after the partial answer is safe. An agent step
+        (`TurnRequest.agent_step`: tools offered or tool results sent) may also
+        yield ``ToolCallPart`` events, and its ``Done`` carries the tool calls.
         """
-        return answering(stream_turn(self, request))
+        if request.agent_step:
+            return answering(stream_agent_turn(self.parts(), request))
+        return answering(stream_turn(self.parts(), request))
 
     def stream_agent(
         self, key: SessionKey, step: AgentRequest, *, mode: Mode | None = None,
-        metadata: dict[str, Any] | None = None, system_prompt: str | UseDefault | None = USE_DEFAULT,
+        metadata: Mapping[str, Any] | None = None, system_prompt: str | UseDefault | None = USE_DEFAULT,
     ) -> AsyncIterator[TurnEvent]:
         """One step of an agent loop (a user message or tool results in, text or tool calls
-        out), streamed like `stream`; see `contextmode.agent_turn`."""
-        from ..agent_turn import stream_agent_turn
-
-        return answering(stream_agent_turn(self, key, step, mode=mode, metadata=metadata, system_prompt=system_prompt))
+        out), streamed like `stream`: ``step`` as a `TurnRequest` (`AgentRequest.request`),
+        run as an agent step even when it offers no tools (`contextmode.engine.agent`)."""
+        request = step.request(key, mode=mode, metadata=metadata, system_prompt=system_prompt)
+        return answering(stream_agent_turn(self.parts(), request))
 
     @overload
     async def turn(self, request: TurnRequest, /) -> TurnResult: ...
@@ -266,16 +274,17 @@ class Engine:
         same background jobs a live turn would. ``created_at`` dates an imported turn
         (default: now). The turn is numbered by exchange like a live one."""
         key = SessionKey(tenant, session_id)
-        turn = await record_turn(self, key, role, content, metadata=metadata, created_at=created_at, user_id=user_id)
+        parts = self.parts()
+        turn = await record_turn(parts, key, role, content, metadata=metadata, created_at=created_at, user_id=user_id)
         if role == "user":
-            schedule_jobs(self, key, turn, None)
+            schedule_jobs(parts, key, turn, None)
         return turn
 
     # -- what this process holds -------------------------------------------
 
     def cached_sessions(self) -> set[tuple[str, str]]:
         """Sessions this process holds anything of in memory (recall index, pending summary, jobs)."""
-        held = {key for key in self._uncommitted}
+        held = self.pending_summaries.sessions()
         if caches_sessions(self.recaller):
             held.update(self.recaller.cached_sessions())
         held.update(self.jobs.sessions())
@@ -293,7 +302,7 @@ class Engine:
         return {
             "recall_cache": dropped_index,
             "pending_jobs": self.jobs.cancel(tenant, session_id),
-            "summary_cache": int(self._uncommitted.pop((tenant, session_id), None) is not None),
+            "summary_cache": int(self.pending_summaries.forget(tenant, session_id)),
         }
 
     # -- kept traces -------------------------------------------------------
@@ -321,19 +330,7 @@ class Engine:
 
         Read at every turn (collaborators can be swapped on a live engine); cheap.
         """
-        from .._version import __version__
-
-        p = self.processors
-        seams: dict[str, object] = {
-            "detector": p.detector, "rewriter": p.rewriter, "summarizer": p.summarizer,
-            "extractor": p.extractor, "emotion": p.emotion, "counter": self.counter,
-            "recaller": self.recaller,
-        }
-        return {
-            name: f"{type(obj).__name__} {getattr(obj, 'version', None) or __version__}"
-            for name, obj in seams.items()
-            if obj is not None
-        }
+        return self.parts().processor_versions()
 
     # -- background work -------------------------------------------------
 
@@ -350,7 +347,7 @@ class Engine:
         (`WindowedSummarizer`, the LLM one) is given the turns in chunks that fit
         ``settings.context_window``, each committed before the next.
         """
-        return await summarize_now(self, SessionKey(tenant, session_id), force=force, upto=upto)
+        return await summarize_now(self.parts(), SessionKey(tenant, session_id), force=force, upto=upto)
 
     async def drain(self) -> None:
         """Wait for every pending trace write and scheduled background job (tests, shutdown)."""

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from ..assembly import Context, CurrentTurn, assemble, cut_to_tokens, to_messages
 from ..errors import MessageTooLarge, NoPreviousAnswer
@@ -24,11 +24,9 @@ from ..text.dates import named_day
 from ..text.lang import is_chinese
 from ..types import SessionKey, SessionState, Turn, utc_now
 from .followup import TEMPLATE_INTENTS, answered_before, follow_up_context
+from .parts import TurnParts
 from .request import PreparedTurn, TurnRequest
 from .seams import recall_limit
-
-if TYPE_CHECKING:
-    from .core import Engine
 
 __all__ = ["load_state", "prepare_turn"]
 
@@ -48,31 +46,31 @@ class _Rewritten:
         return r.text if r is not None and r.changed and r.verified else None
 
 
-async def load_state(engine: Engine, key: SessionKey, strategy: Strategy) -> SessionState:
+async def load_state(parts: TurnParts, key: SessionKey, strategy: Strategy) -> SessionState:
     """The session state the strategy needs (O(window)); two turns more than its window, so the
     window can reach back to the question its oldest answer replies to."""
-    return await engine.store.load(
+    return await parts.store.load(
         key.tenant, key.session_id, recent=strategy.recent_turns + 2, key_moments=strategy.key_moment_limit
     )
 
 
-async def prepare_turn(engine: Engine, request: TurnRequest) -> PreparedTurn:
+async def prepare_turn(parts: TurnParts, request: TurnRequest) -> PreparedTurn:
     """Load, detect, rewrite and assemble, without writing anything or calling the answer model.
 
     The store calls share one pooled connection (`Engine.one_connection`; the caller's scope
     when it has one), handed back before a processor or recaller that may call a model runs."""
-    async with engine.one_connection():
-        return await _prepare(engine, request)
+    async with parts.one_connection():
+        return await _prepare(parts, request)
 
 
-async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
+async def _prepare(parts: TurnParts, request: TurnRequest) -> PreparedTurn:
     started = time.perf_counter()
-    message = request.message
-    mode: Mode = request.mode or engine.settings.mode
-    chosen = get_strategy(request.strategy or engine.settings.strategy)
+    message = request.text()
+    mode: Mode = request.mode or parts.settings.mode
+    chosen = get_strategy(request.strategy or parts.settings.strategy)
     # Engine notices (the offline responder's text) describe a request instead of
     # answering it: they never feed memory, the rewrite or the model's history.
-    raw = await load_state(engine, request.key, chosen)
+    raw = await load_state(parts, request.key, chosen)
     retried = unanswered_repeat(raw.turns, request)
     if retried is not None:  # a retry of a failed request: its stored turn is this turn's
         raw = replace(raw, turns=raw.turns[:-1])
@@ -81,25 +79,25 @@ async def _prepare(engine: Engine, request: TurnRequest) -> PreparedTurn:
     history = [t for t in state.turns if t.role != "tool"]
     detection = Detection(needs_context=False)
     if history:
-        await engine.let_go_before(engine.detector)
-        detection = await engine.detector.detect(message, history)
+        await parts.let_go_before(parts.processors.detector)
+        detection = await parts.processors.detector.detect(message, history)
     if detection.intent in TEMPLATE_INTENTS:
-        step = _template_step(engine, raw, state, message, detection)
+        step = _template_step(parts, raw, state, message, detection)
     else:
-        step = await _rewrite_step(engine, state, message, detection, chosen)
+        step = await _rewrite_step(parts, state, message, detection, chosen)
     current = step.current
     if mode == "decoupled" and step.verified_text is not None:
         current = step.verified_text
     # A template quotes the last answer whole: recall looks for what it is about, not for the
     # template's own words.
     query = f"{message}\n{step.quotes.content}" if step.quotes is not None else step.verified_text or current
-    state = await _recall_step(engine, state, query, chosen)
+    state = await _recall_step(parts, state, query, chosen)
     if recall_limit(chosen):
-        state = await _dated_step(engine, request.key, state, message, request.now or utc_now())
-    context = _assemble_step(engine, request, state, current, step, mode, chosen)
+        state = await _dated_step(parts, request.key, state, message, request.now or utc_now())
+    context = _assemble_step(parts, request, state, current, step, mode, chosen)
     if mode != "decoupled" and recall_limit(chosen) and _idle(context, state):
-        state = await _load_more(engine, request.key, state, context, chosen)
-        context = _assemble_step(engine, request, state, current, step, mode, chosen)
+        state = await _load_more(parts, request.key, state, context, chosen)
+        context = _assemble_step(parts, request, state, current, step, mode, chosen)
     return PreparedTurn(
         state=state,
         detection=detection,
@@ -127,15 +125,15 @@ def unanswered_repeat(turns: Sequence[Turn], request: TurnRequest) -> Turn | Non
 
 
 async def _rewrite_step(
-    engine: Engine, state: SessionState, message: str, detection: Detection, strategy: Strategy
+    parts: TurnParts, state: SessionState, message: str, detection: Detection, strategy: Strategy
 ) -> _Rewritten:
     """The rewriter's output goes through the verifier (a rewrite is a hint until it accepts it)."""
-    if not (detection.needs_context and engine.settings.rewrite and state.turns):
+    if not (detection.needs_context and parts.settings.rewrite and state.turns):
         return _Rewritten(current=message, rewrite=None, rejected=None)
     recent = [t for t in state.turns if t.role != "tool"][-max(strategy.recent_turns, 4):]
     summary = state.summary.text if state.summary else None
-    await engine.let_go_before(engine.rewriter)
-    rewrite, rejected = await verified(engine.rewriter, message, recent, summary=summary)
+    await parts.let_go_before(parts.processors.rewriter)
+    rewrite, rejected = await verified(parts.processors.rewriter, message, recent, summary=summary)
     return _Rewritten(current=message, rewrite=rewrite, rejected=rejected)
 
 
@@ -148,27 +146,27 @@ def _answer_turn(state: SessionState) -> Turn | None:
 
 
 def _template_step(
-    engine: Engine, raw: SessionState, state: SessionState, message: str, detection: Detection
+    parts: TurnParts, raw: SessionState, state: SessionState, message: str, detection: Detection
 ) -> _Rewritten:
     """A follow-up intent answered by its template over the last real exchange (the
     conversation for a summary; `followup.py`). Refused (`NoPreviousAnswer`) only while
     nothing in the session was ever answered."""
     intent = cast("IntentKind", detection.intent)
-    locale = engine.settings.locale
+    locale = parts.settings.locale
     lang = locale if locale != "auto" else ("zh" if is_chinese(message) else "en")
     source = follow_up_context(state, intent, lang) if answered_before(raw) else None
     if source is None:
         raise NoPreviousAnswer(intent)
     quotes = _answer_turn(state) if source == state.last_answer else None
-    return _Rewritten(current=_follow_up_prompt(engine, intent, source, message, lang), rewrite=None, rejected=None,
+    return _Rewritten(current=_follow_up_prompt(parts, intent, source, message, lang), rewrite=None, rejected=None,
                       quotes=quotes)
 
 
-def _follow_up_prompt(engine: Engine, intent: IntentKind, source: str, message: str, lang: str) -> str:
+def _follow_up_prompt(parts: TurnParts, intent: IntentKind, source: str, message: str, lang: str) -> str:
     # Keep the template inside half the input budget: the last answer may be long
     # (its end is kept: for a conversation, the newest turns).
-    limit = engine.budget().input_tokens // 2
-    count = engine.counter.count
+    limit = parts.budget().input_tokens // 2
+    count = parts.counter.count
     prompt = build_follow_up_prompt(intent, source, message, locale=lang)
     if count(prompt) > limit:
         head = count(prompt) - count(source)
@@ -177,14 +175,14 @@ def _follow_up_prompt(engine: Engine, intent: IntentKind, source: str, message: 
     return prompt
 
 
-async def _recall_step(engine: Engine, state: SessionState, query: str, strategy: Strategy) -> SessionState:
+async def _recall_step(parts: TurnParts, state: SessionState, query: str, strategy: Strategy) -> SessionState:
     """``state`` with the older turns the recaller finds for ``query`` (strategies with a recall layer)."""
     limit = recall_limit(strategy)
-    if engine.recaller is None or not limit:
+    if parts.recaller is None or not limit:
         return state
-    await engine.let_go_before(engine.recaller)
-    recalled = await engine.recaller.recall(
-        engine.store, state, query, limit=limit, recent_turns=strategy.recent_turns
+    await parts.let_go_before(parts.recaller)
+    recalled = await parts.recaller.recall(
+        parts.store, state, query, limit=limit, recent_turns=strategy.recent_turns
     )
     return replace(state, recalled=tuple(t for t in recalled if not t.notice))
 
@@ -193,7 +191,7 @@ _DAY_TURNS = 64
 """At most this many turns of a day a question names come first in recall."""
 
 
-async def _dated_step(engine: Engine, key: SessionKey, state: SessionState, message: str, now: datetime) -> SessionState:
+async def _dated_step(parts: TurnParts, key: SessionKey, state: SessionState, message: str, now: datetime) -> SessionState:
     """A question that names a day ("我5月2日的心情怎么样？", "What did I say last Tuesday?")
     recalls that day's turns first, whatever words they use (`text.dates.named_day`, read
     against the question's time). The day is found by a binary search over the log's dates:
@@ -209,14 +207,14 @@ async def _dated_step(engine: Engine, key: SessionKey, state: SessionState, mess
     lo, hi = 1, state.last_seq + 1
     while lo < hi:
         mid = (lo + hi) // 2
-        probe = await engine.store.turns(key.tenant, key.session_id, from_seq=mid, to_seq=mid)
+        probe = await parts.store.turns(key.tenant, key.session_id, from_seq=mid, to_seq=mid)
         if not probe or on_or_after(probe[0]):
             hi = mid
         else:
             lo = mid + 1
     if lo > state.last_seq:
         return state
-    found = await engine.store.turns(key.tenant, key.session_id, from_seq=lo, to_seq=min(state.last_seq, lo + _DAY_TURNS - 1))
+    found = await parts.store.turns(key.tenant, key.session_id, from_seq=lo, to_seq=min(state.last_seq, lo + _DAY_TURNS - 1))
     days = [t for t in found if t.created_at.astimezone(zone).date() == day and not t.notice and t.role != "tool"]
     if not days:
         return state
@@ -230,10 +228,10 @@ async def _dated_step(engine: Engine, key: SessionKey, state: SessionState, mess
 
 
 def _assemble_step(
-    engine: Engine, request: TurnRequest, state: SessionState, current: str, step: _Rewritten, mode: Mode,
+    parts: TurnParts, request: TurnRequest, state: SessionState, current: str, step: _Rewritten, mode: Mode,
     strategy: Strategy,
 ) -> Context:
-    message = request.message
+    message = request.text()
     assembled = state
     if mode == "decoupled":
         # Decoupled mode: memory only feeds the rewrite; the answer sees the standalone
@@ -246,8 +244,8 @@ def _assemble_step(
         hint=step.verified_text if mode != "decoupled" and current == message else None,
         quotes=step.quotes.seq if step.quotes is not None and current != message else None,
     )
-    build = partial(assemble, assembled, message, counter=engine.counter, strategy=strategy,
-                    budget=engine.budget(), config=engine.assembly_config(request.system_prompt), now=request.now)
+    build = partial(assemble, assembled, message, counter=parts.counter, strategy=strategy,
+                    budget=parts.budget(), config=parts.assembly_config(request.system_prompt), now=request.now)
     try:
         return build(current=rewritten)
     except MessageTooLarge:
@@ -269,14 +267,14 @@ def _idle(context: Context, state: SessionState) -> bool:
 
 
 async def _load_more(
-    engine: Engine, key: SessionKey, state: SessionState, context: Context, strategy: Strategy
+    parts: TurnParts, key: SessionKey, state: SessionState, context: Context, strategy: Strategy
 ) -> SessionState:
     """``state`` with older turns loaded for the budget an assembly left unused (the recent
     window grows back over them, or they come as recall lines; `MemoryPlan.backfill`). At most
     one turn per four idle tokens: the read stays bounded by the budget, not the history."""
     idle = context.input_budget - context.total_tokens
     wanted = len(state.turns) + idle // 4 + _IDLE_TOKENS
-    more = await engine.store.load(key.tenant, key.session_id, recent=max(wanted, strategy.recent_turns),
+    more = await parts.store.load(key.tenant, key.session_id, recent=max(wanted, strategy.recent_turns),
                                    max_uncovered=wanted)
     last = state.turns[-1].seq  # nothing newer than what the turn loaded (a retried message is this turn's)
     return replace(state, turns=tuple(t for t in without_notices(more).turns if t.seq <= last))

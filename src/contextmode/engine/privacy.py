@@ -22,45 +22,32 @@ from ..settings import PiiPolicy
 from ..store.records import TurnTrace, trace_from_json, trace_to_dict
 from ..text.pii import JsonValue, PiiKind, mask_json, mask_pii
 from ..tokens.base import TokenCounter
-from ..types import NewTurn, Turn
+from ..types import TOOL_KEYS, NewTurn, ToolCall, Turn
 
 __all__ = ["PII_COUNT_KEY", "keepable", "keepable_trace", "masked_counts"]
 
 PII_COUNT_KEY = "pii_masked"
 """Metadata key of a masked turn: how many values of each kind were masked."""
 
-_AGENT_KEYS = frozenset({"tool_calls", "tool_call_id", "tool_name"})
-
-
-def _masked_calls(calls: object, counts: Counter[PiiKind]) -> object:
+def _masked_calls(calls: Sequence[ToolCall], counts: Counter[PiiKind]) -> tuple[ToolCall, ...]:
     """Tool calls with their arguments masked as JSON (they stay valid JSON)."""
-    if not isinstance(calls, list):
-        return calls
-    out: list[object] = []
+    out: list[ToolCall] = []
     for call in calls:
-        if isinstance(call, dict) and isinstance(call.get("arguments"), str):
-            try:
-                args: JsonValue = json.loads(call["arguments"])
-            except ValueError:
-                masked_text = mask_pii(call["arguments"])
-                counts.update(masked_text.counts)
-                call = {**call, "arguments": masked_text.text}
-            else:
-                call = {**call, "arguments": json.dumps(mask_json(args, counts), ensure_ascii=False)}
-        out.append(call)
-    return out
+        try:
+            args: JsonValue = json.loads(call.arguments)
+        except ValueError:
+            masked_text = mask_pii(call.arguments)
+            counts.update(masked_text.counts)
+            out.append(replace(call, arguments=masked_text.text))
+        else:
+            out.append(replace(call, arguments=json.dumps(mask_json(args, counts), ensure_ascii=False)))
+    return tuple(out)
 
 
 def _masked_metadata(metadata: Mapping[str, Any], counts: Counter[PiiKind]) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for key, value in metadata.items():
-        if key == "tool_calls":
-            meta[key] = _masked_calls(value, counts)
-        elif key in _AGENT_KEYS:
-            meta[key] = value
-        else:
-            meta[key] = mask_json(value, counts)
-    return meta
+    """The extras masked; the agent fields' stored form is left out (written again from the
+    typed fields, `types.tool_metadata`)."""
+    return {key: mask_json(value, counts) for key, value in metadata.items() if key not in TOOL_KEYS}
 
 
 def _masked_turn(turn: NewTurn, counter: TokenCounter) -> NewTurn:
@@ -68,13 +55,14 @@ def _masked_turn(turn: NewTurn, counter: TokenCounter) -> NewTurn:
     content = mask_pii(turn.content)
     counts.update(content.counts)
     meta = _masked_metadata(turn.metadata, counts)
+    calls = _masked_calls(turn.tool_calls, counts)
     if not counts:
         return turn
     meta[PII_COUNT_KEY] = dict(counts)
     tokens = turn.tokens
     if content.text != turn.content:
         tokens = max(0, tokens - counter.count(turn.content) + counter.count(content.text))
-    return replace(turn, content=content.text, tokens=tokens, metadata=meta)
+    return replace(turn, content=content.text, tokens=tokens, metadata=meta, tool_calls=calls)
 
 
 def keepable(policy: PiiPolicy, counter: TokenCounter, turns: Sequence[NewTurn]) -> list[NewTurn]:

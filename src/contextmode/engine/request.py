@@ -19,9 +19,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ..assembly import Context
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 from ..memory.strategies import Strategy
-from ..models.base import Relay, ToolCallDelta, UpstreamReply
+from ..models.base import Relay, ToolCallDelta, ToolChoice, ToolSpec, UpstreamReply
 from ..models.caching import ModelUsage
 from ..processors.base import Detection, Rewrite
 from ..settings import Mode
@@ -31,6 +31,7 @@ from ..types import (
     SessionKey,
     SessionState,
     ToolCall,
+    ToolResult,
     Turn,
     require_text,
     validate_id,
@@ -48,6 +49,7 @@ __all__ = [
     "Prepared",
     "PreparedTurn",
     "ToolCallPart",
+    "ToolResult",
     "TurnEvent",
     "TurnRequest",
     "TurnResult",
@@ -67,10 +69,19 @@ USE_DEFAULT: Final = UseDefault.USE_DEFAULT
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TurnRequest:
-    """One user message for one session, with this turn's options; checked when made."""
+    """One turn of one session, with its options; checked when made. The one shape a turn is
+    asked for in (`Engine.stream`, `Engine.turn`, `Engine.prepare`): a user message, or for an
+    agent step (`agent_step`) a user message or the results of the model's last tool calls,
+    with the tools the model may call."""
 
     key: SessionKey
-    message: str
+    message: str | None = None
+    """The user's message; ``None`` only for an agent step that sends tool results alone."""
+    tool_results: Sequence[ToolResult] = ()
+    """Results of the model's last tool calls, in the client's order (an agent step)."""
+    tools: Sequence[ToolSpec] = ()
+    """The tools offered to the model (OpenAI's shape, passed through; an agent step)."""
+    tool_choice: ToolChoice | None = None
     mode: Mode | None = None
     """``None``: the engine's setting."""
     strategy: str | Strategy | None = None
@@ -96,11 +107,29 @@ class TurnRequest:
     a client retrying a failed request stores one user turn. 0: never."""
 
     def __post_init__(self) -> None:
-        require_text(self.message)
+        if self.message is None:
+            if not self.tool_results:
+                raise InputError("a turn needs a user message or tool results")
+        else:
+            require_text(self.message)
         if self.user_id is not None:
             validate_id(self.user_id, "user id")
         object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
         object.__setattr__(self, "images", tuple(self.images))
+        object.__setattr__(self, "tool_results", tuple(self.tool_results))
+        object.__setattr__(self, "tools", tuple(self.tools))
+
+    @property
+    def agent_step(self) -> bool:
+        """True for a step of an agent loop (tools offered, or tool results sent): the model may
+        answer with tool calls (`engine.agent`)."""
+        return bool(self.tools or self.tool_results) or self.message is None
+
+    def text(self) -> str:
+        """The user's message (`InputError` for a step that sends tool results alone)."""
+        if self.message is None:
+            raise InputError("this step sends tool results, not a user message")
+        return self.message
 
     @property
     def tenant(self) -> str:

@@ -2,13 +2,12 @@
 the jobs themselves. They run off the response path, on the engine's `JobQueue`; every model
 call a job makes is a background call (`models.priority.in_background`): on an endpoint with
 few slots, replies go first. A burst of jobs shares one pooled store connection (`JobRunner`),
-handed back before a processor that may call a model runs (`Engine.let_go_before`)."""
+handed back before a processor that may call a model runs (`TurnParts.let_go_before`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from ..assembly.agent import as_sentence
 from ..errors import ConflictError, ContextWindowExceeded
@@ -23,10 +22,8 @@ from ..processors.base import (
 )
 from ..processors.window import usable_tokens
 from ..types import SessionKey, Summary, Turn, utc_now
+from .parts import PendingSummary, TurnParts
 from .request import PreparedTurn
-
-if TYPE_CHECKING:
-    from .core import Engine
 
 __all__ = ["EMOTION_CONTEXT_TURNS", "schedule_jobs", "summarize_now"]
 
@@ -34,30 +31,30 @@ EMOTION_CONTEXT_TURNS = 20
 """Earlier turns a contextual emotion scorer reads (the offline one's context window)."""
 
 
-def schedule_jobs(engine: Engine, key: SessionKey, user_turn: Turn, prepared: PreparedTurn | None) -> list[str]:
+def schedule_jobs(parts: TurnParts, key: SessionKey, user_turn: Turn, prepared: PreparedTurn | None) -> list[str]:
     """Schedule the jobs a new user turn needs; returns their names."""
     tenant, session_id = key.tenant, key.session_id
     jobs = ["emotion", "constraints"]
     earlier = _loaded_before(prepared, user_turn)
-    engine.jobs.schedule(
-        tenant, session_id, "emotion", lambda: in_background(_score_emotion(engine, key, user_turn, earlier))
+    parts.jobs.schedule(
+        tenant, session_id, "emotion", lambda: in_background(_score_emotion(parts, key, user_turn, earlier))
     )
-    engine.jobs.schedule(tenant, session_id, "constraints",
-                         lambda: in_background(_extract_constraints(engine, key, user_turn)))
-    upto = _summary_due(engine, user_turn, prepared)
+    parts.jobs.schedule(tenant, session_id, "constraints",
+                         lambda: in_background(_extract_constraints(parts, key, user_turn)))
+    upto = _summary_due(parts, user_turn, prepared)
     if upto is not None:
         jobs.append("summary")
-        engine.jobs.schedule(
+        parts.jobs.schedule(
             tenant, session_id, "summary",
-            lambda: in_background(summarize_now(engine, key, upto=upto or None)),
+            lambda: in_background(summarize_now(parts, key, upto=upto or None)),
             coalesce=True,
         )
     return jobs
 
 
-def _summary_due(engine: Engine, user_turn: Turn, prepared: PreparedTurn | None) -> int | None:
+def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | None) -> int | None:
     """``None`` when no summary is due; else the last turn it must reach (0: the usual range)."""
-    strategy = get_strategy(engine.settings.strategy)
+    strategy = get_strategy(parts.settings.strategy)
     covered = prepared.state.summary_covers_seq if prepared is not None else 0
     # Turns after this one: the user turn and (usually) the answer. Without a
     # prepared state the job itself re-checks the coverage, so over-scheduling is harmless.
@@ -68,7 +65,7 @@ def _summary_due(engine: Engine, user_turn: Turn, prepared: PreparedTurn | None)
     account = prepared.context.accounts.get("recent") if prepared is not None else None
     dropped = [seq for seq in (account.dropped_seqs if account is not None else ()) if seq > covered]
     upto = max(dropped, default=0)
-    if uncovered_outside_window >= engine.settings.summary_threshold or upto:
+    if uncovered_outside_window >= parts.settings.summary_threshold or upto:
         return upto
     return None
 
@@ -86,30 +83,30 @@ def _loaded_before(prepared: PreparedTurn | None, turn: Turn) -> list[Turn] | No
     return loaded
 
 
-async def _score_emotion(engine: Engine, key: SessionKey, turn: Turn, earlier: list[Turn] | None) -> None:
-    emotion = engine.processors.emotion
+async def _score_emotion(parts: TurnParts, key: SessionKey, turn: Turn, earlier: list[Turn] | None) -> None:
+    emotion = parts.processors.emotion
     if scores_in_context(emotion):
         # The turns just before: the conversation's mood and the speaker's baseline (as the
         # turn loaded them, or read again).
         if earlier is None:
-            earlier = await engine.store.turns(
+            earlier = await parts.store.turns(
                 key.tenant, key.session_id, from_seq=max(1, turn.seq - EMOTION_CONTEXT_TURNS),
                 to_seq=turn.seq - 1,
             )
         prior = [PriorTurn(text=t.content, same_speaker=t.role == turn.role) for t in earlier]
-        await engine.let_go_before(emotion)
+        await parts.let_go_before(emotion)
         score = await emotion.score_in_context(turn.content, prior)
     else:
-        await engine.let_go_before(emotion)
+        await parts.let_go_before(emotion)
         score = await emotion.score(turn.content)
-    await engine.store.set_emotions(key.tenant, key.session_id, {turn.seq: max(0.0, min(1.0, score))})
+    await parts.store.set_emotions(key.tenant, key.session_id, {turn.seq: max(0.0, min(1.0, score))})
 
 
-async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> None:
+async def _extract_constraints(parts: TurnParts, key: SessionKey, turn: Turn) -> None:
     from ..processors.constraints import apply_update
 
-    store = engine.store
-    extractor = engine.processors.extractor
+    store = parts.store
+    extractor = parts.processors.extractor
     # An extractor that can tell without the stored constraints (the offline one, for a
     # turn that retracts nothing) gives the same update for any of them: a turn stating
     # nothing reads none, and a retry of the compare-and-set does not extract again.
@@ -121,7 +118,7 @@ async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> N
         if alone is not None:
             update = alone
         else:
-            await engine.let_go_before(extractor)
+            await parts.let_go_before(extractor)
             update = await extractor.extract(turn, state.constraints)
         if not update.upsert and not update.remove_keys:
             return
@@ -133,7 +130,7 @@ async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> N
     raise ConflictError("constraints kept changing underneath; will retry")
 
 
-async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False, upto: int | None = None) -> bool:
+async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = False, upto: int | None = None) -> bool:
     """Fold the turns outside the recent window into the summary (see `Engine.summarize_now`).
 
     A summariser that must fit a model's window (`WindowedSummarizer`) folds them in chunks
@@ -141,8 +138,8 @@ async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False,
     the next one is asked for: a job cut off half-way keeps what it committed, and its retry
     starts after it."""
     tenant, session_id = key.tenant, key.session_id
-    store = engine.store
-    strategy = get_strategy(engine.settings.strategy)
+    store = parts.store
+    strategy = get_strategy(parts.settings.strategy)
     info = await store.version(tenant, session_id)
     state = await store.load(tenant, session_id, recent=0, max_uncovered=0)
     previous = state.summary
@@ -152,27 +149,28 @@ async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False,
         # Dropped turns reach the model in no form until summarised: any number is due.
         end, force = max(end, min(upto, info.last_seq)), True
     due = end - start + 1
-    if due <= 0 or (due < engine.settings.summary_threshold and not force):
+    if due <= 0 or (due < parts.settings.summary_threshold and not force):
         return False
-    folding = _Folding(engine=engine, key=key, end=end)
+    folding = _Folding(parts=parts, key=key, end=end)
     committed = False
     # An attempt cut off (job timeout) after the summariser answered keeps its result
     # here; the retry commits it instead of paying for the same range twice.
-    uncommitted = engine._uncommitted
+    pending = parts.pending_summaries
     while start <= end:
         expected = previous.version if previous else 0
-        kept = uncommitted.pop((tenant, session_id), None)
-        if kept is not None and kept[:3] == (expected, start, info.created_at):
-            summary: Summary | None = kept[3]
+        kept = pending.take(key)
+        if kept is not None and (kept.expected_version, kept.first_seq, kept.session_created) == (
+            expected, start, info.created_at
+        ):
+            summary: Summary | None = kept.summary
         else:
             summary = await folding.next_summary(previous, start)
         if summary is None:
             return committed
-        if len(uncommitted) >= 1024:
-            uncommitted.clear()
-        uncommitted[(tenant, session_id)] = (expected, start, info.created_at, summary)
+        pending.keep(key, PendingSummary(expected_version=expected, first_seq=start,
+                                         session_created=info.created_at, summary=summary))
         committed = await store.commit_summary(tenant, session_id, summary, expected_version=expected)
-        uncommitted.pop((tenant, session_id), None)
+        pending.take(key)
         if not committed:
             return False
         previous, start = replace(summary, version=expected + 1), summary.covers_seq + 1
@@ -183,43 +181,43 @@ async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False,
 class _Folding:
     """One summary job's walk over its due turns (read once), a chunk per model call."""
 
-    engine: Engine
+    parts: TurnParts
     key: SessionKey
     end: int
     turns: Sequence[Turn] | None = None
 
     async def next_summary(self, previous: Summary | None, start: int) -> Summary | None:
         """``previous`` with the next chunk of turns from ``start`` folded in; ``None``: no turns."""
-        engine = self.engine
+        parts = self.parts
         if self.turns is None:
-            self.turns = await engine.store.turns(self.key.tenant, self.key.session_id, from_seq=start, to_seq=self.end)
+            self.turns = await parts.store.turns(self.key.tenant, self.key.session_id, from_seq=start, to_seq=self.end)
         pending = [t for t in self.turns if t.seq >= start]
         if not pending:
             return None
-        covers, remembered = _next_chunk(engine, previous, pending)
+        covers, remembered = _next_chunk(parts, previous, pending)
         if remembered:
-            await engine.let_go_before(engine.processors.summarizer)
-            text = (await engine.processors.summarizer.summarize(previous, remembered)).text
+            await parts.let_go_before(parts.processors.summarizer)
+            text = (await parts.processors.summarizer.summarize(previous, remembered)).text
         else:
             text = previous.text if previous else ""
-        return Summary(text=text, covers_seq=covers, tokens=engine.counter.count(text), created_at=utc_now())
+        return Summary(text=text, covers_seq=covers, tokens=parts.counter.count(text), created_at=utc_now())
 
 
-def _next_chunk(engine: Engine, previous: Summary | None, pending: Sequence[Turn]) -> tuple[int, list[Turn]]:
+def _next_chunk(parts: TurnParts, previous: Summary | None, pending: Sequence[Turn]) -> tuple[int, list[Turn]]:
     """The last turn the next summary covers and the turns its call is given: all of ``pending``,
     or for a `WindowedSummarizer` the most that fit the window (at least one, cut to fit).
 
     Engine notices are never summarised; the summary still covers their seqs. Tool calls
     and results are summarised as sentences, never raw JSON."""
     remembered = [as_sentence(t) for t in pending if not t.notice]
-    summarizer = engine.processors.summarizer
+    summarizer = parts.processors.summarizer
     if not remembered or not fits_a_window(summarizer):
         return pending[-1].seq, remembered
-    limit = usable_tokens(engine.settings.context_window)
+    limit = usable_tokens(parts.settings.context_window)
 
     def cost(turns: Sequence[Turn]) -> int:
         # None: no window to fit after all (an `AuditedSummarizer` around the offline one)
-        return summarizer.call_tokens(previous, turns, engine.counter) or 0
+        return summarizer.call_tokens(previous, turns, parts.counter) or 0
 
     if cost(remembered) <= limit:
         return pending[-1].seq, remembered
@@ -228,11 +226,11 @@ def _next_chunk(engine: Engine, previous: Summary | None, pending: Sequence[Turn
         mid = (low + high + 1) // 2
         low, high = (mid, high) if cost(remembered[:mid]) <= limit else (low, mid - 1)
     if low == 0:
-        return remembered[0].seq, [_cut_to_fit(engine, remembered[0], cost, limit)]
+        return remembered[0].seq, [_cut_to_fit(parts, remembered[0], cost, limit)]
     return remembered[low - 1].seq, remembered[:low]
 
 
-def _cut_to_fit(engine: Engine, turn: Turn, cost: Callable[[Sequence[Turn]], int], limit: int) -> Turn:
+def _cut_to_fit(parts: TurnParts, turn: Turn, cost: Callable[[Sequence[Turn]], int], limit: int) -> Turn:
     """``turn`` with its text cut (the start kept, "…" marking the cut) so one call fits ``limit``."""
     def cut(chars: int) -> Turn:
         return replace(turn, content=turn.content[:chars].rstrip() + "…")
@@ -240,7 +238,7 @@ def _cut_to_fit(engine: Engine, turn: Turn, cost: Callable[[Sequence[Turn]], int
     if cost([cut(0)]) > limit:
         raise ContextWindowExceeded(
             f"the summary call takes {cost([cut(0)])} tokens (its max_tokens included) with no turn in it, "
-            f"more than the {limit} usable of the {engine.settings.context_window}-token context window: "
+            f"more than the {limit} usable of the {parts.settings.context_window}-token context window: "
             "raise CONTEXTMODE_CONTEXT_WINDOW or lower CONTEXTMODE_LLM_SUMMARY_MAX_TOKENS"
         )
     low, high = 0, len(turn.content)

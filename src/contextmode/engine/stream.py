@@ -14,12 +14,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import ModelError
 from ..models.base import UpstreamReply, relays
 from ..models.caching import ModelUsage, cache_session, collect_usage, usage_from
 from ..types import Turn
+from .parts import TurnParts
 from .persist import Answer, store_answer, store_user_turn
 from .prepare import prepare_turn
 from .request import (
@@ -35,23 +35,20 @@ from .request import (
 )
 from .schedule import schedule_jobs
 
-if TYPE_CHECKING:
-    from .core import Engine
-
 __all__ = ["Ending", "stream_turn"]
 
 log = logging.getLogger("contextmode.turn")
 
 
-async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[TurnEvent]:
+async def stream_turn(parts: TurnParts, request: TurnRequest) -> AsyncIterator[TurnEvent]:
     """`Engine.stream`: ``Prepared``, then ``Delta`` events, then ``Done`` (or ``Failed``)."""
     started = time.perf_counter()
     # Loading, recalling and storing the user turn share one pooled store connection (with the
     # service's turn lock: its scope), handed back before the model answers.
-    async with engine.one_connection():
-        prepared = await prepare_turn(engine, request)
-        user_turn = await store_user_turn(engine, request, prepared)
-        await engine.let_go()
+    async with parts.one_connection():
+        prepared = await prepare_turn(parts, request)
+        user_turn = await store_user_turn(parts, request, prepared)
+        await parts.let_go()
     pieces: list[str] = []
     ttft: float | None = None
     error: ModelError | None = None
@@ -65,7 +62,7 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
         yield Prepared(prepared=prepared)
         # The model call carries the session's prompt-cache hints, and reports its usage here.
         with cache_session(request.key.tenant, request.key.session_id), collect_usage() as reported:
-            async for event in _answer(engine, request, prepared, ending):
+            async for event in _answer(parts, request, prepared, ending):
                 if event.kind == "delta":
                     if ttft is None:
                         ttft = (time.perf_counter() - started) * 1000
@@ -80,8 +77,8 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
             model_ms=(time.perf_counter() - model_started) * 1000,
             usage=usage_from(ending.usage) if ending.usage is not None else (reported[-1] if reported else None),
         )
-        assistant_turn = await asyncio.shield(store_answer(engine, request.key, user_turn, answer, prepared))
-        jobs = schedule_jobs(engine, request.key, user_turn, prepared)
+        assistant_turn = await asyncio.shield(store_answer(parts, request.key, user_turn, answer, prepared))
+        jobs = schedule_jobs(parts, request.key, user_turn, prepared)
         _log_turn(prepared, user_turn, answer, jobs)
     if error is not None:
         yield Failed(error=error, partial_answer=answer.text, prepared=prepared)
@@ -129,17 +126,17 @@ class Ending:
 
 
 async def _answer(
-    engine: Engine, request: TurnRequest, prepared: PreparedTurn, ending: Ending
+    parts: TurnParts, request: TurnRequest, prepared: PreparedTurn, ending: Ending
 ) -> AsyncIterator[Delta | Upstream]:
     """The model's answer as ``Delta`` events; for a relayed request (`TurnRequest.relay`, a model
     that `relays`) the endpoint's own replies too, as ``Upstream`` events, each before its text,
     the reply capped at what the context window leaves."""
-    model, relay = engine.model, request.relay
+    model, relay = parts.model, request.relay
     if relay is None or not relays(model):
         async for delta in model.stream(prepared.messages):
             yield Delta(text=delta)
         return
-    left = max(1, engine.settings.context_window - prepared.context.total_tokens)
+    left = max(1, parts.settings.context_window - prepared.context.total_tokens)
     async for event in model.relay(prepared.messages, relay, max_tokens=left):
         if event.kind == "upstream":
             if not event.accepted_only:

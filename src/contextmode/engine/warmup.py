@@ -11,22 +11,31 @@ writes nothing.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..processors.base import calls_no_model
+from ..tokens.base import TokenCounter
 from ..types import Turn, utc_now
+from .seams import Processors
 
-if TYPE_CHECKING:
-    from .core import Engine
+__all__ = ["Warmable", "warm_up"]
 
-__all__ = ["warm_up"]
+
+class Warmable(Protocol):
+    """What warming up runs: the processors and the token counter (an `Engine`, a `TurnParts`)."""
+
+    @property
+    def processors(self) -> Processors: ...
+
+    @property
+    def counter(self) -> TokenCounter: ...
 
 _SAMPLE_USER = "我不吃辣，预算五十元以内，对花生过敏！I live in Boston and my budget is $20."
 _SAMPLE_ANSWER = "好的，推荐西湖边的那家店。The one by the lake is quiet."
 _SAMPLE_MESSAGE = "那家店在哪里？举个例子。Where is it?"
 
 
-async def warm_up(engine: Engine) -> float:
+async def warm_up(engine: Warmable) -> float:
     """Run the engine's model-free processors, its token counter and the recall text
     analysis once on a sample exchange; the time it took, milliseconds."""
     from ..text.index_terms import analyze
@@ -40,12 +49,12 @@ async def warm_up(engine: Engine) -> float:
     for text in (_SAMPLE_USER, _SAMPLE_ANSWER, _SAMPLE_MESSAGE):
         engine.counter.count(text)
         analyze(text)
-    if calls_no_model(engine.detector):
-        await engine.detector.detect(_SAMPLE_MESSAGE, history)
-    if calls_no_model(engine.rewriter):
-        await engine.rewriter.rewrite(_SAMPLE_MESSAGE, history)
-    if calls_no_model(engine.extractor):
-        await engine.extractor.extract(history[0], ())
-    if calls_no_model(engine.emotion):
-        await engine.emotion.score(_SAMPLE_USER)
+    if calls_no_model(engine.processors.detector):
+        await engine.processors.detector.detect(_SAMPLE_MESSAGE, history)
+    if calls_no_model(engine.processors.rewriter):
+        await engine.processors.rewriter.rewrite(_SAMPLE_MESSAGE, history)
+    if calls_no_model(engine.processors.extractor):
+        await engine.processors.extractor.extract(history[0], ())
+    if calls_no_model(engine.processors.emotion):
+        await engine.processors.emotion.score(_SAMPLE_USER)
     return (time.perf_counter() - started) * 1000

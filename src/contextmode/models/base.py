@@ -19,6 +19,7 @@ __all__ = [
     "ClosingModel",
     "JsonSchema",
     "ModelEvent",
+    "NoticeModel",
     "Relay",
     "RelayingModel",
     "StructuredChatModel",
@@ -29,6 +30,7 @@ __all__ = [
     "ToolSpec",
     "UpstreamReply",
     "answers_to_schema",
+    "answers_with_notices",
     "calls_tools",
     "closes",
     "relays",
@@ -143,6 +145,27 @@ class ClosingModel(Protocol):
 def closes(model: object) -> TypeGuard[ClosingModel]:
     """True when ``model`` has an HTTP client (or other resources) to close."""
     return implements(model, ClosingModel)
+
+
+@runtime_checkable
+class NoticeModel(ChatModel, Protocol):
+    """A model whose answers describe the request instead of answering it (`OfflineResponder`,
+    the answer when no model is configured): the engine stores them as engine notices, shown
+    to the user and never remembered."""
+
+    @property
+    def answers_are_notices(self) -> bool:
+        """True when every answer is a notice (a wrapper may say False)."""
+        ...
+
+
+def answers_with_notices(model: ChatModel) -> bool:
+    """True when ``model``'s answers are engine notices, not answers (`NoticeModel`)."""
+    return _notices(model) and model.answers_are_notices
+
+
+def _notices(model: ChatModel) -> TypeGuard[NoticeModel]:
+    return implements(model, NoticeModel)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,6 +27,9 @@ def _preview(text: str, limit: int) -> str:
 class OfflineResponder:
     """A `ChatModel` that needs no model: it describes the request instead of answering it."""
 
+    answers_are_notices = True
+    """Its answers are engine notices (`models.base.NoticeModel`): never memory."""
+
     def __init__(
         self,
         *,

@@ -2,8 +2,10 @@
 its stream events and its error shape (``POST /v1/messages``, see `routes_anthropic`).
 
 Only the shapes live here; the turn itself runs on the same machinery as the
-OpenAI-compatible proxy (`turns`, `openai_tools.agent_request`, the engine's
-``stream`` / ``stream_agent``). Content blocks are read as follows:
+OpenAI-compatible proxy (`turns`, the engine's ``stream`` / ``stream_agent``). The messages
+are read straight into the engine's terms (`WireItem`: text, images, `ToolResult`s; an
+agent step as an `AgentRequest`, `agent_step`), never through OpenAI's message shape; the
+tools are the engine's `ToolSpec`s. Content blocks are read as follows:
 
 - ``text`` blocks are joined with newlines; ``image`` blocks (base64 source, or a
   ``data:`` URL) go through the service's image checks like the OpenAI proxy's
@@ -25,14 +27,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import Delta, Engine, ToolCallPart, TurnEvent, TurnResult
+from ..engine.agent import AgentRequest
 from ..errors import InputError
-from ..types import check_storable
+from ..models.base import ToolChoice, ToolSpec
+from ..types import ToolResult, check_storable
 from .codes import code_for_exception, public_message
 
 __all__ = [
     "AnthropicMessage",
     "MessagesRequest",
     "WireItem",
+    "agent_step",
     "anthropic_error_body",
     "message_body",
     "message_events",
@@ -104,12 +109,13 @@ class MessagesRequest(BaseModel):
 
 @dataclass(frozen=True)
 class WireItem:
-    """One message in the OpenAI proxy's terms (what `agent_request` reads)."""
+    """One message of the request in the engine's terms."""
 
-    role: str
+    role: Literal["user", "assistant"]
     content: str
-    tool_call_id: str | None = None
     images: tuple[str, ...] = field(default=())
+    tool_results: tuple[ToolResult, ...] = field(default=())
+    """A user message of ``tool_result`` blocks: the results of the model's calls, in order."""
 
 
 def _text_of(content: Any) -> str:
@@ -136,10 +142,10 @@ def _image_url(block: Mapping[str, Any]) -> str:
     return str(source.get("url", ""))
 
 
-def _user_items(blocks: Sequence[Mapping[str, Any]]) -> list[WireItem]:
+def _user_item(blocks: Sequence[Mapping[str, Any]]) -> WireItem:
     texts: list[str] = []
     images: list[str] = []
-    results: list[WireItem] = []
+    results: list[ToolResult] = []
     for block in blocks:
         kind = block.get("type")
         if kind == "text":
@@ -153,28 +159,53 @@ def _user_items(blocks: Sequence[Mapping[str, Any]]) -> list[WireItem]:
             text = _text_of(block.get("content"))
             if block.get("is_error"):
                 text = f"[tool error] {text}"
-            results.append(WireItem(role="tool", content=text, tool_call_id=call_id))
+            results.append(ToolResult(call_id=call_id, content=text))
         else:
             raise InputError(f"unsupported content block type {kind!r} (text, image and tool_result are)")
     if results:
         if texts or images:
             raise InputError("send tool_result blocks without text or images in the same message")
-        return results
-    return [WireItem(role="user", content="\n".join(texts), images=tuple(images))]
+        return WireItem(role="user", content="", tool_results=tuple(results))
+    return WireItem(role="user", content="\n".join(texts), images=tuple(images))
 
 
 def wire_items(messages: Sequence[AnthropicMessage]) -> list[WireItem]:
-    """The request's messages as the OpenAI proxy's items (``tool_result`` blocks → ``tool`` items)."""
+    """The request's messages, one item each (a user message of ``tool_result`` blocks carries
+    them as `ToolResult`s)."""
     items: list[WireItem] = []
     for message in messages:
         if isinstance(message.content, str):
             items.append(WireItem(role=message.role, content=message.content))
         elif message.role == "user":
-            items.extend(_user_items(message.content))
+            items.append(_user_item(message.content))
         else:
             text = "\n".join(str(b.get("text", "")) for b in message.content if b.get("type") == "text")
             items.append(WireItem(role="assistant", content=text))
     return items
+
+
+def agent_step(
+    items: Sequence[WireItem], tools: Sequence[ToolSpec] | None, tool_choice: ToolChoice | None
+) -> AgentRequest | None:
+    """The agent step the request carries (tools offered, or tool results sent back), or ``None``
+    for a plain chat turn: the results of the trailing ``tool_result`` messages, else the last
+    user message's text."""
+    if not tools and not items[-1].tool_results:
+        return None
+    results: list[ToolResult] = []
+    for item in reversed(items):
+        if not item.tool_results:
+            break
+        results[:0] = item.tool_results
+    message = None
+    if not results:
+        last_user = next((i for i in reversed(items) if i.role == "user"), None)
+        if last_user is None:
+            raise InputError("messages must contain a user message")
+        message = last_user.content
+        if not message.strip():
+            raise InputError("the last user message has no text")
+    return AgentRequest(message=message, tool_results=tuple(results), tools=tuple(tools or ()), tool_choice=tool_choice)
 
 
 def system_text(system: str | list[dict[str, Any]] | None) -> str | None:

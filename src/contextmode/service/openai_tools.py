@@ -19,13 +19,16 @@ from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse
 
-from ..agent_turn import AgentRequest, ToolResult
 from ..engine import USE_DEFAULT, Engine, TurnEvent, TurnResult, UseDefault
+from ..engine.agent import AgentRequest, ToolResult
 from ..errors import InputError
 from ..models.base import ToolCallDelta
 from ..types import SessionKey
+from .codes import code_for_exception, public_message
 from .metrics import ServiceMetrics
+from .openai_wire import completion_chunk, usage_chunk
 from .proxy import accepted_first
+from .responses import openai_error_body
 from .sse import DONE, sse_event
 from .turns import Streamed, Whole, step_runners
 
@@ -154,9 +157,6 @@ def _tool_call_chunk(call: ToolCallDelta) -> dict[str, Any]:
 
 
 async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply) -> AsyncIterator[bytes]:
-    from .codes import code_for_exception, public_message
-    from .routes_openai import _chunk, openai_error_body
-
     model = reply.model
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     relayed = started = False
@@ -171,18 +171,17 @@ async def _chunks(events: AsyncIterator[TurnEvent], reply: ProxyReply) -> AsyncI
                 continue
             if not started and event.kind != "failed":
                 started = True
-                yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
+                yield completion_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
             match event.kind:
                 case "delta":
-                    yield _chunk(completion_id, created, model, {"content": event.text}, None)
+                    yield completion_chunk(completion_id, created, model, {"content": event.text}, None)
                 case "tool_call":
-                    yield _chunk(completion_id, created, model, _tool_call_chunk(event.call), None)
+                    yield completion_chunk(completion_id, created, model, _tool_call_chunk(event.call), None)
                 case "done":
                     result = event.result
-                    yield _chunk(completion_id, created, model, {}, "tool_calls" if result.tool_calls else "stop")
+                    yield completion_chunk(completion_id, created, model, {}, "tool_calls" if result.tool_calls else "stop")
                     if reply.include_usage:
-                        yield sse_event({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                         "model": model, "choices": [], "usage": _usage(result)})
+                        yield usage_chunk(completion_id, created, model, _usage(result))
                 case "failed":
                     row = code_for_exception(event.error)
                     yield sse_event(openai_error_body(row.code, row.name, public_message(event.error, row)))

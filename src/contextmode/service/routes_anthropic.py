@@ -28,14 +28,15 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
-from ..agent_turn import AgentRequest
 from ..engine import Engine, TurnEvent, TurnRequest, TurnResult, UseDefault
+from ..engine.agent import AgentRequest
 from ..errors import InputError
 from ..models.base import Relay
 from ..types import SessionKey
 from .anthropic_wire import (
     MessagesRequest,
     WireItem,
+    agent_step,
     message_body,
     message_events,
     openai_fields,
@@ -46,7 +47,6 @@ from .anthropic_wire import (
 )
 from .bodies import OffLoopJsonRoute
 from .idempotency import IdempotencyKey, SessionHeader
-from .openai_tools import agent_request
 from .proxy import (
     HistoryHeader,
     ProxyChat,
@@ -87,7 +87,7 @@ def _session(body: MessagesRequest, header: str | None) -> tuple[str, str | None
 def _last_user(items: list[WireItem]) -> WireItem:
     if items[-1].role == "assistant":
         raise InputError("the last message must be the user's (a prefilled assistant message is not supported)")
-    last_user = next((i for i in reversed(items) if i.role == "user"), None)
+    last_user = next((i for i in reversed(items) if i.role == "user" and not i.tool_results), None)
     if last_user is None:
         raise InputError("messages must contain a user message")
     return last_user
@@ -130,12 +130,12 @@ async def create_message(
 ) -> Any:
     session_id, user_id = _session(body, x_session_id)
     items = wire_items(body.messages)
-    last_user = _last_user(items) if items[-1].role != "tool" else None
+    last_user = _last_user(items) if not items[-1].tool_results else None
     engine = state.engine
     call = _Call(engine=engine, key=SessionKey(tenant, session_id), system_prompt=_system_prompt(body, engine),
                  model=body.model or engine.model.name, state=state, headers={"x-session-id": session_id})
     relay = Relay(fields=openai_fields(body), stream=body.stream)
-    step = agent_request(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
+    step = agent_step(items, openai_tools(body.tools), openai_tool_choice(body.tool_choice))
     if step is not None:
         check_tool_results(step.tool_results, state.settings)
         if last_user is not None and last_user.images:
@@ -170,8 +170,7 @@ def _system_prompt(body: MessagesRequest, engine: Engine) -> str | UseDefault | 
 def _history(items: list[WireItem]) -> list[tuple[Literal["user", "assistant"], str]]:
     """The client's conversation before its last user message (for a session not seen yet)."""
     last = max((i for i, item in enumerate(items) if item.role == "user"), default=0)
-    return [("user" if i.role == "user" else "assistant", i.content) for i in items[:last]
-            if i.role in ("user", "assistant")]
+    return [(i.role, i.content) for i in items[:last] if not i.tool_results]
 
 
 def _agent_step(call: _Call, step: AgentRequest) -> tuple[Whole, Streamed]:
@@ -201,7 +200,7 @@ async def count_tokens(
     recent turns, the message), counted as the model would receive it; tool definitions are not counted."""
     session_id, _ = _session(body, x_session_id)
     items = wire_items(body.messages)
-    if items[-1].role == "tool":
+    if items[-1].tool_results:
         raise InputError("count_tokens counts a user text message, not tool results")
     message = _last_user(items).content
     check_message(message, state.settings)

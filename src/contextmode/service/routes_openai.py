@@ -33,6 +33,7 @@ from .bodies import OffLoopJsonRoute
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
 from .openai_tools import ProxyReply, agent_request, agent_step
+from .openai_wire import completion_chunk, usage_chunk
 from .proxy import (
     HistoryHeader,
     MemoryHeader,
@@ -114,25 +115,6 @@ def text_and_images(content: str | list[dict[str, Any]] | None) -> tuple[str, li
     return "\n".join(texts), images
 
 
-def _chunk(completion_id: str, created: int, model: str, delta: dict[str, Any], finish: str | None) -> bytes:
-    return sse_event(
-        {
-            "id": completion_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-    )
-
-
-def _usage_chunk(completion_id: str, created: int, model: str, usage: dict[str, int]) -> bytes:
-    return sse_event(
-        {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-         "choices": [], "usage": usage}
-    )
-
-
 def _usage(engine: Engine, prompt: int, answer: str) -> dict[str, int]:
     completion = engine.counter.count(answer)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -166,14 +148,14 @@ async def _chunks(
                 continue
             if not started:
                 started = True
-                yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
+                yield completion_chunk(completion_id, created, model, {"role": "assistant", "content": ""}, None)
             if event.kind == "delta":
                 pieces.append(event.text)
-                yield _chunk(completion_id, created, model, {"content": event.text}, None)
+                yield completion_chunk(completion_id, created, model, {"content": event.text}, None)
             else:
-                yield _chunk(completion_id, created, model, {}, event.result.finish_reason or "stop")
+                yield completion_chunk(completion_id, created, model, {}, event.result.finish_reason or "stop")
                 if include_usage:
-                    yield _usage_chunk(completion_id, created, model, _usage(engine, prompt_tokens, event.result.answer))
+                    yield usage_chunk(completion_id, created, model, _usage(engine, prompt_tokens, event.result.answer))
     except Exception as exc:
         yield _error_chunk(exc, "".join(pieces))
     finally:

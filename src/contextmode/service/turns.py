@@ -19,8 +19,8 @@ from typing import Literal
 
 from starlette.responses import Response
 
-from ..agent_turn import ToolResult
 from ..engine import Delta, Engine, PreparedTurn, TurnEvent, TurnRequest, TurnResult
+from ..engine.agent import ToolResult
 from ..errors import InputError, ModelError
 from ..types import SessionKey, require_text
 from .codes import MessageTooLong

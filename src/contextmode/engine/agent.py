@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .assembly import CurrentTurn, assemble, to_messages
-from .assembly.agent import split_step
-from .errors import InputError, ModelError
-from .memory.strategies import get_strategy
-from .models.base import (
+from ..assembly import CurrentTurn, assemble, to_messages
+from ..assembly.agent import split_step
+from ..errors import InputError, ModelError
+from ..memory.strategies import get_strategy
+from ..models.base import (
     ModelEvent,
     Relay,
     TextDelta,
@@ -31,31 +31,39 @@ from .models.base import (
     calls_tools,
     relays,
 )
-from .models.caching import cache_session
-from .processors.base import Detection
-from .tokens.tools import count_turn
-from .types import NewTurn, SessionKey, SessionState, ToolCall, Turn, tool_metadata
+from ..models.caching import cache_session
+from ..processors.base import Detection
+from ..settings import Mode
+from ..tokens.tools import count_turn
+from ..types import NewTurn, SessionKey, SessionState, ToolCall, Turn
+from .parts import TurnParts
+from .persist import append_fenced, observe
+from .prepare import load_state, prepare_turn
+from .request import (
+    USE_DEFAULT,
+    Delta,
+    Done,
+    Failed,
+    Prepared,
+    PreparedTurn,
+    ToolCallPart,
+    ToolResult,
+    TurnEvent,
+    TurnRequest,
+    TurnResult,
+    Upstream,
+    UseDefault,
+)
+from .schedule import schedule_jobs
+from .stream import Ending
 
-if TYPE_CHECKING:
-    from .engine import Engine, PreparedTurn, TurnEvent, UseDefault
-    from .settings import Mode
-
-__all__ = ["AgentRequest", "ToolResult", "stream_agent_turn"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolResult:
-    """The result of one tool call, as the client sends it back."""
-
-    call_id: str
-    """The id of the call it answers."""
-    content: str
-    """What the tool returned (text; JSON stays as text)."""
+__all__ = ["AgentRequest", "ToolResult", "latest_user", "prepare_step", "stream_agent_turn"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class AgentRequest:
-    """One step of an agent loop: a new user message, or the results of the last calls."""
+    """One step of an agent loop: a new user message, or the results of the last calls; a
+    convenience for the agent fields of a `TurnRequest` (`request`)."""
 
     message: str | None = None
     """A new user message (``None`` when the client only sends tool results)."""
@@ -75,6 +83,17 @@ class AgentRequest:
         if self.message is None and not self.tool_results:
             raise InputError("an agent step needs a user message or tool results")
 
+    def request(
+        self, key: SessionKey, *, mode: Mode | None = None, metadata: Mapping[str, Any] | None = None,
+        system_prompt: str | UseDefault | None = USE_DEFAULT,
+    ) -> TurnRequest:
+        """This step as the session's `TurnRequest` (what `Engine.stream_agent` runs)."""
+        return TurnRequest(
+            key=key, message=self.message, tool_results=self.tool_results, tools=self.tools,
+            tool_choice=self.tool_choice, relay=self.relay, retry_window_s=self.retry_window_s, mode=mode,
+            metadata=metadata or {}, system_prompt=system_prompt,
+        )
+
 
 def _answered_and_named(turns: Sequence[Turn]) -> tuple[set[str], dict[str, str]]:
     answered = {t.tool_call_id for t in turns if t.role == "tool" and t.tool_call_id}
@@ -82,12 +101,10 @@ def _answered_and_named(turns: Sequence[Turn]) -> tuple[set[str], dict[str, str]
     return answered, names
 
 
-async def _store_results(engine: Engine, key: SessionKey, results: Sequence[ToolResult]) -> list[Turn]:
+async def _store_results(parts: TurnParts, key: SessionKey, results: Sequence[ToolResult]) -> list[Turn]:
     """Append the results not stored yet (a client resending its history stores nothing twice)."""
-    from .engine.persist import observe
-
     tenant, session_id = key.tenant, key.session_id
-    state = await engine.store.load(tenant, session_id, recent=64, max_uncovered=64)
+    state = await parts.store.load(tenant, session_id, recent=64, max_uncovered=64)
     answered, names = _answered_and_named(state.turns)
     fresh = [r for r in results if r.call_id not in answered]
     if not fresh:
@@ -96,24 +113,25 @@ async def _store_results(engine: Engine, key: SessionKey, results: Sequence[Tool
         NewTurn(
             role="tool",
             content=r.content,
-            tokens=count_turn(engine.counter, r.content, tool_result=True),
-            metadata=tool_metadata(tool_call_id=r.call_id, tool_name=names.get(r.call_id)),
+            tokens=count_turn(parts.counter, r.content, tool_result=True),
+            tool_call_id=r.call_id,
+            tool_name=names.get(r.call_id),
         )
         for r in fresh
     ]
-    stored = await engine.store.append(tenant, session_id, engine.keepable(tenant, new))
-    observe(engine, key, stored)
+    stored = await parts.store.append(tenant, session_id, parts.keepable(tenant, new))
+    observe(parts, key, stored)
     return stored
 
 
-async def _latest_user(engine: Engine, key: SessionKey, state: SessionState) -> tuple[list[Turn], Turn, list[Turn]]:
+async def latest_user(parts: TurnParts, key: SessionKey, state: SessionState) -> tuple[list[Turn], Turn, list[Turn]]:
     history, user, step = split_step(state.turns)
     if user is not None:
         return history, user, step
     # A long step pushed the user turn out of the loaded window: look further back.
     end = state.turns[0].seq - 1 if state.turns else state.last_seq
     while end >= 1:
-        older = await engine.store.turns(key.tenant, key.session_id, from_seq=max(1, end - 199), to_seq=end)
+        older = await parts.store.turns(key.tenant, key.session_id, from_seq=max(1, end - 199), to_seq=end)
         _, found, rest = split_step(older)
         if found is not None:
             return [], found, [*rest, *state.turns]
@@ -122,20 +140,17 @@ async def _latest_user(engine: Engine, key: SessionKey, state: SessionState) -> 
 
 
 async def prepare_step(
-    engine: Engine, key: SessionKey, *, mode: Mode, system_prompt: str | UseDefault | None,
+    parts: TurnParts, key: SessionKey, *, mode: Mode, system_prompt: str | UseDefault | None,
     now: datetime | None = None,
 ) -> PreparedTurn:
     """The context for continuing an agent step: the latest user turn, then its calls and results."""
-    from .engine import PreparedTurn
-    from .engine.prepare import load_state
-
     started = time.perf_counter()
-    chosen = get_strategy(engine.settings.strategy)
-    state = await load_state(engine, key, chosen)
-    history, user, step = await _latest_user(engine, key, state)
+    chosen = get_strategy(parts.settings.strategy)
+    state = await load_state(parts, key, chosen)
+    history, user, step = await latest_user(parts, key, state)
     context = assemble(
-        replace(state, turns=tuple(history)), user.content, counter=engine.counter, strategy=chosen,
-        budget=engine.budget(), config=engine.assembly_config(system_prompt), now=now, current=CurrentTurn(agent_step=step),
+        replace(state, turns=tuple(history)), user.content, counter=parts.counter, strategy=chosen,
+        budget=parts.budget(), config=parts.assembly_config(system_prompt), now=now, current=CurrentTurn(agent_step=step),
     )
     return PreparedTurn(
         state=state, detection=Detection(needs_context=False), rewrite=None, context=context,
@@ -168,12 +183,12 @@ class _Answer:
 
 
 async def _events(
-    engine: Engine, prepared: PreparedTurn, request: AgentRequest
+    parts: TurnParts, prepared: PreparedTurn, request: TurnRequest
 ) -> AsyncIterator[ModelEvent | UpstreamReply]:
-    model = engine.model
+    model = parts.model
     with cache_session(prepared.state.tenant, prepared.state.session_id):  # the session's prompt-cache hints
         if request.relay is not None and relays(model):
-            left = max(1, engine.settings.context_window - prepared.context.total_tokens)
+            left = max(1, parts.settings.context_window - prepared.context.total_tokens)
             async for item in model.relay(prepared.messages, request.relay, max_tokens=left):
                 yield item
             return
@@ -186,52 +201,29 @@ async def _events(
             yield TextDelta(text=text)
 
 
-async def stream_agent_turn(
-    engine: Engine,
-    key: SessionKey,
-    request: AgentRequest,
-    *,
-    mode: Mode | None = None,
-    metadata: dict[str, Any] | None = None,
-    system_prompt: str | UseDefault | None,
-) -> AsyncIterator[TurnEvent]:
+async def stream_agent_turn(parts: TurnParts, request: TurnRequest) -> AsyncIterator[TurnEvent]:
     """`Engine.stream` for an agent step: ``Prepared``, then ``Delta`` and ``ToolCallPart`` events,
     then ``Done`` whose result carries the answer's tool calls (or ``Failed``). The answer (text and
     calls) is stored in a ``finally`` shielded from cancellation; a broken stream stores its text as
     partial and none of its calls (a half-received call is never stored as made)."""
-    from .engine import (
-        Delta,
-        Done,
-        Failed,
-        Prepared,
-        ToolCallPart,
-        TurnRequest,
-        TurnResult,
-        Upstream,
-    )
-    from .engine.persist import observe
-    from .engine.prepare import prepare_turn
-    from .engine.schedule import schedule_jobs
-    from .engine.stream import Ending
-
-    mode = mode or engine.settings.mode
+    key = request.key
+    mode = request.mode or parts.settings.mode
     new_user: Turn | None = None
-    async with engine.one_connection():  # the step's store calls: one pooled connection, let go before the model
-        await _store_results(engine, key, request.tool_results)
+    async with parts.one_connection():  # the step's store calls: one pooled connection, let go before the model
+        await _store_results(parts, key, request.tool_results)
         if request.message is not None:
-            turn_request = TurnRequest(key=key, message=request.message, mode=mode, system_prompt=system_prompt,
-                                       retry_window_s=request.retry_window_s)
-            prepared = await prepare_turn(engine, turn_request)
-            new_user = prepared.retried or (await engine.store.append(key.tenant, key.session_id, engine.keepable(key.tenant, [
-                NewTurn(role="user", content=request.message, tokens=engine.counter.count(request.message),
-                        metadata=dict(metadata or {}))])))[0]
+            message = request.message
+            prepared = await prepare_turn(parts, request)
+            new_user = prepared.retried or (await parts.store.append(key.tenant, key.session_id, parts.keepable(key.tenant, [
+                NewTurn(role="user", content=message, tokens=parts.counter.count(message),
+                        metadata=dict(request.metadata))]), user_id=request.user_id))[0]
             if prepared.retried is None:
-                observe(engine, key, [new_user])
+                observe(parts, key, [new_user])
             user_turn = new_user
         else:
-            prepared = await prepare_step(engine, key, mode=mode, system_prompt=system_prompt)
-            user_turn = (await _latest_user(engine, key, prepared.state))[1]
-        await engine.let_go()
+            prepared = await prepare_step(parts, key, mode=mode, system_prompt=request.system_prompt, now=request.now)
+            user_turn = (await latest_user(parts, key, prepared.state))[1]
+        await parts.let_go()
     yield Prepared(prepared=prepared)
     answer = _Answer(pieces=[], calls={})
     ending = Ending()
@@ -239,7 +231,7 @@ async def stream_agent_turn(
     completed = False
     started = time.perf_counter()
     try:
-        async for event in _events(engine, prepared, request):
+        async for event in _events(parts, prepared, request):
             if event.kind == "upstream":
                 if not event.accepted_only:
                     ending.read(event, whole=not (request.relay and request.relay.stream))
@@ -253,8 +245,8 @@ async def stream_agent_turn(
     finally:
         text = "".join(answer.pieces)
         calls = answer.tool_calls() if completed else ()
-        stored = await asyncio.shield(_store_answer(engine, key, user_turn, text, calls, completed))
-        jobs = schedule_jobs(engine, key, new_user, prepared) if new_user is not None else []
+        stored = await asyncio.shield(_store_answer(parts, key, user_turn, text, calls, completed))
+        jobs = schedule_jobs(parts, key, new_user, prepared) if new_user is not None else []
     if error is not None:
         yield Failed(error=error, partial_answer=text, prepared=prepared)
         return
@@ -268,17 +260,16 @@ async def stream_agent_turn(
 
 
 async def _store_answer(
-    engine: Engine, key: SessionKey, user_turn: Turn, text: str, calls: tuple[ToolCall, ...], completed: bool
+    parts: TurnParts, key: SessionKey, user_turn: Turn, text: str, calls: tuple[ToolCall, ...], completed: bool
 ) -> Turn | None:
-    from .engine.persist import append_fenced, observe
-
     if not text and not calls:
         return None
-    meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": engine.model.name, **tool_metadata(tool_calls=calls)}
+    meta: dict[str, Any] = {"reply_to": user_turn.seq, "model": parts.model.name}
     if not completed:
         meta["partial"] = True
-    stored = await append_fenced(engine, key, engine.keepable(key.tenant, [
-        NewTurn(role="assistant", content=text, tokens=count_turn(engine.counter, text, tool_calls=calls), metadata=meta)]),
+    stored = await append_fenced(parts, key, parts.keepable(key.tenant, [
+        NewTurn(role="assistant", content=text, tokens=count_turn(parts.counter, text, tool_calls=calls), metadata=meta,
+                tool_calls=calls)]),
         holds=user_turn.seq)
-    observe(engine, key, stored)
+    observe(parts, key, stored)
     return stored[0]
