@@ -30,17 +30,20 @@ import bisect
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from graphlib import CycleError, TopologicalSorter
+from typing import Any, TypeGuard, TypeVar
 
 from ..trace import TraceSources, TurnTrace, trace_from_dict, trace_from_json, trace_to_dict
 
 __all__ = [
+    "FORMAT",
     "TEXT_TURN_SLACK",
     "PackedTrace",
     "TraceReading",
+    "chunked",
     "pack_text",
     "pack_trace",
     "pack_trace_soon",
@@ -84,6 +87,35 @@ _ZDICT_1 = (
     '{"turn":,"user_seq":,"answer_seq":,"created_at":"T:+00:00","typed":,"sent":,"follow_up":null,'
     '"messages":[{"role":"system","content":"layers":[{"name":"system","allocated":'
 ).encode()
+
+
+FORMAT = 2
+"""The body's JSON layout, kept as ``"_v"`` (absent in layout 1). Layout 2 keeps the recalled
+turns column by column (`_pack_recalled`) and the pins in chunks (`chunked`); layout 1
+(a list of recalled dictionaries, the pins as one kept JSON text) is still read."""
+
+CHUNK_MASK = 7
+"""A list is cut after an element whose CRC-32 has these low bits all set (`chunked`):
+chunks of 8 elements on average."""
+
+_T = TypeVar("_T")
+
+
+def chunked(items: Sequence[_T], key: Callable[[_T], str]) -> list[list[_T]]:
+    """``items`` cut into chunks where an element's content says so (content-defined
+    chunking, as rsync cuts files): adding, changing or removing one element changes the
+    chunk holding it only, so a list that changes a little at each turn (the pins, the
+    constraint lines) keeps most of its chunks, each kept once per session."""
+    out: list[list[_T]] = []
+    current: list[_T] = []
+    for item in items:
+        current.append(item)
+        if zlib.crc32(key(item).encode()) & CHUNK_MASK == CHUNK_MASK:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
 
 
 def text_key(text: str) -> str:
@@ -337,6 +369,95 @@ def _encode(data: dict[str, Any], matcher: _Matcher) -> set[int | str]:
     return met
 
 
+def _why(layer: str, rank: int) -> str:
+    """The reason `trace.explain_recalled` gives a recalled turn of ``layer`` at ``rank``."""
+    return f"relevant to the message (rank {rank})" if layer == "recall" else "emotional key moment"
+
+
+def _own(value: str | list[Segment], seq: int, to: int) -> str | list[Segment]:
+    """``value``'s segments with references to turn ``seq`` made references to ``to``: a
+    recalled turn's text mostly is its own turn, written ``0`` in layout 2 (no seq is 0)."""
+    if isinstance(value, str):
+        return value
+    return [[to, *seg[1:]] if isinstance(seg, list) and seg[0] == seq else seg for seg in value]
+
+
+def _term_order(items: Sequence[dict[str, Any]]) -> list[str]:
+    """Every matched term once, in an order each turn's matched terms keep (they all follow
+    the query's order); first seen first among those the order leaves free."""
+    sorter: TopologicalSorter[str] = TopologicalSorter()
+    for item in items:
+        matched = item["matched"]
+        for i, term in enumerate(matched):
+            sorter.add(term, *matched[:i][-1:])
+    try:
+        return list(sorter.static_order())
+    except CycleError:
+        return list(dict.fromkeys(t for item in items for t in item["matched"]))
+
+
+def _pack_recalled(items: list[dict[str, Any]]) -> dict[str, Any] | list[dict[str, Any]]:
+    """The recalled turns column by column (layout 2): seqs as steps from the previous one,
+    texts with their own turn written ``0``, matched terms as bit masks over the trace's
+    ``terms``, the neighbour as a step from the seq, and ``why``, ``layer`` and ``ranker``
+    only where they are not what they nearly always are."""
+    if not items:
+        return items
+    terms = _term_order(items)
+    bit = {term: 1 << i for i, term in enumerate(terms)}
+    cols: dict[str, list[Any]] = {k: [] for k in ("seq", "text", "score", "matched", "nb", "why", "layer", "ranker")}
+    prev = rank = 0
+    for item in items:
+        seq, layer = item["seq"], item["layer"]
+        rank += layer == "recall"
+        mask = sum(bit[t] for t in item["matched"])
+        cols["seq"].append(seq - prev)
+        cols["text"].append(_own(item["text"], seq, 0))
+        cols["score"].append(item["score"])
+        cols["matched"].append(mask if _terms(mask, terms) == list(item["matched"]) else list(item["matched"]))
+        cols["nb"].append(0 if item["neighbour_of"] is None else item["neighbour_of"] - seq)
+        cols["why"].append(None if item["why"] == _why(layer, rank) else item["why"])
+        cols["layer"].append(layer)
+        cols["ranker"].append(item["ranker"])
+        prev = seq
+    out: dict[str, Any] = {"seq": cols["seq"], "text": cols["text"], "score": cols["score"]}
+    if any(cols["matched"]):
+        out["terms"], out["matched"] = terms, cols["matched"]
+    for name, default in (("nb", 0), ("why", None), ("layer", "recall")):
+        if any(v != default for v in cols[name]):
+            out[name] = cols[name]
+    rankers = set(cols["ranker"])
+    out["ranker"] = cols["ranker"][0] if len(rankers) == 1 else cols["ranker"]
+    return out
+
+
+def _terms(mask: int, terms: Sequence[str]) -> list[str]:
+    return [t for i, t in enumerate(terms) if mask >> i & 1]
+
+
+def _unpack_recalled(cols: dict[str, Any]) -> list[dict[str, Any]]:
+    """Inverse of `_pack_recalled`."""
+    n = len(cols["seq"])
+    terms = cols.get("terms", [])
+    ranker = cols["ranker"]
+    items, seq, rank = [], 0, 0
+    for i in range(n):
+        seq += cols["seq"][i]
+        layer = cols["layer"][i] if "layer" in cols else "recall"
+        rank += layer == "recall"
+        matched = cols["matched"][i] if "matched" in cols else 0
+        why = cols["why"][i] if "why" in cols else None
+        nb = cols["nb"][i] if "nb" in cols else 0
+        items.append({
+            "seq": seq, "layer": layer, "why": _why(layer, rank) if why is None else why,
+            "text": _own(cols["text"][i], 0, seq), "score": cols["score"][i],
+            "matched": matched if isinstance(matched, list) else _terms(matched, terms),
+            "neighbour_of": None if nb == 0 else seq + nb,
+            "ranker": ranker if isinstance(ranker, str) else ranker[i],
+        })
+    return items
+
+
 def pack_trace(trace: TurnTrace) -> PackedTrace:
     """The trace as a store keeps it: texts by reference to ``trace.sources``, JSON packed."""
     data = trace_to_dict(trace)
@@ -347,12 +468,17 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     whole.update({text: seq for seq, text in given.turns.items()})  # a turn rather than a kept copy
     used = _encode(data, _Matcher([*given.turns.items(), *keyed.items()], whole))
     data["_crc"] = crc
+    data["_v"] = FORMAT
+    data["recalled"] = _pack_recalled(data["recalled"])
     texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(r for r in used if isinstance(r, str))}
     for name in _KEPT_FIELDS:
-        kept = _json(data[name])
-        if len(kept) >= MIN_REF:
-            data[name] = f"#{text_key(kept)}"
-            texts[data[name][1:]] = pack_text(kept)
+        value = data[name]
+        parts = chunked(value, _json) if isinstance(value, list) else [value]
+        kept = [_json(part) for part in parts]
+        if sum(map(len, kept)) >= MIN_REF:
+            refs = [f"#{text_key(k)}" for k in kept]
+            data[name] = refs if isinstance(value, list) else refs[0]
+            texts.update({ref[1:]: pack_text(k) for ref, k in zip(refs, kept, strict=True)})
     body = pack_text(_json(data))
     return PackedTrace(turn=trace.turn, created_at=trace.created_at, body=body, texts=texts)
 
@@ -392,8 +518,11 @@ class TraceReading:
             for slot, key in _text_slots(data):
                 slot[key] = _rebuild(slot[key], sources)
             for name in _KEPT_FIELDS:
-                if isinstance(data.get(name), str):
-                    data[name] = json.loads(sources[data[name]])
+                value = data.get(name)
+                if isinstance(value, str):
+                    data[name] = json.loads(sources[value])
+                elif _is_refs(value):
+                    data[name] = [x for ref in value for x in json.loads(sources[ref])]
         except KeyError:
             return None
         crc = data.pop("_crc", None)
@@ -402,14 +531,33 @@ class TraceReading:
         return trace_from_dict(data)
 
 
+def _is_refs(value: object) -> TypeGuard[list[str]]:
+    """True for a kept field written as the keys of its chunks (layout 2)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(x, str) for x in value)
+
+
+def _field_keys(data: dict[str, Any]) -> set[str]:
+    keys: set[str] = set()
+    for name in _KEPT_FIELDS:
+        value = data.get(name)
+        if isinstance(value, str):
+            keys.add(value[1:])
+        elif _is_refs(value):
+            keys.update(ref[1:] for ref in value)
+    return keys
+
+
 def read_trace(body: bytes | str) -> TraceReading | TurnTrace:
     """A stored body: a `TraceReading` to fetch the sources of, or (a trace kept whole, as
     JSON, before traces were kept by reference) the `TurnTrace` itself."""
     if isinstance(body, str):
         return trace_from_json(body)
     data: dict[str, Any] = json.loads(unpack_text(body))
+    if isinstance(data.get("recalled"), dict):
+        data["recalled"] = _unpack_recalled(data["recalled"])
+    data.pop("_v", None)
     seqs: set[int] = set()
-    keys = {data[name][1:] for name in _KEPT_FIELDS if isinstance(data.get(name), str)}
+    keys = _field_keys(data)
     for slot, key in _text_slots(data):
         value = slot[key]
         if isinstance(value, list):
