@@ -91,8 +91,9 @@ _ZDICT_1 = (
 
 FORMAT = 2
 """The body's JSON layout, kept as ``"_v"`` (absent in layout 1). Layout 2 keeps the recalled
-turns column by column (`_pack_recalled`) and the pins in chunks (`chunked`); layout 1
-(a list of recalled dictionaries, the pins as one kept JSON text) is still read."""
+turns column by column (`_pack_recalled`), the pins in chunks (`chunked`) and the other
+texts' turn references as steps (`_steps`); layout 1 (a list of recalled dictionaries, the
+pins as one kept JSON text, seqs as they are) is still read."""
 
 CHUNK_MASK = 7
 """A list is cut after an element whose CRC-32 has these low bits all set (`chunked`):
@@ -315,16 +316,35 @@ def _rebuild(value: str | list[Segment], sources: Mapping[int | str, str]) -> st
     return "".join(parts)
 
 
-def _text_slots(data: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
-    """Every text field of a trace's dictionary: (the dictionary holding it, its key)."""
+def _text_slots(data: dict[str, Any], *, recalled: bool = True) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every text field of a trace's dictionary: (the dictionary holding it, its key); the
+    recalled turns' texts unless ``recalled`` is false."""
     yield data, "typed"
     yield data, "sent"
     for message in data.get("messages", ()):
         yield message, "content"
-    for recalled in data.get("recalled", ()):
-        yield recalled, "text"
+    for item in data.get("recalled", ()) if recalled else ():
+        yield item, "text"
     if data.get("rewrite"):
         yield data["rewrite"], "text"
+
+
+def _steps(value: str | list[Segment], *, back: bool = False) -> str | list[Segment]:
+    """``value``'s turn references with each seq written as the step from the previous
+    turn reference of the same text (layout 2: a recall block's turns are mostly one
+    apart), or with ``back`` the steps made seqs again."""
+    if isinstance(value, str):
+        return value
+    out: list[Segment] = []
+    prev = 0
+    for seg in value:
+        if isinstance(seg, list) and isinstance(seg[0], int):
+            seq = prev + seg[0] if back else seg[0]
+            out.append([seq - prev if not back else seq, *seg[1:]])
+            prev = seq
+        else:
+            out.append(seg)
+    return out
 
 
 _KEPT_FIELDS = ("pins", "processors")
@@ -469,6 +489,8 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     used = _encode(data, _Matcher([*given.turns.items(), *keyed.items()], whole))
     data["_crc"] = crc
     data["_v"] = FORMAT
+    for slot, key in _text_slots(data, recalled=False):
+        slot[key] = _steps(slot[key])
     data["recalled"] = _pack_recalled(data["recalled"])
     texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(r for r in used if isinstance(r, str))}
     for name in _KEPT_FIELDS:
@@ -553,9 +575,11 @@ def read_trace(body: bytes | str) -> TraceReading | TurnTrace:
     if isinstance(body, str):
         return trace_from_json(body)
     data: dict[str, Any] = json.loads(unpack_text(body))
-    if isinstance(data.get("recalled"), dict):
-        data["recalled"] = _unpack_recalled(data["recalled"])
-    data.pop("_v", None)
+    if data.pop("_v", 1) >= 2:
+        if isinstance(data.get("recalled"), dict):
+            data["recalled"] = _unpack_recalled(data["recalled"])
+        for slot, key in _text_slots(data, recalled=False):
+            slot[key] = _steps(slot[key], back=True)
     seqs: set[int] = set()
     keys = _field_keys(data)
     for slot, key in _text_slots(data):
