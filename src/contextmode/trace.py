@@ -395,7 +395,7 @@ def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceS
     instructions) the paragraphs of its items together. A paragraph of many lines (the pins,
     an extractive summary) is given in chunks of lines (`store.trace_pack.chunked`): a line
     added or changed changes one chunk, the others are kept texts already. A paragraph only
-    this turn shows, such as a rewrite's hint, is kept as a text too, and goes with the trace."""
+    this turn shows, the rewrite's hint, stays in the trace's own text."""
     state, ctx = prepared.state, prepared.context
     turns = {t.seq: t.content for group in (state.turns, state.key_moments, state.recalled, stored) for t in group}
     texts = _pieces(state.summary.text) if state.summary is not None else []
@@ -403,7 +403,9 @@ def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceS
     for layer in ctx.layers:
         if layer.items and all(item.role is None for item in layer.items):
             block = "\n".join(item.text for item in layer.items)
-            texts += [piece for part in block.split("\n\n") for piece in _pieces(part)]
+            # The rewrite's hint is this turn's alone: it stays in the trace, not kept apart.
+            parts = [part for part in block.split("\n\n") if not (ctx.hint and ctx.hint in part)]
+            texts += [piece for part in parts for piece in _pieces(part)]
     return TraceSources(turns=turns, texts=tuple(dict.fromkeys(texts)))
 
 

@@ -271,6 +271,7 @@ def test_a_trace_kept_in_the_previous_layout_is_still_read() -> None:
     turns = {int(seq): text for seq, text in data["turns"].items()}
     for kept in data["traces"]:
         body = base64.b64decode(kept["body"])
+        assert body[0] == 1  # zlib with the first dictionary
         assert "_v" not in json.loads(unpack_text(body)) and isinstance(json.loads(unpack_text(body))["recalled"], list)
         texts = {k: base64.b64decode(v) for k, v in kept["texts"].items()}
         reading = read_trace(body)
@@ -278,7 +279,7 @@ def test_a_trace_kept_in_the_previous_layout_is_still_read() -> None:
         trace = reading.rebuild(turns, texts)
         assert trace is not None and trace == trace_from_dict(kept["trace"]) and trace.recalled
         again = pack_trace(replace(trace, sources=TraceSources(turns=turns)))
-        assert json.loads(unpack_text(again.body))["_v"] == FORMAT
+        assert json.loads(unpack_text(again.body))["_v"] == FORMAT and again.body[0] == 2
         reread = read_trace(again.body)
         assert isinstance(reread, TraceReading) and reread.rebuild(turns, again.texts) == trace
 

@@ -19,8 +19,9 @@ sources no longer give the same texts is reported as not kept (`None`), never sh
 wrong.
 
 The JSON is compressed with zlib (the standard library) and a preset dictionary of the
-trace's field names and the default headings (`_ZDICT_1`, frozen: a new dictionary is
-a new format byte); docs/storage.md has the measurement behind the choice.
+trace's field names, the default headings and layout 2's structure (`_ZDICT_2`; frozen: a
+new dictionary is a new format byte, and bodies packed with `_ZDICT_1` are still read);
+docs/storage.md has the measurement behind the choice.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ TEXT_TURN_SLACK = 16
 many turns or more (one write per text every 16 turns, not every turn), and a text is
 dropped once ``last_turn + TEXT_TURN_SLACK`` is below the oldest kept trace."""
 
-_RAW, _ZLIB_1 = 0, 1
-"""Format byte of a packed body: UTF-8 as is, or zlib with `_ZDICT_1`."""
+_RAW, _ZLIB_1, _ZLIB_2 = 0, 1, 2
+"""Format byte of a packed body: UTF-8 as is, zlib with `_ZDICT_1` (read only), or zlib
+with `_ZDICT_2` (written since layout 2)."""
 
 _ZDICT_1 = (
     '"recall","key_moments","constraints","summary","system","recent","current","format",'
@@ -92,7 +94,8 @@ _ZDICT_1 = (
 FORMAT = 2
 """The body's JSON layout, kept as ``"_v"`` (absent in layout 1). Layout 2 keeps the recalled
 turns column by column (`_pack_recalled`), the pins in chunks (`chunked`) and the other
-texts' turn references as steps (`_steps`); layout 1 (a list of recalled dictionaries, the
+texts' turn references as steps (`_steps`), the layers column by column, and names kept
+texts by 12 hex digits (`text_key`); layout 1 (a list of recalled dictionaries, the
 pins as one kept JSON text, seqs as they are) is still read."""
 
 CHUNK_MASK = 7
@@ -119,26 +122,58 @@ def chunked(items: Sequence[_T], key: Callable[[_T], str]) -> list[list[_T]]:
     return out
 
 
+_ZDICT_2 = _ZDICT_1 + (
+    '"_v":2}{"key":"fact:","value":"","source_seq":},{"key":"pref:'
+    '"layers":{"name":["system","constraints","summary","key_moments","recall","recent","current"],'
+    '"allocated":[,"used":[,"items":[1,,"dropped_seqs":[[],[],[],[],[],[],[]],'
+    '"truncated":[false,false,false,false,false,false,false]},'
+    '"recalled":{"seq":[,"text":[["User: ",[0]],["Assistant: ",[0]],["User: ",[0]],["Assistant: ",[0]],'
+    '["用户: ",[0]],["助手: ",[0]],["用户: ",[0]]],"score":[,"terms":[,"matched":[0,0,1,0,"nb":[0,0,0,-1,0,0,'
+    '"ranker":"bm25"},"messages":[{"role":"system","content":[["#"],'
+    '"\\n\\n## User constraints and profile (the user\'s words, reference data only)\\n<constraints>\\n",'
+    '["#"],"\\n",["#"],"\\n</constraints>\\n\\n## Summary of the earlier conversation (reference data)\\n<summary>\\n",'
+    '["#"],"\\n</summary>\\n\\n## Relevant earlier turns (reference data)\\n<recall>\\n",'
+    '"\\nUser: ",[1],"\\nAssistant: ",[1],"\\nUser: ",[1],"\\nAssistant: ",[1],'
+    '"\\n用户: ",[1],"\\n助手: ",[1],"\\n用户: ",[1],"\\n助手: ",[1],"\\n</recall>"]},'
+    '{"role":"user","content":[[1]]},{"role":"assistant","content":[[1]]},{"role":"user","content":[[1]]},'
+    '{"role":"assistant","content":[[1]]},{"role":"user","content":[[1]]}],'
+    '"context_window":,"input_budget":,"reply_reserve":2048,"total_tokens":,"exact":false,"counter":"'
+    '","strategy":"default","mode":"contextual","format":"messages","locale":"en","needs_context":false,'
+    '"intent":null,"detection_score":0.,"detection_reason":"model p=0.","rewrite":null,'
+    '"pins":["#","#","#","#","#"],"processors":"#","model":"","prepare_ms":,"ttft_ms":,"model_ms":,'
+    '"partial":false,"cut":false,"pii_masked":{},"_crc":'
+    '{"turn":,"user_seq":,"answer_seq":,"created_at":"T:+00:00","typed":[[0]],"sent":[[0]],"follow_up":null,'
+).encode()
+"""`_ZDICT_1` and the JSON of layout 2 (its fields, the default layers and headings, a recall
+block's steps): a body starts with most of its structure already seen. Frozen as well."""
+
+_ZDICTS = {_ZLIB_1: _ZDICT_1, _ZLIB_2: _ZDICT_2}
+
+
 def text_key(text: str) -> str:
-    """The key a kept text is stored under: 16 hex digits of its SHA-256 (per session)."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """The key a kept text is stored under: 12 hex digits of its SHA-256, unique within a
+    session (two texts of one session sharing a key would make a trace read as not kept,
+    through its CRC, never wrong: at 10,000 texts the odds are 2 in 10 million). Texts
+    kept before layout 2 have 16 digits, and their traces name them so."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def pack_text(text: str) -> bytes:
     """``text`` as stored: compressed when that is smaller, behind a format byte."""
     raw = text.encode()
-    packer = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, _ZDICT_1)
+    packer = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, _ZDICT_2)
     packed = packer.compress(raw) + packer.flush()
-    return bytes([_ZLIB_1]) + packed if len(packed) < len(raw) else bytes([_RAW]) + raw
+    return bytes([_ZLIB_2]) + packed if len(packed) < len(raw) else bytes([_RAW]) + raw
 
 
 def unpack_text(data: bytes) -> str:
     """Inverse of `pack_text`; a ``str`` (a trace kept as JSON before this format) as is."""
     if data[0] == _RAW:
         return data[1:].decode()
-    if data[0] != _ZLIB_1:
+    zdict = _ZDICTS.get(data[0])
+    if zdict is None:
         raise ValueError(f"unknown packed format {data[0]}")
-    unpacker = zlib.decompressobj(15, zdict=_ZDICT_1)
+    unpacker = zlib.decompressobj(15, zdict=zdict)
     return (unpacker.decompress(data[1:]) + unpacker.flush()).decode()
 
 
@@ -329,22 +364,49 @@ def _text_slots(data: dict[str, Any], *, recalled: bool = True) -> Iterator[tupl
         yield data["rewrite"], "text"
 
 
-def _steps(value: str | list[Segment], *, back: bool = False) -> str | list[Segment]:
-    """``value``'s turn references with each seq written as the step from the previous
-    turn reference of the same text (layout 2: a recall block's turns are mostly one
-    apart), or with ``back`` the steps made seqs again."""
-    if isinstance(value, str):
-        return value
-    out: list[Segment] = []
+def _steps(values: Sequence[str | list[Segment]], *, back: bool = False) -> list[str | list[Segment]]:
+    """The texts ``values`` (in slot order) with each turn reference's seq written as the step
+    from the previous turn reference (layout 2: a recall block's turns, the recent window's
+    messages are mostly one apart), or with ``back`` the steps made seqs again."""
+    out: list[str | list[Segment]] = []
     prev = 0
-    for seg in value:
-        if isinstance(seg, list) and isinstance(seg[0], int):
-            seq = prev + seg[0] if back else seg[0]
-            out.append([seq - prev if not back else seq, *seg[1:]])
-            prev = seq
-        else:
-            out.append(seg)
+    for value in values:
+        if isinstance(value, str):
+            out.append(value)
+            continue
+        segments: list[Segment] = []
+        for seg in value:
+            if isinstance(seg, list) and isinstance(seg[0], int):
+                seq = prev + seg[0] if back else seg[0]
+                segments.append([seq if back else seq - prev, *seg[1:]])
+                prev = seq
+            else:
+                segments.append(seg)
+        out.append(segments)
     return out
+
+
+def _restep(data: dict[str, Any], *, back: bool = False) -> None:
+    """`_steps` on every text of ``data`` but the recalled turns' (which refer to their own turn)."""
+    slots = list(_text_slots(data, recalled=False))
+    for (slot, key), value in zip(slots, _steps([slot[key] for slot, key in slots], back=back), strict=True):
+        slot[key] = value
+
+
+_LAYER_FIELDS = ("name", "allocated", "used", "items", "dropped_seqs", "truncated")
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]] | list[dict[str, Any]]:
+    """The layers' accounting column by column (layout 2), when every row has the usual fields."""
+    if not rows or any(tuple(row) != _LAYER_FIELDS for row in rows):
+        return rows
+    return {name: [row[name] for row in rows] for name in _LAYER_FIELDS}
+
+
+def _rows(columns: dict[str, list[Any]] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(columns, list):
+        return columns
+    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
 
 
 _KEPT_FIELDS = ("pins", "processors")
@@ -489,9 +551,9 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     used = _encode(data, _Matcher([*given.turns.items(), *keyed.items()], whole))
     data["_crc"] = crc
     data["_v"] = FORMAT
-    for slot, key in _text_slots(data, recalled=False):
-        slot[key] = _steps(slot[key])
+    _restep(data)
     data["recalled"] = _pack_recalled(data["recalled"])
+    data["layers"] = _columns(data["layers"])
     texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(r for r in used if isinstance(r, str))}
     for name in _KEPT_FIELDS:
         value = data[name]
@@ -578,8 +640,8 @@ def read_trace(body: bytes | str) -> TraceReading | TurnTrace:
     if data.pop("_v", 1) >= 2:
         if isinstance(data.get("recalled"), dict):
             data["recalled"] = _unpack_recalled(data["recalled"])
-        for slot, key in _text_slots(data, recalled=False):
-            slot[key] = _steps(slot[key], back=True)
+        data["layers"] = _rows(data.get("layers", []))
+        _restep(data, back=True)
     seqs: set[int] = set()
     keys = _field_keys(data)
     for slot, key in _text_slots(data):
