@@ -37,7 +37,7 @@ from datetime import datetime
 from graphlib import CycleError, TopologicalSorter
 from typing import Any, TypeGuard, TypeVar
 
-from ..trace import TraceSources, TurnTrace, trace_from_dict, trace_from_json, trace_to_dict
+from .records import TraceSources, TurnTrace, trace_from_dict, trace_from_json, trace_to_dict
 
 __all__ = [
     "FORMAT",

@@ -117,7 +117,7 @@ async def session_storage(store: Store, tenant: str, session_id: str) -> Session
     `UserError` for a store that does not report its size, `SessionNotFound` for an
     unknown session."""
     from ..errors import SessionNotFound, UserError
-    from ..trace import exchange_count
+    from .records import exchange_count
 
     usage: object = store
     if not reports_usage(usage):
