@@ -452,7 +452,8 @@ def _encode(data: dict[str, Any], matcher: _Matcher) -> set[int | str]:
 
 
 def _why(layer: str, rank: int) -> str:
-    """The reason `trace.explain_recalled` gives a recalled turn of ``layer`` at ``rank``."""
+    """The reason `engine.recalled.explain_recalled` gives a recalled turn of ``layer`` at ``rank``
+    (another reason is kept as it is)."""
     return f"relevant to the message (rank {rank})" if layer == "recall" else "emotional key moment"
 
 
