@@ -31,6 +31,7 @@ from .models.base import (
     calls_tools,
     relays,
 )
+from .models.caching import cache_session
 from .processors.base import Detection
 from .tokens.tools import count_turn
 from .types import NewTurn, SessionKey, SessionState, ToolCall, Turn, tool_metadata
@@ -170,17 +171,19 @@ async def _events(
     engine: Engine, prepared: PreparedTurn, request: AgentRequest
 ) -> AsyncIterator[ModelEvent | UpstreamReply]:
     model = engine.model
-    if request.relay is not None and relays(model):
-        left = max(1, engine.settings.context_window - prepared.context.total_tokens)
-        async for item in model.relay(prepared.messages, request.relay, max_tokens=left):
-            yield item
-        return
-    if request.tools and calls_tools(model):
-        async for event in model.stream_events(prepared.messages, tools=request.tools, tool_choice=request.tool_choice):
-            yield event
-        return
-    async for text in model.stream(prepared.messages):
-        yield TextDelta(text=text)
+    with cache_session(prepared.state.tenant, prepared.state.session_id):  # the session's prompt-cache hints
+        if request.relay is not None and relays(model):
+            left = max(1, engine.settings.context_window - prepared.context.total_tokens)
+            async for item in model.relay(prepared.messages, request.relay, max_tokens=left):
+                yield item
+            return
+        if request.tools and calls_tools(model):
+            async for event in model.stream_events(prepared.messages, tools=request.tools,
+                                                   tool_choice=request.tool_choice):
+                yield event
+            return
+        async for text in model.stream(prepared.messages):
+            yield TextDelta(text=text)
 
 
 async def stream_agent_turn(

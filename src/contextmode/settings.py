@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import ConfigError
+from .pricing import DEFAULT_PRICES, Price, load_prices
 
 __all__ = ["EngineSettings", "Mode", "PiiPolicy", "contextmode_home", "env_flag", "env_int"]
 
@@ -64,8 +65,9 @@ class EngineSettings:
 
     strategy: str = "default"
     """Memory strategy name: ``default`` (summary, pins, key moments, recalled older turns and
-    recent turns), or ``window``, ``token_window``, ``summary``, ``sliding_summary``, ``hybrid``,
-    ``hybrid_recall``."""
+    recent turns), or ``steady`` (the default with a request prefix that stays the same from turn
+    to turn, for prompt caches: docs/caching.md), ``window``, ``token_window``, ``summary``,
+    ``sliding_summary``, ``hybrid``, ``hybrid_recall``."""
     context_window: int = 8192
     """The model's context window, tokens."""
     reply_reserve: int | None = None
@@ -73,8 +75,10 @@ class EngineSettings:
     mode: Mode = "contextual"
     """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite."""
     order: str = "default"
-    """Layer order preset: ``default`` (background, then the newest turns and the message) or
-    ``question_first`` (the message right after the pinned constraints)."""
+    """Layer order preset: ``default`` (instructions, pins, summary and the turns first, what
+    changes every turn after them: prompt caches reuse the rest, docs/caching.md),
+    ``chronological`` (background, then the newest turns and the message) or ``question_first``
+    (the message right after the pinned constraints)."""
     locale: str = "auto"
     """``zh``, ``en`` or ``auto``."""
     summary_threshold: int = 10
@@ -110,6 +114,10 @@ class EngineSettings:
     """The embedding model's name on that server (``text-embedding-3-small``, ``nomic-embed-text``…)."""
     embeddings_api_key: str | None = field(default=None, repr=False)
     """Its key, sent as ``Authorization: Bearer``; never shown by ``repr``."""
+    prices: tuple[Price, ...] = DEFAULT_PRICES
+    """Prices per model family that turn each exchange's tokens into money (its trace's
+    ``usage``); ``CONTEXTMODE_PRICES``: a JSON object or the path of a JSON file
+    (`contextmode.pricing`, docs/caching.md)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("contextual", "decoupled"):
@@ -139,7 +147,7 @@ class EngineSettings:
         """Settings from ``CONTEXTMODE_STRATEGY``, ``_CONTEXT_WINDOW``, ``_REPLY_RESERVE``,
         ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``,
         ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``, ``_PII``, ``_PII_TENANTS``, ``_RAW_MESSAGE``,
-        ``_EMBEDDINGS_BASE_URL``, ``_EMBEDDINGS_MODEL``, ``_EMBEDDINGS_API_KEY``."""
+        ``_EMBEDDINGS_BASE_URL``, ``_EMBEDDINGS_MODEL``, ``_EMBEDDINGS_API_KEY``, ``_PRICES``."""
         env = os.environ if env is None else env
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
@@ -161,6 +169,7 @@ class EngineSettings:
             embeddings_base_url=env.get("CONTEXTMODE_EMBEDDINGS_BASE_URL", "").strip() or None,
             embeddings_model=env.get("CONTEXTMODE_EMBEDDINGS_MODEL", "").strip() or None,
             embeddings_api_key=env.get("CONTEXTMODE_EMBEDDINGS_API_KEY", "").strip() or None,
+            prices=load_prices(env.get("CONTEXTMODE_PRICES", "")),
         )
 
 

@@ -24,7 +24,7 @@ from contextmode.errors import ConfigError, MessageTooLarge, MissingExtra
 from contextmode.memory import STRATEGIES, Budget
 from contextmode.testing import CharTokenCounter
 from contextmode.tokens import TokenCounter, count_messages
-from contextmode.types import Constraint, Role, SessionState, Summary, Turn
+from contextmode.types import ChatMessage, Constraint, Role, SessionState, Summary, Turn
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 COUNTER = CharTokenCounter()
@@ -140,8 +140,9 @@ def test_memory_gives_way_when_the_whole_request_counts_more_than_its_pieces(fmt
     # whole, it does not: the turn is still assembled, with less memory, the message whole.
     roomy = assemble(state, "今天又是那种感觉", counter=COUNTER, strategy="hybrid", budget=budget,
                      config=AssemblyConfig(format=fmt), now=NOW)  # type: ignore[arg-type]
-    assert [layer.name for layer in roomy.layers if layer.name in memory] == list(memory)
-    assert [layer.name for layer in ctx.layers if layer.name in memory] != list(memory)
+    in_order = [name for name in roomy.order if name in memory]
+    assert [layer.name for layer in roomy.layers if layer.name in memory] == in_order
+    assert [layer.name for layer in ctx.layers if layer.name in memory] != in_order
     assert ctx.message == "今天又是那种感觉" and ctx.layer("current") is not None
 
 
@@ -335,7 +336,7 @@ def scenarios(draw: st.DrawFn) -> tuple[SessionState, str, str, Budget, Assembly
     budget = draw(st.sampled_from([Budget(context_window=window), Budget.emotion_window(window),
                                    Budget.fixed_layers(window), Budget(context_window=window, reply_reserve=0)]))
     config = AssemblyConfig(format=draw(st.sampled_from(["messages", "text"])),
-                            order=draw(st.sampled_from(["default", "question_first"])),
+                            order=draw(st.sampled_from(["default", "chronological", "question_first"])),
                             reply_format=draw(st.sampled_from(["", "简短回答", "Answer in JSON"])))
     return state, draw(_text) or "嗯", draw(st.sampled_from(sorted(STRATEGIES))), budget, config
 
@@ -403,12 +404,31 @@ def test_question_first_order_puts_the_current_message_third_in_text_form() -> N
     assert ctx.total_tokens == exact_total(ctx)
 
 
-def test_default_order_is_chronological() -> None:
+def test_chronological_order_puts_the_background_first() -> None:
     ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
-                   config=AssemblyConfig(format="text"))
+                   config=AssemblyConfig(format="text", order="chronological"))
     text = to_text(ctx)
     positions = _heading_positions(text, ["用户约束与画像", "早期对话摘要", "关键情绪时刻", "近期对话", "当前消息"])
     assert positions == sorted(positions)
+
+
+@pytest.mark.parametrize("fmt", ["messages", "text"])
+def test_default_order_puts_what_changes_every_turn_after_the_turns(fmt: str) -> None:
+    ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
+                   config=AssemblyConfig(format=fmt), current=CurrentTurn(hint="推荐个川菜"))
+    text = to_text(ctx)
+    marks = ["## 用户约束与画像", "## 早期对话摘要", "## 近期对话" if fmt == "text" else "[assistant]",
+             "## 关键情绪时刻", "可能指的是", "推荐个菜"]
+    positions = [text.index(mark) for mark in marks]
+    assert positions == sorted(positions)
+    if fmt == "messages":
+        messages = to_messages(ctx)
+        # The stable part (instructions, pins, summary) in the system message, the key moments
+        # and the hint in one message after the turns, the message as typed last.
+        assert "关键情绪时刻" not in messages[0].content and "可能指的是" not in messages[0].content
+        assert messages[-1] == ChatMessage(role="user", content="推荐个菜")
+        assert messages[-2].role == "user" and "关键情绪时刻" in messages[-2].content
+        assert ctx.total_tokens == exact_total(ctx)
 
 
 def test_custom_order_must_name_every_layer() -> None:
@@ -425,9 +445,14 @@ def test_messages_adapter_shape() -> None:
     messages = to_messages(ctx)
     assert messages[0].role == "system"
     assert "<summary>" in messages[0].content and "<constraints>" in messages[0].content
-    assert [m.role for m in messages[1:-1]] == [t.role for t in _full_state().turns]
-    assert [m.content for m in messages[1:-1]] == [t.content for t in _full_state().turns]
+    # The turns, then the key moments (what changes every turn) in one message, then the message.
+    assert [m.role for m in messages[1:-2]] == [t.role for t in _full_state().turns]
+    assert [m.content for m in messages[1:-2]] == [t.content for t in _full_state().turns]
+    assert messages[-2].role == "user" and messages[-2].content.startswith("## 关键情绪时刻")
     assert (messages[-1].role, messages[-1].content) == ("user", "推荐个菜")
+    old = to_messages(assemble(_full_state(), "推荐个菜", counter=COUNTER, strategy="hybrid", now=NOW,
+                               config=AssemblyConfig(order="chronological")))
+    assert [m.content for m in old[1:-1]] == [t.content for t in _full_state().turns]
     text_ctx = assemble(_full_state(), "推荐个菜", counter=COUNTER, now=NOW,
                         config=AssemblyConfig(format="text"))
     assert [m.role for m in to_messages(text_ctx)] == ["user"]

@@ -49,8 +49,8 @@ def _shown(ctx: Context) -> list[int]:
     return [i.seq for layer in ctx.layers for i in layer.items if i.seq is not None and layer.name != "constraints"]
 
 
-def _build(state: SessionState, budget: int, fmt: str = "messages") -> Context:
-    return assemble(state, "我刚才说的过敏是什么来着？", counter=COUNTER, strategy="default",
+def _build(state: SessionState, budget: int, fmt: str = "messages", strategy: str = "default") -> Context:
+    return assemble(state, "我刚才说的过敏是什么来着？", counter=COUNTER, strategy=strategy,
                     budget=Budget(context_window=budget, reply_reserve=0),
                     config=AssemblyConfig(format=fmt), now=NOW)  # type: ignore[arg-type]
 
@@ -69,12 +69,12 @@ def _line_cost(turn: Turn, ctx: Context | None = None) -> int:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sessions(), st.integers(150, 3000), st.sampled_from(["messages", "text"]))
+@given(sessions(), st.integers(150, 3000), st.sampled_from(["messages", "text"]), st.sampled_from(["default", "steady"]))
 def test_no_turn_twice_and_no_budget_idle_while_turns_are_left_out(
-    session: tuple[SessionState, tuple[Turn, ...]], budget: int, fmt: str,
+    session: tuple[SessionState, tuple[Turn, ...]], budget: int, fmt: str, strategy: str,
 ) -> None:
     state, turns = session
-    ctx = _build(state, budget, fmt)
+    ctx = _build(state, budget, fmt, strategy)
     shown = _shown(ctx)
     assert len(shown) == len(set(shown)), f"a turn sent twice: {sorted(shown)}"
     assert ctx.total_tokens <= ctx.input_budget
@@ -99,13 +99,45 @@ def test_a_larger_budget_never_sends_a_strict_subset_of_old_turns(
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sessions(), st.integers(150, 3000))
+@given(sessions(), st.integers(150, 3000), st.sampled_from(["default", "steady"]))
 def test_the_first_message_after_the_system_is_the_users(
-    session: tuple[SessionState, tuple[Turn, ...]], budget: int,
+    session: tuple[SessionState, tuple[Turn, ...]], budget: int, strategy: str,
 ) -> None:
     state, _ = session
-    messages = to_messages(_build(state, budget))
+    messages = to_messages(_build(state, budget, strategy=strategy))
     assert messages[0].role == "system" and messages[1].role == "user"
+
+
+def _kept_prefixes(strategy: str) -> float:
+    """Share of consecutive turns of a long session whose request starts with the previous
+    request's system message and turns (what a prompt cache serves), while recall finds other
+    turns every time."""
+    import random
+
+    rng = random.Random(7)
+    turns = [_turn(seq, " ".join(rng.choices(_WORDS, k=rng.randint(4, 30))), day=(200 - seq) // 20)
+             for seq in range(1, 201)]
+    kept, previous = [], None
+    for n in range(61, 200, 2):  # each turn: the user's message n, after the answer n - 1
+        recalled = tuple(rng.sample(turns[: n - 30], 12))
+        state = SessionState(tenant="t", session_id="s", last_seq=n - 1, turns=tuple(turns[: n - 1]),
+                             recalled=recalled)
+        ctx = assemble(state, turns[n - 1].content, counter=COUNTER, strategy=strategy,
+                       budget=Budget(context_window=4000, reply_reserve=0), now=NOW)
+        messages = to_messages(ctx)
+        recent = ctx.layer("recent")
+        stable = messages[: 1 + (len(recent.items) if recent else 0)]
+        if previous is not None:
+            kept.append(messages[: len(previous)] == previous)
+        previous = stable
+    return sum(kept) / len(kept)
+
+
+def test_a_steady_window_keeps_the_prefix_from_turn_to_turn() -> None:
+    steady, default = _kept_prefixes("steady"), _kept_prefixes("default")
+    # The steady window moves a block at a time: most turns repeat the previous request's
+    # prefix; the default window slides with what recall leaves, almost every turn.
+    assert steady >= 0.85 and steady > default + 0.2, (steady, default)
 
 
 def test_recall_keeps_its_last_item_with_its_day_heading() -> None:

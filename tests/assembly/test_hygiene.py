@@ -89,7 +89,7 @@ def offline_engine(**settings: Any) -> Engine:
     )
 
 
-@pytest.mark.parametrize("order", ["default", "question_first"])
+@pytest.mark.parametrize("order", ["default", "chronological", "question_first"])
 @pytest.mark.parametrize("mode", ["contextual", "decoupled"])
 async def test_injections_stay_quotes_with_offline_processors(order: str, mode: str) -> None:
     engine = offline_engine(order=order, mode=mode)

@@ -134,7 +134,11 @@ async def test_contextual_mode_sends_the_message_verbatim_with_a_labelled_hint()
     result = await engine.turn("t", "s", "那个在哪？")
     call = model.calls[-1]
     assert call.last_user == "那个在哪？"
-    assert "楼外楼在哪？" in call.system and "提示" in call.system
+    # The hint comes after the turns, in the message before the user's own (what changes every
+    # turn stays out of the cacheable prefix: docs/caching.md).
+    hint = call.messages[-2]
+    assert hint.role == "user" and "楼外楼在哪？" in hint.content and "提示" in hint.content
+    assert "楼外楼在哪？" not in call.system
     assert result.user_turn.metadata["rewrite"] == "楼外楼在哪？"
     assert result.user_turn.metadata["rewrite_verified"] is True
 
@@ -172,7 +176,7 @@ async def test_a_rewrite_that_does_not_fit_gives_way_to_the_users_words(mode: st
     assert "楼外楼在哪？" in rewritten.message + (rewritten.hint or "")
     # …then a window one token short of its whole layers (memory would give way first): the
     # user's own words are sent instead of an error.
-    memory = sum(a.used for name, a in rewritten.accounts.items() if name not in ("system", "current"))
+    memory = sum(a.used for name, a in rewritten.accounts.items() if name not in ("system", "hint", "current"))
     engine, model = await _after_hangzhou("楼外楼在哪？", mode=mode, reply_reserve=0,
                                           context_window=rewritten.total_tokens - memory - 1)
     result = await engine.turn("t", "s", "那个在哪？")
@@ -247,4 +251,4 @@ async def test_llm_rewriter_passes_through_the_same_verifier() -> None:
     engine.rewriter = LLMRewriter(ScriptedModel(["楼外楼在哪？"]))
     result = await engine.turn("t", "s", "那个在哪？")
     assert result.user_turn.metadata["rewrite_verified"] is True
-    assert "楼外楼在哪？" in model.calls[-1].system
+    assert "楼外楼在哪？" in model.calls[-1].messages[-2].content  # the hint, after the turns

@@ -304,7 +304,7 @@ async def test_thirty_turns_reach_the_model_as_summary_pins_and_recall_within_bu
     system = last[0].content
     assert "<summary>" in system  # the early turns, summarised
     assert "不吃辣" in system  # pinned
-    assert "4417" in system  # recalled from turn 2, long out of the recent window
+    assert "4417" in last[-2].content  # recalled from turn 2, long out of the recent window, after the turns
     assert last[-1].content.endswith("What was my locker code at the gym?")
     for call in model.calls:
         assert count_messages(CharTokenCounter(), call.messages) <= window - reserve

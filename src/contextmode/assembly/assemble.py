@@ -36,6 +36,7 @@ from .context import Context, LayerAccount, LayerContent, LayerItem, PromptForma
 from .render import (
     DEFAULT_SYSTEM_PROMPT,
     SECTION_SEPARATOR,
+    after_window,
     constraint_line,
     data_text,
     layer_title,
@@ -59,16 +60,26 @@ __all__ = [
 ]
 
 ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
+    # Stable first, what changes every turn last (docs/caching.md): instructions, reply format,
+    # pins, the summary and the window make a prefix the next turn's request repeats byte for
+    # byte (what prompt caches reuse); the key moments, the recalled turns and the rewrite hint
+    # follow the window, as one message before the current one.
+    "default": ("system", "format", "constraints", "summary", "recent", "key_moments", "recall", "hint", "current"),
     # Chronological: background (summary, key moments, recall) first, then the newest turns,
-    # the message and the reply instruction (the emotional-companion article's order).
-    "default": ("system", "constraints", "summary", "key_moments", "recall", "recent", "current", "format"),
+    # the message and the reply instruction (the emotional-companion article's order; the
+    # default before prompt caching was measured).
+    "chronological": (
+        "system", "hint", "constraints", "summary", "key_moments", "recall", "recent", "current", "format",
+    ),
     # The question right after the pinned constraints, then the turns and the summary
     # (the context-manager article's order).
-    "question_first": ("system", "constraints", "current", "recent", "summary", "key_moments", "recall", "format"),
+    "question_first": (
+        "system", "hint", "constraints", "current", "recent", "summary", "key_moments", "recall", "format",
+    ),
 }
 """Layer order presets by name (``CONTEXTMODE_ORDER``)."""
 
-DEPRECATED_ORDER_NAMES: dict[str, str] = {"seed001": "default", "seed003": "question_first"}
+DEPRECATED_ORDER_NAMES: dict[str, str] = {"seed001": "chronological", "seed003": "question_first"}
 """Old preset names, still accepted for one release with a `DeprecationWarning`."""
 
 
@@ -106,6 +117,9 @@ class AssemblyConfig:
 
     def resolved_order(self) -> tuple[LayerName, ...]:
         order = order_preset(self.order) if isinstance(self.order, str) else tuple(self.order)
+        if "hint" not in order and "system" in order:  # an order written before the hint had a place
+            at = order.index("system") + 1
+            order = (*order[:at], "hint", *order[at:])
         missing = set(ORDER_PRESETS["default"]) - set(order)
         if missing:
             raise ConfigError(f"layer order misses {sorted(missing)}")
@@ -295,9 +309,14 @@ def assemble(
     if current.quotes is not None:
         plan = _without(plan, current.quotes)
     candidates = _candidates(state, plan, frame, now, config.tool_limits)
-    _whole_when_it_fits(candidates, fixed.available)
+    whole = _whole_when_it_fits(candidates, fixed.available)
     allocation = _allocate(candidates, frame, fixed.available, budget.shares or plan.shares)
-    selection = _select(candidates, allocation, fixed.available, frame)
+    if plan.window_block and not whole:
+        steady = _Steady(block=plan.window_block, base=fixed.available + fixed.current_cost + fixed.costs.get("hint", 0),
+                         volatile_max=plan.volatile_max_tokens, weights=budget.shares or plan.shares)
+        selection = _select_steady(candidates, allocation, fixed.available, frame, steady)
+    else:
+        selection = _select(candidates, allocation, fixed.available, frame)
     hint = current.hint
     return _render(_RenderContext(
         frame=frame, message=message, sent=sent, strategy=strategy.name, fixed=fixed,
@@ -318,6 +337,8 @@ class _Frame:
     budget: Budget
     input_budget: int
     sep_cost: int
+    tail: frozenset[LayerName] = frozenset()
+    """Message form: the layers sent as one message after the recent turns (`after_window`)."""
 
     @property
     def shape(self) -> _Shape:
@@ -333,6 +354,7 @@ def _frame(state: SessionState, message: str, counter: TokenCounter, budget: Bud
     return _Frame(
         counter=counter, count=count, locale=_locale(config, message, state), as_messages=config.format == "messages",
         order=order, budget=budget, input_budget=input_budget, sep_cost=count(SECTION_SEPARATOR),
+        tail=after_window(order) if config.format == "messages" else frozenset(),
     )
 
 
@@ -368,10 +390,10 @@ def _instruction_sections(frame: _Frame, config: AssemblyConfig, sent: str, hint
     lang = "zh" if locale.startswith("zh") else "en"
     system_text = DEFAULT_SYSTEM_PROMPT[lang] if config.system_prompt is None else config.system_prompt
     sections: dict[LayerName, str] = {}
-    if hint and hint.strip() != sent.strip():
-        system_text = "\n\n".join(p for p in (system_text, rewrite_hint(hint, locale)) if p)
     if system_text:
         sections["system"] = section_text("system", "", [system_text])
+    if hint and hint.strip() != sent.strip():
+        sections["hint"] = section_text("hint", "", [rewrite_hint(hint, locale)])
     if config.reply_format:
         sections["format"] = section_text("format", layer_title("format", locale), [config.reply_format])
     return sections
@@ -385,13 +407,20 @@ def _fixed_layers(state: SessionState, frame: _Frame, config: AssemblyConfig, se
     sections = _instruction_sections(frame, config, sent, current.hint)
     costs = {name: frame.count(text) + frame.sep_cost for name, text in sections.items()}
     system_message_overhead = message_overhead(frame.counter, "system") if frame.as_messages else 0
+    # The message after the recent turns (`_Frame.tail`): its overhead is whole-layer cost when
+    # it holds the hint, else it comes out of what the flexible layers get.
+    tail_overhead = message_overhead(frame.counter, "user") if frame.tail else 0
+    if "hint" in sections and "hint" in frame.tail:
+        system_message_overhead, tail_overhead = system_message_overhead + tail_overhead, 0
     available = frame.input_budget - current_cost - sum(costs.values()) - system_message_overhead
     reserve = _pins_reserve(state, frame.count, frame.locale, frame.sep_cost, available)
-    step, step_cost, current_text = _current_step(current.agent_step, available, reserve, frame.shape, sent, current_text)
+    step, step_cost, current_text = _current_step(current.agent_step, available - tail_overhead, reserve, frame.shape,
+                                                  sent, current_text)
     current_cost += step_cost
     available -= step_cost
     if available < 0:
         raise MessageTooLarge(current_cost + sum(costs.values()), frame.input_budget)
+    available = max(0, available - tail_overhead)
     return _Fixed(current_text=current_text, current_cost=current_cost, step=step, sections=sections, costs=costs,
                   available=available)
 
@@ -423,20 +452,21 @@ def _candidates(
     return candidates
 
 
-def _whole_when_it_fits(candidates: dict[LayerName, list[_Candidate]], available: int) -> None:
+def _whole_when_it_fits(candidates: dict[LayerName, list[_Candidate]], available: int) -> bool:
     """When every turn of the session is loaded and they all fit with the pins, the turns go
     whole: the summary and key moments (which only restate them) and recall (which would show
     them again) step aside, so a larger budget never shows fewer turns than a smaller one."""
     recent = candidates["recent"]
     if not recent or min(c.seq or 0 for c in recent) != 1:
-        return
+        return False
     pins = sum(c.cost for c in candidates["constraints"])
     if sum(c.cost for c in recent) + pins > available:
-        return
+        return False
     for name in ("summary", "key_moments", "recall"):
         candidates[name] = []
     for c in recent:
         c.backfill = False
+    return True
 
 
 def _recall_candidate(t: Turn, frame: _Frame, *, spare: bool = False) -> _Candidate:
@@ -547,6 +577,98 @@ def _select(
         truncated[name] = cut
     queue = _spend_leftover(candidates, chosen, section_overheads, available, frame)
     return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated, queue=queue)
+
+
+_VOLATILE_LAYERS: tuple[LayerName, ...] = ("key_moments", "recall")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Steady:
+    """What keeps a request's prefix steady (`MemoryPlan.window_block`)."""
+
+    block: int
+    """Turns per block of the window's start."""
+    base: int
+    """The flexible budget before the current message: the shares are taken from it, so a
+    longer or shorter message moves none of the stable layers (the volatile ones absorb it)."""
+    volatile_max: int | None
+    """Tokens at most for the layers after the window (key moments, recall); the rest of their
+    share goes to the window."""
+    weights: Mapping[LayerName, float]
+
+
+def _steady_shares(steady: _Steady, frame: _Frame) -> dict[LayerName, int]:
+    """Each flexible layer's share of ``steady.base`` when every layer is hungry, the window's
+    grown by what the cap on the volatile layers leaves."""
+    caps = {n: v for n, v in frame.budget.allocations.items() if n in FLEXIBLE_LAYERS} or None
+    shares = allocate(steady.base, dict.fromkeys(FLEXIBLE_LAYERS, steady.base), caps=caps, weights=steady.weights)
+    if steady.volatile_max is not None:
+        volatile = sum(shares.get(n, 0) for n in _VOLATILE_LAYERS)
+        over = max(0, volatile - steady.volatile_max)
+        shares["recent"] = shares.get("recent", 0) + over
+    return shares
+
+
+def _select_steady(
+    candidates: dict[LayerName, list[_Candidate]], allocation: _Allocation, available: int, frame: _Frame,
+    steady: _Steady,
+) -> _Selection:
+    """`_select` for a request whose prefix stays the same from turn to turn (`MemoryPlan.window_block`).
+
+    Pins, summary and window each get their share of a budget that does not depend on the
+    message or on what recall finds (`_steady_shares`); the window's oldest turn is the start
+    of a block of ``steady.block`` turns (`_block_start`: it moves a block at a time, not a turn
+    at a time); the pins shown are those said before the window (the window holds the others
+    verbatim). The key moments and recall take the rest, then the budget still free is spent as
+    in `_select` (`_spend_leftover`). When the message leaves too little for that, `_select`."""
+    overheads, count = allocation.section_overheads, frame.count
+    shares = _steady_shares(steady, frame)
+    chosen: dict[LayerName, list[_Candidate]] = {}
+    truncated: dict[LayerName, bool] = {}
+    chosen["summary"], truncated["summary"] = _fill("summary", candidates["summary"], shares.get("summary", 0)
+                                                    - overheads["summary"], count, frame.as_messages,
+                                                    frame.counter.message_overhead)
+    window = candidates["recent"]
+    picked, truncated["recent"] = _fill_recent(window, shares.get("recent", 0) - overheads["recent"], count, {})
+    if len(picked) < len(window):
+        picked = _block_start(picked, window, steady.block)
+    chosen["recent"] = picked
+    start = min((c.seq or 0 for c in picked), default=None)
+    before = [c for c in candidates["constraints"] if start is None or c.seq is None or c.seq < start]
+    chosen["constraints"], truncated["constraints"] = _fill(
+        "constraints", before, shares.get("constraints", 0) - overheads["constraints"], count, frame.as_messages,
+        frame.counter.message_overhead)
+    left = available - sum(_used(chosen[name], overheads[name]) for name in chosen)
+    if left < 0:  # a long message: this turn cannot keep the prefix
+        return _select(candidates, allocation, available, frame)
+    shown = {c.seq for c in picked}
+    for name in _VOLATILE_LAYERS:
+        cands = [c for c in candidates[name] if c.seq not in shown]
+        chosen[name], truncated[name] = _fill(name, cands, left - overheads[name], count, frame.as_messages,
+                                              frame.counter.message_overhead)
+        left -= _used(chosen[name], overheads[name])
+        shown.update(c.seq for c in chosen[name])
+    queue = _spend_leftover(candidates, chosen, overheads, available, frame)
+    return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated, queue=queue)
+
+
+def _block_start(picked: list[_Candidate], window: Sequence[_Candidate], block: int) -> list[_Candidate]:
+    """``picked`` (newest first) without its oldest turns before the newest block start it
+    reaches: the first user turn of each run of ``block`` sequence numbers (seq 1–16, 17–32…
+    for 16) among the window's candidates. Unchanged when it reaches none (a window shorter
+    than a block slides as before)."""
+    starts: set[int] = set()
+    seen: set[int] = set()
+    for c in reversed(window):  # oldest first
+        if c.turn is not None and c.turn.role == "user" and c.seq is not None:
+            index = (c.seq - 1) // block
+            if index not in seen:
+                seen.add(index)
+                starts.add(c.seq)
+    for keep in range(len(picked), 0, -1):
+        if picked[keep - 1].seq in starts:  # a user turn: a unit of its own
+            return picked[:keep]
+    return picked
 
 
 def _used(picked: Sequence[_Candidate], overhead: int) -> int:
@@ -858,6 +980,12 @@ class _Rendered:
     layers: list[LayerContent] = field(default_factory=list)
     accounts: dict[LayerName, LayerAccount] = field(default_factory=dict)
     sections: list[str] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+    """Message form: the sections of the message after the recent turns (`_Frame.tail`)."""
+
+    def add(self, name: LayerName, text: str, frame: _Frame) -> None:
+        """A rendered section, into the system message or the message after the turns."""
+        (self.tail if name in frame.tail else self.sections).append(text)
 
 
 def _render(rc: _RenderContext) -> Context:
@@ -867,7 +995,7 @@ def _render(rc: _RenderContext) -> Context:
     frame = rc.frame
     while True:
         rendered = _render_layers(rc)
-        total = _total(rc, rendered.sections)
+        total = _total(rc, rendered)
         if total <= frame.input_budget or not _drop_one(rc.selection.chosen, rc.selection.dropped):
             break
     if total > frame.input_budget:
@@ -913,7 +1041,7 @@ def _top_up(rc: _RenderContext, rendered: _Rendered, total: int) -> tuple[_Rende
         for seqs in selection.dropped.values():
             seqs[:] = [seq for seq in seqs if seq != cand.seq]
         trial = _render_layers(rc)
-        trial_total = _total(rc, trial.sections)
+        trial_total = _total(rc, trial)
         if trial_total <= budget:
             rendered, total = trial, trial_total
         else:
@@ -936,13 +1064,15 @@ def _render_layers(rc: _RenderContext) -> _Rendered:
     return out
 
 
-def _total(rc: _RenderContext, sections: Sequence[str]) -> int:
+def _total(rc: _RenderContext, rendered: _Rendered) -> int:
     """Tokens of the whole rendered input, chat-format overhead included."""
     frame = rc.frame
     if not frame.as_messages:
-        return frame.count(SECTION_SEPARATOR.join(sections))
-    system_content = SECTION_SEPARATOR.join(sections)
+        return frame.count(SECTION_SEPARATOR.join(rendered.sections))
+    system_content = SECTION_SEPARATOR.join(rendered.sections)
     total = (frame.count(system_content) + message_overhead(frame.counter, "system") if system_content else 0)
+    tail_content = SECTION_SEPARATOR.join(rendered.tail)
+    total += frame.count(tail_content) + message_overhead(frame.counter, "user") if tail_content else 0
     total += sum(c.cost for c in rc.selection.chosen.get("recent", []))
     return total + rc.fixed.current_cost
 
@@ -954,7 +1084,7 @@ def _render_fixed(name: LayerName, title: str, rc: _RenderContext, out: _Rendere
     allocated = rc.frame.budget.allocations.get(name, rc.fixed.costs[name])
     out.layers.append(LayerContent(name=name, title=title, items=(LayerItem(text=text, tokens=used),), rendered=text))
     out.accounts[name] = LayerAccount(name=name, allocated=allocated, used=used, items=1)
-    out.sections.append(text)
+    out.add(name, text, rc.frame)
 
 
 def _render_current(title: str, rc: _RenderContext, out: _Rendered) -> None:
@@ -990,7 +1120,7 @@ def _render_flexible(name: LayerName, title: str, rc: _RenderContext, out: _Rend
     else:
         lines = _section_lines(name, picked, frame.locale)
         text = section_text(name, title, lines)
-        out.sections.append(text)
+        out.add(name, text, frame)
         used = frame.count(text) + frame.sep_cost
         items = tuple(
             LayerItem(text=line, tokens=c.cost, seq=c.seq, role=c.turn.role if c.turn else None,

@@ -25,6 +25,7 @@ __all__ = [
     "DATA_LAYERS",
     "DEFAULT_SYSTEM_PROMPT",
     "SECTION_SEPARATOR",
+    "after_window",
     "constraint_line",
     "data_text",
     "has_closing_tag",
@@ -49,6 +50,7 @@ _TITLES: dict[str, dict[LayerName, str]] = {
         "key_moments": "关键情绪时刻（参考数据）",
         "recall": "相关的早期对话（参考数据）",
         "recent": "近期对话",
+        "hint": "改写提示",
         "current": "当前消息",
         "format": "回复要求",
     },
@@ -59,6 +61,7 @@ _TITLES: dict[str, dict[LayerName, str]] = {
         "key_moments": "Key moments (reference data)",
         "recall": "Relevant earlier turns (reference data)",
         "recent": "Recent conversation",
+        "hint": "Rewrite hint",
         "current": "Current message",
         "format": "Reply format",
     },
@@ -85,6 +88,17 @@ _ROLE_LABELS: dict[str, dict[str, str]] = {
     "zh": {"user": "用户", "assistant": "助手", "system": "系统", "tool": "工具结果"},
     "en": {"user": "User", "assistant": "Assistant", "system": "System", "tool": "Tool result"},
 }
+
+
+def after_window(order: Sequence[LayerName]) -> frozenset[LayerName]:
+    """The layers an order puts between the recent turns and the current message: in message
+    form they are sent as one message after the recent turns (what changes from turn to turn,
+    kept out of the cacheable prefix: docs/caching.md); every other non-turn layer goes in the
+    system message. Empty for an order that puts the current message before the turns."""
+    if "recent" not in order or "current" not in order:
+        return frozenset()
+    start, end = order.index("recent"), order.index("current")
+    return frozenset(order[start + 1:end]) if start < end else frozenset()
 
 
 def _lang(locale: str) -> str:
@@ -205,7 +219,7 @@ def constraint_line(constraint: Constraint) -> str:
 def section_text(name: LayerName, title: str, lines: Sequence[str]) -> str:
     """A whole section: the system prompt as is, data layers inside delimiters, others under a heading."""
     body = "\n".join(lines)
-    if name == "system":
+    if name in ("system", "hint"):  # the hint is self-labelled (`rewrite_hint`)
         return body
     if name in DATA_LAYERS:
         return f"## {title}\n<{name}>\n{body}\n</{name}>"

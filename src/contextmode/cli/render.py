@@ -13,7 +13,7 @@ from ..assembly import Context
 from ..assembly.agent import tool_sentence
 from ..engine import PreparedTurn
 from ..store.base import Store
-from ..store.records import RecalledTurn, TurnTrace
+from ..store.records import RecalledTurn, TurnTrace, TurnUsage
 from ..text.lang import is_chinese
 from ..types import Constraint, Turn
 
@@ -191,6 +191,8 @@ def trace_panel(trace: TurnTrace, numbering: Numbering | None = None) -> Panel:
     )
     ttft = "-" if trace.ttft_ms is None else f"{trace.ttft_ms:.1f}"
     head.append(f"\nprepare {trace.prepare_ms:.1f} ms · first token {ttft} ms · model {trace.model_ms:.1f} ms")
+    if trace.usage is not None:
+        head.append(f"\n{usage_text(trace.usage)}")
     if trace.partial:
         head.append("\nthe answer's stream broke: partial answer", style="red")
     layers = Table(title="layers", title_justify="left")
@@ -215,6 +217,20 @@ def trace_panel(trace: TurnTrace, numbering: Numbering | None = None) -> Panel:
         parts.append(Text(f"[{m.role}] ", style="bold").append(m.content, style=""))
     title = f"turn {trace.turn} as the model received it"
     return Panel(Group(*parts), title=title, title_align="left")  # type: ignore[arg-type]
+
+
+def usage_text(usage: TurnUsage) -> str:
+    """A kept turn's cost on one line: input tokens, the cacheable prefix (the part that repeats
+    the previous request byte for byte), the cached tokens the endpoint billed, the money."""
+    parts = [f"{usage.prompt_tokens} input tokens"]
+    if usage.cacheable_tokens is not None:
+        share = usage.cacheable_tokens / usage.prompt_tokens if usage.prompt_tokens else 0.0
+        parts.append(f"cacheable prefix {usage.cacheable_tokens} ({share:.0%})")
+    if usage.cached_tokens is not None:
+        parts.append(f"billed as cached {usage.cached_tokens}")
+    if usage.usd is not None:
+        parts.append(f"${usage.usd:.5f} this turn · ${usage.session_usd or usage.usd:.4f} session ({usage.price_family} prices)")
+    return " · ".join(parts)
 
 
 def trace_seqs(trace: TurnTrace) -> list[int]:

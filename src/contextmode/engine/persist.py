@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConflictError, SessionErased
+from ..models.caching import ModelUsage
 from ..models.offline import OfflineResponder
 from ..store.base import TraceRecords
 from ..store.postings import has_postings
@@ -22,6 +23,7 @@ from .privacy import keepable_trace, masked_counts
 from .request import PreparedTurn, TurnRequest
 from .seams import indexes_turns
 from .trace import ExchangeOutcome, build_trace
+from .usage import turn_usage
 
 if TYPE_CHECKING:
     from .core import Engine
@@ -104,6 +106,8 @@ class Answer:
     """The stream broke (or the client went away) before the end."""
     ttft_ms: float | None
     model_ms: float
+    usage: ModelUsage | None = None
+    """What the endpoint reported for the call (tokens, cached tokens), if it did."""
 
 
 async def store_answer(
@@ -136,6 +140,9 @@ async def store_answer(
         outcome = ExchangeOutcome(
             turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
             ttft_ms=answer.ttft_ms, model_ms=answer.model_ms, partial=answer.partial,
+            reported_prompt_tokens=answer.usage.prompt_tokens if answer.usage else None,
+            reported_cached_tokens=answer.usage.cached_tokens if answer.usage else None,
+            completion_tokens=answer.usage.completion_tokens if answer.usage else None,
         )
         masked = masked_counts(user_turn, stored)
         stored_turns = (user_turn, stored) if stored is not None else (user_turn,)
@@ -156,6 +163,9 @@ async def _keep_trace(
         async with engine.one_connection():  # the check and the write: one pooled connection
             if (await engine.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:
                 return  # erased since the reply (a forget on another worker): keep nothing of it
+            previous = await keeper.get_trace(key.tenant, key.session_id, outcome.turn - 1) if outcome.turn > 1 else None
+            trace = replace(trace, usage=turn_usage(trace, outcome, previous, counter=engine.counter,
+                                                    prices=settings.prices))
             await keeper.put_trace(
                 key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
                 keep=settings.trace_keep,

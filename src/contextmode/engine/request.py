@@ -22,6 +22,7 @@ from ..assembly import Context
 from ..errors import ModelError
 from ..memory.strategies import Strategy
 from ..models.base import Relay, ToolCallDelta, UpstreamReply
+from ..models.caching import ModelUsage
 from ..processors.base import Detection, Rewrite
 from ..settings import Mode
 from ..types import (
@@ -175,6 +176,8 @@ class TurnResult:
     """The stop string a relayed reply met, when the endpoint names it (vLLM's ``stop_reason``)."""
     usage: Mapping[str, object] | None = None
     """A relayed reply's usage, as the endpoint reported it."""
+    reported: ModelUsage | None = None
+    """The tokens the endpoint reported for the reply's call (prompt, cached, completion), if it did."""
     upstream: UpstreamReply | None = None
     """A relayed, not streamed, reply: the endpoint's whole completion, as it sent it."""
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ModelError
 from ..models.base import UpstreamReply, relays
+from ..models.caching import ModelUsage, cache_session, collect_usage, usage_from
 from ..types import Turn
 from .persist import Answer, store_answer, store_user_turn
 from .prepare import prepare_turn
@@ -57,16 +58,19 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
     completed = False
     ending = Ending()
     model_started = time.perf_counter()
+    reported: list[ModelUsage] = []
     try:
         # Closed here (the client left before the model was asked): the finally below runs as
         # for a stream cut before its first token.
         yield Prepared(prepared=prepared)
-        async for event in _answer(engine, request, prepared, ending):
-            if event.kind == "delta":
-                if ttft is None:
-                    ttft = (time.perf_counter() - started) * 1000
-                pieces.append(event.text)
-            yield event
+        # The model call carries the session's prompt-cache hints, and reports its usage here.
+        with cache_session(request.key.tenant, request.key.session_id), collect_usage() as reported:
+            async for event in _answer(engine, request, prepared, ending):
+                if event.kind == "delta":
+                    if ttft is None:
+                        ttft = (time.perf_counter() - started) * 1000
+                    pieces.append(event.text)
+                yield event
         completed = True
     except ModelError as exc:
         error = exc
@@ -74,6 +78,7 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
         answer = Answer(
             text="".join(pieces), partial=not completed, ttft_ms=ttft,
             model_ms=(time.perf_counter() - model_started) * 1000,
+            usage=usage_from(ending.usage) if ending.usage is not None else (reported[-1] if reported else None),
         )
         assistant_turn = await asyncio.shield(store_answer(engine, request.key, user_turn, answer, prepared))
         jobs = schedule_jobs(engine, request.key, user_turn, prepared)
@@ -93,6 +98,7 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
         finish_reason=ending.finish_reason,
         stop_sequence=ending.stop_sequence,
         usage=ending.usage,
+        reported=answer.usage,
         upstream=ending.whole,
     )
     yield Done(result=result)

@@ -75,6 +75,12 @@ class ExchangeOutcome:
     ttft_ms: float | None
     model_ms: float
     partial: bool
+    reported_prompt_tokens: int | None = None
+    """Input tokens the endpoint reported for the call, if it did."""
+    reported_cached_tokens: int | None = None
+    """Input tokens the endpoint said it read from its prompt cache, if it did."""
+    completion_tokens: int | None = None
+    """Output tokens the endpoint reported, if it did."""
 
 
 def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceSources:

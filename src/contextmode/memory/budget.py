@@ -26,10 +26,10 @@ __all__ = [
 ]
 
 LayerName = Literal[
-    "system", "constraints", "summary", "key_moments", "recall", "recent", "current", "format"
+    "system", "constraints", "summary", "key_moments", "recall", "recent", "hint", "current", "format"
 ]
 LAYER_NAMES: tuple[LayerName, ...] = (
-    "system", "constraints", "summary", "key_moments", "recall", "recent", "current", "format"
+    "system", "constraints", "summary", "key_moments", "recall", "recent", "hint", "current", "format"
 )
 FLEXIBLE_LAYERS: tuple[LayerName, ...] = ("constraints", "recent", "summary", "key_moments", "recall")
 """Layers that share the budget, in the order that receives leftover tokens first

@@ -61,6 +61,14 @@ class MemoryPlan:
     the key moments moving into it. Empty for strategies that keep a fixed window."""
     shares: Mapping[LayerName, float] = field(default_factory=dict)
     """Default weights of the flexible layers for this strategy."""
+    window_block: int = 0
+    """Turns per block of a steady window; 0: the window slides a turn at a time. With blocks,
+    a request repeats the previous request's prefix (what prompt caches reuse, docs/caching.md):
+    the window's budget does not depend on what recall finds, its oldest turn moves a block at
+    a time, and pins said inside the window are left to it."""
+    volatile_max_tokens: int | None = None
+    """With ``window_block``: tokens at most for the layers after the window (key moments,
+    recall), the rest of their share going to the window; ``None``: their whole share."""
 
 
 @runtime_checkable

@@ -39,6 +39,7 @@ from .base import (
     ToolSpec,
     UpstreamReply,
 )
+from .caching import ModelUsage, current_cache_key, report_usage, usage_from
 from .priority import SlotGate, call_priority, endpoint_gate
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
@@ -63,18 +64,10 @@ _OPENAI_ENDPOINT = "https://api.openai.com/v1"
 _NO_KEY = "not-needed"  # local servers (Ollama, vLLM, llama.cpp) ignore the key but the client wants one
 _RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"
 """The SDK's own switch behind ``with_streaming_response``: ``stream`` returns the response unread."""
+_CACHE_HINTS = ("prompt_cache_key", "cache_prompt")
+"""Request fields `OpenAIChatModel._cache_hints` adds; dropped for an endpoint that refuses them."""
 _DRAIN_S = 1.0
 """How long the body after ``data: [DONE]`` is read for connection reuse before it is dropped."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelUsage:
-    """Token usage the server reported for one call."""
-
-    prompt_tokens: int
-    """Input tokens, by the server's own tokenizer."""
-    completion_tokens: int
-    """Output tokens."""
 
 
 _LOOP_CHECK_CHARS = 32
@@ -268,6 +261,10 @@ class OpenAIOptions:
     client: AsyncOpenAI | None = None
     """An ``AsyncOpenAI`` client to use instead of building one (its own address, key,
     timeout and retries then apply)."""
+    prompt_cache_key: bool | None = None
+    """Send OpenAI's ``prompt_cache_key`` (one per session) with a session's requests: ``None``
+    = only to OpenAI's own endpoint (``https://api.openai.com/v1``); a llama.cpp server gets
+    ``cache_prompt`` instead (docs/caching.md)."""
 
 
 class OpenAIChatModel:
@@ -319,6 +316,8 @@ class OpenAIChatModel:
         self.last_usage: ModelUsage | None = None
         """Usage of the most recent call that reported one (for logs; racy under concurrency)."""
         self._include_usage = options.include_usage
+        self._send_cache_hints = True
+        self._cache_key_option = options.prompt_cache_key
         self._length_param = "max_tokens"
         self._secret = api_key
         client = options.client
@@ -422,18 +421,29 @@ class OpenAIChatModel:
             request["max_tokens"] = max_tokens
         if self.temperature is not None:
             request["temperature"] = self.temperature
+        request.update(self._cache_hints())
         return request
 
-    def _record_usage(self, usage: Any) -> None:
-        if usage is None:
+    def _cache_hints(self) -> dict[str, Any]:
+        """What tells the endpoint to reuse its prompt cache for this session's requests
+        (`models.caching.cache_session`): ``cache_prompt`` for a llama.cpp server, OpenAI's
+        ``prompt_cache_key`` for OpenAI's own endpoint (other servers cache a shared prefix by
+        themselves and may refuse a field they do not know); nothing outside a session, or once
+        the endpoint refused them."""
+        key = current_cache_key()
+        if key is None or not self._send_cache_hints:
+            return {}
+        if self._server_info is not None and self._server_info.kind == "llamacpp":
+            return {"cache_prompt": True}
+        official = (self.base_url or _OPENAI_ENDPOINT).rstrip("/").startswith(_OPENAI_ENDPOINT)
+        wanted = official if self._cache_key_option is None else self._cache_key_option
+        return {"prompt_cache_key": key} if wanted else {}
+
+    def _record_usage(self, usage: Any, timings: Any = None) -> None:
+        record = usage_from(usage, timings)
+        if record is None:
             return
-        try:
-            record = ModelUsage(
-                prompt_tokens=int(_field(usage, "prompt_tokens") or 0),
-                completion_tokens=int(_field(usage, "completion_tokens") or 0),
-            )
-        except (AttributeError, TypeError, ValueError):
-            return
+        report_usage(record)
         self.last_usage = record
         if self.on_usage is not None:
             self.on_usage(record)
@@ -542,6 +552,8 @@ class OpenAIChatModel:
             request[named[0] if named else self._length_param] = max(1, min(caps))
         if self.temperature is not None:
             request.setdefault("temperature", self.temperature)
+        for name, value in self._cache_hints().items():  # the client's own hints win
+            request.setdefault(name, value)
         request.pop("stream", None)
         if relay.stream:
             request["stream"] = True
@@ -577,7 +589,7 @@ class OpenAIChatModel:
             raise self._map(exc) from self._cause(exc)
         if not isinstance(data, Mapping):
             raise ModelError("the model endpoint sent a completion that is not a JSON object")
-        self._record_usage(data.get("usage"))
+        self._record_usage(data.get("usage"), data.get("timings"))
         yield UpstreamReply(data=data, headers=_passed(response))
         first = _first_choice(data)
         self.last_finish_reason = _field(first, "finish_reason")
@@ -606,7 +618,7 @@ class OpenAIChatModel:
                     break
                 yield UpstreamReply(data=chunk)
                 if _field(chunk, "usage") is not None:
-                    self._record_usage(_field(chunk, "usage"))
+                    self._record_usage(_field(chunk, "usage"), _field(chunk, "timings"))
                 first = _first_choice(chunk)
                 if _field(first, "finish_reason"):
                     finished = True
@@ -684,7 +696,7 @@ class OpenAIChatModel:
         ``chunk`` is the JSON object the server sent (a dict: streamed chunks are not
         turned into the SDK's models, which cost more CPU than the rest of a turn)."""
         if _field(chunk, "usage") is not None:
-            self._record_usage(_field(chunk, "usage"))
+            self._record_usage(_field(chunk, "usage"), _field(chunk, "timings"))
         deltas: list[ModelEvent] = []
         for choice in _field(chunk, "choices") or ():
             deltas.extend(_delta_events(_field(choice, "delta")))
@@ -701,8 +713,8 @@ class OpenAIChatModel:
         """``chat.completions.create``, adapting once to servers that refuse an optional parameter.
 
         A 400/422 that names ``max_completion_tokens`` (newer OpenAI models) switches the
-        length parameter; a 400/422 on a request with ``stream_options`` drops usage capture.
-        Each adaptation is remembered for later calls once it has worked.
+        length parameter; one on a request with prompt-cache hints drops them; one on a request with
+        ``stream_options`` drops usage capture. Each adaptation is remembered for later calls once it has worked.
         """
         openai = _import_openai()
         length_param, with_usage = self._length_param, stream and self._include_usage
@@ -733,6 +745,8 @@ class OpenAIChatModel:
                     raise self._map(exc) from self._cause(exc)
                 if "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
                     length_param = "max_completion_tokens"
+                elif self._drop_cache_hints(request):
+                    pass
                 elif "response_format" in kwargs:
                     self._refused_format(request)
                 elif with_usage:
@@ -750,6 +764,15 @@ class OpenAIChatModel:
                 logger.info("model endpoint refused stream_options; usage capture disabled")
             return result
         raise ModelError("the model endpoint refused the request")  # unreachable in practice
+
+    def _drop_cache_hints(self, request: dict[str, Any]) -> bool:
+        """After a refused request: take the prompt-cache hints out of it and never send them
+        again (an endpoint that refuses fields it does not know); False when it had none."""
+        dropped = [request.pop(k) for k in _CACHE_HINTS if k in request]
+        if dropped:
+            self._send_cache_hints = False
+            logger.info("model endpoint refused the prompt cache hints; they are not sent")
+        return bool(dropped)
 
     def _refused_format(self, request: dict[str, Any]) -> None:
         """Step down after a refused ``response_format``: json_schema → json_object → none."""

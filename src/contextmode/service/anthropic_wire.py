@@ -238,8 +238,8 @@ def openai_fields(body: MessagesRequest) -> dict[str, Any]:
     ``max_tokens``, ``stop_sequences`` → ``stop``, ``tools`` and ``tool_choice`` converted,
     ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``, ``thinking`` →
     ``reasoning_effort`` (by its token budget), ``output_config`` (`_output_config`),
-    ``metadata.user_id`` → ``user``; Anthropic's own fields with no twin are dropped (`_NOT_OPENAI`);
-    the rest as sent."""
+    ``metadata.user_id`` → ``user``, a stream asks for its usage (``stream_options``); Anthropic's own
+    fields with no twin are dropped (`_NOT_OPENAI`); the rest as sent."""
     sent = body.model_dump(exclude_unset=True)
     fields: dict[str, Any] = {k: v for k, v in sent.items() if k not in _NOT_OPENAI}
     if body.max_tokens is not None:
@@ -261,6 +261,8 @@ def openai_fields(body: MessagesRequest) -> dict[str, Any]:
     fields.update(_output_config(sent.get("output_config")))
     if user := body.user_id():
         fields["user"] = user
+    if body.stream:  # the usage (cached tokens included) comes as a last chunk
+        fields["stream_options"] = {"include_usage": True}
     return fields
 
 
@@ -287,8 +289,17 @@ def output_tokens(engine: Engine, result: TurnResult) -> int:
 
 
 def input_tokens(result: TurnResult) -> int:
+    """Input tokens as Anthropic counts them: without those read from the prompt cache."""
     prompt = (result.usage or {}).get("prompt_tokens")
-    return prompt if isinstance(prompt, int) else result.prepared.context.total_tokens
+    total = prompt if isinstance(prompt, int) else result.prepared.context.total_tokens
+    return max(0, total - _cache_usage(result).get("cache_read_input_tokens", 0))
+
+
+def _cache_usage(result: TurnResult) -> dict[str, int]:
+    """``cache_read_input_tokens``: what the model endpoint said it read from its prompt cache
+    (docs/caching.md), when it said; nothing otherwise."""
+    cached = result.reported.cached_tokens if result.reported is not None else None
+    return {"cache_read_input_tokens": cached} if cached is not None else {}
 
 
 def _stop_reason(result: TurnResult) -> str:
@@ -318,7 +329,8 @@ def message_body(engine: Engine, result: TurnResult, model: str) -> dict[str, An
         "content": content,
         "stop_reason": _stop_reason(result),
         "stop_sequence": result.stop_sequence,
-        "usage": {"input_tokens": input_tokens(result), "output_tokens": output_tokens(engine, result)},
+        "usage": {"input_tokens": input_tokens(result), "output_tokens": output_tokens(engine, result),
+                  **_cache_usage(result)},
     }
 
 
@@ -387,7 +399,7 @@ def _finish(result: TurnResult, blocks: _Blocks, engine: Engine) -> list[bytes]:
     out += blocks.close()
     out.append(sse("message_delta", {
         "type": "message_delta", "delta": {"stop_reason": _stop_reason(result), "stop_sequence": result.stop_sequence},
-        "usage": {"output_tokens": output_tokens(engine, result)},
+        "usage": {"output_tokens": output_tokens(engine, result), **_cache_usage(result)},
     }))
     out.append(sse("message_stop", {"type": "message_stop"}))
     return out

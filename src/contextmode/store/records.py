@@ -29,6 +29,7 @@ __all__ = [
     "TraceRewrite",
     "TraceSources",
     "TurnTrace",
+    "TurnUsage",
     "cap_trace",
     "exchange_count",
     "message_from_dict",
@@ -119,6 +120,30 @@ class TraceSources:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TurnUsage:
+    """What one exchange's request cost: its tokens, how much of it a prompt cache could reuse,
+    and its money (docs/caching.md)."""
+
+    prompt_tokens: int
+    """Input tokens: as the endpoint reported them, else as counted."""
+    cacheable_tokens: int | None
+    """Tokens at the start of the request that are a byte-identical prefix of the previous
+    exchange's request (what a prompt cache can serve); ``None`` when the previous exchange's
+    trace is not kept whole."""
+    cached_tokens: int | None = None
+    """Input tokens the endpoint billed as read from its cache, when it reports them."""
+    completion_tokens: int | None = None
+    """Output tokens, when the endpoint reports them."""
+    price_family: str | None = None
+    """The price table's family of the model (``openai``, ``anthropic``…); ``None``: no price."""
+    usd: float | None = None
+    """The exchange's money in US dollars: the reported cached tokens (else the cacheable ones)
+    at the cache price, the rest at the input price, the reply at the output price."""
+    session_usd: float | None = None
+    """Money of the session so far: this exchange's plus the previous kept exchange's total."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class TurnTrace:
     """One exchange as sent to the model."""
 
@@ -180,6 +205,8 @@ class TurnTrace:
     ``EngineSettings(pii="mask")``); the trace's own texts are masked the same way."""
     sources: TraceSources | None = field(default=None, compare=False, repr=False)
     """What the texts may refer to when stored (set by `build_trace`); not kept, not shown."""
+    usage: TurnUsage | None = None
+    """Tokens and money of the request (set when the trace is kept)."""
 
 
 def message_to_dict(message: ChatMessage) -> dict[str, Any]:
@@ -214,6 +241,7 @@ def _plain(trace: TurnTrace) -> dict[str, Any]:
     data["pins"] = [vars(p) for p in trace.pins]
     data["processors"] = dict(trace.processors)
     data["rewrite"] = vars(trace.rewrite) if trace.rewrite is not None else None
+    data["usage"] = vars(trace.usage) if trace.usage is not None else None
     return data
 
 
@@ -248,6 +276,9 @@ def trace_from_dict(data: dict[str, Any]) -> TurnTrace:
     data["pins"] = tuple(PinUsed(**p) for p in data.get("pins", ()))
     if data.get("rewrite") is not None:
         data["rewrite"] = TraceRewrite(**data["rewrite"])
+    if data.get("usage") is not None:
+        known_usage = set(TurnUsage.__dataclass_fields__)
+        data["usage"] = TurnUsage(**{k: v for k, v in data["usage"].items() if k in known_usage})
     return TurnTrace(**data)
 
 

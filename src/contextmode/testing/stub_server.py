@@ -34,7 +34,10 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
+from typing import Any, cast
 
+from ..models.caching import cacheable_prefix_tokens, request_text
+from ..types import ChatMessage, Role
 from ._stub_http import Fault, FaultKind, StubAnswer, StubRequest, StubToolCall, _Handler
 from .counters import CharTokenCounter
 
@@ -130,6 +133,7 @@ class StubServer:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._counter = CharTokenCounter()
+        self._last_prompt: str | None = None
         self._call_serial = 0
         self.embed: Callable[[str], Sequence[float]] = hashed_embedding
         """The vector ``POST /v1/embeddings`` answers for one text (replace it to give the stub
@@ -292,10 +296,19 @@ class StubServer:
                 f"{asked} tokens ({prompt} in the messages, {asked - prompt} in the completion). "
                 "Please reduce the length of the messages or completion.")
 
-    def _usage(self, request: StubRequest, answer: str) -> dict[str, int]:
+    def _usage(self, request: StubRequest, answer: str) -> dict[str, Any]:
+        """Usage as a caching server reports it: ``prompt_tokens_details.cached_tokens`` is the
+        part of the prompt that is a byte-identical prefix of the previous chat request's (a
+        prompt cache of one entry, as a llama.cpp slot keeps; `models.caching`)."""
         prompt = sum(self._counter.count(str(m.get("content") or "")) + 4 for m in request.messages) + 3
         completion = self._counter.count(answer)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        text = request_text([ChatMessage(role=cast(Role, m.get("role", "user")), content=str(m.get("content") or ""))
+                             for m in request.messages])
+        with self._lock:
+            previous, self._last_prompt = self._last_prompt, text
+        cached = min(prompt, cacheable_prefix_tokens(previous, text, self._counter))
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep unless the server stops first; False when it is stopping."""

@@ -64,6 +64,10 @@ const STRINGS = {
     estimated: "估算",
     strategy: "策略",
     prepareMs: (ms) => `准备 ${ms} ms`,
+    usagePrompt: (n) => `输入 ${n} tokens`,
+    usageCacheable: (n, pct) => `可缓存前缀 ${n}（${pct}%）`,
+    usageCached: (n) => `上游计为缓存 ${n}`,
+    usageMoney: (usd, total, family) => `本轮 $${usd} · 本会话 $${total}（${family} 价格）`,
     layers: "各层 token（已用 / 分配）",
     items: (n) => `${n} 项`,
     truncated: "已截断",
@@ -154,7 +158,7 @@ const STRINGS = {
   en: {
     subtitle: "context inspector",
     jobName: (name) => name,
-    pinKey: (key) => key,
+    pinKey: (key) => key.split(":").join(": "),
     session: "Session",
     newSession: "New session",
     noSessions: "(no sessions yet)",
@@ -196,6 +200,10 @@ const STRINGS = {
     estimated: "estimate",
     strategy: "strategy",
     prepareMs: (ms) => `prepared in ${ms} ms`,
+    usagePrompt: (n) => `${n} input tokens`,
+    usageCacheable: (n, pct) => `cacheable prefix ${n} (${pct}%)`,
+    usageCached: (n) => `billed as cached ${n}`,
+    usageMoney: (usd, total, family) => `this turn $${usd} · session $${total} (${family} prices)`,
     layers: "Tokens per layer (used / allocated)",
     items: (n) => `${n} item${n === 1 ? "" : "s"}`,
     truncated: "truncated",
@@ -220,7 +228,7 @@ const STRINGS = {
       `needs context: ${d.needs_context ? "yes" : "no"}` +
       (d.intent ? ` · intent ${d.intent}` : "") +
       ` · score ${Number(d.score).toFixed(2)}` +
-      (d.reason ? ` · ${d.reason}` : ""),
+      (d.reason ? ` · ${d.reason.replace(/^model p=/, "model probability ")}` : ""),
     rewriteSource: (s) => `rewritten by: ${s}`,
     constraints: "Pinned constraints",
     noConstraints: "No constraints yet.",

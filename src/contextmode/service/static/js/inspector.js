@@ -48,6 +48,7 @@ export function traceContext(trace) {
     messages: trace.messages,
     recalled: trace.recalled,
     prepare_ms: trace.prepare_ms,
+    usage: trace.usage ?? null,
     trace,
   };
 }
@@ -272,6 +273,20 @@ function recalledCard(ctx) {
   );
 }
 
+/** A kept turn's cost: prompt tokens, the part a prompt cache can reuse (the previous request's
+ * byte-identical prefix), the cached tokens the endpoint billed, and the money (null: no line). */
+function usageLine(usage) {
+  if (!usage) return null;
+  const parts = [t("usagePrompt", usage.prompt_tokens)];
+  if (usage.cacheable_tokens != null) {
+    const share = usage.prompt_tokens ? Math.round((100 * usage.cacheable_tokens) / usage.prompt_tokens) : 0;
+    parts.push(t("usageCacheable", usage.cacheable_tokens, share));
+  }
+  if (usage.cached_tokens != null) parts.push(t("usageCached", usage.cached_tokens));
+  if (usage.usd != null) parts.push(t("usageMoney", usage.usd.toFixed(5), (usage.session_usd ?? usage.usd).toFixed(4), usage.price_family));
+  return el("p", { class: "caption", id: "context-usage" }, parts.join(" · "));
+}
+
 /** Draw the context of a turn (`source` {kind: "turn", seq} or {kind: "preview"}); null clears it. */
 export function renderContext(ctx, source) {
   const root = $("#context-view");
@@ -292,6 +307,7 @@ export function renderContext(ctx, source) {
     root,
     el("p", { class: `context-source ${source.kind}`, id: "context-source", tabindex: "-1", dataset: { turn: source.turn ?? "" } }, sourceLabel(source)),
     el("p", { class: "caption", id: "context-caption", dataset: { total: ctx.total_tokens } }, caption.join(" · ")),
+    usageLine(ctx.usage),
     windowBar(ctx),
     el("h3", {}, t("layers")),
     el("div", { class: "layers", id: "layers" }, ctx.layers.map((layer) => layerRow(layer, ctx, widest))),
