@@ -158,7 +158,7 @@ def codecs(path: Path) -> dict[str, dict[str, float]]:
     import time
     import zlib
 
-    from contextmode.store.trace_pack import _ZDICT_1, unpack_text
+    from contextmode.store.trace_pack import _ZDICT_2, unpack_text
 
     db = sqlite3.connect(path)
     try:
@@ -181,14 +181,14 @@ def codecs(path: Path) -> dict[str, dict[str, float]]:
         "none": (lambda b: b, lambda b: b),
         "zlib-6": zlib_with(6, None),
         "zlib-9": zlib_with(9, None),
-        "zlib-9+dictionary (shipped)": zlib_with(9, _ZDICT_1),
+        "zlib-9+dictionary (shipped)": zlib_with(9, _ZDICT_2),
         "lzma-9": (lambda b: lzma.compress(b, preset=9), lzma.decompress),
         "bz2-9": (lambda b: bz2.compress(b, 9), bz2.decompress),
     }
     try:
         import zstandard
 
-        zd = zstandard.ZstdCompressionDict(_ZDICT_1, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+        zd = zstandard.ZstdCompressionDict(_ZDICT_2, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
         candidates["zstd-19"] = (zstandard.ZstdCompressor(level=19).compress,
                                  zstandard.ZstdDecompressor().decompress)
         candidates["zstd-19+dictionary"] = (zstandard.ZstdCompressor(level=19, dict_data=zd).compress,

@@ -160,6 +160,7 @@ def requests_for(method: str, path: str, sid: str) -> list[tuple[str, str, dict[
         ("GET", "/v1/sessions/{session_id}/context"): [{"params": {"message": "what did I say before?"}}],
         ("GET", "/v1/sessions/{session_id}"): [{}, {"params": {"limit": 500}}, {"params": {"before": 3}}],
         ("GET", "/v1/sessions/{session_id}/turns/{turn}/context"): [{}],
+        ("GET", "/v1/sessions/{session_id}/storage"): [{}],
         ("DELETE", "/v1/sessions/{session_id}"): [{}],
         ("GET", "/v1/sessions"): [{}, {"params": {"limit": 1000, "offset": 0}}, {"params": {"user_id": sid}}],
         ("GET", "/v1/users"): [{}],

@@ -381,3 +381,34 @@ async def test_the_service_writes_the_trace_once_the_turn_lock_is_released(tmp_p
     await engine.drain()
     # Written after each reply's own store calls, never inside the turn.
     assert store.lock_held_at_write == [False, False]
+
+
+async def test_storage_route_gives_the_bytes_by_kind_as_the_cli_does(tmp_path: Path) -> None:
+    """``GET /v1/sessions/{id}/storage``: the figures ``contextmode stats`` prints (one
+    function, `store.usage.session_storage`), tenant-scoped; a store that does not report
+    its size says so in one line."""
+    from contextmode.cli.stats import session_stats
+    from contextmode.store import SQLiteStore
+
+    url = f"sqlite:///{tmp_path / 'usage.db'}"
+    engine = make_engine(FunctionModel(answer), store=SQLiteStore(tmp_path / "usage.db"))
+    settings = make_settings(tmp_path, api_keys={"key-a": "acme", "key-b": "beta"})
+    a = {"Authorization": "Bearer key-a"}
+    async with client_for(create_app(engine, settings)) as client:
+        for text in ("我不吃辣", "推荐一家餐厅", "那家店在哪？"):
+            assert (await client.post("/v1/sessions/s/messages", json={"message": text}, headers=a)).json()["code"] == 0
+        await engine.drain()
+        r = await client.get("/v1/sessions/s/storage", headers=a)
+        data = r.json()["data"]
+        assert data["exchanges"] == 3 and data["total_bytes"] == sum(data["bytes"].values())
+        assert data["bytes"]["traces"] > 0 and data["bytes"]["turns"] >= data["raw_text_bytes"] > 0
+        assert list(data["bytes"].values()) == sorted(data["bytes"].values(), reverse=True)
+        assert_error(await client.get("/v1/sessions/s/storage", headers={"Authorization": "Bearer key-b"}), 40401)
+    await engine.close()
+    cli = await session_stats(url, "acme", "s")
+    assert cli.pop("session") == data.pop("session_id") == "s" and cli == data
+    memory = make_engine(FunctionModel(answer))
+    async with client_for(create_app(memory, make_settings(tmp_path))) as client:
+        await client.post("/v1/sessions/s/messages", json={"message": "你好"})
+        body = assert_error(await client.get("/v1/sessions/s/storage"), 40001)
+        assert "does not report its size" in body["msg"]

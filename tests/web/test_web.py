@@ -107,6 +107,7 @@ async def test_page_calls_only_public_api_routes(tmp_path: Path) -> None:
         "/v1/sessions/{session_id}",
         "/v1/sessions/{session_id}/context",
         "/v1/sessions/{session_id}/messages",
+        "/v1/sessions/{session_id}/storage",
         "/v1/sessions/{session_id}/turns/{turn}/context",
     }
     assert used <= documented

@@ -381,6 +381,14 @@ def test_chinese_chat_streams_and_the_inspector_follows(browser: Any, server: Li
     assert "current" in (page.get_attribute("#timeline .cell[data-seq='5']", "class") or "")
     assert page.locator("#jobs li[data-job=constraints]").count() == 1
 
+    # The storage card measures what the session keeps, by kind of record, when asked.
+    page.click("#storage-button")
+    page.wait_for_selector("#storage-table", timeout=WAIT_MS)
+    stored_kinds = page.eval_on_selector_all("#storage-table tbody tr", "rows => rows.map(r => r.dataset.kind)")
+    assert {"turns", "traces"} <= set(stored_kinds)
+    assert page.inner_text("#storage-table tr[data-kind=turns] th") == "对话轮次"
+    assert "3 轮" in page.inner_text("#storage-total")
+
     # A preview of the next message lists what each layer holds, so in-context turns are outlined.
     page.fill("#message-input", "还有别的吗")
     page.click("#preview-button")

@@ -16,32 +16,15 @@ __all__ = ["register", "session_stats"]
 
 async def session_stats(url: str | None, tenant: str, session: str) -> dict[str, Any]:
     """Bytes by kind, their total, the exchanges and the raw text of both roles' turns."""
-    from ..errors import SessionNotFound, UserError
     from ..store import open_store
-    from ..store.records import exchange_count
-    from ..store.usage import reports_usage
+    from ..store.usage import session_storage
 
     store = open_store(url)
-    usage: object = store
     try:
-        if not reports_usage(usage):
-            raise UserError(f"{type(store).__name__} does not report its size per session")
-        if await store.info(tenant, session) is None:
-            raise SessionNotFound(f"no session {session!r} for tenant {tenant!r}")
-        kinds: Mapping[str, int] = await usage.session_bytes(tenant, session)
-        turns = await store.turns(tenant, session)
+        usage = await session_storage(store, tenant, session)
     finally:
         await store.close()
-    exchanges = exchange_count(turns) or sum(t.role == "user" for t in turns)
-    total = sum(kinds.values())
-    return {
-        "session": session,
-        "exchanges": exchanges,
-        "raw_text_bytes": sum(len(t.content.encode()) for t in turns),
-        "total_bytes": total,
-        "per_exchange": round(total / exchanges) if exchanges else None,
-        "bytes": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
-    }
+    return {"session": session, **vars(usage), "bytes": dict(usage.bytes)}
 
 
 def _table(stats: Mapping[str, Any]) -> Table:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..store.records import PinUsed, RecalledTurn, TraceLayer, TraceRewrite, TraceSources, TurnTrace
+from ..store.trace_pack import chunked
 from ..text.neutralise import neutralise
 from ..types import Turn, utc_now
 
@@ -86,18 +87,32 @@ def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceS
     """What this exchange's trace may refer to: every turn the session state held (window,
     key moments, recalled) and the turns the exchange stored, as stored; the summary, the
     pinned values, and for each layer that shows no turn (system prompt, pins, summary,
-    instructions) its items' paragraphs and the items' lines together (a paragraph only this
-    turn shows, such as a rewrite's hint, is kept as a text too, and goes with the trace)."""
+    instructions) the paragraphs of its items together. A paragraph of many lines (the pins,
+    an extractive summary) is given in chunks of lines (`store.trace_pack.chunked`): a line
+    added or changed changes one chunk, the others are kept texts already. A paragraph only
+    this turn shows, the rewrite's hint, stays in the trace's own text."""
     state, ctx = prepared.state, prepared.context
     turns = {t.seq: t.content for group in (state.turns, state.key_moments, state.recalled, stored) for t in group}
-    texts = [state.summary.text] if state.summary is not None else []
+    texts = _pieces(state.summary.text) if state.summary is not None else []
     texts += [c.value for c in state.constraints]
     for layer in ctx.layers:
         if layer.items and all(item.role is None for item in layer.items):
-            texts += [part for item in layer.items for part in item.text.split("\n\n")]
-            if len(layer.items) > 1:
-                texts.append("\n".join(item.text for item in layer.items))
+            block = "\n".join(item.text for item in layer.items)
+            # The rewrite's hint is this turn's alone: it stays in the trace, not kept apart.
+            parts = [part for part in block.split("\n\n") if not (ctx.hint and ctx.hint in part)]
+            texts += [piece for part in parts for piece in _pieces(part)]
     return TraceSources(turns=turns, texts=tuple(dict.fromkeys(texts)))
+
+
+_CHUNKED_LINES = 16
+"""A paragraph of this many lines or more is given to the trace in chunks of lines."""
+
+
+def _pieces(paragraph: str) -> list[str]:
+    lines = paragraph.split("\n")
+    if len(lines) < _CHUNKED_LINES:
+        return [paragraph]
+    return ["\n".join(chunk) for chunk in chunked(lines, str)]
 
 
 def build_trace(

@@ -15,6 +15,7 @@ from ..engine import TurnRequest, TurnResult
 from ..errors import ModelError, SessionNotFound
 from ..lifecycle.forget import forget
 from ..store.lifecycle import is_lifecycle_store
+from ..store.usage import session_storage
 from ..types import SessionKey, validate_id
 from .bodies import OffLoopJsonRoute
 from .codes import SUCCESS, code_for_exception, public_message
@@ -32,6 +33,7 @@ from .schemas import (
     SessionOut,
     SessionStatsOut,
     SessionSummaryOut,
+    StorageOut,
     SummaryOut,
     TurnOut,
     TurnRecord,
@@ -258,6 +260,20 @@ async def get_session(
         ),
     )
     return envelope(data)
+
+
+@router.get(
+    "/{session_id}/storage",
+    response_model=Envelope[StorageOut],
+    responses={**_ERRORS, 400: {"model": ErrorEnvelope, "description": "Invalid session id; or a store that does not report its size (40001)"}},
+    summary="The bytes the session keeps, by kind of record",
+)
+async def get_storage(session_id: SessionId, tenant: Tenant, state: State) -> Any:
+    _key(tenant, session_id)
+    await state.engine.settle_writes(tenant, session_id)  # a trace still being written counts
+    usage = await session_storage(state.engine.store, tenant, session_id)
+    return envelope(StorageOut(session_id=session_id, exchanges=usage.exchanges, raw_text_bytes=usage.raw_text_bytes,
+                               total_bytes=usage.total_bytes, per_exchange=usage.per_exchange, bytes=dict(usage.bytes)))
 
 
 @router.delete(

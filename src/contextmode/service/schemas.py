@@ -369,6 +369,17 @@ class SessionStatsOut(BaseModel):
     pending_jobs: list[str]
 
 
+class StorageOut(BaseModel):
+    """The bytes a session keeps, by kind of record (as ``contextmode stats`` prints them)."""
+
+    session_id: str
+    exchanges: int
+    raw_text_bytes: int = Field(description="UTF-8 bytes of both roles' turns as typed and answered.")
+    total_bytes: int
+    per_exchange: int | None
+    bytes: dict[str, int] = Field(description="Kind of record (turns, traces, recall_postings…) → bytes, largest first.")
+
+
 class SessionOut(BaseModel):
     """A session: a page of history (oldest first), summary, constraints, stats."""
 

@@ -19,8 +19,9 @@ sources no longer give the same texts is reported as not kept (`None`), never sh
 wrong.
 
 The JSON is compressed with zlib (the standard library) and a preset dictionary of the
-trace's field names and the default headings (`_ZDICT_1`, frozen: a new dictionary is
-a new format byte); docs/storage.md has the measurement behind the choice.
+trace's field names, the default headings and layout 2's structure (`_ZDICT_2`; frozen: a
+new dictionary is a new format byte, and bodies packed with `_ZDICT_1` are still read);
+docs/storage.md has the measurement behind the choice.
 """
 
 from __future__ import annotations
@@ -30,17 +31,20 @@ import bisect
 import hashlib
 import json
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from graphlib import CycleError, TopologicalSorter
+from typing import Any, TypeGuard, TypeVar
 
 from .records import TraceSources, TurnTrace, trace_from_dict, trace_from_json, trace_to_dict
 
 __all__ = [
+    "FORMAT",
     "TEXT_TURN_SLACK",
     "PackedTrace",
     "TraceReading",
+    "chunked",
     "pack_text",
     "pack_trace",
     "pack_trace_soon",
@@ -57,8 +61,9 @@ TEXT_TURN_SLACK = 16
 many turns or more (one write per text every 16 turns, not every turn), and a text is
 dropped once ``last_turn + TEXT_TURN_SLACK`` is below the oldest kept trace."""
 
-_RAW, _ZLIB_1 = 0, 1
-"""Format byte of a packed body: UTF-8 as is, or zlib with `_ZDICT_1`."""
+_RAW, _ZLIB_1, _ZLIB_2 = 0, 1, 2
+"""Format byte of a packed body: UTF-8 as is, zlib with `_ZDICT_1` (read only), or zlib
+with `_ZDICT_2` (written since layout 2)."""
 
 _ZDICT_1 = (
     '"recall","key_moments","constraints","summary","system","recent","current","format",'
@@ -86,26 +91,89 @@ _ZDICT_1 = (
 ).encode()
 
 
+FORMAT = 2
+"""The body's JSON layout, kept as ``"_v"`` (absent in layout 1). Layout 2 keeps the recalled
+turns column by column (`_pack_recalled`), the pins in chunks (`chunked`) and the other
+texts' turn references as steps (`_steps`), the layers column by column, and names kept
+texts by 12 hex digits (`text_key`); layout 1 (a list of recalled dictionaries, the
+pins as one kept JSON text, seqs as they are) is still read."""
+
+CHUNK_MASK = 7
+"""A list is cut after an element whose CRC-32 has these low bits all set (`chunked`):
+chunks of 8 elements on average."""
+
+_T = TypeVar("_T")
+
+
+def chunked(items: Sequence[_T], key: Callable[[_T], str]) -> list[list[_T]]:
+    """``items`` cut into chunks where an element's content says so (content-defined
+    chunking, as rsync cuts files): adding, changing or removing one element changes the
+    chunk holding it only, so a list that changes a little at each turn (the pins, the
+    constraint lines) keeps most of its chunks, each kept once per session."""
+    out: list[list[_T]] = []
+    current: list[_T] = []
+    for item in items:
+        current.append(item)
+        if zlib.crc32(key(item).encode()) & CHUNK_MASK == CHUNK_MASK:
+            out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return out
+
+
+_ZDICT_2 = _ZDICT_1 + (
+    '"_v":2}{"key":"fact:","value":"","source_seq":},{"key":"pref:'
+    '"layers":{"name":["system","constraints","summary","key_moments","recall","recent","current"],'
+    '"allocated":[,"used":[,"items":[1,,"dropped_seqs":[[],[],[],[],[],[],[]],'
+    '"truncated":[false,false,false,false,false,false,false]},'
+    '"recalled":{"seq":[,"text":[["User: ",[0]],["Assistant: ",[0]],["User: ",[0]],["Assistant: ",[0]],'
+    '["用户: ",[0]],["助手: ",[0]],["用户: ",[0]]],"score":[,"terms":[,"matched":[0,0,1,0,"nb":[0,0,0,-1,0,0,'
+    '"ranker":"bm25"},"messages":[{"role":"system","content":[["#"],'
+    '"\\n\\n## User constraints and profile (the user\'s words, reference data only)\\n<constraints>\\n",'
+    '["#"],"\\n",["#"],"\\n</constraints>\\n\\n## Summary of the earlier conversation (reference data)\\n<summary>\\n",'
+    '["#"],"\\n</summary>\\n\\n## Relevant earlier turns (reference data)\\n<recall>\\n",'
+    '"\\nUser: ",[1],"\\nAssistant: ",[1],"\\nUser: ",[1],"\\nAssistant: ",[1],'
+    '"\\n用户: ",[1],"\\n助手: ",[1],"\\n用户: ",[1],"\\n助手: ",[1],"\\n</recall>"]},'
+    '{"role":"user","content":[[1]]},{"role":"assistant","content":[[1]]},{"role":"user","content":[[1]]},'
+    '{"role":"assistant","content":[[1]]},{"role":"user","content":[[1]]}],'
+    '"context_window":,"input_budget":,"reply_reserve":2048,"total_tokens":,"exact":false,"counter":"'
+    '","strategy":"default","mode":"contextual","format":"messages","locale":"en","needs_context":false,'
+    '"intent":null,"detection_score":0.,"detection_reason":"model p=0.","rewrite":null,'
+    '"pins":["#","#","#","#","#"],"processors":"#","model":"","prepare_ms":,"ttft_ms":,"model_ms":,'
+    '"partial":false,"cut":false,"pii_masked":{},"_crc":'
+    '{"turn":,"user_seq":,"answer_seq":,"created_at":"T:+00:00","typed":[[0]],"sent":[[0]],"follow_up":null,'
+).encode()
+"""`_ZDICT_1` and the JSON of layout 2 (its fields, the default layers and headings, a recall
+block's steps): a body starts with most of its structure already seen. Frozen as well."""
+
+_ZDICTS = {_ZLIB_1: _ZDICT_1, _ZLIB_2: _ZDICT_2}
+
+
 def text_key(text: str) -> str:
-    """The key a kept text is stored under: 16 hex digits of its SHA-256 (per session)."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """The key a kept text is stored under: 12 hex digits of its SHA-256, unique within a
+    session (two texts of one session sharing a key would make a trace read as not kept,
+    through its CRC, never wrong: at 10,000 texts the odds are 2 in 10 million). Texts
+    kept before layout 2 have 16 digits, and their traces name them so."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def pack_text(text: str) -> bytes:
     """``text`` as stored: compressed when that is smaller, behind a format byte."""
     raw = text.encode()
-    packer = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, _ZDICT_1)
+    packer = zlib.compressobj(9, zlib.DEFLATED, 15, 9, zlib.Z_DEFAULT_STRATEGY, _ZDICT_2)
     packed = packer.compress(raw) + packer.flush()
-    return bytes([_ZLIB_1]) + packed if len(packed) < len(raw) else bytes([_RAW]) + raw
+    return bytes([_ZLIB_2]) + packed if len(packed) < len(raw) else bytes([_RAW]) + raw
 
 
 def unpack_text(data: bytes) -> str:
     """Inverse of `pack_text`; a ``str`` (a trace kept as JSON before this format) as is."""
     if data[0] == _RAW:
         return data[1:].decode()
-    if data[0] != _ZLIB_1:
+    zdict = _ZDICTS.get(data[0])
+    if zdict is None:
         raise ValueError(f"unknown packed format {data[0]}")
-    unpacker = zlib.decompressobj(15, zdict=_ZDICT_1)
+    unpacker = zlib.decompressobj(15, zdict=zdict)
     return (unpacker.decompress(data[1:]) + unpacker.flush()).decode()
 
 
@@ -283,16 +351,62 @@ def _rebuild(value: str | list[Segment], sources: Mapping[int | str, str]) -> st
     return "".join(parts)
 
 
-def _text_slots(data: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
-    """Every text field of a trace's dictionary: (the dictionary holding it, its key)."""
+def _text_slots(data: dict[str, Any], *, recalled: bool = True) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every text field of a trace's dictionary: (the dictionary holding it, its key); the
+    recalled turns' texts unless ``recalled`` is false."""
     yield data, "typed"
     yield data, "sent"
     for message in data.get("messages", ()):
         yield message, "content"
-    for recalled in data.get("recalled", ()):
-        yield recalled, "text"
+    for item in data.get("recalled", ()) if recalled else ():
+        yield item, "text"
     if data.get("rewrite"):
         yield data["rewrite"], "text"
+
+
+def _steps(values: Sequence[str | list[Segment]], *, back: bool = False) -> list[str | list[Segment]]:
+    """The texts ``values`` (in slot order) with each turn reference's seq written as the step
+    from the previous turn reference (layout 2: a recall block's turns, the recent window's
+    messages are mostly one apart), or with ``back`` the steps made seqs again."""
+    out: list[str | list[Segment]] = []
+    prev = 0
+    for value in values:
+        if isinstance(value, str):
+            out.append(value)
+            continue
+        segments: list[Segment] = []
+        for seg in value:
+            if isinstance(seg, list) and isinstance(seg[0], int):
+                seq = prev + seg[0] if back else seg[0]
+                segments.append([seq if back else seq - prev, *seg[1:]])
+                prev = seq
+            else:
+                segments.append(seg)
+        out.append(segments)
+    return out
+
+
+def _restep(data: dict[str, Any], *, back: bool = False) -> None:
+    """`_steps` on every text of ``data`` but the recalled turns' (which refer to their own turn)."""
+    slots = list(_text_slots(data, recalled=False))
+    for (slot, key), value in zip(slots, _steps([slot[key] for slot, key in slots], back=back), strict=True):
+        slot[key] = value
+
+
+_LAYER_FIELDS = ("name", "allocated", "used", "items", "dropped_seqs", "truncated")
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]] | list[dict[str, Any]]:
+    """The layers' accounting column by column (layout 2), when every row has the usual fields."""
+    if not rows or any(tuple(row) != _LAYER_FIELDS for row in rows):
+        return rows
+    return {name: [row[name] for row in rows] for name in _LAYER_FIELDS}
+
+
+def _rows(columns: dict[str, list[Any]] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(columns, list):
+        return columns
+    return [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
 
 
 _KEPT_FIELDS = ("pins", "processors")
@@ -337,6 +451,96 @@ def _encode(data: dict[str, Any], matcher: _Matcher) -> set[int | str]:
     return met
 
 
+def _why(layer: str, rank: int) -> str:
+    """The reason `engine.recalled.explain_recalled` gives a recalled turn of ``layer`` at ``rank``
+    (another reason is kept as it is)."""
+    return f"relevant to the message (rank {rank})" if layer == "recall" else "emotional key moment"
+
+
+def _own(value: str | list[Segment], seq: int, to: int) -> str | list[Segment]:
+    """``value``'s segments with references to turn ``seq`` made references to ``to``: a
+    recalled turn's text mostly is its own turn, written ``0`` in layout 2 (no seq is 0)."""
+    if isinstance(value, str):
+        return value
+    return [[to, *seg[1:]] if isinstance(seg, list) and seg[0] == seq else seg for seg in value]
+
+
+def _term_order(items: Sequence[dict[str, Any]]) -> list[str]:
+    """Every matched term once, in an order each turn's matched terms keep (they all follow
+    the query's order); first seen first among those the order leaves free."""
+    sorter: TopologicalSorter[str] = TopologicalSorter()
+    for item in items:
+        matched = item["matched"]
+        for i, term in enumerate(matched):
+            sorter.add(term, *matched[:i][-1:])
+    try:
+        return list(sorter.static_order())
+    except CycleError:
+        return list(dict.fromkeys(t for item in items for t in item["matched"]))
+
+
+def _pack_recalled(items: list[dict[str, Any]]) -> dict[str, Any] | list[dict[str, Any]]:
+    """The recalled turns column by column (layout 2): seqs as steps from the previous one,
+    texts with their own turn written ``0``, matched terms as bit masks over the trace's
+    ``terms``, the neighbour as a step from the seq, and ``why``, ``layer`` and ``ranker``
+    only where they are not what they nearly always are."""
+    if not items:
+        return items
+    terms = _term_order(items)
+    bit = {term: 1 << i for i, term in enumerate(terms)}
+    cols: dict[str, list[Any]] = {k: [] for k in ("seq", "text", "score", "matched", "nb", "why", "layer", "ranker")}
+    prev = rank = 0
+    for item in items:
+        seq, layer = item["seq"], item["layer"]
+        rank += layer == "recall"
+        mask = sum(bit[t] for t in item["matched"])
+        cols["seq"].append(seq - prev)
+        cols["text"].append(_own(item["text"], seq, 0))
+        cols["score"].append(item["score"])
+        cols["matched"].append(mask if _terms(mask, terms) == list(item["matched"]) else list(item["matched"]))
+        cols["nb"].append(0 if item["neighbour_of"] is None else item["neighbour_of"] - seq)
+        cols["why"].append(None if item["why"] == _why(layer, rank) else item["why"])
+        cols["layer"].append(layer)
+        cols["ranker"].append(item["ranker"])
+        prev = seq
+    out: dict[str, Any] = {"seq": cols["seq"], "text": cols["text"], "score": cols["score"]}
+    if any(cols["matched"]):
+        out["terms"], out["matched"] = terms, cols["matched"]
+    for name, default in (("nb", 0), ("why", None), ("layer", "recall")):
+        if any(v != default for v in cols[name]):
+            out[name] = cols[name]
+    rankers = set(cols["ranker"])
+    out["ranker"] = cols["ranker"][0] if len(rankers) == 1 else cols["ranker"]
+    return out
+
+
+def _terms(mask: int, terms: Sequence[str]) -> list[str]:
+    return [t for i, t in enumerate(terms) if mask >> i & 1]
+
+
+def _unpack_recalled(cols: dict[str, Any]) -> list[dict[str, Any]]:
+    """Inverse of `_pack_recalled`."""
+    n = len(cols["seq"])
+    terms = cols.get("terms", [])
+    ranker = cols["ranker"]
+    items, seq, rank = [], 0, 0
+    for i in range(n):
+        seq += cols["seq"][i]
+        layer = cols["layer"][i] if "layer" in cols else "recall"
+        rank += layer == "recall"
+        matched = cols["matched"][i] if "matched" in cols else 0
+        why = cols["why"][i] if "why" in cols else None
+        nb = cols["nb"][i] if "nb" in cols else 0
+        items.append({
+            "seq": seq, "layer": layer, "why": _why(layer, rank) if why is None else why,
+            "text": _own(cols["text"][i], 0, seq), "score": cols["score"][i],
+            "matched": matched if isinstance(matched, list) else _terms(matched, terms),
+            "neighbour_of": None if nb == 0 else seq + nb,
+            "ranker": ranker if isinstance(ranker, str) else ranker[i],
+        })
+    return items
+
+
 def pack_trace(trace: TurnTrace) -> PackedTrace:
     """The trace as a store keeps it: texts by reference to ``trace.sources``, JSON packed."""
     data = trace_to_dict(trace)
@@ -347,12 +551,19 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     whole.update({text: seq for seq, text in given.turns.items()})  # a turn rather than a kept copy
     used = _encode(data, _Matcher([*given.turns.items(), *keyed.items()], whole))
     data["_crc"] = crc
+    data["_v"] = FORMAT
+    _restep(data)
+    data["recalled"] = _pack_recalled(data["recalled"])
+    data["layers"] = _columns(data["layers"])
     texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(r for r in used if isinstance(r, str))}
     for name in _KEPT_FIELDS:
-        kept = _json(data[name])
-        if len(kept) >= MIN_REF:
-            data[name] = f"#{text_key(kept)}"
-            texts[data[name][1:]] = pack_text(kept)
+        value = data[name]
+        parts = chunked(value, _json) if isinstance(value, list) else [value]
+        kept = [_json(part) for part in parts]
+        if sum(map(len, kept)) >= MIN_REF:
+            refs = [f"#{text_key(k)}" for k in kept]
+            data[name] = refs if isinstance(value, list) else refs[0]
+            texts.update({ref[1:]: pack_text(k) for ref, k in zip(refs, kept, strict=True)})
     body = pack_text(_json(data))
     return PackedTrace(turn=trace.turn, created_at=trace.created_at, body=body, texts=texts)
 
@@ -392,8 +603,11 @@ class TraceReading:
             for slot, key in _text_slots(data):
                 slot[key] = _rebuild(slot[key], sources)
             for name in _KEPT_FIELDS:
-                if isinstance(data.get(name), str):
-                    data[name] = json.loads(sources[data[name]])
+                value = data.get(name)
+                if isinstance(value, str):
+                    data[name] = json.loads(sources[value])
+                elif _is_refs(value):
+                    data[name] = [x for ref in value for x in json.loads(sources[ref])]
         except KeyError:
             return None
         crc = data.pop("_crc", None)
@@ -402,14 +616,35 @@ class TraceReading:
         return trace_from_dict(data)
 
 
+def _is_refs(value: object) -> TypeGuard[list[str]]:
+    """True for a kept field written as the keys of its chunks (layout 2)."""
+    return isinstance(value, list) and bool(value) and all(isinstance(x, str) for x in value)
+
+
+def _field_keys(data: dict[str, Any]) -> set[str]:
+    keys: set[str] = set()
+    for name in _KEPT_FIELDS:
+        value = data.get(name)
+        if isinstance(value, str):
+            keys.add(value[1:])
+        elif _is_refs(value):
+            keys.update(ref[1:] for ref in value)
+    return keys
+
+
 def read_trace(body: bytes | str) -> TraceReading | TurnTrace:
     """A stored body: a `TraceReading` to fetch the sources of, or (a trace kept whole, as
     JSON, before traces were kept by reference) the `TurnTrace` itself."""
     if isinstance(body, str):
         return trace_from_json(body)
     data: dict[str, Any] = json.loads(unpack_text(body))
+    if data.pop("_v", 1) >= 2:
+        if isinstance(data.get("recalled"), dict):
+            data["recalled"] = _unpack_recalled(data["recalled"])
+        data["layers"] = _rows(data.get("layers", []))
+        _restep(data, back=True)
     seqs: set[int] = set()
-    keys = {data[name][1:] for name in _KEPT_FIELDS if isinstance(data.get(name), str)}
+    keys = _field_keys(data)
     for slot, key in _text_slots(data):
         value = slot[key]
         if isinstance(value, list):

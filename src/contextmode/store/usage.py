@@ -14,17 +14,23 @@ answer). What is measured is what the backend says a record costs:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 from .._protocols import implements
 from .lifecycle import REDIS_SESSION_KEYS, SQL_SESSION_TABLES
 
+if TYPE_CHECKING:
+    from .base import Store
+
 __all__ = [
     "SQL_KINDS",
+    "SessionStorage",
     "StorageUsage",
     "postgres_session_bytes",
     "redis_session_bytes",
     "reports_usage",
+    "session_storage",
     "sqlite_session_bytes",
 ]
 
@@ -91,3 +97,41 @@ async def redis_session_bytes(client: Any, namespace: str, path: str) -> dict[st
     for kind, prefix in kinds:
         _add(out, kind, int(await client.memory_usage(f"{namespace}{prefix}:{path}", samples=0) or 0))
     return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionStorage:
+    """What one session keeps (``contextmode stats``, ``GET /v1/sessions/{id}/storage``)."""
+
+    exchanges: int
+    raw_text_bytes: int
+    """UTF-8 bytes of both roles' turns as typed and answered."""
+    total_bytes: int
+    per_exchange: int | None
+    bytes: Mapping[str, int]
+    """Kind of record → bytes, largest first."""
+
+
+async def session_storage(store: Store, tenant: str, session_id: str) -> SessionStorage:
+    """The session's bytes by kind of record, beside its exchanges and raw text; raises
+    `UserError` for a store that does not report its size, `SessionNotFound` for an
+    unknown session."""
+    from ..errors import SessionNotFound, UserError
+    from .records import exchange_count
+
+    usage: object = store
+    if not reports_usage(usage):
+        raise UserError(f"{type(store).__name__} does not report its size per session")
+    if await store.info(tenant, session_id) is None:
+        raise SessionNotFound(f"no session {session_id!r} for tenant {tenant!r}")
+    kinds = await usage.session_bytes(tenant, session_id)
+    turns = await store.turns(tenant, session_id)
+    exchanges = exchange_count(turns) or sum(t.role == "user" for t in turns)
+    total = sum(kinds.values())
+    return SessionStorage(
+        exchanges=exchanges,
+        raw_text_bytes=sum(len(t.content.encode()) for t in turns),
+        total_bytes=total,
+        per_exchange=round(total / exchanges) if exchanges else None,
+        bytes=dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+    )

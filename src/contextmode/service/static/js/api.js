@@ -56,6 +56,9 @@ export const getSession = (id, limit = 200) => getJSON(`/v1/sessions/${encodeURI
 /** The kept trace of exchange `turn` (1 = the first user message): what the model received. */
 export const getTurnContext = (id, turn) => getJSON(`/v1/sessions/${encodeURIComponent(id)}/turns/${turn}/context`);
 
+/** The bytes the session keeps by kind of record (as `contextmode stats` prints them). */
+export const getStorage = (id) => getJSON(`/v1/sessions/${encodeURIComponent(id)}/storage`);
+
 export function previewContext(id, message, mode) {
   const params = { message };
   if (mode) params.mode = mode;

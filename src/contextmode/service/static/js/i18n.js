@@ -96,6 +96,15 @@ const STRINGS = {
     rewriteSource: (s) => `改写来源：${s}`,
     constraints: "固定约束",
     noConstraints: "还没有约束。",
+    storage: "存储",
+    storageMeasure: "统计占用",
+    storageHelp: "这个会话按记录类型各占多少字节（与 contextmode stats 相同）。",
+    storageTotal: (total, exchanges, perExchange, raw) =>
+      `共 ${total.toLocaleString()} 字节，${exchanges} 轮，每轮 ${perExchange == null ? "—" : perExchange.toLocaleString()} 字节；双方原话共 ${raw.toLocaleString()} 字节`,
+    storageKind: "记录类型",
+    storageBytes: "字节",
+    storageShare: "占比",
+    storagePerExchange: "每轮",
     fromTurn: (n) => `来自第 ${n} 轮`,
     turnRef: (n, role) => (role === "user" ? `第 ${n} 轮` : `第 ${n} 轮的${role === "tool" ? "工具结果" : "回答"}`),
     pinsThen: (n) => `第 ${n} 轮时的约束（模型当时收到的）`,
@@ -134,6 +143,12 @@ const STRINGS = {
     pinKey: (key) => {
       const [head, ...rest] = key.split(":");
       return [ZH_PIN_KEYS[head] ?? head, ...rest].join("：");
+    },
+    kind: {
+      sessions: "会话记录", turns: "对话轮次", traces: "留存的上下文", trace_texts: "上下文引用的文本",
+      trace_turns: "留存上下文的轮号", trace_ages: "留存上下文的时间", trace_texts_turns: "引用文本的轮号",
+      recall_postings: "召回索引", recall_index: "召回索引统计", recall_df: "召回词频",
+      emotion_scores: "情绪分数", job_stats: "后台任务统计", idempotency: "幂等记录",
     },
     layer: {
       system: "系统指令", constraints: "约束", summary: "摘要", key_moments: "关键时刻", recall: "召回",
@@ -217,6 +232,15 @@ const STRINGS = {
     rewriteSource: (s) => `rewritten by: ${s}`,
     constraints: "Pinned constraints",
     noConstraints: "No constraints yet.",
+    storage: "Storage",
+    storageMeasure: "Measure",
+    storageHelp: "The bytes this session keeps, by kind of record (as contextmode stats prints them).",
+    storageTotal: (total, exchanges, perExchange, raw) =>
+      `${total.toLocaleString()} bytes, ${exchanges} exchanges, ${perExchange == null ? "—" : perExchange.toLocaleString()} bytes per exchange; both roles' own words: ${raw.toLocaleString()} bytes`,
+    storageKind: "kind of record",
+    storageBytes: "bytes",
+    storageShare: "share",
+    storagePerExchange: "per exchange",
     fromTurn: (n) => `from turn ${n}`,
     turnRef: (n, role) => (role === "user" ? `turn ${n}` : `turn ${n}'s ${role === "tool" ? "tool result" : "answer"}`),
     pinsThen: (n) => `Pins at turn ${n} (what the model got then)`,
@@ -251,6 +275,12 @@ const STRINGS = {
       [m.ttft != null ? `first token ${m.ttft} ms` : null, m.tokens != null ? `${m.tokens} input tokens` : null,
         m.jobs?.length ? `jobs: ${m.jobs.join(", ")}` : null].filter(Boolean).join(" · "),
     turn: (n, role) => `turn ${n} · ${role}`,
+    kind: {
+      sessions: "session row", turns: "turns", traces: "kept contexts", trace_texts: "texts kept contexts refer to",
+      trace_turns: "kept contexts' turn numbers", trace_ages: "kept contexts' times", trace_texts_turns: "referred texts' turns",
+      recall_postings: "recall index", recall_index: "recall index statistics", recall_df: "recall term counts",
+      emotion_scores: "emotion scores", job_stats: "background job stats", idempotency: "idempotency records",
+    },
     layer: {
       system: "System", constraints: "Constraints", summary: "Summary", key_moments: "Key moments", recall: "Recall",
       recent: "Recent turns", current: "Current message", format: "Format",
@@ -282,6 +312,11 @@ export function setLang(next) {
 export function t(key, ...args) {
   const value = STRINGS[lang][key] ?? STRINGS.en[key] ?? key;
   return typeof value === "function" ? value(...args) : value;
+}
+
+/** A kind of stored record in words (the API's name when we do not know it). */
+export function recordKind(kind) {
+  return STRINGS[lang].kind[kind] ?? kind;
 }
 
 /** A layer's label: ours when we know the layer, else the title the server sent. */

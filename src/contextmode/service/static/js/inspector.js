@@ -1,8 +1,9 @@
 // The inspector pane: what the model received for a turn (layers and their tokens, the
 // rewrite, dropped turns) and the session around it (constraints, summary, jobs, timeline).
 
+import { getStorage } from "./api.js";
 import { $, clear, el } from "./dom.js";
-import { layerLabel, t } from "./i18n.js";
+import { layerLabel, recordKind, t } from "./i18n.js";
 
 /** The exchange number of stored turn `seq` (turn n = the n-th user message), from its stamp. */
 export function exchangeOf(session, seq) {
@@ -433,7 +434,59 @@ function pinsCards(session, ctx) {
   );
 }
 
-/** Draw the session around the context: timeline, constraints, summary, jobs. */
+// The last measured storage of a session (id → figures or error): shown again when the
+// session is drawn, measured again on request (it reads every record of the session).
+const storage = new Map();
+
+function storageTable(figures) {
+  const total = figures.total_bytes || 1;
+  const rows = Object.entries(figures.bytes).map(([kind, size]) =>
+    el(
+      "tr",
+      { dataset: { kind } },
+      el("th", { scope: "row", title: kind }, recordKind(kind)),
+      el("td", {}, size.toLocaleString()),
+      el("td", {}, `${Math.round((100 * size) / total)}%`),
+      el("td", {}, figures.exchanges ? Math.round(size / figures.exchanges).toLocaleString() : "—"),
+    ),
+  );
+  return [
+    el("p", { class: "muted", id: "storage-total" }, t("storageTotal", figures.total_bytes, figures.exchanges, figures.per_exchange, figures.raw_text_bytes)),
+    el(
+      "table",
+      { class: "storage", id: "storage-table" },
+      el("thead", {}, el("tr", {}, el("th", { scope: "col" }, t("storageKind")), el("th", { scope: "col" }, t("storageBytes")), el("th", { scope: "col" }, t("storageShare")), el("th", { scope: "col" }, t("storagePerExchange")))),
+      el("tbody", {}, rows),
+    ),
+  ];
+}
+
+/** What the session keeps, by kind of record: measured when asked. */
+function storageCard(session) {
+  const body = el("div", { id: "storage-body" });
+  const show = () => {
+    const known = storage.get(session.session_id);
+    if (!known) clear(body, el("p", { class: "muted" }, t("storageHelp")));
+    else if (known.error) clear(body, el("p", { class: "muted" }, known.error));
+    else clear(body, storageTable(known));
+  };
+  const measure = async () => {
+    button.disabled = true;
+    try {
+      storage.set(session.session_id, await getStorage(session.session_id));
+    } catch (error) {
+      storage.set(session.session_id, { error: error.message });
+    } finally {
+      button.disabled = false;
+    }
+    show();
+  };
+  const button = el("button", { type: "button", id: "storage-button", onclick: measure }, t("storageMeasure"));
+  show();
+  return el("section", { class: "card", id: "storage-card" }, el("h3", {}, t("storage")), button, body);
+}
+
+/** Draw the session around the context: timeline, constraints, summary, jobs, storage. */
 export function renderSession(session, ctx, currentSeq) {
   const root = $("#session-view");
   if (!session) {
@@ -454,6 +507,7 @@ export function renderSession(session, ctx, currentSeq) {
         : el("p", { class: "muted" }, t("noSummary")),
     ),
     el("section", { class: "card" }, el("h3", {}, t("jobs")), jobList(session)),
+    storageCard(session),
   );
   reachScrollers(root);
 }
