@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .models.calls import ModelCall
 from .text.neutralise import neutralise
 from .types import ChatMessage, ToolCall, Turn, utc_now
 
@@ -185,6 +186,11 @@ class TurnTrace:
     pii_masked: Mapping[str, int] = field(default_factory=dict)
     """Personal values masked in this exchange's stored turns, by kind (``{"phone": 1}``;
     ``EngineSettings(pii="mask")``); the trace's own texts are masked the same way."""
+    model_calls: Sequence[ModelCall] = ()
+    """The model calls made while the turn ran, its own (detection, rewrite, the reply) and the
+    background jobs' sharing the server, each with its wait for a slot (`models.calls`)."""
+    stopped: str | None = None
+    """Why the reply was stopped before its end (it degenerated), when it was."""
     sources: TraceSources | None = field(default=None, compare=False, repr=False)
     """What the texts may refer to when stored (set by `build_trace`); not kept, not shown."""
 
@@ -221,6 +227,7 @@ def _plain(trace: TurnTrace) -> dict[str, Any]:
     data["pins"] = [vars(p) for p in trace.pins]
     data["processors"] = dict(trace.processors)
     data["rewrite"] = vars(trace.rewrite) if trace.rewrite is not None else None
+    data["model_calls"] = [vars(c) for c in trace.model_calls]
     return data
 
 
@@ -255,6 +262,7 @@ def trace_from_dict(data: dict[str, Any]) -> TurnTrace:
     data["pins"] = tuple(PinUsed(**p) for p in data.get("pins", ()))
     if data.get("rewrite") is not None:
         data["rewrite"] = TraceRewrite(**data["rewrite"])
+    data["model_calls"] = tuple(ModelCall(**c) for c in data.get("model_calls", ()))
     return TurnTrace(**data)
 
 
@@ -386,6 +394,10 @@ class ExchangeOutcome:
     ttft_ms: float | None
     model_ms: float
     partial: bool
+    model_calls: tuple[ModelCall, ...] = ()
+    """The model calls made while the turn ran (`models.calls.CallLog.between`)."""
+    stopped: str | None = None
+    """Why the reply was stopped early, when it was."""
 
 
 def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceSources:
@@ -458,5 +470,7 @@ def build_trace(
         ttft_ms=None if outcome.ttft_ms is None else round(outcome.ttft_ms, 3),
         model_ms=round(outcome.model_ms, 3),
         partial=outcome.partial,
+        model_calls=outcome.model_calls,
+        stopped=outcome.stopped,
         sources=trace_sources(prepared, stored),
     )

@@ -48,7 +48,7 @@ from .persist import TraceWrites, record_turn
 from .prepare import load_state, prepare_turn
 from .privacy import keepable
 from .request import USE_DEFAULT, PreparedTurn, TurnEvent, TurnRequest, TurnResult, UseDefault
-from .schedule import schedule_jobs, summarize_now
+from .schedule import backlog_of, schedule_jobs, summarize_now
 from .seams import Processors, Recaller, caches_sessions, safe_with_shared_connection
 from .stream import stream_turn
 
@@ -290,6 +290,7 @@ class Engine:
         dropped_index = 0
         if caches_sessions(self.recaller):
             dropped_index = int(bool(self.recaller.forget(tenant, session_id)))
+        backlog_of(self).forget(SessionKey(tenant, session_id))  # the turns' words go with the jobs
         return {
             "recall_cache": dropped_index,
             "pending_jobs": self.jobs.cancel(tenant, session_id),

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConflictError, SessionErased
+from ..models.calls import ModelCall
 from ..models.offline import OfflineResponder
 from ..store.base import TraceRecords
 from ..store.postings import has_postings
@@ -103,6 +104,10 @@ class Answer:
     """The stream broke (or the client went away) before the end."""
     ttft_ms: float | None
     model_ms: float
+    model_calls: tuple[ModelCall, ...] = ()
+    """The model calls made while the turn ran (for its trace)."""
+    stopped: str | None = None
+    """Why the engine stopped the reply early (it degenerated): stored with the answer."""
 
 
 async def store_answer(
@@ -119,6 +124,8 @@ async def store_answer(
             meta["turn"] = user_turn.metadata["turn"]
         if answer.partial:
             meta["partial"] = True
+        if answer.stopped:
+            meta["stopped"] = answer.stopped
         if isinstance(engine.model, OfflineResponder):
             # A description of the request, not an answer: an engine notice, never memory.
             meta["offline"] = True
@@ -135,6 +142,7 @@ async def store_answer(
         outcome = ExchangeOutcome(
             turn=number, user_seq=user_turn.seq, answer_seq=stored.seq if stored else None,
             ttft_ms=answer.ttft_ms, model_ms=answer.model_ms, partial=answer.partial,
+            model_calls=answer.model_calls, stopped=answer.stopped,
         )
         masked = masked_counts(user_turn, stored)
         stored_turns = (user_turn, stored) if stored is not None else (user_turn,)

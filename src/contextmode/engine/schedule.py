@@ -6,44 +6,60 @@ handed back before a processor that may call a model runs (`Engine.let_go_before
 
 from __future__ import annotations
 
+import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from typing import TYPE_CHECKING
 
 from ..assembly.agent import as_sentence
 from ..errors import ConflictError, ContextWindowExceeded
 from ..memory.strategies import get_strategy
+from ..models.calls import call_log
 from ..models.priority import in_background
 from ..processors.base import (
+    ConstraintExtractor,
     ConstraintUpdate,
+    EmotionScorer,
     PriorTurn,
     extracts_alone,
     fits_a_window,
     scores_in_context,
 )
 from ..processors.window import usable_tokens
-from ..types import SessionKey, Summary, Turn, utc_now
+from ..types import Constraint, SessionKey, Summary, Turn, utc_now
 from .request import PreparedTurn
+from .seams import Processors, safe_with_shared_connection
 
 if TYPE_CHECKING:
     from .core import Engine
 
-__all__ = ["EMOTION_CONTEXT_TURNS", "schedule_jobs", "summarize_now"]
+__all__ = ["EMOTION_CONTEXT_TURNS", "MODEL_TURNS", "Backlog", "backlog_of", "schedule_jobs", "summarize_now"]
+
+log = logging.getLogger("contextmode.jobs")
 
 EMOTION_CONTEXT_TURNS = 20
 """Earlier turns a contextual emotion scorer reads (the offline one's context window)."""
 
 
 def schedule_jobs(engine: Engine, key: SessionKey, user_turn: Turn, prepared: PreparedTurn | None) -> list[str]:
-    """Schedule the jobs a new user turn needs; returns their names."""
+    """Schedule the jobs a new user turn needs; returns their names.
+
+    The turn joins the session's backlog (`Backlog`): one ``emotion`` and one ``constraints``
+    job waiting per session cover every turn since the last that ran (a new turn merges into
+    the waiting job instead of queueing another), so background work never piles up behind a
+    conversation faster than the model."""
     tenant, session_id = key.tenant, key.session_id
     jobs = ["emotion", "constraints"]
-    earlier = _loaded_before(prepared, user_turn)
+    backlog = backlog_of(engine)
+    backlog.add(key, _Due(turn=user_turn, earlier=_loaded_before(prepared, user_turn)))
     engine.jobs.schedule(
-        tenant, session_id, "emotion", lambda: in_background(_score_emotion(engine, key, user_turn, earlier))
+        tenant, session_id, "emotion", lambda: in_background(_score_backlog(engine, key)), coalesce=True,
     )
-    engine.jobs.schedule(tenant, session_id, "constraints",
-                         lambda: in_background(_extract_constraints(engine, key, user_turn)))
+    engine.jobs.schedule(
+        tenant, session_id, "constraints", lambda: in_background(_extract_backlog(engine, key)), coalesce=True,
+    )
     upto = _summary_due(engine, user_turn, prepared)
     if upto is not None:
         jobs.append("summary")
@@ -53,6 +69,122 @@ def schedule_jobs(engine: Engine, key: SessionKey, user_turn: Turn, prepared: Pr
             coalesce=True,
         )
     return jobs
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Due:
+    """A user turn whose background work has not run yet."""
+
+    turn: Turn
+    earlier: list[Turn] | None
+    """The turns before it as preparing it loaded them (`_loaded_before`), when it did."""
+
+
+class Backlog:
+    """Per session and kind of work (``emotion``, ``constraints``), the user turns not yet
+    covered. A job takes them all (`take`) and puts them back when it fails (`put_back`), so its
+    retry, or the next turn's job, covers them; at most `LIMIT` turns wait per session and kind
+    (the oldest beyond it are dropped, with a warning)."""
+
+    LIMIT = 64
+    KINDS = ("emotion", "constraints")
+
+    def __init__(self) -> None:
+        self._due: dict[tuple[SessionKey, str], list[_Due]] = {}
+
+    def add(self, key: SessionKey, due: _Due) -> None:
+        for kind in self.KINDS:
+            waiting = self._due.setdefault((key, kind), [])
+            waiting.append(due)
+            if len(waiting) > self.LIMIT:
+                log.warning("%s backlog of session %s over %d turns: the oldest dropped",
+                            kind, key.session_id, self.LIMIT)
+                del waiting[: len(waiting) - self.LIMIT]
+
+    def take(self, key: SessionKey, kind: str) -> list[_Due]:
+        return self._due.pop((key, kind), [])
+
+    def put_back(self, key: SessionKey, kind: str, dues: list[_Due]) -> None:
+        waiting = self._due.setdefault((key, kind), [])
+        waiting[:0] = dues
+        del waiting[: max(0, len(waiting) - self.LIMIT)]
+
+    def pending(self, key: SessionKey) -> int:
+        """Turns of the session not yet covered by every kind of work."""
+        return max((len(self._due.get((key, kind), ())) for kind in self.KINDS), default=0)
+
+    def forget(self, key: SessionKey) -> None:
+        for kind in self.KINDS:
+            self._due.pop((key, kind), None)
+
+
+_BACKLOGS: weakref.WeakKeyDictionary[object, Backlog] = weakref.WeakKeyDictionary()
+
+
+def backlog_of(engine: Engine) -> Backlog:
+    """The engine's backlog of turns waiting for background work."""
+    return _BACKLOGS.setdefault(engine, Backlog())
+
+
+MODEL_TURNS = 3
+"""Newest turns of a backlog the model's constraint call reads (in one call); the emotion
+call scores the newest. Older turns of a backlog are covered by the offline processors."""
+
+
+async def _score_backlog(engine: Engine, key: SessionKey) -> None:
+    """Score the emotion of every turn the session's backlog holds: the newest with the engine's
+    scorer, older ones (the model fell behind) with the offline one, noted in the call log."""
+    backlog = backlog_of(engine)
+    dues = backlog.take(key, "emotion")
+    if not dues:
+        return
+    try:
+        older, newest = dues[:-1], dues[-1]
+        if older:
+            filled = not safe_with_shared_connection(engine.processors.emotion)  # it calls a model
+            for due in older:
+                await _score_emotion(engine, key, due.turn, due.earlier, scorer=_offline().emotion if filled else None)
+            if filled:
+                call_log().note("emotion", key.session_id,
+                                f"filled in offline: {len(older)} older turn(s), the model fell behind")
+        await _score_emotion(engine, key, newest.turn, newest.earlier)
+    except BaseException:
+        backlog.put_back(key, "emotion", dues)
+        raise
+
+
+async def _extract_backlog(engine: Engine, key: SessionKey) -> None:
+    """Extract constraints from every turn the session's backlog holds: with a model extractor,
+    the newest `MODEL_TURNS` in one call and older ones offline (noted in the call log); with a
+    model-free one, turn by turn."""
+    backlog = backlog_of(engine)
+    dues = backlog.take(key, "constraints")
+    if not dues:
+        return
+    extractor = engine.processors.extractor
+    try:
+        if safe_with_shared_connection(extractor) or len(dues) == 1:
+            for due in dues:
+                await _extract_constraints(engine, key, due.turn)
+            return
+        older, newest = dues[:-MODEL_TURNS], dues[-MODEL_TURNS:]
+        for due in older:
+            await _extract_constraints(engine, key, due.turn, extractor=_offline().extractor)
+        if older:
+            call_log().note("constraints", key.session_id,
+                            f"filled in offline: {len(older)} older turn(s), the model fell behind")
+        turns = [d.turn for d in newest]
+        merged = replace(turns[-1], content="\n".join(t.content for t in turns),
+                         tokens=sum(t.tokens for t in turns))
+        await _extract_constraints(engine, key, merged, sources=turns)
+    except BaseException:
+        backlog.put_back(key, "constraints", dues)
+        raise
+
+
+@cache
+def _offline() -> Processors:
+    return Processors.offline()
 
 
 def _summary_due(engine: Engine, user_turn: Turn, prepared: PreparedTurn | None) -> int | None:
@@ -86,8 +218,10 @@ def _loaded_before(prepared: PreparedTurn | None, turn: Turn) -> list[Turn] | No
     return loaded
 
 
-async def _score_emotion(engine: Engine, key: SessionKey, turn: Turn, earlier: list[Turn] | None) -> None:
-    emotion = engine.processors.emotion
+async def _score_emotion(
+    engine: Engine, key: SessionKey, turn: Turn, earlier: list[Turn] | None, *, scorer: EmotionScorer | None = None,
+) -> None:
+    emotion = scorer or engine.processors.emotion
     if scores_in_context(emotion):
         # The turns just before: the conversation's mood and the speaker's baseline (as the
         # turn loaded them, or read again).
@@ -105,11 +239,16 @@ async def _score_emotion(engine: Engine, key: SessionKey, turn: Turn, earlier: l
     await engine.store.set_emotions(key.tenant, key.session_id, {turn.seq: max(0.0, min(1.0, score))})
 
 
-async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> None:
+async def _extract_constraints(
+    engine: Engine, key: SessionKey, turn: Turn, *, extractor: ConstraintExtractor | None = None,
+    sources: Sequence[Turn] = (),
+) -> None:
+    """Pin what ``turn`` states; ``sources``: the turns ``turn`` joins (each pin then names the
+    one its quote is from)."""
     from ..processors.constraints import apply_update
 
     store = engine.store
-    extractor = engine.processors.extractor
+    extractor = extractor or engine.processors.extractor
     # An extractor that can tell without the stored constraints (the offline one, for a
     # turn that retracts nothing) gives the same update for any of them: a turn stating
     # nothing reads none, and a retry of the compare-and-set does not extract again.
@@ -125,12 +264,23 @@ async def _extract_constraints(engine: Engine, key: SessionKey, turn: Turn) -> N
             update = await extractor.extract(turn, state.constraints)
         if not update.upsert and not update.remove_keys:
             return
+        if sources:
+            update = replace(update, upsert=tuple(_from_source(c, sources) for c in update.upsert))
         merged = apply_update(state.constraints, update)
         if await store.commit_constraints(
             key.tenant, key.session_id, merged, expected_version=state.constraints_version
         ):
             return
     raise ConflictError("constraints kept changing underneath; will retry")
+
+
+def _from_source(pin: Constraint, sources: Sequence[Turn]) -> Constraint:
+    """``pin`` naming the newest of ``sources`` its quote is in (else as it is)."""
+    quote = " ".join(pin.quote.split()).casefold()
+    for turn in reversed(sources):
+        if quote and quote in " ".join(turn.content.split()).casefold():
+            return replace(pin, source_seq=turn.seq)
+    return pin
 
 
 async def summarize_now(engine: Engine, key: SessionKey, *, force: bool = False, upto: int | None = None) -> bool:

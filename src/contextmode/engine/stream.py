@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ModelError
 from ..models.base import UpstreamReply, relays
+from ..models.calls import call_log
+from ..text.degenerate import ReplyGuard, scripts_of
 from ..types import Turn
 from .persist import Answer, store_answer, store_user_turn
 from .prepare import prepare_turn
@@ -45,6 +47,7 @@ log = logging.getLogger("contextmode.turn")
 async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[TurnEvent]:
     """`Engine.stream`: ``Prepared``, then ``Delta`` events, then ``Done`` (or ``Failed``)."""
     started = time.perf_counter()
+    since = time.monotonic()  # the model calls overlapping the turn go in its trace
     # Loading, recalling and storing the user turn share one pooled store connection (with the
     # service's turn lock: its scope), handed back before the model answers.
     async with engine.one_connection():
@@ -74,6 +77,7 @@ async def stream_turn(engine: Engine, request: TurnRequest) -> AsyncIterator[Tur
         answer = Answer(
             text="".join(pieces), partial=not completed, ttft_ms=ttft,
             model_ms=(time.perf_counter() - model_started) * 1000,
+            model_calls=call_log().between(since), stopped=ending.stopped,
         )
         assistant_turn = await asyncio.shield(store_answer(engine, request.key, user_turn, answer, prepared))
         jobs = schedule_jobs(engine, request.key, user_turn, prepared)
@@ -107,6 +111,8 @@ class Ending:
     usage: Mapping[str, object] | None = None
     whole: UpstreamReply | None = None
     """The whole completion of a relayed request that is not streamed."""
+    stopped: str | None = None
+    """Why the engine stopped the reply early (it degenerated, `text.degenerate`)."""
 
     def read(self, reply: UpstreamReply, *, whole: bool) -> None:
         data = reply.data
@@ -130,8 +136,18 @@ async def _answer(
     the reply capped at what the context window leaves."""
     model, relay = engine.model, request.relay
     if relay is None or not relays(model):
-        async for delta in model.stream(prepared.messages):
-            yield Delta(text=delta)
+        guard = ReplyGuard(scripts_of(m.content for m in prepared.messages))
+        deltas = model.stream(prepared.messages)
+        try:
+            async for delta in deltas:
+                yield Delta(text=delta)
+                if (why := guard.feed(delta)) is not None:
+                    log.warning("reply stopped early in session %s: %s", request.key.session_id, why)
+                    ending.stopped = why
+                    return
+        finally:
+            if isinstance(deltas, AsyncGenerator):  # closed now: the server stops generating
+                await deltas.aclose()
         return
     left = max(1, engine.settings.context_window - prepared.context.total_tokens)
     async for event in model.relay(prepared.messages, relay, max_tokens=left):

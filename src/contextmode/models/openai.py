@@ -23,6 +23,7 @@ from ..errors import (
     MissingExtra,
     ModelError,
     ModelOverloaded,
+    ModelPreempted,
     ModelRateLimited,
     ModelRefused,
     ModelTimeout,
@@ -39,7 +40,8 @@ from .base import (
     ToolSpec,
     UpstreamReply,
 )
-from .priority import SlotGate, call_priority, endpoint_gate
+from .calls import CallMeter, call_log
+from .priority import Cuttable, SlotGate, endpoint_gate
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
 
@@ -51,6 +53,7 @@ __all__ = [
     "OpenAIChatModel",
     "OpenAIOptions",
     "is_looping",
+    "json_complete",
     "map_openai_error",
     "retry_after_s",
     "wire_message",
@@ -80,6 +83,9 @@ class ModelUsage:
 _LOOP_CHECK_CHARS = 32
 """A streamed reply is checked for a loop every this many new characters."""
 _LOOP_MIN_CHARS = 200
+_BLANK_CHUNKS = 128
+"""Chunks in a row with nothing visible (blanks, empty pieces) after which a stream is stopped:
+a small model can pad a reply with blanks up to its token cap."""
 _LOOP_MAX_PERIOD = 300
 
 
@@ -394,23 +400,53 @@ class OpenAIChatModel:
         return endpoint_gate(self.base_url or _OPENAI_ENDPOINT, self._slots)
 
     @asynccontextmanager
-    async def _slot(self, deadline: float | None) -> AsyncIterator[None]:
+    async def _slot(self, deadline: float | None) -> AsyncIterator[CallMeter]:
         """Hold one of the endpoint's slots (replies first, see `models.priority`) while a call
-        runs; a reply's wait counts in its deadline."""
+        runs; a reply's wait counts in its deadline. The call is logged (`models.calls`), and a
+        background call a reply cuts short raises `ModelPreempted`."""
+        meter = call_log().start()
         gate = await self.slot_gate()
-        if gate is None:
-            yield
-            return
-        priority = call_priority()
+        priority = meter.priority
+        if gate is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await gate.acquire(priority, wait_s=self._background_wait)
+            except TimeoutError:
+                meter.end("error: no free slot")
+                raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
+            except BaseException as exc:
+                meter.end(f"error: {type(exc).__name__}")
+                raise
+        meter.admit()
+        cut = Cuttable() if gate is not None and priority == "background" else None
+        if cut is not None and gate is not None:
+            gate.hold(cut)
+            cut.inside = True
         try:
-            async with asyncio.timeout_at(deadline):
-                await gate.acquire(priority, wait_s=self._background_wait)
-        except TimeoutError:
-            raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
-        try:
-            yield
+            yield meter
+        except asyncio.CancelledError:
+            if cut is None or not cut.preempted:
+                meter.end("cancelled")
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            meter.end("preempted")
+            raise ModelPreempted("a reply needed the model's slot; this background call was cut short") from None
+        except GeneratorExit:
+            meter.end("closed by the caller")
+            raise
+        except BaseException as exc:
+            meter.end(f"error: {type(exc).__name__}")
+            raise
+        else:
+            meter.end(meter.outcome if meter.outcome != "running" else (self.last_finish_reason or "stop"))
         finally:
-            gate.release(priority)
+            if gate is not None:
+                if cut is not None:
+                    cut.inside = False
+                    gate.unhold(cut)
+                gate.release(priority)
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)
@@ -467,8 +503,9 @@ class OpenAIChatModel:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         try:
-            async with self._slot(deadline), asyncio.timeout_at(deadline):
+            async with self._slot(deadline) as meter, asyncio.timeout_at(deadline):
                 completion = await self._create(request, stream=False)
+                _meter_chunk(meter, {"usage": _field(completion, "usage")})
         except TimeoutError:
             raise ModelTimeout(f"the model did not answer within the {self.deadline} s deadline") from None
         try:
@@ -628,13 +665,13 @@ class OpenAIChatModel:
     async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[ModelEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
-        async with self._slot(deadline), aclosing(self._stream_in_slot(request, deadline)) as events:
+        async with self._slot(deadline) as meter, aclosing(self._stream_in_slot(request, deadline, meter)) as events:
             # closed before the slot is given back: the server stops an abandoned stream
             async for event in events:
                 yield event
 
     async def _stream_in_slot(
-        self, request: dict[str, Any], deadline: float | None
+        self, request: dict[str, Any], deadline: float | None, meter: CallMeter
     ) -> AsyncGenerator[ModelEvent, None]:
         self.last_finish_reason = None
         try:
@@ -642,7 +679,8 @@ class OpenAIChatModel:
                 stream = await self._create(request, stream=True)
         except TimeoutError:
             raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
-        finished, text, checked = False, "", 0
+        finished, text, checked, checked_json, seen, blank = False, "", 0, 0, 0, 0
+        json_wanted = "response_format" in request
         chunks = _sse_chunks(stream)
         try:
             while True:
@@ -659,11 +697,25 @@ class OpenAIChatModel:
                     if event.kind == "text":
                         text += event.text
                     yield event
+                _meter_chunk(meter, chunk)
+                blank = 0 if text[seen:].strip() else blank + 1
+                seen = len(text)
                 finished = finished or self.last_finish_reason is not None
+                if not finished and blank >= _BLANK_CHUNKS:
+                    finished = self._stop_early(f"{blank} chunks in a row brought no visible text")
+                    meter.outcome = "stopped early: the reply went blank"
+                    break
+                if not finished and json_wanted and "}" in text[checked_json:]:
+                    checked_json = len(text)
+                    if json_complete(text):  # a grammar lets a small model pad with blanks to the cap
+                        meter.outcome = "stop (the JSON object was complete)"
+                        finished = True
+                        break
                 if not finished and len(text) - checked >= _LOOP_CHECK_CHARS:
                     checked = len(text)
                     if is_looping(text):
                         finished = self._stop_early("the reply repeats itself")
+                        meter.outcome = "stopped early: the reply repeats itself"
                         break
         except ModelError:
             raise
@@ -779,6 +831,42 @@ class OpenAIChatModel:
 
 _END = object()
 """What `_next_chunk` returns once a stream has no more chunks."""
+
+
+def _meter_chunk(meter: CallMeter, chunk: Any) -> None:
+    """Count a streamed chunk in ``meter`` (the server's usage, when a chunk carries it)."""
+    meter.chunks += 1
+    usage = _field(chunk, "usage")
+    if usage is not None:
+        prompt, completion = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")
+        meter.prompt_tokens = int(prompt) if isinstance(prompt, int) else meter.prompt_tokens
+        meter.completion_tokens = int(completion) if isinstance(completion, int) else meter.completion_tokens
+
+
+def json_complete(text: str) -> bool:
+    """True when ``text`` (stripped) is one whole JSON object or array: its brackets, outside
+    strings, close what it opened (the rest, if any, is padding)."""
+    body = text.lstrip()
+    if not body or body[0] not in "{[":
+        return False
+    depth, in_string, escaped = 0, False, False
+    for char in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return True
+    return False
 
 
 async def _next_chunk(chunks: AsyncGenerator[Any, None], deadline: float | None) -> Any:

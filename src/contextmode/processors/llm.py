@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
 from ..models.base import ChatModel, JsonSchema, answers_to_schema
+from ..models.calls import model_step
 from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
@@ -148,10 +149,11 @@ async def _ask(
         fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     messages = prompt.render(chinese=chinese, **fields)
     try:
-        async with asyncio.timeout(timeout):
-            if schema is not None and answers_to_schema(model):
-                return await model.complete_json(messages, schema=schema, max_tokens=max_tokens)
-            return await model.complete(messages, max_tokens=max_tokens)
+        with model_step(prompt.name):
+            async with asyncio.timeout(timeout):
+                if schema is not None and answers_to_schema(model):
+                    return await model.complete_json(messages, schema=schema, max_tokens=max_tokens)
+                return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:
         raise ModelTimeout(f"{prompt.tag} took longer than {timeout} s") from None
 
