@@ -679,44 +679,29 @@ class OpenAIChatModel:
                 stream = await self._create(request, stream=True)
         except TimeoutError:
             raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
-        finished, text, checked, checked_json, seen, blank = False, "", 0, 0, 0, 0
-        json_wanted = "response_format" in request
+        finished, watch = False, _StreamWatch(json_wanted="response_format" in request)
         chunks = _sse_chunks(stream)
         try:
             while True:
                 try:
                     chunk = await _next_chunk(chunks, deadline)
                 except TimeoutError:
-                    if not text:
+                    if not watch.text:
                         raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
                     finished = self._stop_early(f"the {self.deadline} s deadline passed")
                     break
                 if chunk is _END:
                     break
-                for event in self._events(chunk):
-                    if event.kind == "text":
-                        text += event.text
+                events = self._events(chunk)
+                for event in events:
                     yield event
+                watch.read(events)
                 _meter_chunk(meter, chunk)
-                blank = 0 if text[seen:].strip() else blank + 1
-                seen = len(text)
                 finished = finished or self.last_finish_reason is not None
-                if not finished and blank >= _BLANK_CHUNKS:
-                    finished = self._stop_early(f"{blank} chunks in a row brought no visible text")
-                    meter.outcome = "stopped early: the reply went blank"
+                if not finished and (stop := watch.stop()) is not None:
+                    meter.outcome, early = stop
+                    finished = self._stop_early(early) if early else True
                     break
-                if not finished and json_wanted and "}" in text[checked_json:]:
-                    checked_json = len(text)
-                    if json_complete(text):  # a grammar lets a small model pad with blanks to the cap
-                        meter.outcome = "stop (the JSON object was complete)"
-                        finished = True
-                        break
-                if not finished and len(text) - checked >= _LOOP_CHECK_CHARS:
-                    checked = len(text)
-                    if is_looping(text):
-                        finished = self._stop_early("the reply repeats itself")
-                        meter.outcome = "stopped early: the reply repeats itself"
-                        break
         except ModelError:
             raise
         except Exception as exc:
@@ -831,6 +816,39 @@ class OpenAIChatModel:
 
 _END = object()
 """What `_next_chunk` returns once a stream has no more chunks."""
+
+
+@dataclass
+class _StreamWatch:
+    """What a stream said so far, and whether it should end before the server ends it: a JSON
+    object complete (a grammar lets a small model pad with blanks to its cap), a run of chunks
+    with nothing visible, a verbatim loop."""
+
+    json_wanted: bool
+    text: str = ""
+    blank: int = 0
+    checked: int = 0
+    checked_json: int = 0
+
+    def read(self, events: Sequence[ModelEvent]) -> None:
+        said = "".join(e.text for e in events if e.kind == "text")
+        self.text += said
+        self.blank = 0 if said.strip() else self.blank + 1
+
+    def stop(self) -> tuple[str, str | None] | None:
+        """``(the call's outcome, why it was cut or None for a clean end)``, or ``None`` to go on."""
+        text = self.text
+        if self.blank >= _BLANK_CHUNKS:
+            return "stopped early: the reply went blank", f"{self.blank} chunks in a row brought no visible text"
+        if self.json_wanted and "}" in text[self.checked_json :]:
+            self.checked_json = len(text)
+            if json_complete(text):
+                return "stop (the JSON object was complete)", None
+        if len(text) - self.checked >= _LOOP_CHECK_CHARS:
+            self.checked = len(text)
+            if is_looping(text):
+                return "stopped early: the reply repeats itself", "the reply repeats itself"
+        return None
 
 
 def _meter_chunk(meter: CallMeter, chunk: Any) -> None:

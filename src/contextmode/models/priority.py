@@ -100,6 +100,14 @@ class SlotGate(Protocol):
 
     def state(self) -> GateState: ...
 
+    def hold(self, call: Cuttable) -> None:
+        """``call``, a background call that took a slot, may be cut short for a reply."""
+        ...
+
+    def unhold(self, call: Cuttable) -> None:
+        """``call`` ended: it is no longer to be cut."""
+        ...
+
 
 class Replies:
     """How many turns are being answered; while any is, background calls wait on every gate
