@@ -30,6 +30,7 @@ from ..jobs import takes_hooks
 from ..store.base import keeps_idempotency
 from .auth import ApiKeys
 from .bodyscan import JsonShape
+from .client_gone import reset, watching
 from .codes import (
     ErrorCode,
     HostNotAllowed,
@@ -37,7 +38,6 @@ from .codes import (
     code_for_exception,
     code_for_status,
 )
-from .client_gone import reset, watching
 from .gate import SessionGate
 from .hosts import HostCheck, default_hosts
 from .lifecycle_tasks import lifecycle_tasks
