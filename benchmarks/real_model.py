@@ -45,7 +45,8 @@ from contextmode.testing.local_model import (
     llama_server,
     ungrounded_pins,
 )
-from contextmode.tokens.base import TokenCounter, count_messages
+from contextmode.tokens.base import TokenCounter
+from contextmode.tokens.tools import count_messages
 from contextmode.types import ChatMessage
 
 

@@ -138,8 +138,8 @@ async def test_inspect_explains_recall_with_the_query_recall_was_given() -> None
     from dataclasses import replace
 
     from contextmode.cli.app import _recall_reasons
+    from contextmode.engine.trace import recalled_turns
     from contextmode.processors.base import Rewrite
-    from contextmode.trace import recalled_turns
 
     # A window smaller than the conversation: the locker turn comes back through recall.
     engine = build_engine(store="memory://", model=FunctionModel(lambda m: "ok"),

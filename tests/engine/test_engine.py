@@ -299,7 +299,7 @@ async def test_a_model_backed_extractor_is_always_given_the_stored_constraints()
 
 async def test_the_recalled_turns_are_explained_once_per_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     import contextmode.memory.recall as recall
-    from contextmode.trace import recalled_turns
+    from contextmode.engine.trace import recalled_turns
 
     calls = 0
     explain = recall.explain_recall

@@ -13,9 +13,9 @@ import pytest
 from contextmode.memory import get_strategy
 from contextmode.memory.recall import HybridRecall, Recaller, RecallSettings, recall_query
 from contextmode.memory.recall.dense import DenseIndex, convex_fuse, rrf_fuse
-from contextmode.memory.recall.index import BM25Index, BM25Params, QueryMemo, top_k, turn_text
-from contextmode.memory.recall.text import analyze, stem
+from contextmode.memory.recall.index import BM25Index, BM25Params, QueryMemo, top_k
 from contextmode.store.memory import MemoryStore
+from contextmode.text.index_terms import analyze, stem, turn_text
 from contextmode.types import NewTurn, SessionState, Turn
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)

@@ -11,8 +11,8 @@ import pytest
 
 from contextmode.memory.recall import Recaller, RecallSettings, recall_query
 from contextmode.memory.recall.semantic import SCALE, Thesaurus, default_thesaurus, expand
-from contextmode.memory.recall.text import analyze
 from contextmode.store.memory import MemoryStore
+from contextmode.text.index_terms import analyze
 from contextmode.types import NewTurn
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)

@@ -15,12 +15,12 @@ from contextmode.engine import Engine
 from contextmode.errors import ConfigError, OutputRejected
 from contextmode.jobs import JobRunner, JobSettings
 from contextmode.models import LLMSettings, OpenAIChatModel, OpenAIOptions
-from contextmode.models.openai import is_looping
 from contextmode.models.server import probe_server
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.stub_server import StubRequest, StubServer
+from contextmode.text.degenerate import is_looping
 
 T, S = "t", "s"
 

@@ -8,10 +8,11 @@ The order, lowest first (see docs/architecture.md):
 2. ``tokens``: token counters;
 3. ``models``: chat models;
 4. ``processors``: detector, rewriter, extractor, summariser, emotion scorer;
-5. ``store``, ``memory``: persistence, strategies and recall;
-6. ``assembly``: the context window;
-7. ``jobs``, ``trace``, ``engine``, ``agent_turn``, ``lifecycle``: the turn;
-8. ``api``, ``service``, ``cli``, ``evaluation``, ``testing``: the edges.
+5. ``store``: persistence, the kept trace records (``store.records``);
+6. ``memory``: strategies and recall;
+7. ``assembly``: the context window;
+8. ``jobs``, ``engine``, ``agent_turn``, ``lifecycle``: the turn;
+9. ``api``, ``service``, ``cli``, ``evaluation``, ``testing``: the edges.
 
 Imports inside functions and under ``TYPE_CHECKING`` count too: a lazy import that runs
 back up the layers is still a cycle in the design. Checked for the lower packages, where
@@ -33,12 +34,13 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"tokens"}),
     frozenset({"models"}),
     frozenset({"processors"}),
-    frozenset({"store", "memory"}),
+    frozenset({"store"}),
+    frozenset({"memory"}),
     frozenset({"assembly"}),
-    frozenset({"jobs", "trace", "engine", "agent_turn", "lifecycle"}),
+    frozenset({"jobs", "engine", "agent_turn", "lifecycle"}),
     frozenset({"api", "service", "cli", "evaluation", "testing", "integrations", "__main__"}),
 )
-CHECKED = ("text", "models", "processors")
+CHECKED = ("text", "models", "processors", "store")
 ROOT = Path(contextmode.__file__).parent
 
 

@@ -24,11 +24,11 @@ from contextmode.service import ServiceSettings, create_app
 from contextmode.store import MemoryStore
 from contextmode.store.base import Store
 from contextmode.store.factory import open_store
+from contextmode.store.records import TurnTrace
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.testing.backends import Backend, fresh_store_url
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import FunctionModel
-from contextmode.trace import TurnTrace
 from contextmode.types import ChatMessage, Constraint, NewTurn, Summary, utc_now
 
 KEY_A, KEY_B = "tenant-a-key-7f3e9c1d", "tenant-b-key-2b8a4e6f"

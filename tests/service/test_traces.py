@@ -15,8 +15,7 @@ from contextmode.errors import EmptyMessage, ModelUnavailable, StoreError
 from contextmode.store import MemoryStore
 from contextmode.store.base import LockHandle, load_trace
 from contextmode.store.lifecycle import DeletionRecord, Scope
-from contextmode.testing.models import BrokenStream, FunctionModel
-from contextmode.trace import (
+from contextmode.store.records import (
     TurnTrace,
     cap_trace,
     message_to_dict,
@@ -24,6 +23,7 @@ from contextmode.trace import (
     trace_to_dict,
     trace_to_json,
 )
+from contextmode.testing.models import BrokenStream, FunctionModel
 from contextmode.types import ChatMessage
 from tests.service.test_service import assert_error, client_for, make_engine, make_settings
 

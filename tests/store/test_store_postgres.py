@@ -108,8 +108,8 @@ async def test_put_trace_in_one_statement_keeps_what_the_three_statements_kept(s
     from datetime import UTC, datetime, timedelta
 
     from contextmode.store.postgres import PostgresStore
+    from contextmode.store.records import TurnTrace, trace_to_json
     from contextmode.testing.contract import new_turns
-    from contextmode.trace import TurnTrace, trace_to_json
 
     store = PostgresStore(DSN, schema=schema, max_size=2)
     rng = random.Random(7)

@@ -17,6 +17,7 @@ from contextmode.settings import EngineSettings
 from contextmode.store import Store, open_store
 from contextmode.store._sqlite_schema import m009_traces_by_reference
 from contextmode.store.base import TraceRecords, keeps_traces, load_trace
+from contextmode.store.records import TraceSources, trace_to_json
 from contextmode.store.trace_pack import (
     MIN_REF,
     TEXT_TURN_SLACK,
@@ -27,7 +28,6 @@ from contextmode.store.trace_pack import (
 )
 from contextmode.testing.backends import fresh_store_url
 from contextmode.testing.models import FunctionModel
-from contextmode.trace import TraceSources, trace_to_json
 from contextmode.types import ChatMessage, SessionKey
 
 BACKENDS = ["memory", "sqlite", "postgres", "redis"]
@@ -214,7 +214,7 @@ async def test_a_trace_kept_as_json_before_the_migration_is_still_read(tmp_path:
 
     from contextmode.store import SQLiteStore
     from contextmode.store._sqlite_schema import MIGRATIONS
-    from contextmode.trace import TurnTrace
+    from contextmode.store.records import TurnTrace
 
     path = tmp_path / "old.db"
     db = sqlite3.connect(path, isolation_level=None)
@@ -240,8 +240,8 @@ async def test_a_trace_kept_as_json_before_the_migration_is_still_read(tmp_path:
 async def test_a_large_trace_packs_the_same_off_the_event_loop() -> None:
     from datetime import UTC, datetime
 
+    from contextmode.store.records import TurnTrace
     from contextmode.store.trace_pack import PACK_INLINE_CHARS, pack_trace_soon
-    from contextmode.trace import TurnTrace
 
     turns = {seq: f"第{seq}轮：" + "我们聊聊周末去哪里吃饭，不要太辣，预算五十元以内。" * 20 for seq in range(1, 60)}
     system = "\n".join(f"[2026-01-02] 用户: {text}" for text in turns.values())

@@ -140,7 +140,7 @@ def inspect(
         engine = build_engine(store=store)
         try:
             if turn is not None:
-                from ..trace import trace_to_dict
+                from ..store.records import trace_to_dict
 
                 trace = await engine.trace(tenant, sid, turn)
                 if as_json:
@@ -198,7 +198,7 @@ def _neighbour_side(seq: int, hit: int) -> str:
 def _recall_reasons(prepared: PreparedTurn) -> list[dict[str, Any]]:
     """Why each turn shown in the recall layer was recalled (score, matched terms), as the
     turn's trace keeps it (`trace.recalled_turns`: the query recall was given)."""
-    from ..trace import recalled_turns
+    from ..engine.trace import recalled_turns
 
     return [
         {"seq": r.seq, "score": r.score, "matched": list(r.matched), "neighbour_of": r.neighbour_of, "ranker": r.ranker}

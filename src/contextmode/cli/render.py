@@ -13,8 +13,8 @@ from ..assembly import Context
 from ..assembly.agent import tool_sentence
 from ..engine import PreparedTurn
 from ..store.base import Store
+from ..store.records import RecalledTurn, TurnTrace
 from ..text.lang import is_chinese
-from ..trace import RecalledTurn, TurnTrace
 from ..types import Constraint, Turn
 
 __all__ = [

@@ -18,8 +18,8 @@ async def session_stats(url: str | None, tenant: str, session: str) -> dict[str,
     """Bytes by kind, their total, the exchanges and the raw text of both roles' turns."""
     from ..errors import SessionNotFound, UserError
     from ..store import open_store
+    from ..store.records import exchange_count
     from ..store.usage import reports_usage
-    from ..trace import exchange_count
 
     store = open_store(url)
     usage: object = store

@@ -40,9 +40,9 @@ from ..store.base import (
     load_trace,
     one_connection,
 )
+from ..store.records import TurnTrace
 from ..text.pii import require_pii_libraries
 from ..tokens.base import TokenCounter
-from ..trace import TurnTrace
 from ..types import NewTurn, SessionKey, SessionState, Summary, Turn
 from .persist import TraceWrites, record_turn
 from .prepare import load_state, prepare_turn

@@ -17,11 +17,12 @@ from ..models.calls import ModelCall
 from ..models.offline import OfflineResponder
 from ..store.base import TraceRecords
 from ..store.postings import has_postings
-from ..trace import ExchangeOutcome, build_trace, cap_trace, exchange_count
+from ..store.records import cap_trace, exchange_count
 from ..types import NewTurn, SessionKey, SessionState, Turn, check_storable, utc_now
 from .privacy import keepable_trace, masked_counts
 from .request import PreparedTurn, TurnRequest
 from .seams import indexes_turns
+from .trace import ExchangeOutcome, build_trace
 
 if TYPE_CHECKING:
     from .core import Engine

@@ -19,9 +19,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..settings import PiiPolicy
+from ..store.records import TurnTrace, trace_from_json, trace_to_dict
 from ..text.pii import JsonValue, PiiKind, mask_json, mask_pii
 from ..tokens.base import TokenCounter
-from ..trace import TurnTrace, trace_from_json, trace_to_dict
 from ..types import NewTurn, Turn
 
 __all__ = ["PII_COUNT_KEY", "keepable", "keepable_trace", "masked_counts"]

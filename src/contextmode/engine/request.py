@@ -34,9 +34,10 @@ from ..types import (
     require_text,
     validate_id,
 )
+from .recalled import explain_recalled
 
 if TYPE_CHECKING:
-    from ..trace import RecalledTurn
+    from ..store.records import RecalledTurn
 
 __all__ = [
     "USE_DEFAULT",
@@ -142,11 +143,9 @@ class PreparedTurn:
 
     @cached_property
     def recalled_turns(self) -> tuple[RecalledTurn, ...]:
-        """The older turns the context holds, each with why (`trace.explain_recalled`),
+        """The older turns the context holds, each with why (`recalled.explain_recalled`),
         worked out once: the reply's ``context`` and the turn's trace both show them."""
-        from ..trace import explain_recalled
-
-        return explain_recalled(self)
+        return explain_recalled(self.context, self.rewrite, self.state)
 
 
 @dataclass(frozen=True, kw_only=True)

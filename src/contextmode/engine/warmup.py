@@ -29,7 +29,7 @@ _SAMPLE_MESSAGE = "那家店在哪里？举个例子。Where is it?"
 async def warm_up(engine: Engine) -> float:
     """Run the engine's model-free processors, its token counter and the recall text
     analysis once on a sample exchange; the time it took, milliseconds."""
-    from ..memory.recall.text import analyze
+    from ..text.index_terms import analyze
 
     started = time.perf_counter()
     now = utc_now()

@@ -42,7 +42,7 @@ from ..service.auth import ApiKeys
 from ..service.codes import Unauthorized, code_for_exception, public_message
 from ..service.responses import exception_response
 from ..service.schemas import ConstraintOut, ContextOut
-from ..trace import trace_to_dict
+from ..store.records import trace_to_dict
 from ..types import validate_id
 
 try:

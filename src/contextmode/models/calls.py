@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from ..types import ModelCall
 from .priority import CallPriority, call_priority
 
 __all__ = ["CallLog", "CallMeter", "ModelCall", "call_log", "model_step", "step_session"]
@@ -46,31 +47,6 @@ def model_step(step: str, *, session: str | None = None) -> Iterator[None]:
 def step_session() -> tuple[str | None, str]:
     """The step and session model calls made here belong to (``None``/``""`` when unset)."""
     return _STEP.get(), _SESSION.get()
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelCall:
-    """One model call, as a turn's trace shows it."""
-
-    step: str
-    """``reply``, or the processor's prompt (``detect@2``, ``constraints@3``…)."""
-    priority: CallPriority
-    """``reply``: on a turn's response path; ``background``: a job's."""
-    session: str = ""
-    """The session a background job worked for (empty when unknown)."""
-    start_ms: float = 0.0
-    """When the call asked for a slot, milliseconds from the start of the turn (negative:
-    before it)."""
-    wait_ms: float = 0.0
-    """Time waiting for a free slot of the endpoint."""
-    duration_ms: float = 0.0
-    """Time from the slot to the call's end (or to when the trace was taken, while running)."""
-    prompt_tokens: int | None = None
-    """Input tokens as the server counted them, when it said."""
-    completion_tokens: int | None = None
-    """Output tokens: the server's count, else the streamed chunks."""
-    outcome: str = "running"
-    """``stop``, ``length``, ``stopped early: …``, ``preempted``, ``error: …`` or ``running``."""
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 from ..text.lang import is_chinese
-from ..tokens.base import TokenCounter, count_messages
+from ..tokens.base import TokenCounter
+from ..tokens.tools import count_messages
 from ..types import NOTICE_PREFIXES, ChatMessage
 
 __all__ = ["OfflineResponder"]

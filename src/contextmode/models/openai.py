@@ -29,6 +29,7 @@ from ..errors import (
     ModelTimeout,
     ModelUnavailable,
 )
+from ..text.degenerate import is_looping
 from ..types import ChatMessage
 from .base import (
     JsonSchema,
@@ -52,7 +53,6 @@ __all__ = [
     "ModelUsage",
     "OpenAIChatModel",
     "OpenAIOptions",
-    "is_looping",
     "json_complete",
     "map_openai_error",
     "retry_after_s",
@@ -82,32 +82,9 @@ class ModelUsage:
 
 _LOOP_CHECK_CHARS = 32
 """A streamed reply is checked for a loop every this many new characters."""
-_LOOP_MIN_CHARS = 200
 _BLANK_CHUNKS = 128
 """Chunks in a row with nothing visible (blanks, empty pieces) after which a stream is stopped:
 a small model can pad a reply with blanks up to its token cap."""
-_LOOP_MAX_PERIOD = 300
-
-
-def is_looping(text: str) -> bool:
-    """True when ``text`` ends in the same unit repeated verbatim: 3 times or more, over 200
-    characters or more, for any unit of up to 300 characters.
-
-    Small models loop (the same sentence, in Chinese especially) until the
-    server's context is full; a reply doing so is cut and ends as ``length``.
-    Works on characters, so for every script; prose with a repeated phrase is
-    not periodic and is left alone.
-    """
-    if len(text) < _LOOP_MIN_CHARS:
-        return False
-    for period in range(1, min(_LOOP_MAX_PERIOD, len(text) // 3) + 1):
-        span = max(3 * period, _LOOP_MIN_CHARS)
-        if span > len(text):
-            break
-        tail = text[-span:]
-        if tail[period:] == tail[:-period] and not tail[-period:].isspace():
-            return True
-    return False
 
 
 def _scrub(text: str, secret: str | None) -> str:

@@ -39,11 +39,12 @@ from ..errors import ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
 from ..models.base import ChatModel, JsonSchema, answers_to_schema
 from ..models.calls import model_step
-from ..models.openai import is_looping
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
+from ..text.degenerate import is_looping
 from ..text.lang import is_chinese
-from ..tokens.base import TokenCounter, count_messages
+from ..tokens.base import TokenCounter
+from ..tokens.tools import count_messages
 from ..types import ChatMessage, Constraint, Summary, Turn
 from ._llm_text import clean_model_text, format_turns, parse_intensity, parse_yes_no
 from .audit import _cn_to_int, join_facts_line, restore_facts, split_facts_line

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import ContextWindowExceeded
-from ..tokens.base import count_messages
+from ..tokens.tools import count_messages
 
 if TYPE_CHECKING:
     from ..prompts import Prompt

@@ -1,6 +1,6 @@
 """``GET /v1/sessions/{id}/turns/{n}/context``: what the model received at exchange ``n``.
 
-The data is the kept trace (`contextmode.trace`) as `trace_to_dict` shapes it,
+The data is the kept trace (`contextmode.store.records`) as `trace_to_dict` shapes it,
 so ``contextmode inspect SESSION --turn N --json`` prints the same object.
 Tenant-scoped like every session route: another tenant's session is not found.
 A trace is written just after its reply; a read that comes first waits for it.
@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
-from ..trace import trace_to_dict
+from ..store.records import trace_to_dict
 from ..types import validate_id
 from .codes import SUCCESS
 from .routes_sessions import SessionId, State

@@ -9,10 +9,10 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from ..engine import PreparedTurn, TurnResult
+from ..engine.trace import recalled_turns
 from ..session_keys import key_for_id
 from ..store.base import SessionInfo
 from ..store.lifecycle import DeletionRecord
-from ..trace import recalled_turns
 from ..types import Constraint, Summary, ToolCall, Turn, check_storable
 
 __all__ = [

@@ -40,8 +40,8 @@ from typing import Generic, Protocol, Self, TypeGuard, TypeVar, runtime_checkabl
 
 from .._protocols import implements
 from ..errors import SessionNotFound, TurnNotFound
-from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
+from .records import TurnTrace
 
 __all__ = [
     "ClosesOnExit",

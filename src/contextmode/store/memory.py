@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ..errors import ConflictError, LockNotAcquired
-from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
 from ._codec import check_ids, check_owner, check_user, window_start
 from .base import (
@@ -23,6 +22,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
+from .records import TurnTrace
 from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
 
 __all__ = ["MemoryStore"]

@@ -32,7 +32,6 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
 from . import _pg_postings as pg_postings
 from ._codec import (
@@ -59,6 +58,7 @@ from .base import (
 )
 from .lifecycle import SQL_SESSION_TABLES
 from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts, completes_block
+from .records import TurnTrace
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import postgres_session_bytes
 

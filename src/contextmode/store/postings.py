@@ -2,7 +2,7 @@
 
 A store with this ability (SQLite, PostgreSQL, Redis) writes, in the same
 transaction (Redis: script run) as the turns it appends, each new turn's postings: for every term
-of the turn (as `memory.recall.index.turn_counts` counts it, the same function
+of the turn (as `text.index_terms.turn_counts` counts it, the same function
 the in-memory index uses) one packed record ``(seq, tf, dl)``, appended to the
 term's row for the turn's *block* of `BLOCK` consecutive seqs. It also keeps
 the session's index statistics (turns indexed, their total length and the last
@@ -38,6 +38,8 @@ from typing import Protocol, TypeGuard, runtime_checkable
 import numpy as np
 
 from .._protocols import implements
+from ..text.index_terms import PREVIOUS_WEIGHT, indexed, turn_counts
+from ..text.index_terms import analyze as analyze_terms
 from ..types import NewTurn, Turn
 from .base import SharesConnection, one_connection
 
@@ -212,9 +214,7 @@ def open_subs(indexed_seq: int, from_block: int = 0) -> range:
 def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
     """Index terms of each text, computed before a write transaction so that the
     analysis (and loading its dictionaries) never runs while the store is locked."""
-    from ..memory.recall.text import analyze
-
-    return {text: analyze(text) for text in texts}
+    return {text: analyze_terms(text) for text in texts}
 
 
 def postings_for(
@@ -224,17 +224,13 @@ def postings_for(
     """The postings of ``turns`` (consecutive seqs), given the turn just before them;
     ``analyzed`` holds texts already analysed (`analyze_texts`); rows are grouped by
     blocks of ``block_size`` seqs (``block`` = seq // block_size)."""
-    from ..memory.recall.index import BM25Params, turn_counts
-    from ..memory.recall.text import analyze as analyze_text
-    from ..memory.recall.text import indexed
-
     known = analyzed or {}
 
     def analyze(text: str) -> list[str]:
         terms = known.get(text)
-        return list(terms) if terms is not None else analyze_text(text)
+        return list(terms) if terms is not None else analyze_terms(text)
 
-    weight = BM25Params().previous_weight
+    weight = PREVIOUS_WEIGHT
     prev_terms = analyze(previous.content) if previous is not None and indexed(previous) else []
     grouped: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
     docs, length = 0, 0.0

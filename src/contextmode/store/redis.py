@@ -26,7 +26,6 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
 from . import _redis_scripts as lua
 from ._codec import (
@@ -55,6 +54,7 @@ from .base import (
 )
 from .lifecycle import REDIS_SESSION_KEYS
 from .postings import KeptHeads, analyze_texts
+from .records import TurnTrace
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import redis_session_bytes
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, ConflictError, StoreError
-from ..trace import TurnTrace
 from ..types import Constraint, NewTurn, SessionState, Summary, Turn
 from . import _sqlite_admin as admin
 from . import _sqlite_postings as postings
@@ -62,6 +61,7 @@ from .base import (
     SessionVersion,
 )
 from .postings import IndexStats, analyze_texts, completes_block
+from .records import TurnTrace
 from .trace_pack import pack_trace_soon
 from .usage import sqlite_session_bytes
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..trace import TraceSources, TurnTrace, trace_from_dict, trace_from_json, trace_to_dict
+from .records import TraceSources, TurnTrace, trace_from_dict, trace_from_json, trace_to_dict
 
 __all__ = [
     "TEXT_TURN_SLACK",

@@ -27,7 +27,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ..errors import ConflictError, InvalidSessionId, LockNotAcquired
-from ..memory.recall.text import analyze
 from ..store.base import (
     IdempotencyRecord,
     IdempotencyRecords,
@@ -39,7 +38,8 @@ from ..store.base import (
     keeps_traces,
 )
 from ..store.postings import IndexStats, has_postings, postings_for, reads_turns_at, unpack
-from ..trace import TraceLayer, TurnTrace
+from ..store.records import TraceLayer, TurnTrace
+from ..text.index_terms import analyze
 from ..types import ChatMessage, Constraint, NewTurn, Summary, ToolCall, tool_metadata
 from .ci import skip_or_fail
 

@@ -5,7 +5,7 @@ token cap); the engine stops such a reply early and the turn ends with what was 
 
 `ReplyGuard` is fed the reply as it streams and says why to stop, or ``None``:
 
-- a verbatim loop (`models.openai.is_looping`: the same unit three times, over 200 characters);
+- a verbatim loop (`is_looping`: the same unit three times, over 200 characters);
 - a loop with small variations: in the newest `_TAIL` characters, fewer than half of the
   6-character pieces are distinct (a sentence repeated with a number changed: about a third;
   news prose in Chinese: three quarters and more);
@@ -22,9 +22,32 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterable
 
-from ..models.openai import is_looping
+__all__ = ["ReplyGuard", "is_looping", "scripts_of"]
 
-__all__ = ["ReplyGuard", "scripts_of"]
+_LOOP_MIN_CHARS = 200
+_LOOP_MAX_PERIOD = 300
+
+
+def is_looping(text: str) -> bool:
+    """True when ``text`` ends in the same unit repeated verbatim: 3 times or more, over 200
+    characters or more, for any unit of up to 300 characters.
+
+    Small models loop (the same sentence, in Chinese especially) until the
+    server's context is full; a reply doing so is cut and ends as ``length``.
+    Works on characters, so for every script; prose with a repeated phrase is
+    not periodic and is left alone.
+    """
+    if len(text) < _LOOP_MIN_CHARS:
+        return False
+    for period in range(1, min(_LOOP_MAX_PERIOD, len(text) // 3) + 1):
+        span = max(3 * period, _LOOP_MIN_CHARS)
+        if span > len(text):
+            break
+        tail = text[-span:]
+        if tail[period:] == tail[:-period] and not tail[-period:].isspace():
+            return True
+    return False
+
 
 _EVERY = 48
 _TAIL = 360

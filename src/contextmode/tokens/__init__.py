@@ -4,7 +4,7 @@
 Vocabularies come from installed packages, never from the network (``docs/tokens.md``).
 """
 
-from .base import RoleAwareCounter, TokenCounter, count_messages
+from .base import RoleAwareCounter, TokenCounter
 from .cached import CachedCounter
 from .estimate import EstimateCounter
 from .hf_counter import HFTokenizerCounter
@@ -16,7 +16,7 @@ from .registry import (
     encoding_for_model,
 )
 from .tiktoken_counter import TiktokenCounter
-from .tools import count_turn
+from .tools import count_messages, count_turn
 
 __all__ = [
     "ENV_TOKENIZER",

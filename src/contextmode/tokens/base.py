@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
-from ..types import ChatMessage
-
-__all__ = ["RoleAwareCounter", "TokenCounter", "count_messages"]
+__all__ = ["RoleAwareCounter", "TokenCounter"]
 
 
 @runtime_checkable
@@ -44,18 +42,3 @@ class RoleAwareCounter(TokenCounter, Protocol):
 
     role_overheads: Mapping[str, int]
     """Tokens the chat format adds around one message of each role."""
-
-
-def count_messages(counter: TokenCounter, messages: Sequence[ChatMessage]) -> int:
-    """Tokens of a whole chat request: contents, tool calls and results, per-message
-    overhead, reply priming."""
-    from .tools import count_turn, message_overhead  # tools builds on this module
-
-    return (
-        sum(
-            count_turn(counter, m.content, tool_calls=m.tool_calls, tool_result=m.role == "tool")
-            + message_overhead(counter, m.role)
-            for m in messages
-        )
-        + counter.reply_overhead
-    )

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..types import ToolCall
+from ..types import ChatMessage, ToolCall
 from .base import TokenCounter
 
-__all__ = ["count_turn", "family_of", "message_overhead", "tool_call_text", "tool_result_text"]
+__all__ = ["count_messages", "count_turn", "family_of", "message_overhead", "tool_call_text", "tool_result_text"]
 
 _OPENAI = frozenset({"o200k_base", "cl100k_base"})
 
@@ -67,3 +67,16 @@ def message_overhead(counter: TokenCounter, role: str) -> int:
     if role == "tool" and "tool" not in per_role:
         return per_role.get("user", counter.message_overhead)
     return per_role.get(role, counter.message_overhead)
+
+
+def count_messages(counter: TokenCounter, messages: Sequence[ChatMessage]) -> int:
+    """Tokens of a whole chat request: contents, tool calls and results, per-message
+    overhead, reply priming."""
+    return (
+        sum(
+            count_turn(counter, m.content, tool_calls=m.tool_calls, tool_result=m.role == "tool")
+            + message_overhead(counter, m.role)
+            for m in messages
+        )
+        + counter.reply_overhead
+    )

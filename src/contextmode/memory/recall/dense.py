@@ -32,9 +32,8 @@ import numpy as np
 
 from ..._protocols import implements
 from ...errors import ConfigError, MissingExtra, ModelUnavailable, OutputRejected
+from ...text.index_terms import indexed, turn_text
 from ...types import Turn
-from .index import turn_text
-from .text import indexed
 
 if TYPE_CHECKING:
     import httpx

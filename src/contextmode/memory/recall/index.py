@@ -32,8 +32,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ...text.index_terms import PREVIOUS_WEIGHT, analyze, indexed, turn_counts
 from ...types import Turn
-from .text import analyze, indexed
 
 __all__ = [
     "BM25Index",
@@ -45,8 +45,6 @@ __all__ = [
     "bm25_idf",
     "bm25_scores",
     "top_k",
-    "turn_counts",
-    "turn_text",
 ]
 
 
@@ -72,38 +70,6 @@ class RecallIndex(Protocol):
         the prompt) are left out.
         """
         ...
-
-
-def turn_text(turn: Turn) -> str:
-    """What is indexed of a turn: its content plus the speaker's name when known."""
-    speaker = turn.metadata.get("speaker")
-    return f"{speaker} {turn.content}" if isinstance(speaker, str) else turn.content
-
-
-def turn_counts(
-    turn: Turn,
-    previous_terms: Sequence[str],
-    previous_weight: float,
-    analyzer: Callable[[str], list[str]] = analyze,
-) -> tuple[dict[str, float], list[str]]:
-    """A turn's indexed term frequencies, and the terms it passes on to the next turn.
-
-    Its content terms, the speaker's name when known (the same terms as analysing
-    `turn_text`), and ``previous_terms`` (the turn before's own words) counting
-    ``previous_weight`` each (document expansion, `BM25Params.previous_weight`).
-    Only the turn's own words pass on: expansion reaches one turn back, no further.
-    Every index (in memory or in a store) counts a turn with this one function.
-    """
-    content_terms = analyzer(turn.content)
-    counts: dict[str, float] = dict(Counter(content_terms))
-    speaker = turn.metadata.get("speaker")
-    if isinstance(speaker, str):
-        for term in analyzer(speaker):
-            counts[term] = counts.get(term, 0.0) + 1.0
-    if previous_weight > 0:
-        for term in previous_terms:
-            counts[term] = counts.get(term, 0.0) + previous_weight
-    return counts, content_terms
 
 
 def bm25_scores(
@@ -132,7 +98,7 @@ class BM25Params:
     """Term-frequency saturation."""
     b: float = 0.75
     """Strength of document-length normalisation (0 = none, 1 = full)."""
-    previous_weight: float = 0.5
+    previous_weight: float = PREVIOUS_WEIGHT
     """Index each turn together with the words of the turn before it, each
     occurrence counting this much (document expansion; 0 = off): an answer
     ("Bowls and a cup!") is found by the question it answers ("What did you

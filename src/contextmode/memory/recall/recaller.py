@@ -51,14 +51,14 @@ from ...store.postings import (
     one_connection,
     reads_turns_at,
 )
+from ...text.index_terms import analyze, indexed, turn_text
 from ...text.lang import is_chinese
 from ...types import SessionState, Turn
 from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
-from .index import BM25Index, QueryMemo, RecallIndex, turn_text
+from .index import BM25Index, QueryMemo, RecallIndex
 from .semantic import Thesaurus, default_thesaurus, expand
 from .stored import StoredPostings
 from .strategy import HybridRecall
-from .text import analyze, indexed
 
 log = logging.getLogger("contextmode.recall")
 

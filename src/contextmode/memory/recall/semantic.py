@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .text import analyze
+from ...text.index_terms import analyze
 
 __all__ = ["SCALE", "THESAURUS_FILE", "Thesaurus", "default_thesaurus", "expand", "proper_terms"]
 

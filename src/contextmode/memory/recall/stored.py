@@ -18,9 +18,9 @@ from datetime import datetime
 import numpy as np
 
 from ...store.postings import BLOCK, LAYOUT, POSTING, IndexStats, PostingsStore, unpack, within_cap
+from ...text.index_terms import analyze, indexed, turn_counts
 from ...types import Turn
-from .index import BM25Params, Contributions, ScoreSums, bm25_idf, bm25_scores, turn_counts
-from .text import analyze, indexed
+from .index import BM25Params, Contributions, ScoreSums, bm25_idf, bm25_scores
 
 __all__ = ["StoredIndex", "StoredPostings", "TurnReader"]
 

@@ -1,4 +1,8 @@
-"""Text analysis for the recall index: one token stream for Chinese and English.
+"""Index terms for recall: one token stream for Chinese and English.
+
+The in-process index (`memory.recall`) and a store's postings (`store.postings`) count
+a turn's terms with the same functions (`analyze`, `turn_counts`), from this layer below
+both.
 
 Chinese runs go through jieba's search mode (``cut_for_search``), which emits
 the long words *and* their shorter dictionary sub-words, so "我妹妹" matches
@@ -13,13 +17,25 @@ questions match on.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
-from ...text.tokens import search_words
-from ...types import Turn
+from ..types import Turn
+from .tokens import search_words
 
-__all__ = ["CHINESE_STOPWORDS", "ENGLISH_STOPWORDS", "MAX_TERM_CHARS", "analyze", "stem", "unique_terms"]
+__all__ = [
+    "CHINESE_STOPWORDS",
+    "ENGLISH_STOPWORDS",
+    "MAX_TERM_CHARS",
+    "PREVIOUS_WEIGHT",
+    "analyze",
+    "indexed",
+    "stem",
+    "turn_counts",
+    "turn_text",
+    "unique_terms",
+]
 
 _RUNS = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]+|[a-z0-9]+(?:'[a-z]+)?")
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
@@ -40,6 +56,11 @@ MAX_TERM_CHARS = 64
 """Longest index term: a longer run (a base64 blob, a URL, a hash list) is indexed, and
 searched, by its first 64 characters, so no backend's index refuses it (PostgreSQL's
 B-tree rows stop near 2,700 bytes)."""
+
+PREVIOUS_WEIGHT = 0.5
+"""How much each word of the turn before counts in a turn's index entry (document
+expansion; the default of `memory.recall.index.BM25Params.previous_weight`, and the
+weight a store's postings are written with)."""
 
 
 @lru_cache(maxsize=65536)
@@ -118,3 +139,35 @@ def indexed(turn: Turn) -> bool:
     """Whether recall indexes ``turn``: not the system prompt, not an engine notice
     (``Turn.notice``: the offline responder's text never feeds memory)."""
     return turn.role != "system" and not turn.notice
+
+
+def turn_text(turn: Turn) -> str:
+    """What is indexed of a turn: its content plus the speaker's name when known."""
+    speaker = turn.metadata.get("speaker")
+    return f"{speaker} {turn.content}" if isinstance(speaker, str) else turn.content
+
+
+def turn_counts(
+    turn: Turn,
+    previous_terms: Sequence[str],
+    previous_weight: float,
+    analyzer: Callable[[str], list[str]] = analyze,
+) -> tuple[dict[str, float], list[str]]:
+    """A turn's indexed term frequencies, and the terms it passes on to the next turn.
+
+    Its content terms, the speaker's name when known (the same terms as analysing
+    `turn_text`), and ``previous_terms`` (the turn before's own words) counting
+    ``previous_weight`` each (document expansion, `BM25Params.previous_weight`).
+    Only the turn's own words pass on: expansion reaches one turn back, no further.
+    Every index (in memory or in a store) counts a turn with this one function.
+    """
+    content_terms = analyzer(turn.content)
+    counts: dict[str, float] = dict(Counter(content_terms))
+    speaker = turn.metadata.get("speaker")
+    if isinstance(speaker, str):
+        for term in analyzer(speaker):
+            counts[term] = counts.get(term, 0.0) + 1.0
+    if previous_weight > 0:
+        for term in previous_terms:
+            counts[term] = counts.get(term, 0.0) + previous_weight
+    return counts, content_terms

@@ -1,4 +1,4 @@
-"""The kept trace of one exchange: exactly what the model received, and why.
+"""The kept trace of one exchange, as a store keeps it: exactly what the model received, and why.
 
 A `TurnTrace` is written just after the reply (`engine.persist.TraceWrites`; readers
 wait for a pending write) for every live turn, numbered by exchange: turn 7 is the session's seventh user
@@ -7,6 +7,9 @@ HTTP route ``GET /v1/sessions/{id}/turns/{n}/context``, ``contextmode inspect
 SESSION --turn N`` and the web inspector. One JSON codec (`trace_to_json` /
 `trace_from_json`) serves every backend; `trace_to_dict` is the public shape
 (the route's ``data`` and the CLI's ``--json`` are the same dictionary).
+
+These are records and their codec only, so the store (which keeps them) imports nothing
+above it; the engine builds a trace from a prepared turn (`engine.trace.build_trace`).
 """
 
 from __future__ import annotations
@@ -15,34 +18,23 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .models.calls import ModelCall
-from .text.neutralise import neutralise
-from .types import ChatMessage, ToolCall, Turn, utc_now
-
-if TYPE_CHECKING:
-    from .assembly.context import Context
-    from .engine import PreparedTurn
-    from .processors.base import Rewrite
-    from .types import Constraint
+from ..types import ChatMessage, ModelCall, ToolCall, Turn
 
 __all__ = [
-    "ExchangeOutcome",
     "PinUsed",
     "RecalledTurn",
     "TraceLayer",
     "TraceRewrite",
     "TraceSources",
     "TurnTrace",
-    "build_trace",
     "cap_trace",
     "exchange_count",
-    "explain_recalled",
-    "recalled_turns",
+    "message_from_dict",
+    "message_to_dict",
     "trace_from_dict",
     "trace_from_json",
-    "trace_sources",
     "trace_to_dict",
     "trace_to_json",
 ]
@@ -314,163 +306,3 @@ def exchange_count(turns: Sequence[Turn]) -> int | None:
             number = turn.metadata.get("turn")
             return number if isinstance(number, int) else None
     return None
-
-
-def recalled_turns(prepared: PreparedTurn) -> tuple[RecalledTurn, ...]:
-    """The older turns the context holds (recall and key-moment layers), each with why:
-    for recall the score, ranker and matched query terms (`memory.recall.explain_recall`
-    on the query recall was given), for a key moment its emotion intensity.
-
-    Worked out once per prepared turn (`PreparedTurn.recalled_turns`): the reply and the
-    trace ask for them both."""
-    return prepared.recalled_turns
-
-
-def explain_recalled(prepared: PreparedTurn) -> tuple[RecalledTurn, ...]:
-    """`recalled_turns`, worked out again (`PreparedTurn.recalled_turns` keeps it)."""
-    from .memory.recall import explain_recall
-
-    context, rewrite = prepared.context, prepared.rewrite
-    query = rewrite.text if rewrite is not None and rewrite.changed and rewrite.verified else context.message
-    recall = context.layer("recall")
-    shown = {item.seq for item in recall.items} if recall is not None else set()
-    reasons = {
-        r.seq: r
-        for r in explain_recall(query, prepared.state.turns, [t for t in prepared.state.recalled if t.seq in shown])
-    }
-    emotions = {t.seq: t.emotion for t in prepared.state.key_moments}
-    recalled: list[RecalledTurn] = []
-    for name in ("recall", "key_moments"):
-        layer = context.layer(name)
-        for rank, item in enumerate(layer.items if layer else (), start=1):
-            if item.seq is None:
-                continue
-            if name == "recall":
-                reason = reasons.get(item.seq)
-                recalled.append(RecalledTurn(
-                    seq=item.seq, layer=name, why=f"relevant to the message (rank {rank})", text=item.text,
-                    score=reason.score if reason else None, matched=reason.matched if reason else (),
-                    neighbour_of=reason.neighbour_of if reason else None, ranker=reason.ranker if reason else "",
-                ))
-            else:
-                recalled.append(RecalledTurn(seq=item.seq, layer=name, why="emotional key moment",
-                                             text=item.text, score=emotions.get(item.seq)))
-    return tuple(recalled)
-
-
-def _pins(context: Context, constraints: Sequence[Constraint]) -> tuple[PinUsed, ...]:
-    layer = context.layer("constraints")
-    lines = [item.text for item in layer.items] if layer else []
-    return tuple(
-        PinUsed(key=c.key, value=c.value, source_seq=c.source_seq)
-        for c in constraints
-        if any(c.value in line for line in lines)
-    )
-
-
-def _rewrite(context: Context, rewrite: Rewrite | None) -> TraceRewrite | None:
-    if rewrite is None:
-        return None
-    if not rewrite.changed:
-        decision = "unchanged"
-    else:
-        decision = (
-            "used" if neutralise(context.message) == neutralise(rewrite.text)  # sent with control strings broken
-            else "hint" if context.hint == rewrite.text
-            else "kept_original"
-        )
-    return TraceRewrite(text=rewrite.text, changed=rewrite.changed, source=rewrite.source, decision=decision)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExchangeOutcome:
-    """How an exchange ended, as the engine measured it."""
-
-    turn: int
-    """Exchange number."""
-    user_seq: int
-    answer_seq: int | None
-    """``None`` when nothing arrived from the model."""
-    ttft_ms: float | None
-    model_ms: float
-    partial: bool
-    model_calls: tuple[ModelCall, ...] = ()
-    """The model calls made while the turn ran (`models.calls.CallLog.between`)."""
-    stopped: str | None = None
-    """Why the reply was stopped early, when it was."""
-
-
-def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceSources:
-    """What this exchange's trace may refer to: every turn the session state held (window,
-    key moments, recalled) and the turns the exchange stored, as stored; the summary, the
-    pinned values, and for each layer that shows no turn (system prompt, pins, summary,
-    instructions) its items' paragraphs and the items' lines together (a paragraph only this
-    turn shows, such as a rewrite's hint, is kept as a text too, and goes with the trace)."""
-    state, ctx = prepared.state, prepared.context
-    turns = {t.seq: t.content for group in (state.turns, state.key_moments, state.recalled, stored) for t in group}
-    texts = [state.summary.text] if state.summary is not None else []
-    texts += [c.value for c in state.constraints]
-    for layer in ctx.layers:
-        if layer.items and all(item.role is None for item in layer.items):
-            texts += [part for item in layer.items for part in item.text.split("\n\n")]
-            if len(layer.items) > 1:
-                texts.append("\n".join(item.text for item in layer.items))
-    return TraceSources(turns=turns, texts=tuple(dict.fromkeys(texts)))
-
-
-def build_trace(
-    prepared: PreparedTurn,
-    outcome: ExchangeOutcome,
-    *,
-    processors: Mapping[str, str],
-    model: str,
-    stored: Sequence[Turn] = (),
-) -> TurnTrace:
-    """The trace of a finished exchange from what the engine prepared and measured;
-    ``stored``: the turns the exchange stored (the message, the answer), which its texts
-    may refer to."""
-    ctx = prepared.context
-    follow_up = prepared.detection.intent if prepared.detection.intent != "pronoun" else None
-    return TurnTrace(
-        turn=outcome.turn,
-        user_seq=outcome.user_seq,
-        answer_seq=outcome.answer_seq,
-        created_at=utc_now(),
-        typed=ctx.original_message,
-        sent=ctx.message,
-        follow_up=follow_up if neutralise(ctx.message) != neutralise(ctx.original_message) else None,
-        messages=tuple(prepared.messages),
-        layers=tuple(
-            TraceLayer(
-                name=a.name, allocated=a.allocated, used=a.used, items=a.items,
-                dropped_seqs=tuple(a.dropped_seqs), truncated=a.truncated,
-            )
-            for a in ctx.accounts.values()
-        ),
-        context_window=ctx.input_budget + ctx.reply_reserve,
-        input_budget=ctx.input_budget,
-        reply_reserve=ctx.reply_reserve,
-        total_tokens=ctx.total_tokens,
-        exact=ctx.exact,
-        counter=ctx.counter,
-        strategy=ctx.strategy,
-        mode=prepared.mode,
-        format=ctx.format,
-        locale=ctx.locale,
-        needs_context=prepared.detection.needs_context,
-        intent=prepared.detection.intent,
-        detection_score=round(prepared.detection.score, 4),
-        detection_reason=prepared.detection.reason,
-        rewrite=_rewrite(ctx, prepared.rewrite),
-        recalled=recalled_turns(prepared),
-        pins=_pins(ctx, prepared.state.constraints),
-        processors=dict(processors),
-        model=model,
-        prepare_ms=round(prepared.prepare_ms, 3),
-        ttft_ms=None if outcome.ttft_ms is None else round(outcome.ttft_ms, 3),
-        model_ms=round(outcome.model_ms, 3),
-        partial=outcome.partial,
-        model_calls=outcome.model_calls,
-        stopped=outcome.stopped,
-        sources=trace_sources(prepared, stored),
-    )
