@@ -406,8 +406,9 @@ class OpenAIChatModel:
                 meter.end("cancelled")
                 raise
             task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            if task is not None and task.uncancel() > 0:
+                meter.end("cancelled")
+                raise  # cancelled for another reason too (shutdown): that one stands
             meter.end("preempted")
             raise ModelPreempted("a reply needed the model's slot; this background call was cut short") from None
         except GeneratorExit:
