@@ -21,8 +21,9 @@ token per run; turn by turn the two runs side by side (a turn's *twin* is the sa
 (goal ≤ 1.5), the worst turn/twin ratio (goal ≤ 3); the background work pending per session
 sampled every 0.25 s (``pending``: jobs waiting or running, as `JobQueue.pending` lists them;
 goal ≤ 1 unit of work per session at any moment); the time to drain after the last turn
-(goal ≤ 30 s); each run's model calls by step (reply or background) from the turn traces'
-model-call timelines when the engine records them.
+(goal ≤ 30 s); each run's model calls by step (reply or background: count, time, wait for a
+slot, outcomes) from the event loop's call log (`models.calls`, what the turns' traces show), and
+the background jobs' outcomes with their last errors.
 """
 
 from __future__ import annotations
@@ -104,20 +105,6 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
             "partial": partial, "outcome": outcome if answer.strip() or outcome != "answered" else "empty"}
 
 
-async def _calls_of(engine: Any, session: str, turns: int) -> list[dict[str, Any]]:
-    """The model calls the session's turn traces list (empty when the engine records none)."""
-    found: list[dict[str, Any]] = []
-    for n in range(1, turns + 1):
-        try:
-            trace = await engine.trace("local", session, n)
-        except Exception:
-            continue
-        for call in getattr(trace, "model_calls", ()) or ():
-            found.append({"step": call.step, "priority": call.priority, "wait_s": call.wait_ms / 1000,
-                          "seconds": call.duration_ms / 1000, "tokens_out": call.completion_tokens})
-    return found
-
-
 async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]:
     os.environ.update({"CONTEXTMODE_PROCESSORS": processors, "CONTEXTMODE_LLM_BASE_URL": base_url,
                        "CONTEXTMODE_LLM_MODEL": LOCAL_MODEL_ALIAS})
@@ -125,6 +112,7 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
 
     engine = build_engine(store="memory://")
     started = time.perf_counter()
+    since = time.monotonic()
     samples: list[tuple[float, dict[str, int]]] = []
     sampler = asyncio.get_running_loop().create_task(_sample(engine, samples, started))
     rows: list[dict[str, Any]] = []
@@ -142,24 +130,32 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
     await engine.drain()
     drain_s = time.perf_counter() - last_turn
     sampler.cancel()
-    calls: list[dict[str, Any]] = []
     jobs: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "rejected": 0, "failed": 0})
+    errors: dict[str, str] = {}
+    from contextmode.models.calls import call_log
+
+    calls = [{"step": c.step, "priority": c.priority, "wait_s": c.wait_ms / 1000, "seconds": c.duration_ms / 1000,
+              "tokens_out": c.completion_tokens, "outcome": c.outcome.split(":")[0]}
+             for c in call_log().between(since)]  # every call of the run (a trace shows a turn's)
     for session in SESSIONS:
-        calls += await _calls_of(engine, session, turns)
         info = await engine.store.info("local", session)
         for name, stats in (info.jobs.items() if info is not None else ()):
             for outcome in ("ok", "rejected", "failed"):
                 jobs[name][outcome] += getattr(stats, outcome)
+            if stats.last_error:
+                errors[f"{session} {name}"] = stats.last_error[:160]
     await engine.close()
     peak = {s: max((p[s] for _, p in samples), default=0) for s in SESSIONS}
     seconds = [r["seconds"] for r in rows]
     ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None]
-    by_step: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "seconds": 0.0, "wait_s": 0.0})
+    by_step: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "seconds": 0.0, "wait_s": 0.0,
+                                                             "outcomes": defaultdict(int)})
     for call in calls:
         step = by_step[f"{call['priority']}:{call['step']}"]
         step["calls"] += 1
         step["seconds"] = round(step["seconds"] + call["seconds"], 1)
         step["wait_s"] = round(step["wait_s"] + call["wait_s"], 1)
+        step["outcomes"][call["outcome"]] += 1
     return {
         "processors": processors,
         "rows": rows,
@@ -172,7 +168,8 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
         "pending_peak": peak,
         "pending_timeline": _compress(samples),
         "jobs": dict(jobs),
-        "model_calls": dict(by_step),
+        "job_errors": errors,
+        "model_calls": {k: {**v, "outcomes": dict(v["outcomes"])} for k, v in by_step.items()},
     }
 
 
