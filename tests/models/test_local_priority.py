@@ -48,8 +48,9 @@ async def first_token_s(model: OpenAIChatModel) -> float:
 
 
 @pytest.mark.xfail(
-    reason="the cut background call's stream is closed, yet llama-cpp-python often keeps generating it for "
-    "7-25 s (a raw httpx client's cancel frees it in under a second): not reached yet, see docs/models.md",
+    reason="llama-cpp-python's server goes on generating a stream whose client has gone, until its "
+    "max_tokens or end (measured: 8-30 s after the cut, with httpx and aiohttp clients alike): the cut "
+    "frees the client's gate, not the server; see docs/models.md",
     strict=False,
 )
 async def test_a_reply_while_a_background_call_runs_gets_its_first_token_within_twice_an_idle_one(
