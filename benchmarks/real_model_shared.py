@@ -111,6 +111,9 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
     from contextmode.api import build_engine
 
     engine = build_engine(store="memory://")
+    info = engine.model.server_info() if hasattr(engine.model, "server_info") else None
+    endpoint = {"kind": getattr(info, "kind", None), "slots": getattr(info, "slots", None),
+                "window": getattr(info, "context_window", None)}  # what the start-up probe found
     started = time.perf_counter()
     since = time.monotonic()
     samples: list[tuple[float, dict[str, int]]] = []
@@ -158,6 +161,7 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
         step["outcomes"][call["outcome"]] += 1
     return {
         "processors": processors,
+        "endpoint": endpoint,
         "rows": rows,
         "total_s": round(sum(seconds), 1),
         "p50_s": round(_p(seconds, 0.5), 2),

@@ -744,7 +744,7 @@ class OpenAIChatModel:
                 else:
                     result = await self._client.chat.completions.create(**kwargs)
             except openai.APIStatusError as exc:
-                if exc.status_code not in (400, 422):
+                if exc.status_code not in (400, 422) and not _refuses_format(exc, kwargs):
                     raise self._map(exc) from self._cause(exc)
                 if "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
                     length_param = "max_completion_tokens"
@@ -790,6 +790,12 @@ class OpenAIChatModel:
     async def aclose(self) -> None:
         """Close the underlying HTTP connection pool."""
         await self._client.close()
+
+
+def _refuses_format(exc: Any, request: Mapping[str, Any]) -> bool:
+    """A 500 refusing the request's ``response_format``: llama-cpp-python answers a
+    ``json_schema`` format with its validation error as a 500 (a 400 elsewhere)."""
+    return exc.status_code == 500 and "response_format" in request and "response_format" in str(exc)
 
 
 _END = object()
