@@ -51,21 +51,18 @@ def _timed(owner: object, name: str, label: str) -> None:
 
 
 def _instrument(backend: str, store: object) -> None:
+    from contextmode.store import postings
+
+    _timed(postings, "analyze_texts", "analyze")  # every backend's append prologue (`append_input`)
     if backend == "postgres":
         from contextmode.store import postgres
 
         _timed(postgres, "_write_turns", "statement")
-        _timed(postgres, "analyze_texts", "analyze")
     elif backend == "redis":
         from contextmode.store import redis
 
         _timed(redis, "index_rows", "index_rows")
-        _timed(redis, "analyze_texts", "analyze")
         _timed(store, "_script", "script")
-    else:
-        from contextmode.store import sqlite
-
-        _timed(sqlite, "analyze_texts", "analyze")
 
 
 async def _probe(backend: str, n: int, pairs: int) -> None:

@@ -9,6 +9,7 @@ print(cm.context("demo", "推荐一家餐厅").summary_line())
 ```
 """
 
+from ._version import __version__
 from .agent_turn import AgentRequest, ToolResult
 from .api import ContextMode, build_engine
 from .assembly import AssemblyConfig, Context, assemble, to_anthropic, to_messages, to_text
@@ -37,8 +38,6 @@ from .types import (
     Turn,
     tool_metadata,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AgentRequest",

@@ -201,3 +201,48 @@ def test_chat_help_lists_every_command_in_two_aligned_columns(tmp_path: Path) ->
     assert [r.split("  ")[0] for r in rows] == [command for command, _ in HELP]  # "[message]" kept
     columns = {r.index(what) for r, (_, what) in zip(rows, HELP, strict=True)}
     assert len(columns) == 1, rows
+
+
+def test_ctrl_l_clears_the_screen_in_chat(tmp_path: Path) -> None:
+    """In a terminal, Ctrl+L at chat's prompt clears the screen (line editing), never echoes ``^L``."""
+    pty = pytest.importorskip("pty")
+    import select
+    import termios
+    import time
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CONTEXTMODE_") and k != "PYTHONPATH"}
+    environ.update(PYTHONPATH=str(SRC), CONTEXTMODE_HOME=str(tmp_path), TERM="xterm", NO_COLOR="1")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: chat on the pseudo-terminal
+        os.execve(sys.executable, [sys.executable, "-c", "from contextmode.cli import main; main()",
+                                   "chat", "--store", "memory://"], environ)
+    shown = b""
+
+    def read_until(marker: bytes, seconds: float) -> None:
+        nonlocal shown
+        end = time.monotonic() + seconds
+        while marker not in shown and time.monotonic() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    shown += os.read(fd, 4096)
+                except OSError:
+                    return
+
+    try:
+        read_until(b"> ", 120)  # the prompt
+        assert b"> " in shown, shown
+        # The prompt is printed before input() runs: wait until line editing holds the terminal
+        # (canonical mode off), as a person typing a moment later would.
+        end = time.monotonic() + 30
+        while termios.tcgetattr(fd)[3] & termios.ICANON and time.monotonic() < end:
+            time.sleep(0.05)
+        before = len(shown)
+        os.write(fd, b"\x0c")
+        read_until(b"\x1b[2J", 30)
+        cleared = shown[before:]
+        assert b"\x1b[2J" in cleared and b"^L" not in cleared
+        os.write(fd, b"/quit\n")
+        read_until(b"/quit", 30)
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)

@@ -10,7 +10,7 @@ import pytest
 
 from contextmode.api import build_engine
 from contextmode.engine import Engine
-from contextmode.engine.privacy import PII_COUNT_KEY
+from contextmode.engine.privacy import PII_COUNT_KEY, keepable_trace
 from contextmode.errors import ConfigError
 from contextmode.settings import EngineSettings
 from contextmode.store import open_store
@@ -190,3 +190,17 @@ def test_tenant_policies_come_from_the_environment() -> None:
     assert (settings.pii_for("acme"), settings.pii_for("beta"), settings.pii_for("x")) == ("mask", "keep", "keep")
     with pytest.raises(ConfigError, match="CONTEXTMODE_PII_TENANTS"):
         EngineSettings.from_env({"CONTEXTMODE_PII_TENANTS": "acme:mask"})
+
+
+def test_a_masked_trace_keeps_its_time() -> None:
+    # Some times' digits look like personal data to the masker ("…16.822740…" lost a digit),
+    # and the trace then failed to read back and was not kept.
+    from datetime import UTC, datetime
+
+    from contextmode.store.records import TurnTrace
+
+    when = datetime(2026, 12, 6, 4, 53, 16, 822740, tzinfo=UTC)
+    trace = TurnTrace(turn=1, user_seq=1, answer_seq=2, created_at=when, typed=f"call {PHONE}", sent=f"call {PHONE}")
+    kept = keepable_trace("mask", trace)
+    assert kept.created_at == when
+    assert PHONE not in kept.typed and PHONE not in kept.sent

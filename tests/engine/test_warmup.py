@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -24,18 +25,22 @@ import asyncio, sys
 from contextmode.api import build_engine
 from contextmode.engine.warmup import warm_up
 from contextmode.models.offline import OfflineResponder
-import jieba
+from contextmode.text.tokens import tokenizer
 engine = build_engine(store="memory://", model=OfflineResponder())
-before = (jieba.dt.initialized, "jieba.posseg" in sys.modules, engine.detector._model is not None)
+def loaded():
+    cut = tokenizer.cache_info().currsize == 1 and tokenizer().initialized
+    return (cut, "jieba.posseg" in sys.modules, engine.detector._model is not None)
+before = loaded()
 asyncio.run(warm_up(engine))
-after = (jieba.dt.initialized, "jieba.posseg" in sys.modules, engine.detector._model is not None)
+after = loaded()
 print(before, after)
 """
 
 
 def test_a_cold_process_loads_jieba_its_tagger_and_the_detector_model() -> None:
     out = subprocess.run([sys.executable, "-c", _COLD_PROCESS], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}, timeout=300, check=True)
+                         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin",
+                              "CONTEXTMODE_HOME": os.environ["CONTEXTMODE_HOME"]}, timeout=300, check=True)
     assert out.stdout.strip() == "(False, False, False) (True, True, True)"
 
 

@@ -129,3 +129,49 @@ def test_the_shipped_default_is_measured_and_departures_are_named(tmp_path: Path
     other = evaluate_locomo(data, [1200], ["default"], progress=False, counter=CharTokenCounter(),
                             options=locomo.EvalOptions(preferences_only=True))
     assert other["departures"] == ["constraint extractor generic_facts=False (shipped: True)"]
+
+
+def test_a_progress_bar_counts_the_questions_and_the_table_is_aligned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One bar over every question asked (categories 1-4 of every conversation), saying which
+    conversation it is at; the results in a table whose columns line up."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import MofNCompleteColumn, Progress, TextColumn
+
+    from contextmode.evaluation import report
+
+    shown = io.StringIO()
+    bars: list[Progress] = []
+
+    def recording_bar() -> Progress:
+        bar = Progress(TextColumn("{task.description}"), MofNCompleteColumn(),
+                       console=Console(file=shown, force_terminal=True, width=120), transient=False)
+        bars.append(bar)
+        return bar
+
+    monkeypatch.setattr(report, "progress_bar", recording_bar)
+    monkeypatch.setattr(locomo, "_cl100k", CharTokenCounter)
+    app = typer.Typer()
+    locomo.register(app)
+
+    @app.command("noop")
+    def _noop() -> None:
+        pass
+
+    out = CliRunner().invoke(app, [
+        "locomo", "--data", str(_sample(tmp_path)), "--budget", "800,1200", "--strategy", "window,hybrid_recall",
+    ])
+    assert out.exit_code == 0, out.output
+    (bar,) = bars
+    (task,) = bar.tasks
+    assert (task.completed, task.total) == (3, 3)  # three questions of categories 1-4
+    assert "synthetic-1 (1/1)" in shown.getvalue() and "3/3" in shown.getvalue()
+    assert "[locomo]" not in out.output  # no plain progress lines any more
+    lines = [line for line in out.output.splitlines() if "│" in line or "┃" in line]
+    assert len(lines) == 5  # the header and one row per strategy and budget
+    assert len({len(line) for line in lines}) == 1
+    bars_at = {i for i, ch in enumerate(lines[0]) if ch in "┃│"}
+    assert all({i for i, ch in enumerate(line) if ch in "┃│"} == bars_at for line in lines)

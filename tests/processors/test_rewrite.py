@@ -102,3 +102,17 @@ def test_a_contraction_is_never_an_antecedent() -> None:
     assert not result.changed and result.text == "What was it about"
     named = rewriter.rewrite_texts("What was it about", ["I watched Inception last night.", "Did you like Inception?"])
     assert named.text == "What was Inception about"
+
+
+def test_a_capital_that_only_opens_a_sentence_is_no_name() -> None:
+    """"Suggest a dinner place" capitalises a verb: "Where is it?" after it is left alone (it
+    was "Where is Suggest?"). A word capitalised inside a sentence too is a name wherever it
+    stands ("Boston is lovely" after "I live in Boston")."""
+    rewriter = OfflineRewriter()
+    history = ["I'm vegetarian and my budget is $20 per meal", "Suggest a dinner place"]
+    assert not rewriter.rewrite_texts("Where is it?", history).changed
+    assert [a.text for a in salient_entities("Where is it?", history)] == []
+    placed = salient_entities("Is it expensive?", ["I live in Boston", "Boston is lovely in May."])
+    assert placed[0].text == "Boston" and placed[0].turns == 2
+    # A name of several words opening a sentence is still a name.
+    assert salient_entities("When was he born?", ["Frank Zappa was a musician."])[0].text == "Frank Zappa"

@@ -322,7 +322,7 @@ class Engine:
 
         Read at every turn (collaborators can be swapped on a live engine); cheap.
         """
-        from .. import __version__
+        from .._version import __version__
 
         p = self.processors
         seams: dict[str, object] = {

@@ -90,7 +90,8 @@ def keepable_trace(policy: PiiPolicy, trace: TurnTrace) -> TurnTrace:
     (what was typed, what was sent, the messages, the recalled turns, the rewrite)."""
     if policy != "mask":
         return trace
-    masked = mask_json(trace_to_dict(trace))
+    # Its time is no text (its digits may look like personal data: "16.822740" lost a digit).
+    masked = {k: v if k == "created_at" else mask_json(v) for k, v in trace_to_dict(trace).items()}
     # The stored turns it refers to are masked alike: keep what the texts may refer to.
     return replace(trace_from_json(json.dumps(masked, ensure_ascii=False)), sources=trace.sources)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -55,7 +54,7 @@ from ..store.base import Store
 from ..store.memory import MemoryStore
 from ..tokens.base import TokenCounter
 from ..types import SessionState
-from .report import print_json_line
+from .report import Steps, print_json_line, print_table, progress_steps
 
 __all__ = ["CATEGORIES", "EvalOptions", "evaluate_locomo", "load_locomo", "plot_recall", "register"]
 
@@ -286,32 +285,39 @@ async def _evaluate(
     chosen = [_strategy(s) for s in strategies]
     cells = {(s.name, b): _new_cell() for s in chosen for b in budgets}
     run = f"r{uuid.uuid4().hex[:8]}-" if options.store_url else ""
-    for ci, conv in enumerate(conversations, 1):
-        store = open_store(options.store_url) if options.store_url else MemoryStore()
-        engine = _engine(store, counter, options, recaller)
-        sid = _session_id(conv, run)
-        try:
-            seq_of = await _replay(engine, conv, sid)
-            label = f"{conv.sample_id} ({ci}/{len(conversations)})" if progress else None
-            await _ask(engine, conv, sid, seq_of, chosen, budgets, cells, label)
-        finally:
-            if options.store_url:
-                await store.delete(_TENANT, sid)
-            await engine.close()
+    total = sum(len(_asked(conv)) for conv in conversations)
+    with progress_steps("LoCoMo", total, progress) as step:
+        for ci, conv in enumerate(conversations, 1):
+            store = open_store(options.store_url) if options.store_url else MemoryStore()
+            engine = _engine(store, counter, options, recaller)
+            sid = _session_id(conv, run)
+            try:
+                step.describe(f"{conv.sample_id} ({ci}/{len(conversations)}): replaying {len(conv.turns)} turns")
+                seq_of = await _replay(engine, conv, sid)
+                step.describe(f"{conv.sample_id} ({ci}/{len(conversations)}): questions")
+                await _ask(engine, conv, sid, seq_of, chosen, budgets, cells, step)
+            finally:
+                if options.store_url:
+                    await store.delete(_TENANT, sid)
+                await engine.close()
     return _report(cells, chosen, budgets, counter, options)
+
+
+def _asked(conv: LocomoConversation) -> list[LocomoQuestion]:
+    """The questions asked of ``conv``: categories 1-4 (5, adversarial, has no evidence to find)."""
+    return [q for q in conv.questions if q.category in CATEGORIES]
 
 
 async def _ask(
     engine: Engine, conv: LocomoConversation, sid: str, seq_of: dict[str, int],
     chosen: Sequence[Strategy], budgets: Sequence[int],
-    cells: dict[tuple[str, int], dict[str, Any]], label: str | None,
+    cells: dict[tuple[str, int], dict[str, Any]], step: Steps,
 ) -> None:
     """Ask every question of categories 1–4 at the end of the conversation; fill ``cells``."""
     text_of = {seq_of[t.dia_id]: t.text for t in conv.turns}
     now = conv.turns[-1].at + timedelta(hours=1) if conv.turns else datetime.now(UTC)
-    asked = [q for q in conv.questions if q.category in CATEGORIES]
     plain = _plain_bm25()
-    for qi, qa in enumerate(asked, 1):
+    for qa in _asked(conv):
         evidence = [seq_of[e] for e in qa.evidence if e in seq_of]
         if evidence:
             sentences = [_sentences(text_of[seq]) for seq in evidence]
@@ -323,8 +329,7 @@ async def _ask(
                     else:
                         ctx = await _context(engine, sid, qa.question, strategy, budget, now)
                     _add(cell, conv.sample_id, _score(cell, ctx, qa, evidence, sentences))
-        if label and (qi % 50 == 0 or qi == len(asked)):
-            print(f"[locomo] {label}: {qi}/{len(asked)} questions", file=sys.stderr, flush=True)
+        step()
 
 
 def _add(cell: dict[str, Any], sample_id: str, found: float) -> None:
@@ -453,14 +458,17 @@ def evaluate_locomo(
 
 def _print_table(result: dict[str, Any]) -> None:
     cats = list(CATEGORIES.values())
-    header = ["strategy", "budget", "recall", *cats, "summary-only", "tokens"]
-    print(" | ".join(header))
+    rows = []
     for name, by_budget in result["table"].items():
         for budget, row in by_budget.items():
             cells = [name, budget, f"{row['recall']:.3f}"]
             cells += [f"{row['by_category'].get(c, 0.0):.3f}" for c in cats]
-            cells += [f"{row['summary_only']:.3f}", f"{row['tokens']:.0f}"]
-            print(" | ".join(cells))
+            cells += [f"{row['summary_only']:.3f}", f"{row['tokens']:.0f}", str(row["questions"])]
+            rows.append(cells)
+    print_table(
+        f"LoCoMo evidence recall ({result['counter']}, store: {result['store']})",
+        ["strategy", "budget", "recall", *cats, "summary-only", "tokens", "questions"], rows,
+    )
 
 
 def plot_recall(result: dict[str, Any], path: str | Path) -> Path:

@@ -138,10 +138,9 @@ def exact_match(predictions: Sequence[str], references: Sequence[str]) -> float:
 @lru_cache(maxsize=65536)
 def _tokenize_cached(text: str) -> tuple[str, ...]:
     if _CJK.search(text):
-        import jieba
+        from ..text import words
 
-        jieba.setLogLevel(60)
-        return tuple(w.lower() for w in jieba.lcut(text) if w.strip())
+        return tuple(w.lower() for w in words(text) if w.strip())
     return tuple(_WORD.findall(text.lower()))
 
 

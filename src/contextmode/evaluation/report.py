@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,9 +18,11 @@ import typer
 __all__ = [
     "TRAINING_FILES",
     "JsonFlag",
+    "Steps",
     "in_sample",
     "print_figures",
     "print_json_line",
+    "print_table",
     "progress_bar",
     "progress_steps",
 ]
@@ -60,21 +62,64 @@ def in_sample(path: str | Path, model: str) -> bool:
 
 
 def progress_bar() -> Any:
-    """A transient rich progress bar (rich is imported lazily: only the CLI needs it)."""
-    from rich.progress import Progress
+    """A transient rich progress bar on stderr, so stdout keeps only the results (rich is
+    imported lazily: only the CLI needs it)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    return Progress(transient=True)
+    return Progress(
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=Console(stderr=True), transient=True,
+    )
+
+
+class Steps:
+    """``step()`` advances the bar by one; ``describe(text)`` changes what it says it is doing."""
+
+    def __init__(self, bar: Any = None, task: Any = None) -> None:
+        self._bar, self._task = bar, task
+
+    def __call__(self) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+    def describe(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=text)
 
 
 @contextmanager
-def progress_steps(label: str, total: int, show: bool) -> Iterator[Callable[[], None]]:
-    """Yield a ``step()`` callback that advances a ``total``-step bar (a no-op when not ``show``)."""
+def progress_steps(label: str, total: int, show: bool) -> Iterator[Steps]:
+    """Yield a `Steps` that advances a ``total``-step bar (does nothing when not ``show``)."""
     if not show:
-        yield lambda: None
+        yield Steps()
         return
     with progress_bar() as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda: bar.advance(task)
+        yield Steps(bar, bar.add_task(label, total=total))
+
+
+def print_table(title: str, header: Sequence[str], rows: Iterable[Sequence[str]], *, left: int = 1) -> None:
+    """A rich table: the first ``left`` columns left-aligned (names), the others right-aligned
+    (figures); as wide as it needs when stdout is not a terminal (a log keeps every column)."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < left else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def print_figures(title: str, result: dict[str, Any]) -> None:

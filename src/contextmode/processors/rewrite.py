@@ -133,7 +133,12 @@ def _function_word(word: str) -> bool:
     return lowered in _EN_FUNCTION or head in _EN_FUNCTION or head in _EN_PRONOUNS
 
 
+_SENTENCE_START = re.compile(r"(?:^|[.!?:;\n]\s*|[\"'(\u201c]\s*)$")
+
+
 def _en_candidates(text: str) -> list[tuple[str, str]]:
+    """Capitalised spans of ``text`` (tag ``eng``); a one-word span opening a sentence is
+    tagged ``eng?``: "Suggest a dinner place" capitalises a verb, not a name (see `_mentions`)."""
     found: list[tuple[str, str]] = []
     for match in _EN_SPAN.finditer(text):
         span = match.group(0).strip()
@@ -143,7 +148,8 @@ def _en_candidates(text: str) -> list[tuple[str, str]]:
         while words and words[-1].lower() in {"of", "the", "and", "&", "de", "von", "van"}:
             words = words[:-1]
         if words and not (len(words) == 1 and _function_word(words[0])):
-            found.append((" ".join(words), "eng"))
+            opens = len(words) == 1 and words[0] == span.split()[0] and _SENTENCE_START.search(text[: match.start()])
+            found.append((" ".join(words), "eng?" if opens else "eng"))
     return found
 
 
@@ -189,17 +195,33 @@ def salient_entities(message: str, context: Sequence[str]) -> list[Antecedent]:
 
 def _mentions(context: Sequence[str], chinese: bool) -> dict[str, dict[str, Any]]:
     """Each candidate of ``context``: the turns (by age, 0 newest) that mention it, its tag,
-    its newest age and its number of mentions."""
+    its newest age and its number of mentions. An English word seen capitalised only where a
+    sentence opens is no candidate unless it is also capitalised inside a sentence somewhere
+    in the context ("Boston is nice" counts once "I live in Boston" says it is a name)."""
     seen: dict[str, dict[str, Any]] = {}
+    openers: dict[str, list[int]] = {}
     for age, text in enumerate(reversed(context)):
         for phrase, tag in (_zh_candidates(text) if chinese else _en_candidates(text)):
-            entry = seen.setdefault(phrase, {"turns": set(), "tag": tag, "age": age,
-                                             "mentions": 0})
-            entry["turns"].add(age)
-            entry["mentions"] += 1
+            if tag == "eng?":
+                openers.setdefault(phrase, []).append(age)
+                continue
+            _add_mention(seen, phrase, tag, age)
+    if openers:
+        named_words = {w for phrase in seen for w in phrase.split()}
+        for phrase, ages in openers.items():
+            if phrase in named_words:
+                for age in ages:
+                    _add_mention(seen, phrase, "eng", age)
     if not chinese:
         _merge_english(seen)
     return seen
+
+
+def _add_mention(seen: dict[str, dict[str, Any]], phrase: str, tag: str, age: int) -> None:
+    entry = seen.setdefault(phrase, {"turns": set(), "tag": tag, "age": age, "mentions": 0})
+    entry["turns"].add(age)
+    entry["mentions"] += 1
+    entry["age"] = min(entry["age"], age)
 
 
 def _mentioned(phrase: str, lowered: str, seen: dict[str, dict[str, Any]], chinese: bool) -> bool:

@@ -20,7 +20,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..text import Language, analyse, detect_language
+from ..text import Language, detect_language
+from ..text import keywords as tfidf_keywords
 from ..types import Summary, Turn, utc_now
 from .audit import CLAUSE as _CLAUSE
 from .audit import Fact, extract_facts, join_facts_line, restore_facts, split_facts_line
@@ -79,7 +80,7 @@ def _sentences(text: str, language: Language) -> list[str]:
 
 def _keywords(text: str, language: Language, top: int = 10) -> set[str]:
     if language == "zh":
-        return set(analyse().extract_tags(text, topK=top))
+        return set(tfidf_keywords(text, top))
     counts = Counter(w for w in content_words(text) if len(w) > 3)
     return {w for w, n in counts.most_common(top) if n >= 2}
 

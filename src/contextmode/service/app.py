@@ -296,7 +296,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
         else:
             await state.engine.trace_writes.drain()  # the last replies' traces are not lost
 
-    from .. import __version__
+    from .._version import __version__
 
     app = FastAPI(
         title="context-mode",

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..types import NewTurn, Turn
 from ._codec import metadata_json
+from ._pg_rows import turn as turn_row
 from .postings import (
     BLOCK,
     LAYOUT,
@@ -43,10 +44,8 @@ async def stats(db: Conn, key: tuple[str, str]) -> IndexStats:
 
 
 async def _previous(db: Conn, key: tuple[str, str], seq: int) -> Turn | None:
-    from .postgres import _turn
-
     row = await db.fetchrow(f"SELECT {_TURN_COLS} FROM turns t {_W} AND t.seq = $3", *key, seq)
-    return _turn(row) if row else None
+    return turn_row(row) if row else None
 
 
 NO_INDEX: list[Any] = [None] * 11
@@ -275,8 +274,6 @@ async def convert(db: Conn, key: tuple[str, str]) -> None:
 async def backfill(db: Conn, key: tuple[str, str], batch: int) -> int:
     """Index the next ``batch`` turns the index lacks, or convert a session indexed at
     layout 1 (caller holds a transaction); return the turns done (0 = none left)."""
-    from .postgres import _turn
-
     last = await db.fetchval(f"SELECT last_seq FROM sessions {_W} FOR UPDATE", *key)
     if last is None:
         return 0
@@ -297,7 +294,7 @@ async def backfill(db: Conn, key: tuple[str, str], batch: int) -> int:
         f"SELECT {_TURN_COLS} FROM turns t {_W} AND t.seq > $3 AND t.seq <= $4 ORDER BY t.seq",
         *key, done, done + batch,
     )
-    turns = [_turn(r) for r in rows]
+    turns = [turn_row(r) for r in rows]
     if not turns:
         return converted
     await _write(db, key, turns, await _previous(db, key, done) if done else None)

@@ -29,6 +29,7 @@ from typing import Any
 from ..types import NewTurn, Turn
 from . import _redis_scripts as lua
 from ._codec import check_ids
+from ._redis_rows import decode_turn
 from .postings import POSTING, IndexHead, IndexStats, KeptHeads, PostingRows, postings_for
 
 __all__ = ["IndexHead", "RedisPostings", "index_args", "index_rows"]
@@ -115,13 +116,11 @@ class RedisPostings:
     async def index_head(self, k: dict[str, str], key: tuple[str, str]) -> IndexHead:
         """What an append after the session's last turn needs: kept by this process's last
         append of it, else read in one script."""
-        from .redis import _decode
-
         kept = self._heads.take(key)
         if kept is not None:
             return kept
         last, doc, indexed = await self._script("INDEX_HEAD", [k["sess"], k["turns"], k["rindex"]], [])
-        previous = _decode(int(last), doc, None) if doc else None
+        previous = decode_turn(int(last), doc, None) if doc else None
         return IndexHead(int(last), previous, None if indexed is None else int(indexed), _sha1(doc or ""))
 
     def head_after(

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Turn
+from ._sqlite_rows import TURN_SELECT
+from ._sqlite_rows import turn as turn_row
 from .postings import (
     BLOCK,
     LAYOUT,
@@ -39,10 +41,8 @@ def stats(db: Db, key: tuple[str, str]) -> IndexStats:
 
 
 def _previous(db: Db, key: tuple[str, str], seq: int) -> Turn | None:
-    from .sqlite import _TURN_SELECT, _turn
-
-    row = db.execute(f"{_TURN_SELECT} AND t.seq = ?", (*key, seq)).fetchone()
-    return _turn(row) if row else None
+    row = db.execute(f"{TURN_SELECT} AND t.seq = ?", (*key, seq)).fetchone()
+    return turn_row(row) if row else None
 
 
 def index_turns(
@@ -217,8 +217,6 @@ def convert(db: Db, key: tuple[str, str]) -> None:
 def backfill(db: Db, key: tuple[str, str], batch: int) -> int:
     """Index the next ``batch`` turns the index lacks, or convert a session indexed at
     layout 1 (caller holds the write transaction); return the turns done (0 = none left)."""
-    from .sqlite import _TURN_SELECT, _turn
-
     row = db.execute(f"SELECT last_seq FROM sessions {_W}", key).fetchone()
     if row is None:
         return 0
@@ -236,9 +234,9 @@ def backfill(db: Db, key: tuple[str, str], batch: int) -> int:
             )
         return converted
     turns = [
-        _turn(r)
+        turn_row(r)
         for r in db.execute(
-            f"{_TURN_SELECT} AND t.seq > ? AND t.seq <= ? ORDER BY t.seq", (*key, done, done + batch)
+            f"{TURN_SELECT} AND t.seq > ? AND t.seq <= ? ORDER BY t.seq", (*key, done, done + batch)
         )
     ]
     if not turns:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -46,6 +45,7 @@ from ._codec import (
 from ._codec import metadata_json as _meta
 from ._driver_errors import asyncpg_errors
 from ._pg_lifecycle import PostgresLifecycle, erase
+from ._pg_rows import turn as turn_row
 from ._pg_schema import KEY_MOMENT_FLOOR, migrate
 from .base import (
     ClosesOnExit,
@@ -57,7 +57,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import SQL_SESSION_TABLES
-from .postings import IndexHead, IndexStats, KeptHeads, analyze_texts, completes_block
+from .postings import IndexHead, IndexStats, KeptHeads, append_input, completes_block
 from .records import TurnTrace
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import postgres_session_bytes
@@ -147,19 +147,6 @@ _PUT_TRACE = (
     " ON CONFLICT (tenant, session_id, turn)"
     " DO UPDATE SET created_at = excluded.created_at, body = NULL, packed = excluded.packed"
 )
-
-
-def _turn(row: Any) -> Turn:
-    """A turn from a row (or record) of ``seq, role, content, tokens, created_at, metadata, emotion``."""
-    return Turn(
-        seq=row[0],
-        role=row[1],
-        content=row[2],
-        tokens=row[3],
-        created_at=row[4],
-        metadata=json.loads(row[5]),
-        emotion=row[6],
-    )
 
 
 def _check_head(head: Any, expected_last_seq: int | None, user_id: str | None, session_id: str) -> None:
@@ -422,13 +409,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        key = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
-        turns = list(turns)
-        # Analysed before the transaction: the write lock is held only to write.
-        analyzed = analyze_texts([t.content for t in turns] + [
-            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
-        ])
+        given = append_input(tenant, session_id, turns, user_id)
+        key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
         now = utc_now()
         # The postings are computed for the head this process's last append left (if any) and
         # written by the append's own statement; `index_turns` redoes them if it was stale.
@@ -495,11 +477,11 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             tenant=tenant,
             session_id=session_id,
             last_seq=row["last_seq"],
-            turns=tuple(_turn(r) for r in row["tail"]),
+            turns=tuple(turn_row(r) for r in row["tail"]),
             summary=summary,
             constraints=constraints_from_json(row["constraints"]),
             constraints_version=row["constraints_version"],
-            key_moments=tuple(_turn(r) for r in row["moments"]),
+            key_moments=tuple(turn_row(r) for r in row["moments"]),
             last_answer=row["last_answer"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
@@ -515,7 +497,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                 f"{_TURN_SELECT} AND t.seq >= $3 AND t.seq <= $4 ORDER BY t.seq",
                 *key, from_seq, upper,
             )
-        return [_turn(r) for r in rows]
+        return [turn_row(r) for r in rows]
 
     async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
         key = check_ids(tenant, session_id)
@@ -524,7 +506,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             return []
         async with self._db() as db:
             rows = await db.fetch(_TURNS_BY_SEQS, *key, wanted)
-        return [_turn(r) for r in rows]
+        return [turn_row(r) for r in rows]
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
         key = check_ids(tenant, session_id)

@@ -41,6 +41,7 @@ from .._protocols import implements
 from ..text.index_terms import PREVIOUS_WEIGHT, indexed, turn_counts
 from ..text.index_terms import analyze as analyze_terms
 from ..types import NewTurn, Turn
+from ._codec import check_ids, check_user
 from .base import SharesConnection, one_connection
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "LAYOUT",
     "POSTING",
     "SUB",
+    "AppendInput",
     "IndexHead",
     "IndexStats",
     "KeptHeads",
@@ -56,6 +58,7 @@ __all__ = [
     "SharesConnection",
     "TurnsAt",
     "analyze_texts",
+    "append_input",
     "catch_up",
     "completes_block",
     "has_postings",
@@ -215,6 +218,32 @@ def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
     """Index terms of each text, computed before a write transaction so that the
     analysis (and loading its dictionaries) never runs while the store is locked."""
     return {text: analyze_terms(text) for text in texts}
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInput:
+    """What every persistent backend's `append` starts from (`append_input`)."""
+
+    key: tuple[str, str]
+    """``(tenant, session_id)``, checked."""
+    user_id: str | None
+    """Checked."""
+    turns: list[NewTurn]
+    analyzed: dict[str, list[str]]
+    """Index terms of each turn's content and speaker name (`analyze_texts`)."""
+
+
+def append_input(
+    tenant: str, session_id: str, turns: Sequence[NewTurn], user_id: str | None
+) -> AppendInput:
+    """The ids and the user checked, the turns listed and their texts analysed: an append's
+    prologue, before its transaction (the write lock is held only to write)."""
+    listed = list(turns)
+    speakers = [t.metadata["speaker"] for t in listed if isinstance(t.metadata.get("speaker"), str)]
+    return AppendInput(
+        key=check_ids(tenant, session_id), user_id=check_user(user_id), turns=listed,
+        analyzed=analyze_texts([t.content for t in listed] + speakers),
+    )
 
 
 def postings_for(

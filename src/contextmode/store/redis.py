@@ -34,7 +34,6 @@ from ._codec import (
     check_user,
     constraints_from_json,
     constraints_to_json,
-    dumps,
     from_micros,
     now_micros,
     owner_error,
@@ -43,6 +42,7 @@ from ._codec import (
 from ._driver_errors import redis_errors
 from ._redis_lifecycle import RedisLifecycle
 from ._redis_postings import RedisPostings, index_rows
+from ._redis_rows import decode_turn, encode_turn
 from .base import (
     ClosesOnExit,
     IdempotencyRecord,
@@ -53,7 +53,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import REDIS_SESSION_KEYS
-from .postings import KeptHeads, analyze_texts
+from .postings import KeptHeads, append_input
 from .records import TurnTrace
 from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from .usage import redis_session_bytes
@@ -61,18 +61,6 @@ from .usage import redis_session_bytes
 __all__ = ["RedisStore"]
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:\-]{0,64}$")
-
-
-def _encode(turn: NewTurn) -> str:
-    return dumps([turn.role, turn.content, turn.tokens, to_micros(turn.created_at),
-                  dict(turn.metadata)])
-
-
-def _decode(seq: int, doc: str, score: str | None) -> Turn:
-    role, content, tokens, created, metadata = json.loads(doc)
-    return Turn(seq=seq, role=role, content=content, tokens=tokens,
-                created_at=from_micros(created), metadata=metadata,
-                emotion=float(score) if score else None)
 
 
 async def _read_seqs(client: Any, k: dict[str, str], seqs: list[int]) -> list[Turn]:
@@ -84,7 +72,7 @@ async def _read_seqs(client: Any, k: dict[str, str], seqs: list[int]) -> list[Tu
             pipe.hmget(k["turns"], part)
             pipe.zmscore(k["emo"], [f"{s:012d}" for s in part])
             docs, scores = await pipe.execute()
-        out += [_decode(s, d, c) for s, d, c in zip(part, docs, scores, strict=True) if d]
+        out += [decode_turn(s, d, c) for s, d, c in zip(part, docs, scores, strict=True) if d]
     return out
 
 
@@ -184,21 +172,17 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        tenant, session_id = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
-        k = self._keys(tenant, session_id)
-        turns = list(turns)
-        answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
         # Analysed once, before any script: a redone append only renumbers the postings.
-        analyzed = analyze_texts([t.content for t in turns] + [
-            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
-        ]) if turns else {}
+        given = append_input(tenant, session_id, turns, user_id)
+        (tenant, session_id), user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
+        k = self._keys(tenant, session_id)
+        answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
         args: list[Any] = [
             "" if expected_last_seq is None else expected_last_seq, now_micros(), session_id,
             k["member"], answer, len(turns), user_id or "", k["user_prefix"],
         ]
         for turn in turns:
-            args += [_encode(turn), "" if turn.emotion is None else repr(float(turn.emotion)),
+            args += [encode_turn(turn), "" if turn.emotion is None else repr(float(turn.emotion)),
                      turn.content]
         keys = [k["sess"], k["turns"], k["emo"], k["ix"], k["idle"], k["users"],
                 k["rpostings"], k["rindex"]]
@@ -217,7 +201,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
                 f"session {session_id!r} is at seq {last}, expected {expected_last_seq}"
             )
         return [
-            _decode(last + i, _encode(t), None if t.emotion is None else repr(float(t.emotion)))
+            decode_turn(last + i, encode_turn(t), None if t.emotion is None else repr(float(t.emotion)))
             for i, t in enumerate(turns, start=1)
         ]
 
@@ -251,13 +235,13 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
             tenant=tenant,
             session_id=session_id,
             last_seq=int(last_seq),
-            turns=tuple(_decode(first + i, doc, score)
+            turns=tuple(decode_turn(first + i, doc, score)
                         for i, (doc, score) in enumerate(zip(tail, tail_scores, strict=True))
                         if doc),  # a turn a retention policy erased is skipped
             summary=summary,
             constraints=constraints_from_json(constraints),
             constraints_version=int(constraints_version or 0),
-            key_moments=tuple(_decode(int(seq), doc, score) for seq, doc, score
+            key_moments=tuple(decode_turn(int(seq), doc, score) for seq, doc, score
                               in zip(moment_seqs, moment_docs, moment_scores, strict=True) if doc),
             last_answer=answer,
             created_at=from_micros(int(created)),

@@ -43,7 +43,6 @@ from ._codec import (
     constraints_to_json,
     from_micros,
     last_answer,
-    loads_mapping,
     metadata_json,
     now_micros,
     summary_fields,
@@ -51,6 +50,8 @@ from ._codec import (
     window_start,
 )
 from ._sqlite_lifecycle import SQLiteLifecycle
+from ._sqlite_rows import TURN_SELECT
+from ._sqlite_rows import turn as turn_row
 from ._sqlite_schema import migrate
 from .base import (
     ClosesOnExit,
@@ -60,7 +61,7 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .postings import IndexStats, analyze_texts, completes_block
+from .postings import IndexStats, append_input, completes_block
 from .records import TurnTrace
 from .trace_pack import pack_trace_soon
 from .usage import sqlite_session_bytes
@@ -74,11 +75,6 @@ _SESSION_COLS = (
     "last_seq, created_at, updated_at, last_answer, summary_text, summary_covers_seq,"
     " summary_tokens, summary_version, summary_created_at, constraints, constraints_version,"
     " emotions_version"
-)
-_TURN_SELECT = (
-    "SELECT t.seq, t.role, t.content, t.tokens, t.created_at, t.metadata, e.emotion FROM turns t"
-    " LEFT JOIN turn_emotions e ON e.tenant = t.tenant AND e.session_id = t.session_id"
-    " AND e.seq = t.seq WHERE t.tenant = ? AND t.session_id = ?"
 )
 
 
@@ -95,18 +91,6 @@ def _busy(exc: sqlite3.Error) -> bool:
 
 def _passive_checkpoint(db: Db) -> None:
     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-
-
-def _turn(row: Sequence[Any]) -> Turn:
-    return Turn(
-        seq=row[0],
-        role=row[1],
-        content=row[2],
-        tokens=row[3],
-        created_at=from_micros(row[4]),
-        metadata=loads_mapping(row[5]),
-        emotion=row[6],
-    )
 
 
 def _summary(row: Sequence[Any]) -> Summary | None:
@@ -276,13 +260,8 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        key = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
-        turns = list(turns)
-        # Analysed before the transaction: the write lock is held only to write.
-        analyzed = analyze_texts([t.content for t in turns] + [
-            t.metadata["speaker"] for t in turns if isinstance(t.metadata.get("speaker"), str)
-        ])
+        given = append_input(tenant, session_id, turns, user_id)
+        key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
         now = now_micros()
         answer = last_answer(turns)
 
@@ -370,7 +349,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
             if row is None:
                 return SessionState(tenant=tenant, session_id=session_id)
             first = window_start(row[0], row[5], recent, max_uncovered)
-            tail = [_turn(r) for r in db.execute(f"{_TURN_SELECT} AND t.seq >= ? ORDER BY t.seq",
+            tail = [turn_row(r) for r in db.execute(f"{TURN_SELECT} AND t.seq >= ? ORDER BY t.seq",
                                                  (*key, first))]
             moments: list[Turn] = []
             if key_moments > 0:
@@ -384,8 +363,8 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
                     )
                 ]
                 for seq in sorted(seqs):
-                    moment = db.execute(f"{_TURN_SELECT} AND t.seq = ?", (*key, seq)).fetchone()
-                    moments.append(_turn(moment))
+                    moment = db.execute(f"{TURN_SELECT} AND t.seq = ?", (*key, seq)).fetchone()
+                    moments.append(turn_row(moment))
             return SessionState(
                 tenant=tenant,
                 session_id=session_id,
@@ -410,10 +389,10 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
 
         def body(db: Db) -> list[Turn]:
             rows = db.execute(
-                f"{_TURN_SELECT} AND t.seq >= ? AND t.seq <= ? ORDER BY t.seq",
+                f"{TURN_SELECT} AND t.seq >= ? AND t.seq <= ? ORDER BY t.seq",
                 (*key, from_seq, upper),
             )
-            return [_turn(r) for r in rows]
+            return [turn_row(r) for r in rows]
 
         return await self._run(body)
 
@@ -426,8 +405,8 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
             for start in range(0, len(wanted), 500):
                 part = wanted[start : start + 500]
                 marks = ",".join("?" * len(part))
-                rows = db.execute(f"{_TURN_SELECT} AND t.seq IN ({marks}) ORDER BY t.seq", (*key, *part))
-                out += [_turn(r) for r in rows]
+                rows = db.execute(f"{TURN_SELECT} AND t.seq IN ({marks}) ORDER BY t.seq", (*key, *part))
+                out += [turn_row(r) for r in rows]
             return out
 
         return await self._run(lambda db: admin.read(db, lambda: body(db)))

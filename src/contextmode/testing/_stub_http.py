@@ -10,13 +10,13 @@ import json
 import socket
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from .stub_server import StubServer
+    import threading
 
 __all__ = ["Fault", "FaultKind", "StubAnswer", "StubRequest", "StubToolCall"]
 
@@ -97,8 +97,37 @@ class Fault:
     """How long a ``hang`` lasts at most (the server's stop ends it sooner)."""
 
 
+class _Counts(Protocol):
+    def count(self, text: str) -> int: ...
+
+
+class _Stub(Protocol):
+    """What the handler asks of its server (`stub_server.StubServer`), so this module does
+    not import the server back."""
+
+    model: str
+    first_token_delay: float
+    chunk_delay: float
+    llamacpp_window: int | None
+    llamacpp_slots: int | None
+    embed: Callable[[str], Sequence[float]]
+    _counter: _Counts
+    _stopping: threading.Event
+
+    @property
+    def requests(self) -> list[StubRequest]: ...
+    def add_fault(self, fault: Fault, count: int = 1) -> None: ...
+    def reset(self) -> None: ...
+    def _log(self, request: StubRequest) -> None: ...
+    def _next_fault(self) -> Fault | None: ...
+    def _answer(self, request: StubRequest) -> tuple[list[str], str, tuple[StubToolCall, ...]]: ...
+    def _overflow(self, request: StubRequest) -> str | None: ...
+    def _usage(self, request: StubRequest, answer: str) -> dict[str, int]: ...
+    def _sleep(self, seconds: float) -> bool: ...
+
+
 class _Handler(BaseHTTPRequestHandler):
-    stub: StubServer
+    stub: _Stub
     _calls: tuple[StubToolCall, ...] = ()
     _matched = ""
     """The stop string the reply was cut at (sent as vLLM's ``stop_reason``), or ``""``."""

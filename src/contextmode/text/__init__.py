@@ -9,18 +9,19 @@ assembly import this package, never the other way round.
 
 from .analysis import TextAnalysis, analyze_text
 from .lang import Language, cjk_ratio, detect_language, is_chinese
-from .tokens import analyse, jieba, pos_tags, search_words, words
+from .tokens import jieba, keywords, pos_tags, search_words, tokenizer, words
 
 __all__ = [
     "Language",
     "TextAnalysis",
-    "analyse",
     "analyze_text",
     "cjk_ratio",
     "detect_language",
     "is_chinese",
     "jieba",
+    "keywords",
     "pos_tags",
     "search_words",
+    "tokenizer",
     "words",
 ]

@@ -142,7 +142,7 @@ const STRINGS = {
   en: {
     subtitle: "context inspector",
     jobName: (name) => name,
-    pinKey: (key) => key,
+    pinKey: (key) => key.split(":").join(": "),
     session: "Session",
     newSession: "New session",
     noSessions: "(no sessions yet)",
@@ -211,7 +211,7 @@ const STRINGS = {
       `needs context: ${d.needs_context ? "yes" : "no"}` +
       (d.intent ? ` · intent ${d.intent}` : "") +
       ` · score ${Number(d.score).toFixed(2)}` +
-      (d.reason ? ` · ${d.reason}` : ""),
+      (d.reason ? ` · ${d.reason.replace(/^model p=/, "model probability ")}` : ""),
     rewriteSource: (s) => `rewritten by: ${s}`,
     constraints: "Pinned constraints",
     noConstraints: "No constraints yet.",
