@@ -20,6 +20,7 @@ ContextModeError
 ├── ModelError                     the chat model failed (timeouts, 429/5xx, bad output)
 │   ├── ModelTimeout
 │   ├── ModelUnavailable
+│   │   ├── ModelPreempted     a background call cut short so a reply could have its slot
 │   │   └── ModelRateLimited   the endpoint answered 429 (with its retry-after, when it gave one)
 │   │       └── ModelOverloaded    …or 529 (Anthropic's "overloaded")
 │   ├── ModelRefused           the endpoint refused a request the client composed (its 4xx, relayed)
@@ -49,6 +50,7 @@ __all__ = [
     "MissingExtra",
     "ModelError",
     "ModelOverloaded",
+    "ModelPreempted",
     "ModelRateLimited",
     "ModelRefused",
     "ModelTimeout",
@@ -153,6 +155,11 @@ class ModelTimeout(ModelError):
 
 class ModelUnavailable(ModelError):
     """The chat model is unreachable, rate limited (429) or failing (5xx)."""
+
+
+class ModelPreempted(ModelUnavailable):
+    """A background call was cut short so a reply could have its slot (`models.priority`): the
+    job tries again later; nothing from the cut call is used."""
 
 
 class ModelRateLimited(ModelUnavailable):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard, runtime_checkable
 
 from ._protocols import implements
-from .errors import ConfigError, LockNotAcquired, OutputRejected
+from .errors import ConfigError, LockNotAcquired, ModelPreempted, OutputRejected
 from .store.base import (
     JobOutcome,
     LockHandle,
@@ -144,6 +144,9 @@ class _SessionQueue:
     counting: tuple[JobOutcome, ...] = ()
     """Outcomes being written by `_count` right now (still pending for `pending`)."""
 
+
+_MAX_PREEMPTED = 20
+"""Times one job is cut short for replies (`ModelPreempted`) before it is left for the next turn."""
 
 _MAX_UNCOUNTED = 8
 """Outcomes a busy session's burst keeps before counting them (at the latest when it ends)."""
@@ -291,9 +294,22 @@ class JobRunner:
 
     async def _run(self, key: tuple[str, str], name: str, factory: JobFactory, queue: _SessionQueue) -> None:
         attempts = self.settings.attempts
-        for attempt in range(1, attempts + 1):
+        attempt, cut = 1, 0
+        while attempt <= attempts:
             try:
                 await self._attempt(key, name, factory, queue)
+            except ModelPreempted:
+                # A reply took the model's slot: not a failure. The attempt is made again once
+                # the gate lets background calls in (it waits there), up to `_MAX_PREEMPTED` times.
+                cut += 1
+                if cut <= _MAX_PREEMPTED:
+                    log.info("job %s for %s/%s cut short for a reply; trying again", name, *key)
+                    await let_go(self.store)
+                    await self._sleep(self._delay(1))
+                    continue
+                await self._record(key, queue, name, ok=False,
+                                   error=f"cut short for replies {cut} times; left for the next turn")
+                return
             except _LockBusy:
                 log.info("job %s for %s/%s skipped: another worker holds the session", name, *key)
                 return
@@ -308,6 +324,7 @@ class JobRunner:
                                 name, *key, attempt, attempts, error)
                     await let_go(self.store)
                     await self._sleep(self._delay(attempt))
+                    attempt += 1
                     continue
                 log.error("job %s for %s/%s gave up after %d attempts: %s",
                           name, *key, attempts, error)

@@ -23,6 +23,7 @@ __all__ = [
     "Constraint",
     "ConstraintKind",
     "ImageRef",
+    "ModelCall",
     "NewTurn",
     "Role",
     "SessionKey",
@@ -361,3 +362,28 @@ class SessionState:
     def summary_covers_seq(self) -> int:
         """Last turn covered by the summary, 0 when there is none."""
         return self.summary.covers_seq if self.summary else 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCall:
+    """One model call, as a turn's trace shows it (logged by `models.calls.CallLog`)."""
+
+    step: str
+    """``reply``, or the processor's prompt (``detect@2``, ``constraints@3``…)."""
+    priority: Literal["reply", "background"]
+    """``reply``: on a turn's response path; ``background``: a job's."""
+    session: str = ""
+    """The session a background job worked for (empty when unknown)."""
+    start_ms: float = 0.0
+    """When the call asked for a slot, milliseconds from the start of the turn (negative:
+    before it)."""
+    wait_ms: float = 0.0
+    """Time waiting for a free slot of the endpoint."""
+    duration_ms: float = 0.0
+    """Time from the slot to the call's end (or to when the trace was taken, while running)."""
+    prompt_tokens: int | None = None
+    """Input tokens as the server counted them, when it said."""
+    completion_tokens: int | None = None
+    """Output tokens: the server's count, else the streamed chunks."""
+    outcome: str = "running"
+    """``stop``, ``length``, ``stopped early: …``, ``preempted``, ``error: …`` or ``running``."""

@@ -15,12 +15,12 @@ from contextmode.engine import Engine
 from contextmode.errors import ConfigError, OutputRejected
 from contextmode.jobs import JobRunner, JobSettings
 from contextmode.models import LLMSettings, OpenAIChatModel, OpenAIOptions
-from contextmode.models.openai import is_looping
 from contextmode.models.server import probe_server
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.stub_server import StubRequest, StubServer
+from contextmode.text.degenerate import is_looping
 
 T, S = "t", "s"
 
@@ -171,7 +171,10 @@ async def test_a_runaway_stream_ends_as_length_keeping_the_partial_reply() -> No
         engine = build_engine(store=MemoryStore(), model=model, counter=CharTokenCounter())
         result = await engine.turn(T, S, "你好")
         requests = len(server.chat_requests)
-    assert model.last_finish_reason == "length"
+    # The engine's reply guard (`text.degenerate`) stops it first (the model's own check is the
+    # backstop for a caller streaming without the engine).
+    assert result.assistant_turn is not None
+    assert result.assistant_turn.metadata["stopped"] == "the reply repeats itself"
     assert result.answer.startswith("好的，我来回答。我很高兴为你服务")
     assert len(result.answer) < 2000  # stopped long before the 18 000 characters on offer
     assert is_looping(result.answer)

@@ -89,6 +89,8 @@ def test_a_past_turn_shows_exactly_what_the_model_received(
     received = stub.chat_requests[1].messages
     assert [{"role": m["role"], "content": m["content"]} for m in received] == shown_messages(page)
     assert page.get_attribute("#sent-messages", "open") is not None
+    # Where the turn's time went: its model calls on a timeline, the reply among them.
+    assert page.locator("#model-calls li[data-step='reply'][data-priority='reply'] .call-run").count() >= 1
     # Turn 2 went as typed: the diff says so. Turn 3 leaned on turn 2 and was rewritten.
     assert page.get_attribute("#turn-diff", "data-same") == "yes"
     open_turn(page, 3)

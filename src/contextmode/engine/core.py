@@ -42,6 +42,7 @@ from ..text.pii import require_pii_libraries
 from ..tokens.base import TokenCounter
 from ..types import NewTurn, SessionKey, SessionState, Turn
 from .agent import AgentRequest, stream_agent_turn
+from .backlog import Backlog
 from .parts import PendingSummaries, TurnParts
 from .persist import record_turn
 from .prepare import load_state, prepare_turn
@@ -81,6 +82,8 @@ class Engine:
         """The default system prompt; a `TurnRequest` may set its own."""
         self.pending_summaries = PendingSummaries()
         """Summaries computed but not committed, by session (a cut-off job's retry commits them)."""
+        self.backlog = Backlog()
+        """Turns waiting for background work, by session (one job per session covers them all)."""
         self.jobs: JobQueue = jobs or JobRunner(
             store, replace(JobSettings.from_env(), attempts=self.settings.job_attempts)
         )
@@ -161,7 +164,7 @@ class Engine:
         return TurnParts(
             store=self.store, model=self.model, counter=self.counter, processors=self.processors,
             settings=self.settings, recaller=self.recaller, system_prompt=self.system_prompt, jobs=self.jobs,
-            trace_writes=self.trace_writes, pending_summaries=self.pending_summaries,
+            trace_writes=self.trace_writes, pending_summaries=self.pending_summaries, backlog=self.backlog,
             trace_keeper=self.trace_keeper(),
         )
 
@@ -299,6 +302,7 @@ class Engine:
         dropped_index = 0
         if caches_sessions(self.recaller):
             dropped_index = int(bool(self.recaller.forget(tenant, session_id)))
+        self.backlog.forget(SessionKey(tenant, session_id))  # the turns' words go with the jobs
         return {
             "recall_cache": dropped_index,
             "pending_jobs": self.jobs.cancel(tenant, session_id),

@@ -23,6 +23,7 @@ from ..settings import EngineSettings
 from ..store.base import Store, TraceRecords, let_go, one_connection
 from ..tokens.base import TokenCounter
 from ..types import NewTurn, SessionKey, Summary
+from .backlog import Backlog
 from .privacy import keepable
 from .request import UseDefault
 from .seams import Processors, Recaller, safe_with_shared_connection
@@ -85,6 +86,8 @@ class TurnParts:
     jobs: JobQueue
     trace_writes: TraceWrites
     pending_summaries: PendingSummaries
+    backlog: Backlog
+    """The session's turns waiting for background work (`engine/backlog.py`)."""
     trace_keeper: TraceRecords | None
     """Where traces are kept (`Engine.trace_keeper`); ``None``: not kept."""
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from ..errors import ConflictError, SessionErased
 from ..models.base import answers_with_notices
 from ..models.caching import ModelUsage
+from ..models.calls import ModelCall
 from ..store.base import TraceRecords
 from ..store.postings import has_postings
 from ..store.records import cap_trace, exchange_count
@@ -104,6 +105,10 @@ class Answer:
     model_ms: float
     usage: ModelUsage | None = None
     """What the endpoint reported for the call (tokens, cached tokens), if it did."""
+    model_calls: tuple[ModelCall, ...] = ()
+    """The model calls made while the turn ran (for its trace)."""
+    stopped: str | None = None
+    """Why the engine stopped the reply early (it degenerated): stored with the answer."""
 
 
 async def store_answer(
@@ -120,6 +125,8 @@ async def store_answer(
             meta["turn"] = user_turn.metadata["turn"]
         if answer.partial:
             meta["partial"] = True
+        if answer.stopped:
+            meta["stopped"] = answer.stopped
         if answers_with_notices(parts.model):
             # A description of the request, not an answer: an engine notice, never memory.
             meta["offline"] = True
@@ -139,6 +146,7 @@ async def store_answer(
             reported_prompt_tokens=answer.usage.prompt_tokens if answer.usage else None,
             reported_cached_tokens=answer.usage.cached_tokens if answer.usage else None,
             completion_tokens=answer.usage.completion_tokens if answer.usage else None,
+            model_calls=answer.model_calls, stopped=answer.stopped,
         )
         masked = masked_counts(user_turn, stored)
         stored_turns = (user_turn, stored) if stored is not None else (user_turn,)

@@ -8,39 +8,51 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 
 from ..assembly.agent import as_sentence
 from ..errors import ConflictError, ContextWindowExceeded
 from ..memory.strategies import get_strategy
+from ..models.calls import call_log
 from ..models.priority import in_background
 from ..processors.base import (
+    ConstraintExtractor,
     ConstraintUpdate,
+    EmotionScorer,
     PriorTurn,
     extracts_alone,
     fits_a_window,
     scores_in_context,
 )
 from ..processors.window import usable_tokens
-from ..types import SessionKey, Summary, Turn, utc_now
+from ..types import Constraint, SessionKey, Summary, Turn, utc_now
+from .backlog import Due
 from .parts import PendingSummary, TurnParts
 from .request import PreparedTurn
+from .seams import Processors, safe_with_shared_connection
 
-__all__ = ["EMOTION_CONTEXT_TURNS", "schedule_jobs", "summarize_now"]
+__all__ = ["EMOTION_CONTEXT_TURNS", "MODEL_TURNS", "schedule_jobs", "summarize_now"]
 
 EMOTION_CONTEXT_TURNS = 20
 """Earlier turns a contextual emotion scorer reads (the offline one's context window)."""
 
 
 def schedule_jobs(parts: TurnParts, key: SessionKey, user_turn: Turn, prepared: PreparedTurn | None) -> list[str]:
-    """Schedule the jobs a new user turn needs; returns their names."""
+    """Schedule the jobs a new user turn needs; returns their names.
+
+    The turn joins the session's backlog (`Backlog`): one ``emotion`` and one ``constraints``
+    job waiting per session cover every turn since the last that ran (a new turn merges into
+    the waiting job instead of queueing another), so background work never piles up behind a
+    conversation faster than the model."""
     tenant, session_id = key.tenant, key.session_id
     jobs = ["emotion", "constraints"]
-    earlier = _loaded_before(prepared, user_turn)
+    parts.backlog.add(key, Due(turn=user_turn, earlier=_loaded_before(prepared, user_turn)))
     parts.jobs.schedule(
-        tenant, session_id, "emotion", lambda: in_background(_score_emotion(parts, key, user_turn, earlier))
+        tenant, session_id, "emotion", lambda: in_background(_score_backlog(parts, key)), coalesce=True,
     )
-    parts.jobs.schedule(tenant, session_id, "constraints",
-                         lambda: in_background(_extract_constraints(parts, key, user_turn)))
+    parts.jobs.schedule(
+        tenant, session_id, "constraints", lambda: in_background(_extract_backlog(parts, key)), coalesce=True,
+    )
     upto = _summary_due(parts, user_turn, prepared)
     if upto is not None:
         jobs.append("summary")
@@ -50,6 +62,67 @@ def schedule_jobs(parts: TurnParts, key: SessionKey, user_turn: Turn, prepared: 
             coalesce=True,
         )
     return jobs
+
+
+MODEL_TURNS = 3
+"""Newest turns of a backlog the model's constraint call reads (in one call); the emotion
+call scores the newest. Older turns of a backlog are covered by the offline processors."""
+
+
+async def _score_backlog(parts: TurnParts, key: SessionKey) -> None:
+    """Score the emotion of every turn the session's backlog holds: the newest with the engine's
+    scorer, older ones (the model fell behind) with the offline one, noted in the call log."""
+    backlog = parts.backlog
+    dues = backlog.take(key, "emotion")
+    if not dues:
+        return
+    try:
+        older, newest = dues[:-1], dues[-1]
+        if older:
+            filled = not safe_with_shared_connection(parts.processors.emotion)  # it calls a model
+            for due in older:
+                await _score_emotion(parts, key, due.turn, due.earlier, scorer=_offline().emotion if filled else None)
+            if filled:
+                call_log().note("emotion", key.session_id,
+                                f"filled in offline: {len(older)} older turn(s), the model fell behind")
+        await _score_emotion(parts, key, newest.turn, newest.earlier)
+    except BaseException:
+        backlog.put_back(key, "emotion", dues)
+        raise
+
+
+async def _extract_backlog(parts: TurnParts, key: SessionKey) -> None:
+    """Extract constraints from every turn the session's backlog holds: with a model extractor,
+    the newest `MODEL_TURNS` in one call and older ones offline (noted in the call log); with a
+    model-free one, turn by turn."""
+    backlog = parts.backlog
+    dues = backlog.take(key, "constraints")
+    if not dues:
+        return
+    extractor = parts.processors.extractor
+    try:
+        if safe_with_shared_connection(extractor) or len(dues) == 1:
+            for due in dues:
+                await _extract_constraints(parts, key, due.turn)
+            return
+        older, newest = dues[:-MODEL_TURNS], dues[-MODEL_TURNS:]
+        for due in older:
+            await _extract_constraints(parts, key, due.turn, extractor=_offline().extractor)
+        if older:
+            call_log().note("constraints", key.session_id,
+                            f"filled in offline: {len(older)} older turn(s), the model fell behind")
+        turns = [d.turn for d in newest]
+        merged = replace(turns[-1], content="\n".join(t.content for t in turns),
+                         tokens=sum(t.tokens for t in turns))
+        await _extract_constraints(parts, key, merged, sources=turns)
+    except BaseException:
+        backlog.put_back(key, "constraints", dues)
+        raise
+
+
+@cache
+def _offline() -> Processors:
+    return Processors.offline()
 
 
 def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | None) -> int | None:
@@ -83,8 +156,10 @@ def _loaded_before(prepared: PreparedTurn | None, turn: Turn) -> list[Turn] | No
     return loaded
 
 
-async def _score_emotion(parts: TurnParts, key: SessionKey, turn: Turn, earlier: list[Turn] | None) -> None:
-    emotion = parts.processors.emotion
+async def _score_emotion(
+    parts: TurnParts, key: SessionKey, turn: Turn, earlier: list[Turn] | None, *, scorer: EmotionScorer | None = None,
+) -> None:
+    emotion = scorer or parts.processors.emotion
     if scores_in_context(emotion):
         # The turns just before: the conversation's mood and the speaker's baseline (as the
         # turn loaded them, or read again).
@@ -102,11 +177,16 @@ async def _score_emotion(parts: TurnParts, key: SessionKey, turn: Turn, earlier:
     await parts.store.set_emotions(key.tenant, key.session_id, {turn.seq: max(0.0, min(1.0, score))})
 
 
-async def _extract_constraints(parts: TurnParts, key: SessionKey, turn: Turn) -> None:
+async def _extract_constraints(
+    parts: TurnParts, key: SessionKey, turn: Turn, *, extractor: ConstraintExtractor | None = None,
+    sources: Sequence[Turn] = (),
+) -> None:
+    """Pin what ``turn`` states; ``sources``: the turns ``turn`` joins (each pin then names the
+    one its quote is from)."""
     from ..processors.constraints import apply_update
 
     store = parts.store
-    extractor = parts.processors.extractor
+    extractor = extractor or parts.processors.extractor
     # An extractor that can tell without the stored constraints (the offline one, for a
     # turn that retracts nothing) gives the same update for any of them: a turn stating
     # nothing reads none, and a retry of the compare-and-set does not extract again.
@@ -122,12 +202,23 @@ async def _extract_constraints(parts: TurnParts, key: SessionKey, turn: Turn) ->
             update = await extractor.extract(turn, state.constraints)
         if not update.upsert and not update.remove_keys:
             return
+        if sources:
+            update = replace(update, upsert=tuple(_from_source(c, sources) for c in update.upsert))
         merged = apply_update(state.constraints, update)
         if await store.commit_constraints(
             key.tenant, key.session_id, merged, expected_version=state.constraints_version
         ):
             return
     raise ConflictError("constraints kept changing underneath; will retry")
+
+
+def _from_source(pin: Constraint, sources: Sequence[Turn]) -> Constraint:
+    """``pin`` naming the newest of ``sources`` its quote is in (else as it is)."""
+    quote = " ".join(pin.quote.split()).casefold()
+    for turn in reversed(sources):
+        if quote and quote in " ".join(turn.content.split()).casefold():
+            return replace(pin, source_seq=turn.seq)
+    return pin
 
 
 async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = False, upto: int | None = None) -> bool:

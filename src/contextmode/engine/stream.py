@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from ..errors import ModelError
 from ..models.base import UpstreamReply, relays
 from ..models.caching import ModelUsage, cache_session, collect_usage, usage_from
+from ..models.calls import call_log
+from ..text.degenerate import ReplyGuard, scripts_of
 from ..types import Turn
 from .parts import TurnParts
 from .persist import Answer, store_answer, store_user_turn
@@ -43,6 +45,7 @@ log = logging.getLogger("contextmode.turn")
 async def stream_turn(parts: TurnParts, request: TurnRequest) -> AsyncIterator[TurnEvent]:
     """`Engine.stream`: ``Prepared``, then ``Delta`` events, then ``Done`` (or ``Failed``)."""
     started = time.perf_counter()
+    since = time.monotonic()  # the model calls overlapping the turn go in its trace
     # Loading, recalling and storing the user turn share one pooled store connection (with the
     # service's turn lock: its scope), handed back before the model answers.
     async with parts.one_connection():
@@ -76,6 +79,7 @@ async def stream_turn(parts: TurnParts, request: TurnRequest) -> AsyncIterator[T
             text="".join(pieces), partial=not completed, ttft_ms=ttft,
             model_ms=(time.perf_counter() - model_started) * 1000,
             usage=usage_from(ending.usage) if ending.usage is not None else (reported[-1] if reported else None),
+            model_calls=call_log().between(since), stopped=ending.stopped,
         )
         assistant_turn = await asyncio.shield(store_answer(parts, request.key, user_turn, answer, prepared))
         jobs = schedule_jobs(parts, request.key, user_turn, prepared)
@@ -110,6 +114,8 @@ class Ending:
     usage: Mapping[str, object] | None = None
     whole: UpstreamReply | None = None
     """The whole completion of a relayed request that is not streamed."""
+    stopped: str | None = None
+    """Why the engine stopped the reply early (it degenerated, `text.degenerate`)."""
 
     def read(self, reply: UpstreamReply, *, whole: bool) -> None:
         data = reply.data
@@ -133,8 +139,18 @@ async def _answer(
     the reply capped at what the context window leaves."""
     model, relay = parts.model, request.relay
     if relay is None or not relays(model):
-        async for delta in model.stream(prepared.messages):
-            yield Delta(text=delta)
+        guard = ReplyGuard(scripts_of(m.content for m in prepared.messages))
+        deltas = model.stream(prepared.messages)
+        try:
+            async for delta in deltas:
+                yield Delta(text=delta)
+                if (why := guard.feed(delta)) is not None:
+                    log.warning("reply stopped early in session %s: %s", request.key.session_id, why)
+                    ending.stopped = why
+                    return
+        finally:
+            if isinstance(deltas, AsyncGenerator):  # closed now: the server stops generating
+                await deltas.aclose()
         return
     left = max(1, parts.settings.context_window - prepared.context.total_tokens)
     async for event in model.relay(prepared.messages, relay, max_tokens=left):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ..store.records import PinUsed, RecalledTurn, TraceLayer, TraceRewrite, TraceSources, TurnTrace
 from ..store.trace_pack import chunked
 from ..text.neutralise import neutralise
-from ..types import Turn, utc_now
+from ..types import ModelCall, Turn, utc_now
 
 if TYPE_CHECKING:
     from ..assembly.context import Context
@@ -81,6 +81,10 @@ class ExchangeOutcome:
     """Input tokens the endpoint said it read from its prompt cache, if it did."""
     completion_tokens: int | None = None
     """Output tokens the endpoint reported, if it did."""
+    model_calls: tuple[ModelCall, ...] = ()
+    """The model calls made while the turn ran (`models.calls.CallLog.between`)."""
+    stopped: str | None = None
+    """Why the reply was stopped early, when it was."""
 
 
 def trace_sources(prepared: PreparedTurn, stored: Sequence[Turn] = ()) -> TraceSources:
@@ -167,5 +171,7 @@ def build_trace(
         ttft_ms=None if outcome.ttft_ms is None else round(outcome.ttft_ms, 3),
         model_ms=round(outcome.model_ms, 3),
         partial=outcome.partial,
+        model_calls=outcome.model_calls,
+        stopped=outcome.stopped,
         sources=trace_sources(prepared, stored),
     )

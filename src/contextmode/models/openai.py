@@ -23,11 +23,13 @@ from ..errors import (
     MissingExtra,
     ModelError,
     ModelOverloaded,
+    ModelPreempted,
     ModelRateLimited,
     ModelRefused,
     ModelTimeout,
     ModelUnavailable,
 )
+from ..text.degenerate import is_looping
 from ..types import ChatMessage
 from .base import (
     JsonSchema,
@@ -40,7 +42,8 @@ from .base import (
     UpstreamReply,
 )
 from .caching import ModelUsage, current_cache_key, report_usage, usage_from
-from .priority import SlotGate, call_priority, endpoint_gate
+from .calls import CallMeter, call_log
+from .priority import Cuttable, SlotGate, endpoint_gate
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
 
@@ -51,7 +54,7 @@ __all__ = [
     "ModelUsage",
     "OpenAIChatModel",
     "OpenAIOptions",
-    "is_looping",
+    "json_complete",
     "map_openai_error",
     "retry_after_s",
     "wire_message",
@@ -72,29 +75,9 @@ _DRAIN_S = 1.0
 
 _LOOP_CHECK_CHARS = 32
 """A streamed reply is checked for a loop every this many new characters."""
-_LOOP_MIN_CHARS = 200
-_LOOP_MAX_PERIOD = 300
-
-
-def is_looping(text: str) -> bool:
-    """True when ``text`` ends in the same unit repeated verbatim: 3 times or more, over 200
-    characters or more, for any unit of up to 300 characters.
-
-    Small models loop (the same sentence, in Chinese especially) until the
-    server's context is full; a reply doing so is cut and ends as ``length``.
-    Works on characters, so for every script; prose with a repeated phrase is
-    not periodic and is left alone.
-    """
-    if len(text) < _LOOP_MIN_CHARS:
-        return False
-    for period in range(1, min(_LOOP_MAX_PERIOD, len(text) // 3) + 1):
-        span = max(3 * period, _LOOP_MIN_CHARS)
-        if span > len(text):
-            break
-        tail = text[-span:]
-        if tail[period:] == tail[:-period] and not tail[-period:].isspace():
-            return True
-    return False
+_BLANK_CHUNKS = 128
+"""Chunks in a row with nothing visible (blanks, empty pieces) after which a stream is stopped:
+a small model can pad a reply with blanks up to its token cap."""
 
 
 def _scrub(text: str, secret: str | None) -> str:
@@ -393,23 +376,54 @@ class OpenAIChatModel:
         return endpoint_gate(self.base_url or _OPENAI_ENDPOINT, self._slots)
 
     @asynccontextmanager
-    async def _slot(self, deadline: float | None) -> AsyncIterator[None]:
+    async def _slot(self, deadline: float | None) -> AsyncIterator[CallMeter]:
         """Hold one of the endpoint's slots (replies first, see `models.priority`) while a call
-        runs; a reply's wait counts in its deadline."""
+        runs; a reply's wait counts in its deadline. The call is logged (`models.calls`), and a
+        background call a reply cuts short raises `ModelPreempted`."""
+        meter = call_log().start()
         gate = await self.slot_gate()
-        if gate is None:
-            yield
-            return
-        priority = call_priority()
+        priority = meter.priority
+        if gate is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await gate.acquire(priority, wait_s=self._background_wait)
+            except TimeoutError:
+                meter.end("error: no free slot")
+                raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
+            except BaseException as exc:
+                meter.end(f"error: {type(exc).__name__}")
+                raise
+        meter.admit()
+        cut = Cuttable() if gate is not None and priority == "background" else None
+        if cut is not None and gate is not None:
+            gate.hold(cut)
+            cut.inside = True
         try:
-            async with asyncio.timeout_at(deadline):
-                await gate.acquire(priority, wait_s=self._background_wait)
-        except TimeoutError:
-            raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
-        try:
-            yield
+            yield meter
+        except asyncio.CancelledError:
+            if cut is None or not cut.preempted:
+                meter.end("cancelled")
+                raise
+            task = asyncio.current_task()
+            if task is not None and task.uncancel() > 0:
+                meter.end("cancelled")
+                raise  # cancelled for another reason too (shutdown): that one stands
+            meter.end("preempted")
+            raise ModelPreempted("a reply needed the model's slot; this background call was cut short") from None
+        except GeneratorExit:
+            meter.end("closed by the caller")
+            raise
+        except BaseException as exc:
+            meter.end(f"error: {type(exc).__name__}")
+            raise
+        else:
+            meter.end(meter.outcome if meter.outcome != "running" else (self.last_finish_reason or "stop"))
         finally:
-            gate.release(priority)
+            if gate is not None:
+                if cut is not None:
+                    cut.inside = False
+                    gate.unhold(cut)
+                gate.release(priority)
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)
@@ -477,8 +491,9 @@ class OpenAIChatModel:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         try:
-            async with self._slot(deadline), asyncio.timeout_at(deadline):
+            async with self._slot(deadline) as meter, asyncio.timeout_at(deadline):
                 completion = await self._create(request, stream=False)
+                _meter_chunk(meter, {"usage": _field(completion, "usage")})
         except TimeoutError:
             raise ModelTimeout(f"the model did not answer within the {self.deadline} s deadline") from None
         try:
@@ -640,13 +655,13 @@ class OpenAIChatModel:
     async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[ModelEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
-        async with self._slot(deadline), aclosing(self._stream_in_slot(request, deadline)) as events:
+        async with self._slot(deadline) as meter, aclosing(self._stream_in_slot(request, deadline, meter)) as events:
             # closed before the slot is given back: the server stops an abandoned stream
             async for event in events:
                 yield event
 
     async def _stream_in_slot(
-        self, request: dict[str, Any], deadline: float | None
+        self, request: dict[str, Any], deadline: float | None, meter: CallMeter
     ) -> AsyncGenerator[ModelEvent, None]:
         self.last_finish_reason = None
         try:
@@ -654,29 +669,29 @@ class OpenAIChatModel:
                 stream = await self._create(request, stream=True)
         except TimeoutError:
             raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
-        finished, text, checked = False, "", 0
+        finished, watch = False, _StreamWatch(json_wanted="response_format" in request)
         chunks = _sse_chunks(stream)
         try:
             while True:
                 try:
                     chunk = await _next_chunk(chunks, deadline)
                 except TimeoutError:
-                    if not text:
+                    if not watch.text:
                         raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
                     finished = self._stop_early(f"the {self.deadline} s deadline passed")
                     break
                 if chunk is _END:
                     break
-                for event in self._events(chunk):
-                    if event.kind == "text":
-                        text += event.text
+                events = self._events(chunk)
+                for event in events:
                     yield event
+                watch.read(events)
+                _meter_chunk(meter, chunk)
                 finished = finished or self.last_finish_reason is not None
-                if not finished and len(text) - checked >= _LOOP_CHECK_CHARS:
-                    checked = len(text)
-                    if is_looping(text):
-                        finished = self._stop_early("the reply repeats itself")
-                        break
+                if not finished and (stop := watch.stop()) is not None:
+                    meter.outcome, early = stop
+                    finished = self._stop_early(early) if early else True
+                    break
         except ModelError:
             raise
         except Exception as exc:
@@ -741,18 +756,7 @@ class OpenAIChatModel:
                 else:
                     result = await self._client.chat.completions.create(**kwargs)
             except openai.APIStatusError as exc:
-                if exc.status_code not in (400, 422):
-                    raise self._map(exc) from self._cause(exc)
-                if "max_tokens" in kwargs and "max_completion_tokens" in str(exc):
-                    length_param = "max_completion_tokens"
-                elif self._drop_cache_hints(request):
-                    pass
-                elif "response_format" in kwargs:
-                    self._refused_format(request)
-                elif with_usage:
-                    with_usage = False
-                else:
-                    raise self._map(exc) from self._cause(exc)
+                length_param, with_usage = self._adapt(exc, request, kwargs, length_param, with_usage)
                 continue
             except Exception as exc:
                 raise self._map(exc) from self._cause(exc)
@@ -764,6 +768,24 @@ class OpenAIChatModel:
                 logger.info("model endpoint refused stream_options; usage capture disabled")
             return result
         raise ModelError("the model endpoint refused the request")  # unreachable in practice
+
+    def _adapt(
+        self, exc: Any, request: dict[str, Any], sent: Mapping[str, Any], length_param: str, with_usage: bool
+    ) -> tuple[str, bool]:
+        """After a refused request (``exc``, for ``sent``): what to change in ``request`` and the
+        length parameter and usage capture to try next; raises when nothing can be adapted."""
+        if exc.status_code not in (400, 422) and not _refuses_format(exc, sent):
+            raise self._map(exc) from self._cause(exc)
+        if "max_tokens" in sent and "max_completion_tokens" in str(exc):
+            return "max_completion_tokens", with_usage
+        if self._drop_cache_hints(request):
+            return length_param, with_usage
+        if "response_format" in sent:
+            self._refused_format(request)
+            return length_param, with_usage
+        if with_usage:
+            return length_param, False
+        raise self._map(exc) from self._cause(exc)
 
     def _drop_cache_hints(self, request: dict[str, Any]) -> bool:
         """After a refused request: take the prompt-cache hints out of it and never send them
@@ -800,8 +822,83 @@ class OpenAIChatModel:
         await self._client.close()
 
 
+def _refuses_format(exc: Any, request: Mapping[str, Any]) -> bool:
+    """A 500 refusing the request's ``response_format``: llama-cpp-python answers a
+    ``json_schema`` format with its validation error as a 500 (a 400 elsewhere)."""
+    return exc.status_code == 500 and "response_format" in request and "response_format" in str(exc)
+
+
 _END = object()
 """What `_next_chunk` returns once a stream has no more chunks."""
+
+
+@dataclass
+class _StreamWatch:
+    """What a stream said so far, and whether it should end before the server ends it: a JSON
+    object complete (a grammar lets a small model pad with blanks to its cap), a run of chunks
+    with nothing visible, a verbatim loop."""
+
+    json_wanted: bool
+    text: str = ""
+    blank: int = 0
+    checked: int = 0
+    checked_json: int = 0
+
+    def read(self, events: Sequence[ModelEvent]) -> None:
+        said = "".join(e.text for e in events if e.kind == "text")
+        self.text += said
+        self.blank = 0 if said.strip() else self.blank + 1
+
+    def stop(self) -> tuple[str, str | None] | None:
+        """``(the call's outcome, why it was cut or None for a clean end)``, or ``None`` to go on."""
+        text = self.text
+        if self.blank >= _BLANK_CHUNKS:
+            return "stopped early: the reply went blank", f"{self.blank} chunks in a row brought no visible text"
+        if self.json_wanted and "}" in text[self.checked_json :]:
+            self.checked_json = len(text)
+            if json_complete(text):
+                return "stop (the JSON object was complete)", None
+        if len(text) - self.checked >= _LOOP_CHECK_CHARS:
+            self.checked = len(text)
+            if is_looping(text):
+                return "stopped early: the reply repeats itself", "the reply repeats itself"
+        return None
+
+
+def _meter_chunk(meter: CallMeter, chunk: Any) -> None:
+    """Count a streamed chunk in ``meter`` (the server's usage, when a chunk carries it)."""
+    meter.chunks += 1
+    usage = _field(chunk, "usage")
+    if usage is not None:
+        prompt, completion = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")
+        meter.prompt_tokens = int(prompt) if isinstance(prompt, int) else meter.prompt_tokens
+        meter.completion_tokens = int(completion) if isinstance(completion, int) else meter.completion_tokens
+
+
+def json_complete(text: str) -> bool:
+    """True when ``text`` (stripped) is one whole JSON object or array: its brackets, outside
+    strings, close what it opened (the rest, if any, is padding)."""
+    body = text.lstrip()
+    if not body or body[0] not in "{[":
+        return False
+    depth, in_string, escaped = 0, False, False
+    for char in body:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return True
+    return False
 
 
 async def _next_chunk(chunks: AsyncGenerator[Any, None], deadline: float | None) -> Any:

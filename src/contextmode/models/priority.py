@@ -10,7 +10,10 @@ queue here instead, in a `PriorityGate` per endpoint (and event loop), before an
   free slot at once, or waits for the next one behind earlier replies only;
 - a **background** call (anything a background job does, marked with `in_background`) takes a
   slot only when one is free, no reply call is waiting, and one slot stays free for each turn
-  being answered (on a one-slot server: no turn is being answered). A background call already running is not cut short (see docs/models.md).
+  being answered (on a one-slot server: no turn is being answered). A background call already
+  running when a reply finds no free slot is cut short (`Cuttable`: its task is cancelled, its
+  stream closed, which stops the server's generation; the model raises `ModelPreempted` and the
+  job tries again later), so a reply waits at most for the server to notice.
   Waiting longer than ``wait_s`` it gives up with `ModelTimeout` (the job records it as a
   failed attempt, nothing is stored); cancelled (shutdown), it leaves the queue at once.
 
@@ -40,6 +43,7 @@ from ..errors import ModelTimeout
 
 __all__ = [
     "CallPriority",
+    "Cuttable",
     "GateState",
     "PriorityGate",
     "Replies",
@@ -96,6 +100,14 @@ class SlotGate(Protocol):
 
     def state(self) -> GateState: ...
 
+    def hold(self, call: Cuttable) -> None:
+        """``call``, a background call that took a slot, may be cut short for a reply."""
+        ...
+
+    def unhold(self, call: Cuttable) -> None:
+        """``call`` ended: it is no longer to be cut."""
+        ...
+
 
 class Replies:
     """How many turns are being answered; while any is, background calls wait on every gate
@@ -120,6 +132,28 @@ class Replies:
                 gate.hand_over()
 
 
+PREEMPTED = "contextmode: a reply needs the slot"
+"""The cancel message of a background call cut short for a reply."""
+
+
+class Cuttable:
+    """A background call holding a slot that a reply may cut short: `preempt` cancels its task
+    (the model turns that into `ModelPreempted`, see `OpenAIChatModel`). Only while ``inside``
+    (the call's body, where the task can only be suspended inside the call) is it cut."""
+
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.inside = False
+        self.preempted = False
+
+    def preempt(self) -> bool:
+        if not self.inside or self.preempted or self.task is None or self.task.done():
+            return False
+        self.preempted = True
+        self.task.cancel(PREEMPTED)
+        return True
+
+
 class PriorityGate:
     """A `SlotGate` over ``slots`` parallel slots: replies in arrival order, then background calls.
 
@@ -137,6 +171,28 @@ class PriorityGate:
         self.replies.attach(self)
         self._running: dict[CallPriority, int] = {"reply": 0, "background": 0}
         self._waiting: dict[CallPriority, deque[asyncio.Future[None]]] = {"reply": deque(), "background": deque()}
+        self._cuttable: list[Cuttable] = []
+        self.preempted = 0
+        """Background calls cut short for a reply so far."""
+
+    def hold(self, call: Cuttable) -> None:
+        """``call`` (a background call that took a slot) may be cut short for a reply."""
+        self._cuttable.append(call)
+
+    def unhold(self, call: Cuttable) -> None:
+        with suppress(ValueError):
+            self._cuttable.remove(call)
+
+    def _preempt(self) -> None:
+        """A reply found no free slot: cut the newest background call short, unless one being
+        cut already frees a slot for each reply waiting."""
+        cutting = sum(c.preempted for c in self._cuttable)
+        if cutting >= _live(self._waiting["reply"]):
+            return
+        for call in reversed(self._cuttable):
+            if call.preempt():
+                self.preempted += 1
+                return
 
     def state(self) -> GateState:
         return GateState(slots=self.slots, running=sum(self._running.values()),
@@ -164,6 +220,8 @@ class PriorityGate:
         queue = self._waiting[priority]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue.append(future)
+        if priority == "reply":
+            self._preempt()
         limit = wait_s if priority == "background" else None
         try:
             async with asyncio.timeout(limit):

@@ -38,9 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
 from ..models.base import ChatModel, JsonSchema, answers_to_schema
-from ..models.openai import is_looping
+from ..models.calls import model_step
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
+from ..text.degenerate import is_looping
 from ..text.lang import is_chinese
 from ..tokens.base import TokenCounter
 from ..tokens.tools import count_messages
@@ -149,10 +150,11 @@ async def _ask(
         fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     messages = prompt.render(chinese=chinese, **fields)
     try:
-        async with asyncio.timeout(timeout):
-            if schema is not None and answers_to_schema(model):
-                return await model.complete_json(messages, schema=schema, max_tokens=max_tokens)
-            return await model.complete(messages, max_tokens=max_tokens)
+        with model_step(prompt.name):
+            async with asyncio.timeout(timeout):
+                if schema is not None and answers_to_schema(model):
+                    return await model.complete_json(messages, schema=schema, max_tokens=max_tokens)
+                return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:
         raise ModelTimeout(f"{prompt.tag} took longer than {timeout} s") from None
 

@@ -30,6 +30,7 @@ from ..jobs import takes_hooks
 from ..store.base import keeps_idempotency
 from .auth import ApiKeys
 from .bodyscan import JsonShape
+from .client_gone import reset, watching
 from .codes import (
     ErrorCode,
     HostNotAllowed,
@@ -147,6 +148,7 @@ class _EdgeMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
+        watched = watching(limited_receive)  # a whole answer's turn ends if its client leaves
         try:
             await self.app(scope, limited_receive, observed_send)
         except Exception:
@@ -155,6 +157,7 @@ class _EdgeMiddleware:
                 status = 500
                 await _send_error(scope, send, code_for_exception(RuntimeError()), "internal error")
         finally:
+            reset(watched)
             self._record(scope, status, started)
 
     async def _authorised(self, scope: Scope, send: Send) -> bool:

@@ -23,6 +23,7 @@ from ..engine import Delta, Engine, PreparedTurn, TurnEvent, TurnRequest, TurnRe
 from ..engine.agent import ToolResult
 from ..errors import InputError, ModelError
 from ..types import SessionKey, require_text
+from .client_gone import ClientGone, client_watch
 from .codes import MessageTooLong
 from .idempotency import Claim, claim
 from .images import ImageFiles
@@ -356,7 +357,14 @@ async def serve_turn(
         if whole is not None:
             with traces.held(tenant, session_id):
                 async with engine.one_connection(), state.gate.hold(tenant, session_id):
-                    response = await whole()
+                    try:
+                        async with client_watch():
+                            response = await whole()
+                    except ClientGone:
+                        # Ended (its answer so far stored, partial), the session let go at once.
+                        if held is not None:
+                            await held.release()
+                        return Response(status_code=499)
                     if held is not None:
                         await held.finish(response)
                     return response

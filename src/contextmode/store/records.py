@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ..types import ChatMessage, ToolCall, Turn
+from ..types import ChatMessage, ModelCall, ToolCall, Turn
 
 __all__ = [
     "PinUsed",
@@ -203,6 +203,11 @@ class TurnTrace:
     pii_masked: Mapping[str, int] = field(default_factory=dict)
     """Personal values masked in this exchange's stored turns, by kind (``{"phone": 1}``;
     ``EngineSettings(pii="mask")``); the trace's own texts are masked the same way."""
+    model_calls: Sequence[ModelCall] = ()
+    """The model calls made while the turn ran, its own (detection, rewrite, the reply) and the
+    background jobs' sharing the server, each with its wait for a slot (`models.calls`)."""
+    stopped: str | None = None
+    """Why the reply was stopped before its end (it degenerated), when it was."""
     sources: TraceSources | None = field(default=None, compare=False, repr=False)
     """What the texts may refer to when stored (set by `build_trace`); not kept, not shown."""
     usage: TurnUsage | None = None
@@ -242,6 +247,7 @@ def _plain(trace: TurnTrace) -> dict[str, Any]:
     data["processors"] = dict(trace.processors)
     data["rewrite"] = vars(trace.rewrite) if trace.rewrite is not None else None
     data["usage"] = vars(trace.usage) if trace.usage is not None else None
+    data["model_calls"] = [vars(c) for c in trace.model_calls]
     return data
 
 
@@ -279,6 +285,7 @@ def trace_from_dict(data: dict[str, Any]) -> TurnTrace:
     if data.get("usage") is not None:
         known_usage = set(TurnUsage.__dataclass_fields__)
         data["usage"] = TurnUsage(**{k: v for k, v in data["usage"].items() if k in known_usage})
+    data["model_calls"] = tuple(ModelCall(**c) for c in data.get("model_calls", ()))
     return TurnTrace(**data)
 
 

@@ -250,9 +250,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         requested = request.body.get("response_format") if isinstance(request.body, dict) else None
         if stub.llamacpp_window and isinstance(requested, dict) and requested.get("type") == "json_schema":
-            # llama.cpp's servers take {"type": "json_object", "schema": …} and refuse json_schema
-            self._send_json(400, {"error": {"message": "response_format json_schema is not supported",
-                                            "type": "invalid_request_error"}})
+            # llama.cpp's servers take {"type": "json_object", "schema": …} and refuse json_schema;
+            # llama-cpp-python with a 500 holding pydantic's validation error, in these words
+            self._send_json(500, {"error": {"message": "1 validation error:\n  {'type': 'literal_error', "
+                                            "'loc': ('body', 'response_format', 'type'), 'msg': \"Input should be "
+                                            "'text' or 'json_object'\", 'input': 'json_schema'}",
+                                            "type": "internal_server_error"}})
             return
         if stub.llamacpp_window and (overflow := stub._overflow(request)) is not None:
             # llama-cpp-python refuses a prompt plus max_tokens larger than its n_ctx, in these words

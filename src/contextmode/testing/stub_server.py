@@ -123,8 +123,9 @@ class StubServer:
         self.llamacpp_slots = options.llamacpp_slots
         """When set, the stub acts as llama.cpp's server: ``GET /props`` reports this ``n_ctx``,
         ``POST /tokenize`` counts tokens, ``/v1/models`` says ``owned_by: llamacpp``, a
-        ``json_schema`` response format is refused with 400, and so is a chat request whose
-        prompt plus ``max_tokens`` exceeds the window (llama-cpp-python's words, see `overflows`)."""
+        ``json_schema`` response format is refused (with llama-cpp-python's 500 and its validation
+        error), a chat request whose
+        prompt plus ``max_tokens`` exceeds the window with 400 (llama-cpp-python's words, see `overflows`)."""
         self._random = random.Random(options.seed)
         self._lock = threading.Lock()
         self._faults: deque[Fault] = deque()

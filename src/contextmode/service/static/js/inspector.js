@@ -250,6 +250,41 @@ export function recallReason(turn) {
   return parts.join(" · ");
 }
 
+/** The turn's model calls on a time axis (its own and the background jobs' sharing the server):
+ * each row a bar from when the call asked for a slot, its wait hatched, then its run. */
+function callsCard(ctx) {
+  const calls = ctx.trace?.model_calls ?? [];
+  const stopped = ctx.trace?.stopped;
+  if (!calls.length && !stopped) return null;
+  const start = Math.min(0, ...calls.map((c) => c.start_ms));
+  const end = Math.max(1, ...calls.map((c) => c.start_ms + c.wait_ms + c.duration_ms));
+  const pct = (ms) => `${(100 * (ms - start)) / (end - start)}%`;
+  const width = (ms) => `${(100 * ms) / (end - start)}%`;
+  return el(
+    "details",
+    { class: "card model-calls", id: "model-calls", open: true },
+    el("summary", {}, t("modelCalls", calls.length)),
+    stopped ? el("p", { class: "reply-stopped" }, t("replyStopped", stopped)) : null,
+    el(
+      "ol",
+      { class: "call-timeline" },
+      calls.map((c) =>
+        el(
+          "li",
+          { dataset: { priority: c.priority, step: c.step, outcome: c.outcome } },
+          el("span", { class: "item-meta" }, t("callRow", c)),
+          el(
+            "span",
+            { class: "call-axis" },
+            el("span", { class: "call-wait", style: { left: pct(c.start_ms), width: width(c.wait_ms) } }),
+            el("span", { class: "call-run", style: { left: pct(c.start_ms + c.wait_ms), width: width(c.duration_ms) } }),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
 function recalledCard(ctx) {
   const recalled = ctx.recalled ?? [];
   if (!recalled.length) return null;
@@ -313,6 +348,7 @@ export function renderContext(ctx, source) {
     el("div", { class: "layers", id: "layers" }, ctx.layers.map((layer) => layerRow(layer, ctx, widest))),
     recalledCard(ctx),
     rewriteCard(ctx),
+    callsCard(ctx),
     past ? diffCard(ctx) : null,
     ctx.messages?.length
       ? el(

@@ -1,0 +1,112 @@
+"""A model server shared by replies and background jobs (`models.priority`, `models.calls`): a
+reply cuts a running background call short, a JSON call ends when its object is complete, a
+stream that only pads with blanks is stopped, and every call is logged with its step, priority
+and wait. On the stub server reporting llama.cpp's one slot; orders and outcomes, never durations."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+pytest.importorskip("openai")
+
+from contextmode.errors import ModelPreempted
+from contextmode.jobs import JobRunner, JobSettings
+from contextmode.models import OpenAIChatModel
+from contextmode.models.base import JsonSchema
+from contextmode.models.calls import call_log, model_step
+from contextmode.models.openai import json_complete
+from contextmode.models.priority import in_background
+from contextmode.testing.stub_server import StubRequest
+
+from .test_priority import held, llamacpp, said, until
+
+SCHEMA = JsonSchema(name="emotion", schema={"type": "object", "properties": {"intensity": {"type": "number"}}})
+
+
+async def test_a_reply_cuts_a_running_background_job_short_and_the_job_runs_again_after_it() -> None:
+    release = threading.Event()
+    server = llamacpp(held(release, "job"), slots=1)
+    answers: list[str] = []
+    with server as url:
+        model = OpenAIChatModel(model="smollm2", base_url=url, max_retries=0)
+        gate = await model.slot_gate()
+        assert gate is not None
+        failed: list[str] = []
+
+        class Hooks:
+            def job_scheduled(self, job: str) -> None:
+                pass
+
+            def job_failed(self, job: str) -> None:
+                failed.append(job)
+
+        runner = JobRunner(None, JobSettings(base_delay_s=0.0), hooks=Hooks())
+
+        async def job() -> None:
+            with model_step("emotion", session="s"):
+                answers.append(await model.complete(said("job")))
+
+        runner.schedule("t", "s", "emotion", lambda: in_background(job()))
+        await until(lambda: len(server.chat_requests) == 1)
+        reply = await model.complete(said("the user"))  # does not wait for the held job
+        assert reply == "answer to the user" and gate.preempted == 1
+        release.set()
+        await runner.drain()
+    # Cut short once, then run again after the reply: not a failed attempt.
+    assert [r.last_user for r in server.chat_requests] == ["job", "the user", "job"]
+    assert answers == ["answer to job"]
+    assert failed == ["emotion"]  # the hooks hear of the cut attempt; it is tried again, not given up
+    steps = [(c.step, c.priority, c.outcome) for c in call_log().between(0.0)]
+    assert ("emotion", "background", "preempted") in steps
+    assert ("reply", "reply", "stop") in steps
+
+
+async def test_a_preempted_call_raises_model_preempted_to_its_caller() -> None:
+    release = threading.Event()
+    server = llamacpp(held(release, "job"), slots=1)
+    with server as url:
+        model = OpenAIChatModel(model="smollm2", base_url=url, max_retries=0)
+        job = asyncio.create_task(in_background(model.complete(said("job"))))
+        await until(lambda: len(server.chat_requests) == 1)
+        reply = asyncio.create_task(model.complete(said("the user")))
+        with pytest.raises(ModelPreempted):
+            await job
+        release.set()
+        assert await reply == "answer to the user"
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_a_json_call_ends_when_its_object_is_complete() -> None:
+    def padded(request: StubRequest) -> str:
+        return '{"intensity": 0.4}' + " " * 400  # a grammar lets a small model pad to its cap
+
+    with llamacpp(padded, slots=1) as url:
+        model = OpenAIChatModel(model="smollm2", base_url=url, max_retries=0)
+        await model.slot_gate()
+        with model_step("emotion"):
+            answer = await in_background(model.complete_json(said("x"), schema=SCHEMA, max_tokens=200))
+    assert answer.strip() == '{"intensity": 0.4}'
+    last = [c for c in call_log().between(0.0) if c.step == "emotion"][-1]
+    assert last.outcome == "stop (the JSON object was complete)"
+    assert last.completion_tokens is not None and last.completion_tokens < 20  # 4 characters a chunk
+
+
+async def test_a_reply_that_only_pads_with_blanks_is_stopped() -> None:
+    with llamacpp(lambda request: "Hello" + " \n" * 600, slots=1) as url:
+        model = OpenAIChatModel(model="smollm2", base_url=url, max_retries=0)
+        await model.slot_gate()
+        text = "".join([d async for d in model.stream(said("hi"))])
+    assert text.startswith("Hello") and len(text) < 600
+    assert model.last_finish_reason == "length"
+    assert [c for c in call_log().between(0.0)][-1].outcome == "stopped early: the reply went blank"
+
+
+def test_json_complete_reads_strings_and_nesting() -> None:
+    assert json_complete('{"a": [1, {"b": "}"}]}   ')
+    assert json_complete('  {"quote": "a \\" } b"}')
+    assert not json_complete('{"a": [1, {"b": 2}]')
+    assert not json_complete('{"a": "}')
+    assert not json_complete("no json {}") and not json_complete("")
