@@ -79,11 +79,17 @@ def test_a_real_model_conversation_keeps_every_property(served: str, language: s
         assert prompt_text_in(f"{c['value']} {c['quote']}", said) is None, c
     if data["summary"]:
         assert prompt_text_in(data["summary"]["text"], said) is None, data["summary"]["text"]
-    # Every job ended ok or as a counted failure/rejection, with nothing left pending.
+    # Every job ended ok or as a counted failure/rejection, with nothing left pending. One waiting
+    # job per session covers every turn since the last that ran (the backlog), so a kind of job
+    # runs at most once a turn; every user turn is scored unless a run failed.
     jobs = data["stats"]["jobs"]
     assert data["stats"]["pending_jobs"] == []
-    assert jobs["emotion"]["ok"] + jobs["emotion"]["failed"] + jobs["emotion"]["rejected"] == TURNS
-    assert jobs["constraints"]["ok"] + jobs["constraints"]["failed"] + jobs["constraints"]["rejected"] == TURNS
+    for kind in ("emotion", "constraints"):
+        ran = jobs[kind]["ok"] + jobs[kind]["failed"] + jobs[kind]["rejected"]
+        assert 1 <= ran <= TURNS, (kind, jobs[kind])
+    if not jobs["emotion"]["failed"]:
+        unscored = [t["seq"] for t in data["turns"] if t["role"] == "user" and t["emotion"] is None]
+        assert unscored == [], (unscored, jobs["emotion"])
     for name, stats in jobs.items():
         # A failed or rejected run records its reason; a later ok run clears it (the store contract:
         # `last_error` is the last run's), so a job whose last run was ok may show none.
