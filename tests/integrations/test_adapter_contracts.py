@@ -18,7 +18,7 @@ from typing import cast
 
 import pytest
 from agents import TResponseInputItem
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from langchain_core.messages import SystemMessage
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
@@ -205,6 +205,7 @@ def _first_roles(budget: int, seed: int, turns: int) -> dict[str, str]:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(budget=st.sampled_from([300, 450, 700, 1000, 1500]), seed=st.integers(0, 10_000), turns=st.integers(2, 9))
+@example(budget=700, seed=1, turns=8)  # the log ends unanswered: its last turns load unpaired
 def test_first_message_after_the_system_ones_is_the_users(budget: int, seed: int, turns: int) -> None:
     assert _first_roles(budget, seed, turns) == {"llama_index": "user", "langchain": "user", "openai_agents": "user"}
 

@@ -880,8 +880,7 @@ def _fill_recent(
         spent += cost
     if not picked:
         return _clip_newest(units, limit, count)
-    if len(picked) < len(units):  # the walk stopped for the budget: no orphan opens the window
-        picked = _without_orphans(picked)
+    picked = _without_orphans(picked)  # no orphaned answer opens the window
     flat = [c for unit in picked for c in unit]
     moved = {c.seq for c in flat if c.seq in elsewhere}
     for name in ("key_moments", "recall"):
@@ -892,9 +891,10 @@ def _fill_recent(
 
 def _without_orphans(picked: list[list[_Candidate]]) -> list[list[_Candidate]]:
     """Never start with an answer (or a call) whose question is missing: the walk stopped at
-    the question (it did not fit), so the orphaned units go (their tokens to `_spend_leftover`).
-    A session that opens with the assistant (a greeting) keeps its opening; an answer whose
-    question was never offered (summarised, not loaded) is kept: nothing better takes its place."""
+    the question (it did not fit), or the question was not loaded (a log ending with an
+    unanswered message loads its last turns unpaired), so the orphaned units go (their tokens
+    to `_spend_leftover`): a strict chat template refuses an answer right after the system
+    message. A session that opens with the assistant (a greeting) keeps its opening."""
     while picked and (oldest := picked[-1][-1].turn) is not None and oldest.role != "user" and oldest.seq > 1:
         picked.pop()
     return picked
