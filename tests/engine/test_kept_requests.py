@@ -11,7 +11,7 @@ import pytest
 from contextmode.engine import Engine, TurnRequest
 from contextmode.engine.usage import KeptRequests, UsageBasis
 from contextmode.store.memory import MemoryStore
-from contextmode.store.records import TurnUsage
+from contextmode.store.records import TurnTrace, TurnUsage
 from contextmode.testing.models import FunctionModel
 from contextmode.types import ChatMessage, SessionKey
 from tests.service.test_service import make_engine
@@ -27,7 +27,7 @@ def _answer(messages: Sequence[ChatMessage]) -> str:
 class _Forgetful(KeptRequests):
     """Remembers nothing: every exchange reads the previous trace from the store."""
 
-    def basis(self, *args: object, **kwargs: object) -> UsageBasis | None:  # type: ignore[override]
+    def basis(self, *args: object, **kwargs: object) -> UsageBasis | None:
         self.asked = getattr(self, "asked", 0) + 1
         return None
 
@@ -67,9 +67,10 @@ async def test_the_usual_turn_does_not_read_the_previous_trace() -> None:
     engine = _engine()
     reads: list[int] = []
     keeper = engine.store
+    assert isinstance(keeper, MemoryStore)
     original = keeper.get_trace
 
-    async def counted(tenant: str, session_id: str, turn: int):  # type: ignore[no-untyped-def]
+    async def counted(tenant: str, session_id: str, turn: int) -> TurnTrace | None:
         reads.append(turn)
         return await original(tenant, session_id, turn)
 

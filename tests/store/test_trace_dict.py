@@ -64,7 +64,7 @@ def test_a_rich_trace_is_its_json_decoded_in_fresh_containers() -> None:
 
 def test_a_value_json_would_change_goes_through_json() -> None:
     trace = _rich()
-    odd = TurnTrace(**{**vars(trace), "turn": _Level.HIGH, "processors": {1: "int key"}})  # type: ignore[arg-type]
+    odd = TurnTrace(**{**vars(trace), "turn": _Level.HIGH, "processors": {1: "int key"}})
     data = trace_to_dict(odd)
     assert data == json.loads(trace_to_json(odd))
     assert type(data["turn"]) is int and data["processors"] == {"1": "int key"}
