@@ -50,6 +50,7 @@ from .request import USE_DEFAULT, PreparedTurn, TurnEvent, TurnRequest, TurnResu
 from .schedule import schedule_jobs, summarize_now
 from .seams import Processors, Recaller, caches_sessions
 from .stream import stream_turn
+from .usage import KeptRequests
 from .writes import TraceWrites
 
 __all__ = ["Engine"]
@@ -88,6 +89,8 @@ class Engine:
             store, replace(JobSettings.from_env(), attempts=self.settings.job_attempts)
         )
         self.trace_writes = TraceWrites()
+        self.kept_requests = KeptRequests()
+        """Per session, what the next exchange's usage needs of the newest trace kept here."""
         """Each exchange's trace write, started as the reply goes out (`trace`, `drain` and
         `close` wait for them)."""
         self.owns_model = False
@@ -165,7 +168,7 @@ class Engine:
             store=self.store, model=self.model, counter=self.counter, processors=self.processors,
             settings=self.settings, recaller=self.recaller, system_prompt=self.system_prompt, jobs=self.jobs,
             trace_writes=self.trace_writes, pending_summaries=self.pending_summaries, backlog=self.backlog,
-            trace_keeper=self.trace_keeper(),
+            trace_keeper=self.trace_keeper(), kept_requests=self.kept_requests,
         )
 
     # -- preparing -------------------------------------------------------
@@ -303,6 +306,7 @@ class Engine:
         if caches_sessions(self.recaller):
             dropped_index = int(bool(self.recaller.forget(tenant, session_id)))
         self.backlog.forget(SessionKey(tenant, session_id))  # the turns' words go with the jobs
+        self.kept_requests.forget(tenant, session_id)
         return {
             "recall_cache": dropped_index,
             "pending_jobs": self.jobs.cancel(tenant, session_id),

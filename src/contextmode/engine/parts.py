@@ -27,6 +27,7 @@ from .backlog import Backlog
 from .privacy import keepable
 from .request import UseDefault
 from .seams import Processors, Recaller, safe_with_shared_connection
+from .usage import KeptRequests
 from .writes import TraceWrites
 
 __all__ = ["PendingSummaries", "PendingSummary", "TurnParts"]
@@ -90,6 +91,8 @@ class TurnParts:
     """The session's turns waiting for background work (`engine/backlog.py`)."""
     trace_keeper: TraceRecords | None
     """Where traces are kept (`Engine.trace_keeper`); ``None``: not kept."""
+    kept_requests: KeptRequests
+    """Per session, what the next exchange's usage needs of the newest kept trace."""
 
     # -- the store's shared connection --------------------------------------
 

@@ -23,7 +23,7 @@ from .privacy import keepable_trace, masked_counts
 from .request import PreparedTurn, TurnRequest
 from .seams import indexes_turns
 from .trace import ExchangeOutcome, build_trace
-from .usage import turn_usage
+from .usage import UsageBasis, turn_usage
 
 __all__ = [
     "Answer",
@@ -165,19 +165,38 @@ async def _keep_trace(
         trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
         async with parts.one_connection():  # the check and the write: one pooled connection
-            if (await parts.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:
+            version = await parts.store.version(key.tenant, key.session_id)
+            if version.last_seq < outcome.user_seq:
                 return  # erased since the reply (a forget on another worker): keep nothing of it
-            previous = await keeper.get_trace(key.tenant, key.session_id, outcome.turn - 1) if outcome.turn > 1 else None
+            previous = await _previous_basis(parts, keeper, key, outcome, version.created_at)
             trace = replace(trace, usage=turn_usage(trace, outcome, previous, counter=parts.counter,
                                                     prices=settings.prices))
+            kept = cap_trace(trace, settings.trace_max_bytes)
             await keeper.put_trace(
-                key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
-                keep=settings.trace_keep,
+                key.tenant, key.session_id, kept, keep=settings.trace_keep,
                 older_than=trace.created_at - timedelta(days=max_age) if max_age else None,
             )
+        if outcome.answer_seq is not None:
+            parts.kept_requests.keep(key, keeper, kept, last_seq=outcome.answer_seq,
+                                     session_created=version.created_at)
     except Exception:
         # The turn and its answer are stored; a lost trace must not fail anything.
         log.warning("trace of turn %d (session %s) not kept", outcome.turn, key.session_id, exc_info=True)
+
+
+async def _previous_basis(
+    parts: TurnParts, keeper: TraceRecords, key: SessionKey, outcome: ExchangeOutcome, created: datetime | None
+) -> UsageBasis | None:
+    """What the previous exchange's kept trace gives this one's usage: remembered by this
+    process (`KeptRequests`), else read from the store (``None``: not kept)."""
+    if outcome.turn <= 1:
+        return None
+    remembered = parts.kept_requests.basis(key, keeper, turn=outcome.turn, user_seq=outcome.user_seq,
+                                           session_created=created)
+    if remembered is not None:
+        return remembered
+    previous = await keeper.get_trace(key.tenant, key.session_id, outcome.turn - 1)
+    return UsageBasis.of(previous) if previous is not None else None
 
 
 async def exchanges_so_far(parts: TurnParts, key: SessionKey, state: SessionState | None) -> int:

@@ -64,6 +64,10 @@ class CallMeter:
     completion_tokens: int | None = None
     chunks: int = 0
     outcome: str = "running"
+    log: CallLog | None = field(default=None, repr=False, compare=False)
+    """The log it was started in (told when it ends)."""
+    number: int = field(default=0, repr=False, compare=False)
+    """Its place in the log: the log's n-th call."""
 
     def admit(self) -> None:
         self.admitted = time.monotonic()
@@ -71,6 +75,8 @@ class CallMeter:
     def end(self, outcome: str) -> None:
         if self.ended is None:
             self.ended, self.outcome = time.monotonic(), outcome
+            if self.log is not None:
+                self.log.ended(self)
 
     def as_call(self, origin: float) -> ModelCall:
         """The call as a trace keeps it, times from ``origin`` (a monotonic time)."""
@@ -89,35 +95,88 @@ class CallMeter:
 
 @dataclass
 class CallLog:
-    """The newest model calls of one event loop."""
+    """The newest model calls of one event loop.
+
+    Besides the calls in order, it keeps the calls still running and the order calls ended
+    in, so `between` looks only at the calls that asked since ``start`` and at those that
+    were running then, not at every kept call."""
 
     KEEP = 512
     calls: deque[CallMeter] = field(default_factory=lambda: deque(maxlen=CallLog.KEEP))
+    _made: int = 0
+    """Calls ever logged (the newest one's `CallMeter.number`)."""
+    _running: dict[int, CallMeter] = field(default_factory=dict)
+    """Calls not ended yet, by number."""
+    _ends: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=CallLog.KEEP))
+    """(when, number) of the newest calls that ended, in the order they ended."""
+
+    def _add(self, meter: CallMeter) -> CallMeter:
+        self._made += 1
+        meter.number, meter.log = self._made, self
+        self.calls.append(meter)
+        if meter.ended is None:
+            self._running[meter.number] = meter
+            if len(self._running) > self.KEEP:
+                self._forget_dropped()
+        else:
+            self._ends.append((meter.ended, meter.number))
+        return meter
+
+    def _forget_dropped(self) -> int:
+        """Forget the running calls that fell out of the log without ending; the number of
+        the oldest call kept."""
+        oldest_kept = self._made - len(self.calls) + 1
+        for number in [n for n in self._running if n < oldest_kept]:
+            del self._running[number]
+        return oldest_kept
+
+    def ended(self, meter: CallMeter) -> None:
+        """`CallMeter.end` says its call ended."""
+        if self._running.pop(meter.number, None) is not None and meter.ended is not None:
+            self._ends.append((meter.ended, meter.number))
 
     def start(self, *, default_step: str = "reply") -> CallMeter:
         """A new call, made here (its step, priority and session from the context)."""
         step, session = step_session()
         priority = call_priority()
-        meter = CallMeter(step=step or (default_step if priority == "reply" else "background"),
-                          priority=priority, session=session, asked=time.monotonic())
-        self.calls.append(meter)
-        return meter
+        return self._add(CallMeter(step=step or (default_step if priority == "reply" else "background"),
+                                   priority=priority, session=session, asked=time.monotonic()))
 
     def note(self, step: str, session: str, outcome: str) -> None:
         """Log work done without the model in place of a ``step`` call (the offline processors
         filling in for a model that fell behind)."""
         now = time.monotonic()
-        self.calls.append(CallMeter(step=step, priority="background", session=session, asked=now,
-                                    admitted=now, ended=now, outcome=outcome))
+        self._add(CallMeter(step=step, priority="background", session=session, asked=now,
+                            admitted=now, ended=now, outcome=outcome))
 
     def between(self, start: float, end: float | None = None) -> tuple[ModelCall, ...]:
         """The calls that overlapped ``[start, end]`` (monotonic times; ``end`` None: now),
         in the order they asked for a slot, times from ``start``."""
         end = time.monotonic() if end is None else end
-        return tuple(
-            m.as_call(start) for m in self.calls
-            if m.asked <= end and (m.ended is None or m.ended >= start)
-        )
+        return tuple(m.as_call(start) for m in self._overlapping(start, end))
+
+    def _overlapping(self, start: float, end: float) -> list[CallMeter]:
+        # Calls are kept in the order they asked (`asked` never decreases along `calls`): those
+        # that asked since ``start`` are the newest ones; an older one overlaps only if it was
+        # still running at ``start``: it runs now, or it ended since.
+        newest: list[CallMeter] = []
+        for meter in reversed(self.calls):
+            if meter.asked < start:
+                break
+            if meter.asked <= end:
+                newest.append(meter)
+        newest.reverse()
+        oldest_kept = self._forget_dropped()
+        if self._ends and len(self._ends) == self._ends.maxlen and self._ends[0][0] >= start:
+            # More calls ended since ``start`` than are remembered: look at every kept call.
+            return [m for m in self.calls if m.asked <= end and (m.ended is None or m.ended >= start)]
+        older = set(self._running)
+        for when, number in reversed(self._ends):
+            if when < start:
+                break
+            older.add(number)
+        before = [self.calls[n - oldest_kept] for n in sorted(older) if n >= oldest_kept]
+        return [m for m in before if m.asked < start and m.asked <= end] + newest
 
 
 _LOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CallLog] = weakref.WeakKeyDictionary()

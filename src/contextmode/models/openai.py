@@ -622,11 +622,11 @@ class OpenAIChatModel:
         headers: Mapping[str, str] = _passed(response)
         yield UpstreamReply(data={}, headers=headers)  # accepted: its status is known before any chunk
         finished = False
-        chunks = _sse_chunks(response)
+        chunks, reads = _sse_chunks(response), _ChunkDeadline(deadline)
         try:
             while True:
                 try:
-                    chunk = await _next_chunk(chunks, deadline)
+                    chunk = await reads.next(chunks)
                 except TimeoutError:
                     raise ModelTimeout(f"the model's stream passed the {self.deadline} s deadline") from None
                 if chunk is _END:
@@ -647,6 +647,7 @@ class OpenAIChatModel:
                 raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
             logger.info("relayed stream broke after its finish_reason: %s", type(exc).__name__)
         finally:
+            reads.close()
             await chunks.aclose()
             await _close_quietly(response)
         if not finished:
@@ -670,11 +671,11 @@ class OpenAIChatModel:
         except TimeoutError:
             raise ModelTimeout(f"the model did not start answering within the {self.deadline} s deadline") from None
         finished, watch = False, _StreamWatch(json_wanted="response_format" in request)
-        chunks = _sse_chunks(stream)
+        chunks, reads = _sse_chunks(stream), _ChunkDeadline(deadline)
         try:
             while True:
                 try:
-                    chunk = await _next_chunk(chunks, deadline)
+                    chunk = await reads.next(chunks)
                 except TimeoutError:
                     if not watch.text:
                         raise ModelTimeout(f"the model sent nothing within the {self.deadline} s deadline") from None
@@ -700,6 +701,7 @@ class OpenAIChatModel:
             else:
                 raise map_openai_error(exc, secret=self._secret, mid_stream=True) from self._cause(exc)
         finally:
+            reads.close()
             await chunks.aclose()
             await _close_quietly(stream)
         if not finished:
@@ -829,7 +831,7 @@ def _refuses_format(exc: Any, request: Mapping[str, Any]) -> bool:
 
 
 _END = object()
-"""What `_next_chunk` returns once a stream has no more chunks."""
+"""What `_ChunkDeadline.next` returns once a stream has no more chunks."""
 
 
 @dataclass
@@ -901,10 +903,56 @@ def json_complete(text: str) -> bool:
     return False
 
 
-async def _next_chunk(chunks: AsyncGenerator[Any, None], deadline: float | None) -> Any:
-    """The stream's next chunk, `_END` after the last; `TimeoutError` once ``deadline`` passes."""
-    async with asyncio.timeout_at(deadline):
-        return await anext(chunks, _END)
+class _ChunkDeadline:
+    """A stream's deadline over its chunk reads: `next` is the next chunk, `_END` after the last,
+    `TimeoutError` once the deadline passes while it waits, as ``asyncio.timeout_at`` around
+    each read would; but with one timer for the whole stream, not one per chunk (a timer
+    costs microseconds under uvloop, and a reply comes in tens of chunks). The timer
+    interrupts only a read; past the deadline, a read is under ``asyncio.timeout_at`` again.
+    `close` it when the stream ends."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self._timer: asyncio.TimerHandle | None = None
+        self._reading: asyncio.Task[Any] | None = None
+        self._expiring = False
+
+    async def next(self, chunks: AsyncGenerator[Any, None]) -> Any:
+        deadline = self.deadline
+        if deadline is None:
+            return await anext(chunks, _END)
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        if task is None or deadline <= loop.time():
+            async with asyncio.timeout_at(deadline):
+                return await anext(chunks, _END)
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
+        cancelling = task.cancelling()
+        self._reading = task
+        try:
+            return await anext(chunks, _END)
+        except asyncio.CancelledError:
+            if self._expiring:  # the deadline's cancellation, not the caller's
+                self._expiring = False
+                if task.uncancel() <= cancelling:
+                    raise TimeoutError from None
+            raise
+        finally:
+            self._reading = None
+            if self._expiring:  # the read ended before the cancellation reached it
+                self._expiring = False
+                task.uncancel()
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._reading is not None:
+            self._expiring = True
+            self._reading.cancel()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 async def _sse_chunks(response: Any) -> AsyncGenerator[Any, None]:

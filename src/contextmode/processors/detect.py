@@ -125,7 +125,7 @@ def _zh_context_features(message: str, words: Sequence[str], context: Sequence[s
     prev = context[-1] if context else ""
     prev_tagged = _pos(prev) if prev else ()
     prev_words = {w for w, _ in prev_tagged if len(w) > 1}
-    all_words = {w for text in context for w, _ in _pos(text) if len(w) > 1}
+    all_words = frozenset().union(*(analyze_text(text).tagged_words for text in context))
     long_words = [w for w in words if len(w) > 1]
     feats = [f"ovp:{_bucket(sum(w in prev_words for w in long_words), (0, 1, 2, 3))}"]
     shared = sum(w in all_words for w in long_words)

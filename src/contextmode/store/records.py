@@ -257,9 +257,38 @@ def trace_to_json(trace: TurnTrace) -> str:
 
 
 def trace_to_dict(trace: TurnTrace) -> dict[str, Any]:
-    """The public JSON shape: exactly `trace_to_json` decoded (lists, strings, numbers)."""
-    data: dict[str, Any] = json.loads(trace_to_json(trace))
-    return data
+    """The public JSON shape: exactly `trace_to_json` decoded (lists, strings, numbers).
+
+    Copied by hand (a fresh dictionary or list at every level, tuples as lists), not encoded
+    and decoded, unless a value is not a plain JSON builtin (then through JSON, as it says)."""
+    plain = _plain(trace)
+    try:
+        return {key: _json_copy(value) for key, value in plain.items()}
+    except _NotPlain:
+        data: dict[str, Any] = json.loads(trace_to_json(trace))
+        return data
+
+
+class _NotPlain(Exception):
+    """A value JSON would change (a subclass, a key that is not a string…)."""
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _json_copy(value: Any) -> Any:
+    """``value`` as ``json.loads(json.dumps(value))`` gives it, for plain builtins; `_NotPlain`
+    for anything else."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            raise _NotPlain
+        return {k: _json_copy(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_json_copy(v) for v in value]
+    raise _NotPlain
 
 
 def trace_from_json(text: str) -> TurnTrace:

@@ -34,6 +34,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from graphlib import CycleError, TopologicalSorter
 from typing import Any, TypeGuard, TypeVar
 
@@ -175,6 +176,13 @@ def unpack_text(data: bytes) -> str:
         raise ValueError(f"unknown packed format {data[0]}")
     unpacker = zlib.decompressobj(15, zdict=zdict)
     return (unpacker.decompress(data[1:]) + unpacker.flush()).decode()
+
+
+# A session's kept texts (its system prompt, summary, pin chunks) come back in every trace
+# until they change: their keys and packed bytes are computed once, not at every turn (both
+# are pure functions of the text; a store writes each text once per session anyway).
+_key_of = lru_cache(maxsize=1024)(text_key)
+_packed_kept = lru_cache(maxsize=512)(pack_text)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -546,7 +554,7 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     data = trace_to_dict(trace)
     crc = _crc(slot[key] for slot, key in _text_slots(data))
     given = trace.sources or TraceSources()
-    keyed = {f"#{text_key(t)}": t for t in given.texts if len(t) >= MIN_REF}
+    keyed = {f"#{_key_of(t)}": t for t in given.texts if len(t) >= MIN_REF}
     whole: dict[str, int | str] = {text: ref for ref, text in keyed.items()}
     whole.update({text: seq for seq, text in given.turns.items()})  # a turn rather than a kept copy
     used = _encode(data, _Matcher([*given.turns.items(), *keyed.items()], whole))
@@ -555,15 +563,15 @@ def pack_trace(trace: TurnTrace) -> PackedTrace:
     _restep(data)
     data["recalled"] = _pack_recalled(data["recalled"])
     data["layers"] = _columns(data["layers"])
-    texts = {ref[1:]: pack_text(keyed[ref]) for ref in sorted(r for r in used if isinstance(r, str))}
+    texts = {ref[1:]: _packed_kept(keyed[ref]) for ref in sorted(r for r in used if isinstance(r, str))}
     for name in _KEPT_FIELDS:
         value = data[name]
         parts = chunked(value, _json) if isinstance(value, list) else [value]
         kept = [_json(part) for part in parts]
         if sum(map(len, kept)) >= MIN_REF:
-            refs = [f"#{text_key(k)}" for k in kept]
+            refs = [f"#{_key_of(k)}" for k in kept]
             data[name] = refs if isinstance(value, list) else refs[0]
-            texts.update({ref[1:]: pack_text(k) for ref, k in zip(refs, kept, strict=True)})
+            texts.update({ref[1:]: _packed_kept(k) for ref, k in zip(refs, kept, strict=True)})
     body = pack_text(_json(data))
     return PackedTrace(turn=trace.turn, created_at=trace.created_at, body=body, texts=texts)
 

@@ -63,6 +63,11 @@ class TextAnalysis:
         return self._part("tagged", lambda _: tuple((w, f) for w, f in self.pos if w.strip()))
 
     @property
+    def tagged_words(self) -> frozenset[str]:
+        """The words of `tagged` longer than one character, as a set."""
+        return self._part("tagged_words", lambda _: frozenset(w for w, _ in self.tagged if len(w) > 1))
+
+    @property
     def words(self) -> tuple[str, ...]:
         """jieba words (default mode), whitespace-only words dropped."""
         return self._part("words", lambda t: tuple(w for w in tokens.words(t) if w.strip()))

@@ -79,11 +79,13 @@ def _script(char: str) -> str | None:
 
 def scripts_of(texts: Iterable[str]) -> frozenset[str]:
     """The scripts the letters of ``texts`` are written in, Latin always included."""
-    found = {"latin"}
+    chars: set[str] = set()
     for text in texts:
-        for char in text:
-            if (script := _script(char)) is not None:
-                found.add(script)
+        chars.update(text)  # each distinct character once (a context repeats most of them)
+    found = {"latin"}
+    for char in chars:
+        if (script := _script(char)) is not None:
+            found.add(script)
     return frozenset(found)
 
 
