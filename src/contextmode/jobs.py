@@ -20,7 +20,7 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -79,12 +79,24 @@ def report_step(name: str, *, ok: bool, error: str | None = None, rejected: bool
 
 
 class StepFailed(Exception):
-    """A job made of steps failed in ``step`` (the cause chained): the attempt failed, and if it
-    was the last one the failure is counted under the step's name."""
+    """Steps of a job made of steps failed (``failures``: each step's name and error, the first
+    chained): the attempt failed, and if it was the last one each failure is counted under its
+    step's name."""
 
-    def __init__(self, step: str, cause: BaseException) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.step = step
+    def __init__(self, failures: Sequence[tuple[str, BaseException]]) -> None:
+        self.failures = [(step, _describe(error)) for step, error in failures]
+        super().__init__("; ".join(f"{step}: {error}" for step, error in self.failures))
+        if failures:
+            self.__cause__ = failures[0][1]
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:500]
+
+
+def _failures(exc: Exception, name: str) -> list[tuple[str, str]]:
+    """``(job or step, error)`` for each failure a failed attempt stands for."""
+    return exc.failures if isinstance(exc, StepFailed) else [(name, _describe(exc))]
 
 
 class JobHooks(Protocol):
@@ -387,18 +399,18 @@ class JobRunner:
                 return None
             except Exception as exc:
                 counted = await self._count_steps(key, queue, steps) or counted
-                failed = exc.step if isinstance(exc, StepFailed) else name
-                error = (str(exc) if isinstance(exc, StepFailed) else f"{type(exc).__name__}: {exc}")[:500]
+                failures = _failures(exc, name)
                 if attempt < attempts:
-                    log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
-                                failed, *key, attempt, attempts, error)
+                    for failed, error in failures:
+                        log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
+                                    failed, *key, attempt, attempts, error)
                     await let_go(self.store)
                     await self._sleep(self._delay(attempt))
                     attempt += 1
                     continue
-                log.error("job %s for %s/%s gave up after %d attempts: %s",
-                          failed, *key, attempts, error)
-                await self._record(key, queue, failed, ok=False, error=f"after {attempts} attempts: {error}")
+                for failed, error in failures:
+                    log.error("job %s for %s/%s gave up after %d attempts: %s", failed, *key, attempts, error)
+                    await self._record(key, queue, failed, ok=False, error=f"after {attempts} attempts: {error}")
                 return None
             return await self._count_steps(key, queue, steps) or counted
         return None
@@ -484,7 +496,8 @@ class JobRunner:
             raise  # cut short or deferred for replies: not a failed attempt
         except Exception as exc:
             if self.hooks is not None:
-                self.hooks.job_failed(exc.step if isinstance(exc, StepFailed) else name)
+                for failed, _ in _failures(exc, name):
+                    self.hooks.job_failed(failed)
             raise
 
     async def _record(

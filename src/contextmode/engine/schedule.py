@@ -90,7 +90,7 @@ async def _unit_pass(parts: TurnParts, key: SessionKey) -> None:
     """One pass: each kind of work over what the backlog holds for it, each step's outcome
     counted under its own name (`report_step`). A step cut short for a reply stops the pass (the
     job tries again later); a step that fails lets the others run, then fails the attempt."""
-    failed: StepFailed | None = None
+    failed: list[tuple[str, BaseException]] = []
     for kind, step in _STEPS:
         try:
             ran = await step(parts, key)
@@ -99,14 +99,12 @@ async def _unit_pass(parts: TurnParts, key: SessionKey) -> None:
         except OutputRejected as exc:
             report_step(kind, ok=False, error=exc.reason[:500], rejected=True)
         except Exception as exc:
-            if failed is None:
-                failed = StepFailed(kind, exc)
-                failed.__cause__ = exc
+            failed.append((kind, exc))
         else:
             if ran:
                 report_step(kind, ok=True)
-    if failed is not None:
-        raise failed
+    if failed:
+        raise StepFailed(failed)
 
 
 async def _summary_step(parts: TurnParts, key: SessionKey) -> bool:
