@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from contextmode.api import build_engine
+from contextmode.errors import OutputRejected
 from contextmode.jobs import JobRunner
 from contextmode.models.calls import call_log
 from contextmode.processors.base import ConstraintUpdate
@@ -88,6 +89,31 @@ async def test_turns_faster_than_the_model_merge_into_the_sessions_one_unit() ->
     notes = [c.outcome for c in call_log().between(0.0) if c.step == "emotion" and c.session == "s"]
     assert "filled in offline: 3 older turn(s), the model fell behind" in notes
     assert engine.backlog.pending(SessionKey("t", "s")) == 0
+    await engine.close()
+
+
+class RejectedScorer:
+    """An emotion scorer standing for a model whose answers are unusable."""
+
+    async def score(self, text: str) -> float:
+        raise OutputRejected("no intensity in the answer")
+
+
+async def test_a_rejected_score_is_counted_and_the_turn_is_scored_offline() -> None:
+    engine = build_engine(store=MemoryStore(), model=FunctionModel(answer), counter=CharTokenCounter(),
+                          settings=settings())
+    engine.emotion = RejectedScorer()
+    await engine.turn("t", "s", "I am so angry!!!")
+    await engine.drain()
+    info = await engine.store.info("t", "s")
+    assert info is not None and (info.jobs["emotion"].ok, info.jobs["emotion"].rejected) == (0, 1)
+    assert info.jobs["emotion"].last_error == "no intensity in the answer"
+    state = await engine.store.load("t", "s", recent=20)
+    [said] = [t for t in state.turns if t.role == "user"]
+    assert said.emotion is not None and said.emotion > 0.5  # the offline scorer's, not the model's
+    notes = [c.outcome for c in call_log().between(0.0) if c.step == "emotion" and c.session == "s"]
+    assert "filled in offline: the model's score was rejected" in notes
+    assert engine.backlog.pending(SessionKey("t", "s")) == 0  # dropped, not retried
     await engine.close()
 
 

@@ -141,7 +141,12 @@ async def _score_backlog(parts: TurnParts, key: SessionKey) -> bool:
             if filled:
                 call_log().note("emotion", key.session_id,
                                 f"filled in offline: {len(older)} older turn(s), the model fell behind")
-        await _score_emotion(parts, key, newest.turn, newest.earlier)
+        try:
+            await _score_emotion(parts, key, newest.turn, newest.earlier)
+        except OutputRejected:  # nothing of the model's is stored; the turn still gets a score
+            await _score_emotion(parts, key, newest.turn, newest.earlier, scorer=_offline().emotion)
+            call_log().note("emotion", key.session_id, "filled in offline: the model's score was rejected")
+            raise
     except BaseException as exc:
         if not isinstance(exc, OutputRejected):  # rejected: nothing stored, no retry
             backlog.put_back(key, "emotion", dues)
