@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard, runtime_checkable
 
 from ._protocols import implements
-from .errors import ConfigError, LockNotAcquired, ModelPreempted, OutputRejected
+from .errors import ConfigError, LockNotAcquired, ModelDeferred, ModelPreempted, OutputRejected
 from .models.priority import waits_excluded
 from .store.base import (
     JobOutcome,
@@ -199,7 +199,8 @@ class _SessionQueue:
 
 
 _MAX_PREEMPTED = 20
-"""Times one job is cut short for replies (`ModelPreempted`) before it is left for the next turn."""
+"""Times one job is cut short for replies (`ModelPreempted`) before it is left for the next turn
+(a `ModelDeferred` wait given up is not counted: the job waits for as long as replies hold the slot)."""
 
 _MAX_UNCOUNTED = 8
 """Outcomes a busy session's burst keeps before counting them (at the latest when it ends)."""
@@ -379,7 +380,7 @@ class JobRunner:
                 # A reply took the model's slot, or held it so long the call gave up waiting
                 # (`ModelDeferred`): not a failure. The attempt is made again once the gate lets
                 # background calls in (it waits there), up to `_MAX_PREEMPTED` times.
-                cut += 1
+                cut += not isinstance(exc, ModelDeferred)  # a wait given up is tried again, uncounted
                 if cut <= _MAX_PREEMPTED:
                     log.info("job %s for %s/%s deferred for replies (%s); trying again", name, *key,
                              type(exc).__name__)
