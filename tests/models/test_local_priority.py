@@ -48,13 +48,6 @@ async def first_token_s(model: OpenAIChatModel) -> float:
     raise AssertionError("the reply sent no token")
 
 
-@pytest.mark.xfail(
-    reason="on a loaded machine the sub-second first tokens compared here are within its noise: at "
-    "load average 10 on 2 cores, 4 of 6 runs passed (idle 0.14-0.40 s, behind a cut call 0.22-0.72 s "
-    "medians); the cut itself works (the server stops within a token: benchmarks/real_model_cut.py, "
-    "29.7 s -> 0.35 s for a client that never probed the server)",
-    strict=False,
-)
 @pytest.mark.parametrize("slots", [None, 1], ids=["probed", "slots-configured"])
 async def test_a_reply_while_a_background_call_runs_gets_its_first_token_within_twice_an_idle_one(
     base_url: str, slots: int | None,
