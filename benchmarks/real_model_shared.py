@@ -2,8 +2,11 @@
 off and on.
 
 Run: ``python benchmarks/real_model_shared.py`` (needs the ``local-model`` extra; ``--turns 4``
-for a quicker look, ``--rounds 2`` to alternate the two runs twice on a loaded machine). The
-last line printed is a JSON object.
+for a quicker look, ``--rounds 2`` to alternate the two runs twice on a loaded machine;
+``--table`` for a short plan instead: an English session of 5 turns, then a Chinese one of 3,
+reply time per turn and pending work at each turn's start). The last line printed is a JSON
+object; it holds the load averages (1, 5, 15 min) at start and end: on a shared machine the
+figures move with them.
 
 One llama-cpp-python server (SmolLM2-135M-Instruct, ``--n_ctx 4096``, one request at a time)
 answers the replies and the processors' calls. The engine is ``build_engine()`` with the
@@ -19,8 +22,10 @@ Printed: reply latency (``Engine.stream`` from the call to ``done``) p50/p95 and
 token per run; turn by turn the two runs side by side (a turn's *twin* is the same turn of the
 ``offline`` run) with the background work pending when it started; the total reply time ratio
 (goal ≤ 1.5), the worst turn/twin ratio (goal ≤ 3); the background work pending per session
-sampled every 0.25 s (``pending``: jobs waiting or running, as `JobQueue.pending` lists them;
-goal ≤ 1 unit of work per session at any moment); the time to drain after the last turn
+at each turn's start and sampled every 0.25 s (``pending``: units of work, the session's jobs
+running or waiting in the job runner, `JobRunner.units`: one job is one unit whatever turns and
+kinds of work it covers; a finished job whose outcome is being written is not counted; goal ≤ 1
+unit per session at any moment); the time to drain after the last turn
 (goal ≤ 30 s); each run's model calls by step (reply or background: count, time, wait for a
 slot, outcomes) from the event loop's call log (`models.calls`, what the turns' traces show), and
 the background jobs' outcomes with their last errors.
@@ -73,14 +78,36 @@ def _p(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+Plan = list[tuple[str, int, str]]
+"""``(session, turn number, message)`` in the order sent."""
+
+
+def interleaved(turns: int) -> Plan:
+    """The three sessions interleaved: turn 1 of each, then turn 2 of each…"""
+    return [(session, i + 1, messages[i]) for i in range(turns) for session, messages in SESSIONS.items()]
+
+
+def issue_table() -> Plan:
+    """An English session of 5 turns, then a Chinese one of 3."""
+    return ([("en", i + 1, m) for i, m in enumerate(CONVERSATIONS["en"][:5])]
+            + [("zh-b", i + 1, m) for i, m in enumerate(SECOND_CHINESE[:3])])
+
+
 def _pending_units(engine: Any, session: str) -> int:
-    return len(engine.jobs.pending("local", session))
+    """Units of background work the session has not done yet: its jobs running or waiting in the
+    engine's job runner (`JobRunner.units`; one job, whatever it covers, is one unit). A finished
+    job whose outcome is still being written is not counted (`JobRunner.pending` lists it too)."""
+    units = getattr(engine.jobs, "units", None)
+    if units is not None:
+        return int(units("local", session))
+    return len(engine.jobs.pending("local", session))  # a runner without `units`: jobs it lists
 
 
-async def _sample(engine: Any, samples: list[tuple[float, dict[str, int]]], started: float) -> None:
+async def _sample(engine: Any, sessions: Sequence[str], samples: list[tuple[float, dict[str, int]]],
+                  started: float) -> None:
     while True:
         samples.append((round(time.perf_counter() - started, 2),
-                        {s: _pending_units(engine, s) for s in SESSIONS}))
+                        {s: _pending_units(engine, s) for s in sessions}))
         await asyncio.sleep(0.25)
 
 
@@ -105,7 +132,7 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
             "partial": partial, "outcome": outcome if answer.strip() or outcome != "answered" else "empty"}
 
 
-async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]:
+async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]:
     os.environ.update({"CONTEXTMODE_PROCESSORS": processors, "CONTEXTMODE_LLM_BASE_URL": base_url,
                        "CONTEXTMODE_LLM_MODEL": LOCAL_MODEL_ALIAS})
     from contextmode.api import build_engine
@@ -117,18 +144,18 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
     started = time.perf_counter()
     since = time.monotonic()
     samples: list[tuple[float, dict[str, int]]] = []
-    sampler = asyncio.get_running_loop().create_task(_sample(engine, samples, started))
+    sessions = list(dict.fromkeys(session for session, _, _ in plan))
+    sampler = asyncio.get_running_loop().create_task(_sample(engine, sessions, samples, started))
     rows: list[dict[str, Any]] = []
-    for i in range(turns):
-        for session, messages in SESSIONS.items():
-            pending = {s: _pending_units(engine, s) for s in SESSIONS}
-            row = await _one_turn(engine, session, messages[i])
-            row.update(session=session, turn=i + 1, pending_at_start=pending[session],
-                       pending_all_at_start=sum(pending.values()), at_s=round(time.perf_counter() - started, 1))
-            rows.append(row)
-            print(f"[{processors} {session} {i + 1}] {row['seconds']:.1f} s (ttft {row['ttft_s'] or 0:.1f} s) "
-                  f"{row['outcome']}, {row['chars']} chars, pending here {row['pending_at_start']} "
-                  f"/ all {row['pending_all_at_start']}, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    for session, turn, message in plan:
+        pending = {s: _pending_units(engine, s) for s in sessions}
+        row = await _one_turn(engine, session, message)
+        row.update(session=session, turn=turn, pending_at_start=pending[session],
+                   pending_all_at_start=sum(pending.values()), at_s=round(time.perf_counter() - started, 1))
+        rows.append(row)
+        print(f"[{processors} {session} {turn}] {row['seconds']:.1f} s (ttft {row['ttft_s'] or 0:.1f} s) "
+              f"{row['outcome']}, {row['chars']} chars, pending here {row['pending_at_start']} "
+              f"/ all {row['pending_all_at_start']}, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
     last_turn = time.perf_counter()
     await engine.drain()
     drain_s = time.perf_counter() - last_turn
@@ -140,7 +167,7 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
     calls = [{"step": c.step, "priority": c.priority, "wait_s": c.wait_ms / 1000, "seconds": c.duration_ms / 1000,
               "tokens_out": c.completion_tokens, "outcome": c.outcome.split(":")[0]}
              for c in call_log().between(since)]  # every call of the run (a trace shows a turn's)
-    for session in SESSIONS:
+    for session in sessions:
         info = await engine.store.info("local", session)
         for name, stats in (info.jobs.items() if info is not None else ()):
             for outcome in ("ok", "rejected", "failed"):
@@ -148,7 +175,8 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
             if stats.last_error:
                 errors[f"{session} {name}"] = stats.last_error[:160]
     await engine.close()
-    peak = {s: max((p[s] for _, p in samples), default=0) for s in SESSIONS}
+    peak = {s: max([p[s] for _, p in samples] + [r["pending_at_start"] for r in rows if r["session"] == s])
+            for s in sessions}
     seconds = [r["seconds"] for r in rows]
     ttfts = [r["ttft_s"] for r in rows if r["ttft_s"] is not None]
     by_step: dict[str, dict[str, Any]] = defaultdict(lambda: {"calls": 0, "seconds": 0.0, "wait_s": 0.0,
@@ -205,14 +233,18 @@ def compare(offline: dict[str, Any], llm: dict[str, Any]) -> dict[str, Any]:
 
 def _print(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     offline, llm = runs[-2], runs[-1]
-    print(f"{'turn':<9} {'llm s':>7} {'ttft':>5} {'offline s':>9} {'ttft':>5} {'ratio':>6} {'pending':>7}")
+    print(f"{'turn':<9} {'llm s':>7} {'ttft':>5} {'offline s':>9} {'ttft':>5} {'ratio':>6} "
+          f"{'pending llm':>11} {'offline':>7}")
     twins = {(r["session"], r["turn"]): r for r in offline["rows"]}
     for r in llm["rows"]:
         twin = twins.get((r["session"], r["turn"]))
         ratio = r["seconds"] / twin["seconds"] if twin and twin["seconds"] else float("nan")
         print(f"{r['session'] + ' ' + str(r['turn']):<9} {r['seconds']:>7.1f} {r['ttft_s'] or 0:>5.1f} "
               f"{twin['seconds'] if twin else 0:>9.1f} {(twin or {}).get('ttft_s') or 0:>5.1f} {ratio:>6.2f} "
-              f"{r['pending_at_start']:>7}")
+              f"{r['pending_at_start']:>11} {(twin or {}).get('pending_at_start', 0):>7}")
+    print("pending units per session over time (llm run; where a count changed):")
+    for t, counts in llm["pending_timeline"][:60]:
+        print(f"  {t:>7.2f} s  " + "  ".join(f"{k} {v}" for k, v in counts.items()))
     for run in runs:
         print(f"{run['processors']:<8} total {run['total_s']} s, p50 {run['p50_s']} s, p95 {run['p95_s']} s, "
               f"ttft p50 {run['ttft_p50_s']} s p95 {run['ttft_p95_s']} s, drain {run['drain_s']} s, "
@@ -227,25 +259,40 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10, help="turns per session (max 10)")
     parser.add_argument("--rounds", type=int, default=1, help="offline/llm runs, alternated")
     parser.add_argument("--label", default="", help="a name for this run in the JSON (before/after)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="llama server threads, generation and prompts (default: the server's)")
+    parser.add_argument("--reply-max-tokens", type=int, default=None,
+                        help="eval only: CONTEXTMODE_LLM_REPLY_MAX_TOKENS for both runs (default: the shipped 1024)")
+    parser.add_argument("--table", action="store_true",
+                        help="instead: an English session of 5 turns, then a Chinese one of 3")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the llama server on the way out
     os.environ.setdefault("CONTEXTMODE_HOME", tempfile.mkdtemp(prefix="contextmode-bench-"))
     turns = max(1, min(args.turns, 10))
     runs: list[dict[str, Any]] = []
     summaries = []
-    load_before = os.getloadavg()[0]
-    with llama_server(Path(tempfile.mkdtemp(prefix="contextmode-real-model-"))) as base_url:
+    if args.reply_max_tokens:
+        os.environ["CONTEXTMODE_LLM_REPLY_MAX_TOKENS"] = str(args.reply_max_tokens)
+    plan = issue_table() if args.table else interleaved(turns)
+    load_before = os.getloadavg()
+    with llama_server(Path(tempfile.mkdtemp(prefix="contextmode-real-model-")), threads=args.threads) as base_url:
         for _ in range(max(1, args.rounds)):
             for processors in ("offline", "llm"):
-                runs.append(asyncio.run(run_mode(base_url, processors, turns)))
+                runs.append(asyncio.run(run_mode(base_url, processors, plan)))
             summaries.append(compare(runs[-2], runs[-1]))
     summary = summaries[-1]
     _print(runs, summary)
     result = {
         "label": args.label,
         "model": "SmolLM2-135M-Instruct Q4_1, llama-cpp-python server (one slot), n_ctx 4096",
-        "sessions": list(SESSIONS), "turns_per_session": turns, "rounds": len(summaries),
-        "load_1min_at_start": round(load_before, 1), "load_1min_at_end": round(os.getloadavg()[0], 1),
+        "server_threads": args.threads,
+        "reply_max_tokens": args.reply_max_tokens or "shipped default",
+        "plan": "issue table (en 5 turns, then zh 3)" if args.table else "interleaved",
+        "sessions": list(dict.fromkeys(s for s, _, _ in plan)), "turns_per_session": None if args.table else turns,
+        "rounds": len(summaries),
+        "pending_counts": "units: the session's jobs running or waiting in the job runner (JobRunner.units)",
+        "load_at_start": [round(x, 2) for x in load_before],
+        "load_at_end": [round(x, 2) for x in os.getloadavg()],
         "summary": summary,
         "rounds_summary": summaries,
         "runs": [{k: v for k, v in run.items() if k not in ("rows", "pending_timeline")} for run in runs],

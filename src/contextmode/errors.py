@@ -21,6 +21,7 @@ ContextModeError
 │   ├── ModelTimeout
 │   ├── ModelUnavailable
 │   │   ├── ModelPreempted     a background call cut short so a reply could have its slot
+│   │   │   └── ModelDeferred  …or that waited too long for one: tried again later, not a failure
 │   │   └── ModelRateLimited   the endpoint answered 429 (with its retry-after, when it gave one)
 │   │       └── ModelOverloaded    …or 529 (Anthropic's "overloaded")
 │   ├── ModelRefused           the endpoint refused a request the client composed (its 4xx, relayed)
@@ -48,6 +49,7 @@ __all__ = [
     "LockNotAcquired",
     "MessageTooLarge",
     "MissingExtra",
+    "ModelDeferred",
     "ModelError",
     "ModelOverloaded",
     "ModelPreempted",
@@ -160,6 +162,11 @@ class ModelUnavailable(ModelError):
 class ModelPreempted(ModelUnavailable):
     """A background call was cut short so a reply could have its slot (`models.priority`): the
     job tries again later; nothing from the cut call is used."""
+
+
+class ModelDeferred(ModelPreempted):
+    """A background call waited longer than its limit for a free slot (replies held them all):
+    a deferral, not a failure; the job lets go and tries again later."""
 
 
 class ModelRateLimited(ModelUnavailable):

@@ -20,13 +20,15 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol, TypeGuard, runtime_checkable
 
 from ._protocols import implements
-from .errors import ConfigError, LockNotAcquired, ModelPreempted, OutputRejected
+from .errors import ConfigError, LockNotAcquired, ModelDeferred, ModelPreempted, OutputRejected
+from .models.priority import waits_excluded
 from .store.base import (
     JobOutcome,
     LockHandle,
@@ -38,12 +40,63 @@ from .store.base import (
 )
 from .types import utc_now
 
-__all__ = ["HookedJobQueue", "JobFactory", "JobHooks", "JobQueue", "JobRunner", "JobSettings", "takes_hooks"]
+__all__ = [
+    "HookedJobQueue",
+    "JobFactory",
+    "JobHooks",
+    "JobQueue",
+    "JobRunner",
+    "JobSettings",
+    "StepFailed",
+    "report_step",
+    "takes_hooks",
+]
 
 log = logging.getLogger("contextmode.jobs")
 
 JobFactory = Callable[[], Awaitable[object]]
 """Makes the coroutine of one attempt; called again for every retry."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Step:
+    name: str
+    ok: bool
+    error: str | None = None
+    rejected: bool = False
+
+
+_STEPS: ContextVar[list[_Step] | None] = ContextVar("contextmode_job_steps", default=None)
+
+
+def report_step(name: str, *, ok: bool, error: str | None = None, rejected: bool = False) -> None:
+    """Inside a job made of steps (a session's unit of background work: emotion, constraints,
+    summary), count one step's outcome under the step's own name; the job's own outcome is then
+    not counted. Outside a job it does nothing."""
+    steps = _STEPS.get()
+    if steps is not None:
+        steps.append(_Step(name=name, ok=ok, error=error, rejected=rejected))
+
+
+class StepFailed(Exception):
+    """Steps of a job made of steps failed (``failures``: each step's name and error, the first
+    chained): the attempt failed, and if it was the last one each failure is counted under its
+    step's name."""
+
+    def __init__(self, failures: Sequence[tuple[str, BaseException]]) -> None:
+        self.failures = [(step, _describe(error)) for step, error in failures]
+        super().__init__("; ".join(f"{step}: {error}" for step, error in self.failures))
+        if failures:
+            self.__cause__ = failures[0][1]
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:500]
+
+
+def _failures(exc: Exception, name: str) -> list[tuple[str, str]]:
+    """``(job or step, error)`` for each failure a failed attempt stands for."""
+    return exc.failures if isinstance(exc, StepFailed) else [(name, _describe(exc))]
 
 
 class JobHooks(Protocol):
@@ -146,7 +199,8 @@ class _SessionQueue:
 
 
 _MAX_PREEMPTED = 20
-"""Times one job is cut short for replies (`ModelPreempted`) before it is left for the next turn."""
+"""Times one job is cut short for replies (`ModelPreempted`) before it is left for the next turn
+(a `ModelDeferred` wait given up is not counted: the job waits for as long as replies hold the slot)."""
 
 _MAX_UNCOUNTED = 8
 """Outcomes a busy session's burst keeps before counting them (at the latest when it ends)."""
@@ -223,6 +277,14 @@ class JobRunner:
         uncounted = [o.job for o in (*queue.counting, *queue.outcomes) if o.job != queue.running]
         return running + list(dict.fromkeys(uncounted)) + [name for name, _ in queue.waiting]
 
+    def units(self, tenant: str, session_id: str) -> int:
+        """Jobs of the session running or waiting: work not done yet (`pending` also lists
+        finished jobs whose outcome is being counted)."""
+        queue = self._queues.get((tenant, session_id))
+        if queue is None:
+            return 0
+        return (queue.running is not None) + len(queue.waiting)
+
     def sessions(self) -> list[tuple[str, str]]:
         """``(tenant, session_id)`` of every session with a running or waiting job."""
         return list(self._queues)
@@ -293,45 +355,73 @@ class JobRunner:
         return delay * random.uniform(1 - s.jitter, 1 + s.jitter)
 
     async def _run(self, key: tuple[str, str], name: str, factory: JobFactory, queue: _SessionQueue) -> None:
+        steps: list[_Step] = []
+        token = _STEPS.set(steps)
+        try:
+            counted = await self._run_steps(key, name, factory, queue, steps)
+        finally:
+            _STEPS.reset(token)
+        if counted is not None and not counted:
+            await self._record(key, queue, name, ok=True)
+
+    async def _run_steps(
+        self, key: tuple[str, str], name: str, factory: JobFactory, queue: _SessionQueue, steps: list[_Step]
+    ) -> bool | None:
+        """The job's attempts; each step it reports (`report_step`) is counted after its
+        attempt. Returns whether any step was (the job's own success is counted otherwise), or
+        ``None`` when the job's end was counted already."""
         attempts = self.settings.attempts
-        attempt, cut = 1, 0
+        attempt, cut, counted = 1, 0, False
         while attempt <= attempts:
             try:
                 await self._attempt(key, name, factory, queue)
-            except ModelPreempted:
-                # A reply took the model's slot: not a failure. The attempt is made again once
-                # the gate lets background calls in (it waits there), up to `_MAX_PREEMPTED` times.
-                cut += 1
+            except ModelPreempted as exc:
+                counted = await self._count_steps(key, queue, steps) or counted
+                # A reply took the model's slot, or held it so long the call gave up waiting
+                # (`ModelDeferred`): not a failure. The attempt is made again once the gate lets
+                # background calls in (it waits there), up to `_MAX_PREEMPTED` times.
+                cut += not isinstance(exc, ModelDeferred)  # a wait given up is tried again, uncounted
                 if cut <= _MAX_PREEMPTED:
-                    log.info("job %s for %s/%s cut short for a reply; trying again", name, *key)
+                    log.info("job %s for %s/%s deferred for replies (%s); trying again", name, *key,
+                             type(exc).__name__)
                     await let_go(self.store)
                     await self._sleep(self._delay(1))
                     continue
                 await self._record(key, queue, name, ok=False,
                                    error=f"cut short for replies {cut} times; left for the next turn")
-                return
+                return None
             except _LockBusy:
                 log.info("job %s for %s/%s skipped: another worker holds the session", name, *key)
-                return
+                return None
             except OutputRejected as exc:  # the model answered unusably; nothing was stored, no retry
                 log.warning("job %s for %s/%s rejected the model's output: %s", name, *key, exc.reason)
+                await self._count_steps(key, queue, steps)
                 await self._record(key, queue, name, ok=False, error=exc.reason[:500], rejected=True)
-                return
+                return None
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"[:500]
+                counted = await self._count_steps(key, queue, steps) or counted
+                failures = _failures(exc, name)
                 if attempt < attempts:
-                    log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
-                                name, *key, attempt, attempts, error)
+                    for failed, error in failures:
+                        log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
+                                    failed, *key, attempt, attempts, error)
                     await let_go(self.store)
                     await self._sleep(self._delay(attempt))
                     attempt += 1
                     continue
-                log.error("job %s for %s/%s gave up after %d attempts: %s",
-                          name, *key, attempts, error)
-                await self._record(key, queue, name, ok=False, error=f"after {attempts} attempts: {error}")
-                return
-            await self._record(key, queue, name, ok=True)
-            return
+                for failed, error in failures:
+                    log.error("job %s for %s/%s gave up after %d attempts: %s", failed, *key, attempts, error)
+                    await self._record(key, queue, failed, ok=False, error=f"after {attempts} attempts: {error}")
+                return None
+            return await self._count_steps(key, queue, steps) or counted
+        return None
+
+    async def _count_steps(self, key: tuple[str, str], queue: _SessionQueue, steps: list[_Step]) -> bool:
+        """Count the steps an attempt reported (`report_step`); True when there were any."""
+        reported, steps[:] = list(steps), []
+        for step in reported:
+            await self._record(key, queue, step.name, ok=step.ok, error=step.error, rejected=step.rejected)
+        return bool(reported)
 
     async def _attempt(self, key: tuple[str, str], name: str, factory: JobFactory, queue: _SessionQueue) -> None:
         """One attempt under the session lock. The lock stays held for the next waiting job while
@@ -390,7 +480,8 @@ class JobRunner:
             limit = asyncio.timeout(self.settings.timeout_s)
             try:
                 async with limit:
-                    await self._counted(name, factory)
+                    with waits_excluded(limit):  # a model call's wait for a slot is not the job's time
+                        await self._counted(name, factory)
             except TimeoutError:
                 if not limit.expired():
                     raise  # the job's own, not the attempt's limit
@@ -402,9 +493,12 @@ class JobRunner:
         """One attempt; an exception it raises is a failed attempt for the hooks."""
         try:
             await factory()
-        except Exception:
+        except ModelPreempted:
+            raise  # cut short or deferred for replies: not a failed attempt
+        except Exception as exc:
             if self.hooks is not None:
-                self.hooks.job_failed(name)
+                for failed, _ in _failures(exc, name):
+                    self.hooks.job_failed(failed)
             raise
 
     async def _record(

@@ -1,6 +1,6 @@
 """Background work that never piles up, and replies bounded by what they say.
 
-- Turns sent faster than the model scores them merge into the session's one waiting job: the
+- Turns sent faster than the model scores them merge into the session's one unit of work: the
   model is asked about the newest turn, older ones are filled in by the offline processors
   (noted in the call log), and every turn is covered.
 - A constraint job covering several turns asks once, and each pin names the turn it quotes.
@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from contextmode.api import build_engine
+from contextmode.errors import OutputRejected
+from contextmode.jobs import JobRunner
 from contextmode.models.calls import call_log
 from contextmode.processors.base import ConstraintUpdate
 from contextmode.settings import EngineSettings
@@ -63,19 +65,19 @@ def settings() -> EngineSettings:
     return EngineSettings(strategy="default", summary_threshold=1000)
 
 
-async def test_turns_faster_than_the_model_merge_into_one_waiting_job() -> None:
+async def test_turns_faster_than_the_model_merge_into_the_sessions_one_unit() -> None:
     engine = build_engine(store=MemoryStore(), model=FunctionModel(answer), counter=CharTokenCounter(),
                           settings=settings())
     scorer = SlowScorer()
     engine.emotion = scorer
     messages = ["first", "I am so angry!!!", "third", "fourth", "fifth"]
     await engine.turn("t", "s", messages[0])
-    await until(lambda: engine.jobs.pending("t", "s")[:1] == ["emotion"])  # the model is busy on turn 1
+    await until(lambda: engine.backlog.covering(SessionKey("t", "s")))  # the unit is scoring turn 1
     for message in messages[1:]:
         await engine.turn("t", "s", message)
-        pending = engine.jobs.pending("t", "s")
-        assert pending.count("emotion") <= 2 and pending.count("constraints") <= 1, pending  # running + one waiting
-    # Constraints: the five turns (its one job waits behind the emotion job); emotion: four.
+        assert engine.jobs.pending("t", "s") == ["memory"]  # the running unit, nothing queued behind it
+        assert isinstance(engine.jobs, JobRunner) and engine.jobs.units("t", "s") == 1
+    # Constraints: the five turns (the unit's next step); emotion: the four since turn 1.
     assert engine.backlog.pending(SessionKey("t", "s")) == 5
     scorer.go.set()
     await engine.drain()
@@ -87,6 +89,31 @@ async def test_turns_faster_than_the_model_merge_into_one_waiting_job() -> None:
     notes = [c.outcome for c in call_log().between(0.0) if c.step == "emotion" and c.session == "s"]
     assert "filled in offline: 3 older turn(s), the model fell behind" in notes
     assert engine.backlog.pending(SessionKey("t", "s")) == 0
+    await engine.close()
+
+
+class RejectedScorer:
+    """An emotion scorer standing for a model whose answers are unusable."""
+
+    async def score(self, text: str) -> float:
+        raise OutputRejected("no intensity in the answer")
+
+
+async def test_a_rejected_score_is_counted_and_the_turn_is_scored_offline() -> None:
+    engine = build_engine(store=MemoryStore(), model=FunctionModel(answer), counter=CharTokenCounter(),
+                          settings=settings())
+    engine.emotion = RejectedScorer()
+    await engine.turn("t", "s", "I am so angry!!!")
+    await engine.drain()
+    info = await engine.store.info("t", "s")
+    assert info is not None and (info.jobs["emotion"].ok, info.jobs["emotion"].rejected) == (0, 1)
+    assert info.jobs["emotion"].last_error == "no intensity in the answer"
+    state = await engine.store.load("t", "s", recent=20)
+    [said] = [t for t in state.turns if t.role == "user"]
+    assert said.emotion is not None and said.emotion > 0.5  # the offline scorer's, not the model's
+    notes = [c.outcome for c in call_log().between(0.0) if c.step == "emotion" and c.session == "s"]
+    assert "filled in offline: the model's score was rejected" in notes
+    assert engine.backlog.pending(SessionKey("t", "s")) == 0  # dropped, not retried
     await engine.close()
 
 

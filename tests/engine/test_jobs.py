@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contextmode.errors import ConfigError, OutputRejected
-from contextmode.jobs import JobFactory, JobRunner, JobSettings
+from contextmode.jobs import JobFactory, JobRunner, JobSettings, StepFailed, report_step
 from contextmode.store import MemoryStore
 from contextmode.store.base import JobOutcome, LockHandle
 from contextmode.store.sqlite import SQLiteStore
@@ -54,6 +54,35 @@ async def test_summariser_failing_three_times_leaves_the_log_untouched(
     assert stats.last_error is not None and "model timed out" in stats.last_error
     assert info.summary_version == 0 and info.last_seq == 12
     assert runner.pending("t", "s") == []
+
+
+async def test_a_job_made_of_steps_counts_each_step_under_its_name() -> None:
+    store = MemoryStore()
+    await store.append("t", "s", new_turns(1))
+    attempts = 0
+
+    async def unit() -> None:
+        nonlocal attempts
+        attempts += 1
+        failures: list[tuple[str, BaseException]] = []
+        if attempts == 1:
+            report_step("emotion", ok=True)
+        report_step("summary", ok=False, error="echoes the prompt", rejected=True)
+        failures.append(("constraints", RuntimeError("extractor down")))
+        raise StepFailed(failures)
+
+    runner = JobRunner(store, JobSettings(attempts=2, base_delay_s=0.0, jitter=0.0))
+    runner.schedule("t", "s", "memory", unit)
+    assert runner.units("t", "s") == 1 and runner.units("t", "other") == 0
+    await runner.drain()
+    info = await store.info("t", "s")
+    assert info is not None
+    stats = {name: (j.ok, j.failed, j.rejected) for name, j in info.jobs.items()}
+    # the unit itself is not counted; each step is, the failed one once, after the last attempt
+    assert stats == {"emotion": (1, 0, 0), "summary": (0, 0, 2), "constraints": (0, 1, 0)}
+    error = info.jobs["constraints"].last_error
+    assert error == "after 2 attempts: RuntimeError: extractor down"
+    assert runner.units("t", "s") == 0
 
 
 async def test_retry_then_success_is_recorded_once() -> None:

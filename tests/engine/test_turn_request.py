@@ -63,7 +63,7 @@ async def test_the_user_turn_is_stored_before_prepared_and_a_stream_closed_there
     await stream.aclose()  # type: ignore[attr-defined]
     assert model.calls == []
     assert [t.role for t in await engine.store.turns("t", "s")] == ["user"]
-    assert engine.jobs.pending("t", "s")[:2] == ["emotion", "constraints"]
+    assert engine.jobs.pending("t", "s") == ["memory"]  # the session's one unit: emotion, constraints
     await engine.close()
 
 

@@ -256,14 +256,14 @@ async def test_background_jobs_retry_with_backoff_then_give_up_visibly(stub: Stu
     }
     stub.reset()
 
-    # every attempt of every job of the next turn hits the fault (3 jobs x 3 attempts)
+    # every attempt of the next turn's unit hits the fault (3 steps x 3 attempts)
     JOB_FAULTS[fault](stub)
     result = await engine.turn(TENANT, SID, "and coffee too, lots of it")
     assert result.answer == "fine" and not result.partial  # the reply never waits for the jobs
     assert set(result.jobs) == {"emotion", "constraints", "summary"}
     await engine.drain()
 
-    assert len(stub.chat_requests) == 9, "three attempts for each of the three jobs"
+    assert len(stub.chat_requests) == 9, "three attempts of the unit, each asking for the three steps"
     info = await engine.store.info(TENANT, SID)
     assert info is not None
     for name in ("emotion", "constraints", "summary"):
@@ -271,8 +271,8 @@ async def test_background_jobs_retry_with_backoff_then_give_up_visibly(stub: Stu
         assert (job.ok, job.failed) == (1, 1), (name, job)
         assert job.last_error and job.last_error.startswith("after 3 attempts:"), job.last_error
         assert STUB_KEY not in job.last_error
-    # exponential backoff between attempts: 0.5 s then 1 s, for each job
-    assert sleeps.delays == [0.5, 1.0] * 3
+    # exponential backoff between the attempts of the session's one unit: 0.5 s then 1 s
+    assert sleeps.delays == [0.5, 1.0]
 
     after = await snapshot(engine.store)
     assert after["summary"] == before["summary"] and after["constraints"] == before["constraints"]
@@ -286,15 +286,15 @@ async def test_background_jobs_retry_with_backoff_then_give_up_visibly(stub: Stu
 async def test_a_job_that_fails_once_succeeds_on_retry(stub: StubServer) -> None:
     sleeps = Sleeps()
     engine = jobs_engine(stub, sleeps)
-    stub.fail_next(503)  # the emotion job's first attempt
-    stub.malformed_next()  # its second
+    stub.fail_next(503)  # the unit's first attempt: its emotion step
+    stub.malformed_next()  # ...and its constraints step
     await engine.turn(TENANT, SID, "I like tea")
     await engine.drain()
     info = await engine.store.info(TENANT, SID)
     assert info is not None
     assert (info.jobs["emotion"].ok, info.jobs["emotion"].failed) == (1, 0)
-    assert info.jobs["constraints"].ok == 1
-    assert sleeps.delays == [0.5, 1.0]
+    assert (info.jobs["constraints"].ok, info.jobs["constraints"].failed) == (1, 0)
+    assert sleeps.delays == [0.5]  # one retry of the unit covers both steps
     assert (await snapshot(engine.store))["constraints"] == [("drink", "tea")]
     await engine.close()
 

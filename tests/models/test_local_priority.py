@@ -1,9 +1,10 @@
 """Replies first on a real shared local model: SmolLM2-135M-Instruct behind llama-cpp-python's
 server (one request at a time). A reply started while a background call is generating gets its
 first token within 2× of a reply on an idle server (a generous bound for CI's noise:
-``benchmarks/real_model_shared.py`` holds the real figures), because the background call is cut
-short for it and tried again later. Needs the ``local-model`` extra; under a truthy ``CI`` a
-missing extra fails.
+``benchmarks/real_model_shared.py`` holds the real figures), because the background call, a
+stream, is cut short for it (the server stops generating within a token of the connection
+closing) and tried again later. Needs the ``local-model`` extra; under a truthy ``CI`` a missing
+extra fails.
 """
 
 from __future__ import annotations
@@ -48,22 +49,32 @@ async def first_token_s(model: OpenAIChatModel) -> float:
 
 
 @pytest.mark.xfail(
-    reason="llama-cpp-python's server goes on generating a stream whose client has gone, until its "
-    "max_tokens or end (measured: 8-30 s after the cut, with httpx and aiohttp clients alike): the cut "
-    "frees the client's gate, not the server; see docs/models.md",
+    reason="flips on a shared machine: the cut works (behind a cut call 0.08-0.16 s, idle 0.10-0.14 s "
+    "at load 2-4; benchmarks/real_model_cut.py: 29.7 s -> 0.35 s for a client that never probed the "
+    "server), but the idle first token is bimodal (0.06 s when the server's prompt cache still holds "
+    "the question), so 2x of it fails now and then: 2 of 14 at load 2-4, 2 of 6 at load 10",
     strict=False,
 )
+@pytest.mark.parametrize("slots", [None, 1], ids=["probed", "slots-configured"])
 async def test_a_reply_while_a_background_call_runs_gets_its_first_token_within_twice_an_idle_one(
-    base_url: str,
+    base_url: str, slots: int | None,
 ) -> None:
+    # slots-configured: CONTEXTMODE_LLM_SLOTS set, so the server is never probed and its kind is
+    # unknown; a background call is a stream all the same (a whole answer would not be cut).
     model = OpenAIChatModel(model=LOCAL_MODEL_ALIAS, base_url=base_url,
-                            options=OpenAIOptions(temperature=0.0, deadline=300.0))
+                            options=OpenAIOptions(temperature=0.0, deadline=300.0, slots=slots))
     gate = await model.slot_gate()
     assert gate is not None and gate.slots == 1  # llama-cpp-python: one request at a time
     await first_token_s(model)  # warm the server (the model's first request loads it)
-    idle = statistics.median([await first_token_s(model) for _ in range(2)])
+    # Idle: right after a background call that ended by itself, so the server's prompt cache
+    # holds the same as after a cut one (the reply's prompt is evaluated again either way).
+    idle_after: list[float] = []
+    for _ in range(3):
+        await in_background(model.complete(LONG_JOB, max_tokens=16))
+        idle_after.append(await first_token_s(model))
+    idle = statistics.median(idle_after)
     busy: list[float] = []
-    for _ in range(2):
+    for _ in range(3):
         job = asyncio.create_task(in_background(model.complete(LONG_JOB, max_tokens=512)))
         for _ in range(3000):  # until the background call holds the server's one slot
             if gate.state().running == 1:
@@ -75,5 +86,5 @@ async def test_a_reply_while_a_background_call_runs_gets_its_first_token_within_
             await job
     await model.aclose()
     print(f"first token: idle {idle:.2f} s; with a background call generating {[round(b, 2) for b in busy]} s")
-    assert gate.preempted == 2
+    assert gate.preempted == 3
     assert statistics.median(busy) <= 2 * idle, (busy, idle)

@@ -13,9 +13,10 @@ import pytest
 pytest.importorskip("openai")
 
 from contextmode.api import build_engine
-from contextmode.errors import ModelPreempted, ModelTimeout
+from contextmode.errors import ModelDeferred, ModelPreempted
 from contextmode.jobs import JobRunner, JobSettings
 from contextmode.models import LLMSettings, OpenAIChatModel, OpenAIOptions
+from contextmode.models.calls import call_log
 from contextmode.models.priority import (
     CallPriority,
     GateState,
@@ -25,6 +26,8 @@ from contextmode.models.priority import (
     call_priority,
     endpoint_gate,
     in_background,
+    paused_limits,
+    waits_excluded,
 )
 from contextmode.models.server import probe_server
 from contextmode.store import MemoryStore
@@ -98,10 +101,32 @@ async def test_with_more_slots_a_turn_keeps_one_free_and_background_calls_use_th
     assert gate.state().running == 3
 
 
+async def test_a_background_calls_wait_for_a_slot_does_not_count_in_the_limits_around_it() -> None:
+    gate = PriorityGate(1)
+    await gate.acquire("reply")
+    waited = asyncio.Event()
+
+    async def job() -> str:
+        async with asyncio.timeout(0.05) as limit:
+            with waits_excluded(limit):
+                with paused_limits():  # as the model does around a background call's wait
+                    waited.set()
+                    await gate.acquire("background")
+                await asyncio.sleep(0.01)  # the call itself, well within its limit
+        return "ran"
+
+    task = asyncio.create_task(job())
+    await waited.wait()
+    await asyncio.sleep(0.2)  # the reply holds the slot four times the job's limit
+    assert not task.done()
+    gate.release("reply")
+    assert await task == "ran"
+
+
 async def test_a_background_call_waiting_too_long_gives_up_and_leaves_the_queue() -> None:
     gate = PriorityGate(1)
     await gate.acquire("reply")
-    with pytest.raises(ModelTimeout, match=r"gave up after waiting 0.01 s for a free slot"):
+    with pytest.raises(ModelDeferred, match=r"gave up after waiting 0.01 s for a free slot"):
         await gate.acquire("background", wait_s=0.01)
     cancelled = asyncio.create_task(gate.acquire("background"))  # no limit: cancelled at shutdown
     await until(lambda: gate.state().background_waiting == 1)
@@ -244,7 +269,7 @@ def test_the_slot_settings_come_from_the_environment() -> None:
 
 # -- the engine's jobs ---------------------------------------------------------------------------
 
-async def test_jobs_waiting_behind_a_reply_too_long_are_counted_failed_and_store_nothing() -> None:
+async def test_jobs_waiting_behind_a_reply_too_long_are_deferred_not_failed_and_run_after_it() -> None:
     release = threading.Event()
 
     def reply(request: StubRequest) -> str:
@@ -254,7 +279,7 @@ async def test_jobs_waiting_behind_a_reply_too_long_are_counted_failed_and_store
             return "Sure."
         if "upsert" in str(request.messages[0].get("content")):
             return '{"upsert": [{"key": "diet", "value": "vegetarian", "quote": "I am vegetarian"}]}'
-        return "no"
+        return '{"intensity": 0.1}' if "intensity" in str(body) else "no"
 
     server = llamacpp(reply, slots=1)
     with server as url:
@@ -262,24 +287,28 @@ async def test_jobs_waiting_behind_a_reply_too_long_are_counted_failed_and_store
                                 options=OpenAIOptions(background_wait_s=0.05))
         store = MemoryStore()
         engine = build_engine(store=store, model=model, processors="llm",
-                              jobs=JobRunner(store, JobSettings(attempts=1)))
+                              jobs=JobRunner(store, JobSettings(attempts=1, base_delay_s=0.01)))
         gate = await model.slot_gate()
         assert gate is not None
         turn = asyncio.create_task(engine.turn("t", "busy", "Hello there"))
         await until(lambda: gate.state().running == 1 and any(
             isinstance(r.body, dict) and r.body.get("max_tokens") == 1024 for r in server.chat_requests))
-        await engine.record("t", "quiet", "user", "I am vegetarian")  # schedules its jobs
-        await until(lambda: not engine.jobs.pending("t", "quiet"))
+        await engine.record("t", "quiet", "user", "I am vegetarian")  # schedules its unit
+        await until(lambda: any(c.session == "quiet" and c.outcome.startswith("deferred")
+                                for c in call_log().between(0.0)))
+        # Gave up waiting for the slot: deferred, tried again; not a failed attempt.
+        info = await store.info("t", "quiet")
+        assert info is not None and all(stats.failed == 0 for stats in info.jobs.values())
+        assert engine.jobs.pending("t", "quiet") == ["memory"]
+        assert (await store.load("t", "quiet", recent=0)).constraints == ()
+        release.set()
+        assert (await turn).answer == "Sure."
+        await engine.drain()
         info = await store.info("t", "quiet")
         assert info is not None
         for job in ("emotion", "constraints"):
             stats = info.jobs[job]
-            assert (stats.ok, stats.failed, stats.rejected) == (0, 1, 0), job
-            assert stats.last_error is not None and "gave up after waiting" in stats.last_error
-        state = await store.load("t", "quiet", recent=0)
-        assert state.constraints == ()
+            assert (stats.ok, stats.failed, stats.rejected) == (1, 0, 0), job
+        assert [c.key for c in (await store.load("t", "quiet", recent=0)).constraints] == ["diet"]
         assert gate.state().background_waiting == 0
-        release.set()
-        assert (await turn).answer == "Sure."
-        await engine.drain()
         await engine.close()

@@ -1,19 +1,21 @@
-"""Step 4 of a turn: the background jobs it schedules (emotion, constraints, summary), and
-the jobs themselves. They run off the response path, on the engine's `JobQueue`; every model
+"""Step 4 of a turn: the background work it schedules, one unit per session (the job `UNIT`:
+emotion, constraints and the summary when due, over every turn since the last unit ran), and
+the steps themselves. They run off the response path, on the engine's `JobQueue`; every model
 call a job makes is a background call (`models.priority.in_background`): on an endpoint with
 few slots, replies go first. A burst of jobs shares one pooled store connection (`JobRunner`),
 handed back before a processor that may call a model runs (`TurnParts.let_go_before`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 
 from ..assembly.agent import as_sentence
-from ..errors import ConflictError, ContextWindowExceeded
+from ..errors import ConflictError, ContextWindowExceeded, ModelPreempted, OutputRejected
+from ..jobs import StepFailed, report_step
 from ..memory.strategies import get_strategy
-from ..models.calls import call_log
+from ..models.calls import call_log, model_step
 from ..models.priority import in_background
 from ..processors.base import (
     ConstraintExtractor,
@@ -31,37 +33,91 @@ from .parts import PendingSummary, TurnParts
 from .request import PreparedTurn
 from .seams import Processors, safe_with_shared_connection
 
-__all__ = ["EMOTION_CONTEXT_TURNS", "MODEL_TURNS", "schedule_jobs", "summarize_now"]
+__all__ = ["EMOTION_CONTEXT_TURNS", "MODEL_TURNS", "UNIT", "schedule_jobs", "summarize_now"]
 
 EMOTION_CONTEXT_TURNS = 20
 """Earlier turns a contextual emotion scorer reads (the offline one's context window)."""
 
 
-def schedule_jobs(parts: TurnParts, key: SessionKey, user_turn: Turn, prepared: PreparedTurn | None) -> list[str]:
-    """Schedule the jobs a new user turn needs; returns their names.
+UNIT = "memory"
+"""The name of a session's one background job (its unit of work: emotion, constraints, summary)."""
 
-    The turn joins the session's backlog (`Backlog`): one ``emotion`` and one ``constraints``
-    job waiting per session cover every turn since the last that ran (a new turn merges into
-    the waiting job instead of queueing another), so background work never piles up behind a
-    conversation faster than the model."""
-    tenant, session_id = key.tenant, key.session_id
+UNIT_PASSES = 4
+"""Passes one unit makes over its backlog (turns that came while it ran) before it lets a new
+unit take over: the session's job lock and the attempt's time limit stay short."""
+
+
+def schedule_jobs(parts: TurnParts, key: SessionKey, user_turn: Turn, prepared: PreparedTurn | None) -> list[str]:
+    """Schedule the background work a new user turn needs; returns its kinds.
+
+    The turn joins the session's backlog (`Backlog`), and one unit of work per session (the job
+    `UNIT`) covers every turn since the last that ran: their emotion, their constraints and the
+    summary when one is due. A turn that comes while the session's unit waits or runs merges
+    into it (a running unit looks at the backlog again before it ends), so background work never
+    piles up behind a conversation faster than the model."""
     jobs = ["emotion", "constraints"]
     parts.backlog.add(key, Due(turn=user_turn, earlier=_loaded_before(prepared, user_turn)))
-    parts.jobs.schedule(
-        tenant, session_id, "emotion", lambda: in_background(_score_backlog(parts, key)), coalesce=True,
-    )
-    parts.jobs.schedule(
-        tenant, session_id, "constraints", lambda: in_background(_extract_backlog(parts, key)), coalesce=True,
-    )
     upto = _summary_due(parts, user_turn, prepared)
     if upto is not None:
         jobs.append("summary")
+        parts.backlog.want_summary(key, upto)
+    if not parts.backlog.covering(key):
         parts.jobs.schedule(
-            tenant, session_id, "summary",
-            lambda: in_background(summarize_now(parts, key, upto=upto or None)),
-            coalesce=True,
+            key.tenant, key.session_id, UNIT, lambda: in_background(_run_unit(parts, key)), coalesce=True,
         )
     return jobs
+
+
+async def _run_unit(parts: TurnParts, key: SessionKey) -> None:
+    """The session's unit of background work: passes over its backlog until nothing is left
+    (at most `UNIT_PASSES`; then another unit is scheduled for the rest)."""
+    backlog = parts.backlog
+    backlog.cover(key, True)
+    try:
+        with model_step("background", session=key.session_id):  # the call log names the session
+            for _ in range(UNIT_PASSES):
+                await _unit_pass(parts, key)
+                if not backlog.has_work(key):
+                    return
+    finally:
+        backlog.cover(key, False)  # no await after the last look: a newer turn schedules a unit
+    parts.jobs.schedule(
+        key.tenant, key.session_id, UNIT, lambda: in_background(_run_unit(parts, key)), coalesce=True,
+    )
+
+
+async def _unit_pass(parts: TurnParts, key: SessionKey) -> None:
+    """One pass: each kind of work over what the backlog holds for it, each step's outcome
+    counted under its own name (`report_step`). A step cut short for a reply stops the pass (the
+    job tries again later); a step that fails lets the others run, then fails the attempt."""
+    failed: list[tuple[str, BaseException]] = []
+    for kind, step in _STEPS:
+        try:
+            ran = await step(parts, key)
+        except ModelPreempted:
+            raise
+        except OutputRejected as exc:
+            report_step(kind, ok=False, error=exc.reason[:500], rejected=True)
+        except Exception as exc:
+            failed.append((kind, exc))
+        else:
+            if ran:
+                report_step(kind, ok=True)
+    if failed:
+        raise StepFailed(failed)
+
+
+async def _summary_step(parts: TurnParts, key: SessionKey) -> bool:
+    upto = parts.backlog.take_summary(key)
+    if upto is None:
+        return False
+    try:
+        await summarize_now(parts, key, upto=upto or None)
+    except BaseException as exc:
+        if not isinstance(exc, OutputRejected):
+            parts.backlog.want_summary(key, upto)
+        raise
+    return True
 
 
 MODEL_TURNS = 3
@@ -69,13 +125,13 @@ MODEL_TURNS = 3
 call scores the newest. Older turns of a backlog are covered by the offline processors."""
 
 
-async def _score_backlog(parts: TurnParts, key: SessionKey) -> None:
+async def _score_backlog(parts: TurnParts, key: SessionKey) -> bool:
     """Score the emotion of every turn the session's backlog holds: the newest with the engine's
     scorer, older ones (the model fell behind) with the offline one, noted in the call log."""
     backlog = parts.backlog
     dues = backlog.take(key, "emotion")
     if not dues:
-        return
+        return False
     try:
         older, newest = dues[:-1], dues[-1]
         if older:
@@ -85,26 +141,33 @@ async def _score_backlog(parts: TurnParts, key: SessionKey) -> None:
             if filled:
                 call_log().note("emotion", key.session_id,
                                 f"filled in offline: {len(older)} older turn(s), the model fell behind")
-        await _score_emotion(parts, key, newest.turn, newest.earlier)
-    except BaseException:
-        backlog.put_back(key, "emotion", dues)
+        try:
+            await _score_emotion(parts, key, newest.turn, newest.earlier)
+        except OutputRejected:  # nothing of the model's is stored; the turn still gets a score
+            await _score_emotion(parts, key, newest.turn, newest.earlier, scorer=_offline().emotion)
+            call_log().note("emotion", key.session_id, "filled in offline: the model's score was rejected")
+            raise
+    except BaseException as exc:
+        if not isinstance(exc, OutputRejected):  # rejected: nothing stored, no retry
+            backlog.put_back(key, "emotion", dues)
         raise
+    return True
 
 
-async def _extract_backlog(parts: TurnParts, key: SessionKey) -> None:
+async def _extract_backlog(parts: TurnParts, key: SessionKey) -> bool:
     """Extract constraints from every turn the session's backlog holds: with a model extractor,
     the newest `MODEL_TURNS` in one call and older ones offline (noted in the call log); with a
     model-free one, turn by turn."""
     backlog = parts.backlog
     dues = backlog.take(key, "constraints")
     if not dues:
-        return
+        return False
     extractor = parts.processors.extractor
     try:
         if safe_with_shared_connection(extractor) or len(dues) == 1:
             for due in dues:
                 await _extract_constraints(parts, key, due.turn)
-            return
+            return True
         older, newest = dues[:-MODEL_TURNS], dues[-MODEL_TURNS:]
         for due in older:
             await _extract_constraints(parts, key, due.turn, extractor=_offline().extractor)
@@ -115,14 +178,24 @@ async def _extract_backlog(parts: TurnParts, key: SessionKey) -> None:
         merged = replace(turns[-1], content="\n".join(t.content for t in turns),
                          tokens=sum(t.tokens for t in turns))
         await _extract_constraints(parts, key, merged, sources=turns)
-    except BaseException:
-        backlog.put_back(key, "constraints", dues)
+    except BaseException as exc:
+        if not isinstance(exc, OutputRejected):  # rejected: nothing stored, no retry
+            backlog.put_back(key, "constraints", dues)
         raise
+    return True
 
 
 @cache
 def _offline() -> Processors:
     return Processors.offline()
+
+
+_STEPS: tuple[tuple[str, Callable[[TurnParts, SessionKey], Awaitable[bool]]], ...] = (
+    ("emotion", _score_backlog),
+    ("constraints", _extract_backlog),
+    ("summary", _summary_step),
+)
+"""A unit's steps in order: each takes its part of the backlog, returns whether it had any."""
 
 
 def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | None) -> int | None:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import (
     ConfigError,
     MissingExtra,
+    ModelDeferred,
     ModelError,
     ModelOverloaded,
     ModelPreempted,
@@ -43,7 +45,7 @@ from .base import (
 )
 from .caching import ModelUsage, current_cache_key, report_usage, usage_from
 from .calls import CallMeter, call_log
-from .priority import Cuttable, SlotGate, endpoint_gate
+from .priority import Cuttable, SlotGate, call_priority, endpoint_gate, paused_limits
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
 
@@ -384,15 +386,7 @@ class OpenAIChatModel:
         gate = await self.slot_gate()
         priority = meter.priority
         if gate is not None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await gate.acquire(priority, wait_s=self._background_wait)
-            except TimeoutError:
-                meter.end("error: no free slot")
-                raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
-            except BaseException as exc:
-                meter.end(f"error: {type(exc).__name__}")
-                raise
+            await self._acquire(gate, meter, deadline)
         meter.admit()
         cut = Cuttable() if gate is not None and priority == "background" else None
         if cut is not None and gate is not None:
@@ -424,6 +418,36 @@ class OpenAIChatModel:
                     cut.inside = False
                     gate.unhold(cut)
                 gate.release(priority)
+
+    async def _acquire(self, gate: SlotGate, meter: CallMeter, deadline: float | None) -> None:
+        """Take a slot: a reply within its deadline; a background call for up to
+        ``background_wait_s`` (then `ModelDeferred`), with the time limits around it paused
+        meanwhile (its wait is a deferral, not time it took: `models.priority.paused_limits`)."""
+        priority = meter.priority
+        try:
+            if priority == "background":
+                with paused_limits():
+                    await gate.acquire(priority, wait_s=self._background_wait)
+                return
+            async with asyncio.timeout_at(deadline):
+                await gate.acquire(priority, wait_s=self._background_wait)
+        except TimeoutError:
+            meter.end("error: no free slot")
+            raise ModelTimeout(f"no free model slot within the {self.deadline} s deadline") from None
+        except ModelDeferred:
+            meter.end("deferred: no free slot")
+            raise
+        except BaseException as exc:
+            meter.end(f"error: {type(exc).__name__}")
+            raise
+
+    def _call_deadline(self, meter: CallMeter) -> float | None:
+        """The loop time a call must end by: ``deadline`` seconds from when a background call was
+        admitted (its wait for a slot does not count), from when a reply call asked for one."""
+        if self.deadline is None:
+            return None
+        start = meter.admitted if meter.priority == "background" and meter.admitted is not None else meter.asked
+        return asyncio.get_running_loop().time() - (time.monotonic() - start) + self.deadline
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)
@@ -483,15 +507,16 @@ class OpenAIChatModel:
         return await self._complete(request)
 
     async def _complete(self, request: dict[str, Any]) -> str:
-        if self._server_info is not None and self._server_info.kind == "llamacpp":
-            # A llama.cpp server answers one request at a time and finishes a non-streamed one
-            # even after the client gave up; a stream stops when its connection closes, so a
-            # call abandoned at its timeout frees the server for the next one.
+        if call_priority() == "background" or (self._server_info is not None and self._server_info.kind == "llamacpp"):
+            # Sent as a stream: a server finishes a non-streamed request even after the client
+            # gave up (llama-cpp-python notices a client gone only as it sends a chunk), and
+            # stops a stream within a token once its connection closes. So a background call
+            # cut short for a reply, or abandoned at its timeout, frees the server at once.
             return "".join([e.text async for e in self._stream_request(request) if e.kind == "text"])
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         try:
-            async with self._slot(deadline) as meter, asyncio.timeout_at(deadline):
+            async with self._slot(deadline) as meter, asyncio.timeout_at(self._call_deadline(meter)):
                 completion = await self._create(request, stream=False)
                 _meter_chunk(meter, {"usage": _field(completion, "usage")})
         except TimeoutError:
@@ -656,10 +681,11 @@ class OpenAIChatModel:
     async def _stream_request(self, request: dict[str, Any]) -> AsyncIterator[ModelEvent]:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
-        async with self._slot(deadline) as meter, aclosing(self._stream_in_slot(request, deadline, meter)) as events:
-            # closed before the slot is given back: the server stops an abandoned stream
-            async for event in events:
-                yield event
+        async with self._slot(deadline) as meter:
+            events = self._stream_in_slot(request, self._call_deadline(meter), meter)
+            async with aclosing(events):  # closed before the slot is given back
+                async for event in events:
+                    yield event
 
     async def _stream_in_slot(
         self, request: dict[str, Any], deadline: float | None, meter: CallMeter

@@ -14,8 +14,10 @@ queue here instead, in a `PriorityGate` per endpoint (and event loop), before an
   running when a reply finds no free slot is cut short (`Cuttable`: its task is cancelled, its
   stream closed, which stops the server's generation; the model raises `ModelPreempted` and the
   job tries again later), so a reply waits at most for the server to notice.
-  Waiting longer than ``wait_s`` it gives up with `ModelTimeout` (the job records it as a
-  failed attempt, nothing is stored); cancelled (shutdown), it leaves the queue at once.
+  Waiting longer than ``wait_s`` it gives up with `ModelDeferred` (a deferral, not a failed
+  attempt: the job lets go and tries again later); cancelled (shutdown), it leaves the queue at
+  once. Its wait does not count in the time limits around it (`waits_excluded`: the
+  processor's timeout, the job attempt's): they are paused while it waits.
 
 Which kind a call is travels in a context variable, so no signature changes: the engine wraps
 each job's coroutine in `in_background`, and every model call made inside it is background.
@@ -39,7 +41,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
-from ..errors import ModelTimeout
+from ..errors import ModelDeferred
 
 __all__ = [
     "CallPriority",
@@ -52,6 +54,8 @@ __all__ = [
     "call_priority",
     "endpoint_gate",
     "in_background",
+    "paused_limits",
+    "waits_excluded",
 ]
 
 CallPriority = Literal["reply", "background"]
@@ -65,6 +69,42 @@ T = TypeVar("T")
 def call_priority() -> CallPriority:
     """The priority of model calls made here (``reply`` unless inside `in_background`)."""
     return _PRIORITY.get()
+
+
+_LIMITS: ContextVar[tuple[asyncio.Timeout, ...]] = ContextVar("contextmode_wait_excluded_limits", default=())
+
+
+@contextmanager
+def waits_excluded(limit: asyncio.Timeout) -> Iterator[None]:
+    """``limit`` (an entered ``asyncio.timeout``) does not count the time background calls made
+    in the block wait for a slot: it is paused while they wait (`paused_limits`)."""
+    token = _LIMITS.set((*_LIMITS.get(), limit))
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
+@contextmanager
+def paused_limits() -> Iterator[None]:
+    """Pause the limits `waits_excluded` registered here for the block (a background call's wait
+    for a slot), and move each one later by the time it took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    paused: list[tuple[asyncio.Timeout, float]] = []
+    for limit in _LIMITS.get():
+        when = limit.when()
+        if when is not None and not limit.expired():
+            with suppress(RuntimeError):  # a limit no longer entered is left as it is
+                limit.reschedule(None)
+                paused.append((limit, when))
+    try:
+        yield
+    finally:
+        waited = loop.time() - started
+        for limit, when in paused:
+            with suppress(RuntimeError):
+                limit.reschedule(when + waited)
 
 
 async def in_background(work: Awaitable[T]) -> T:
@@ -91,7 +131,7 @@ class SlotGate(Protocol):
     """Admits model calls to an endpoint's slots, replies first."""
 
     async def acquire(self, priority: CallPriority, *, wait_s: float | None = None) -> None:
-        """Wait for a slot; a ``background`` call waiting over ``wait_s`` seconds raises `ModelTimeout`."""
+        """Wait for a slot; a ``background`` call waiting over ``wait_s`` seconds raises `ModelDeferred`."""
         ...
 
     def release(self, priority: CallPriority) -> None:
@@ -228,9 +268,9 @@ class PriorityGate:
                 await future
         except TimeoutError:
             self._abandon(future, queue, priority)
-            raise ModelTimeout(
+            raise ModelDeferred(
                 f"a background model call gave up after waiting {limit:g} s for a free slot "
-                f"(the endpoint serves {self.slots} at a time and replies go first)"
+                f"(the endpoint serves {self.slots} at a time and replies go first); tried again later"
             ) from None
         except BaseException:  # cancelled (shutdown, the job's own timeout): leave the queue
             self._abandon(future, queue, priority)

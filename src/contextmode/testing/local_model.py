@@ -83,10 +83,13 @@ def _wait_models(url: str, process: subprocess.Popen[bytes], timeout_s: float) -
 
 @contextmanager
 def llama_server(
-    log_dir: Path, *, n_ctx: int = 4096, timeout_s: float = 120.0, embedding: bool = False
+    log_dir: Path, *, n_ctx: int = 4096, timeout_s: float = 120.0, embedding: bool = False,
+    threads: int | None = None,
 ) -> Iterator[str]:
     """Run ``python -m llama_cpp.server`` with the bundled model; yield its ``…/v1`` base URL.
-    ``embedding``: serve ``POST /v1/embeddings`` too (``--embedding true``)."""
+    ``embedding``: serve ``POST /v1/embeddings`` too (``--embedding true``); ``threads``: threads
+    for generation and prompt evaluation alike (the server's default: half the cores, and all of
+    them for prompts; on a machine shared with other work, fewer threads wait less for each other)."""
     model = find_model_file()
     port = _free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +97,8 @@ def llama_server(
     args = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", LOCAL_MODEL_ALIAS,
             "--n_ctx", str(n_ctx), "--host", "127.0.0.1", "--port", str(port),
             # one request at a time, first come first served (a new request must not cut a reply)
-            "--interrupt_requests", "false", *(["--embedding", "true"] if embedding else [])]
+            "--interrupt_requests", "false", *(["--embedding", "true"] if embedding else []),
+            *(["--n_threads", str(threads), "--n_threads_batch", str(threads)] if threads else [])]
     with log_path.open("wb") as log:
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     server = WorkerProcess(port=port, process=process, log_path=log_path)
