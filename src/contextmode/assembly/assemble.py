@@ -319,11 +319,12 @@ def assemble(
     candidates = _candidates(state, plan, frame, now, config.tool_limits)
     whole = _whole_when_it_fits(candidates, fixed.available)
     allocation = _allocate(candidates, frame, fixed.available, budget.shares or plan.shares)
-    if plan.window_block and not whole:
-        steady = _Steady(block=plan.window_block, base=fixed.available + fixed.current_cost + fixed.costs.get("hint", 0),
-                         volatile_max=plan.volatile_max_tokens, weights=budget.shares or plan.shares)
+    steady = _steady(plan, fixed, budget)
+    if steady is not None and not whole and _steady_pays(steady, frame):
         selection = _select_steady(candidates, allocation, fixed.available, frame, steady)
     else:
+        if steady is not None and whole:  # a session sent whole: its pins are in the window, said verbatim
+            candidates["constraints"] = []
         selection = _select(candidates, allocation, fixed.available, frame)
     hint = current.hint
     return _render(_RenderContext(
@@ -592,10 +593,10 @@ _VOLATILE_LAYERS: tuple[LayerName, ...] = ("key_moments", "recall")
 
 @dataclass(frozen=True, kw_only=True)
 class _Steady:
-    """What keeps a request's prefix steady (`MemoryPlan.window_block`)."""
+    """What keeps a request's prefix steady (`MemoryPlan.steady`)."""
 
-    block: int
-    """Turns per block of the window's start."""
+    start: int
+    """The first turn the window may hold (`MemoryPlan.steady_from`)."""
     base: int
     """The flexible budget before the current message: the shares are taken from it, so a
     longer or shorter message moves none of the stable layers (the volatile ones absorb it)."""
@@ -603,6 +604,28 @@ class _Steady:
     """Tokens at most for the layers after the window (key moments, recall); the rest of their
     share goes to the window."""
     weights: Mapping[LayerName, float]
+
+
+STEADY_KEEP = 0.85
+"""Share of its budget a steady window keeps when its turns no longer fit: it drops a block of
+its oldest turns (15 % of its budget) at once, not a turn per turn. A larger block keeps the
+prefix longer but leaves more budget to the layers after the window (docs/caching.md)."""
+
+
+def _steady(plan: MemoryPlan, fixed: _Fixed, budget: Budget) -> _Steady | None:
+    """The steady window's terms when the plan asks for one (`MemoryPlan.steady_from`)."""
+    if plan.steady_from is None:
+        return None
+    return _Steady(start=plan.steady_from, base=fixed.available + fixed.current_cost + fixed.costs.get("hint", 0),
+                   volatile_max=plan.volatile_max_tokens, weights=budget.shares or plan.shares)
+
+
+def _steady_pays(steady: _Steady, frame: _Frame) -> bool:
+    """True when the stable layers (pins, summary, window) get at least half of the budget: a
+    smaller prefix saves little, while recall needs the room (LoCoMo dev at 2,000 tokens keeps
+    0.861 of the evidence recall first, 0.854 with a steady window: docs/caching.md)."""
+    shares = _steady_shares(steady, frame)
+    return 2 * sum(shares.get(n, 0) for n in ("recent", "summary", "constraints")) >= steady.base
 
 
 def _steady_shares(steady: _Steady, frame: _Frame) -> dict[LayerName, int]:
@@ -621,14 +644,14 @@ def _select_steady(
     candidates: dict[LayerName, list[_Candidate]], allocation: _Allocation, available: int, frame: _Frame,
     steady: _Steady,
 ) -> _Selection:
-    """`_select` for a request whose prefix stays the same from turn to turn (`MemoryPlan.window_block`).
+    """`_select` for a request whose prefix stays the same from turn to turn (`MemoryPlan.steady`).
 
-    Pins, summary and window each get their share of a budget that does not depend on the
-    message or on what recall finds (`_steady_shares`); the window's oldest turn is the start
-    of a block of ``steady.block`` turns (`_block_start`: it moves a block at a time, not a turn
-    at a time); the pins shown are those said before the window (the window holds the others
-    verbatim). The key moments and recall take the rest, then the budget still free is spent as
-    in `_select` (`_spend_leftover`). When the message leaves too little for that, `_select`."""
+    The summary gets its share of a budget that does not depend on the message or on what recall
+    finds (`_steady_shares`); the window the rest of the stable part: every turn the summary does
+    not cover while they fit, else the newest `STEADY_KEEP` of it (`_steady_window`); the pins
+    shown are those said before the window (the window holds the others verbatim). The key
+    moments and recall take the rest, then the budget still free is spent as in `_select`
+    (`_spend_leftover`). When the message leaves too little for that, `_select`."""
     overheads, count = allocation.section_overheads, frame.count
     shares = _steady_shares(steady, frame)
     chosen: dict[LayerName, list[_Candidate]] = {}
@@ -636,13 +659,19 @@ def _select_steady(
     chosen["summary"], truncated["summary"] = _fill("summary", candidates["summary"], shares.get("summary", 0)
                                                     - overheads["summary"], count, frame.as_messages,
                                                     frame.counter.message_overhead)
-    window = candidates["recent"]
-    picked, truncated["recent"] = _fill_recent(window, shares.get("recent", 0) - overheads["recent"], count, {})
-    if len(picked) < len(window):
-        picked = _block_start(picked, window, steady.block)
+    pins = candidates["constraints"]
+    pins_room = min(shares.get("constraints", 0), _demand(pins, overheads["constraints"]))
+    room = sum(shares.get(n, 0) for n in ("recent", "summary", "constraints")) - pins_room \
+        - _used(chosen["summary"], overheads["summary"]) - overheads["recent"]
+    window = [c for c in candidates["recent"] if c.seq is not None and c.seq >= steady.start]
+    for c in window:  # the window's own turns: those it drops are listed (and summarised)
+        c.backfill = False
+    picked, truncated["recent"] = _steady_window(window, room, count)
+    if window and not picked:  # not even the newest turn fits: no prefix to keep this turn
+        return _select(candidates, allocation, available, frame)
     chosen["recent"] = picked
     start = min((c.seq or 0 for c in picked), default=None)
-    before = [c for c in candidates["constraints"] if start is None or c.seq is None or c.seq < start]
+    before = [c for c in pins if start is None or c.seq is None or c.seq < start]
     chosen["constraints"], truncated["constraints"] = _fill(
         "constraints", before, shares.get("constraints", 0) - overheads["constraints"], count, frame.as_messages,
         frame.counter.message_overhead)
@@ -660,11 +689,26 @@ def _select_steady(
     return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated, queue=queue)
 
 
+def _steady_window(window: Sequence[_Candidate], room: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:
+    """The steady window (newest first): every turn of ``window`` when they fit ``room``, else
+    the newest that fit `STEADY_KEEP` of it (units whole, opening with a question): the turns it
+    drops are then summarised, and the window grows again from its new start."""
+    if sum(c.cost for c in window) <= room:
+        return list(window), False
+    picked, cut = _fill_recent(window, int(room * STEADY_KEEP), count, {})
+    return _block_start(picked, window, STEADY_BLOCK), cut
+
+
+STEADY_BLOCK = 16
+"""A steady window that drops turns starts at the first user turn of a run of this many sequence
+numbers (1–16, 17–32…): while the summary has not folded the dropped turns in yet (its job lags
+or fails), the start still moves a block at a time, not a turn per turn."""
+
+
 def _block_start(picked: list[_Candidate], window: Sequence[_Candidate], block: int) -> list[_Candidate]:
     """``picked`` (newest first) without its oldest turns before the newest block start it
-    reaches: the first user turn of each run of ``block`` sequence numbers (seq 1–16, 17–32…
-    for 16) among the window's candidates. Unchanged when it reaches none (a window shorter
-    than a block slides as before)."""
+    reaches: the first user turn of each run of ``block`` sequence numbers among the window's
+    candidates. Unchanged when it reaches none."""
     starts: set[int] = set()
     seen: set[int] = set()
     for c in reversed(window):  # oldest first

@@ -12,7 +12,7 @@ from functools import cache
 
 from ..assembly.agent import as_sentence
 from ..errors import ConflictError, ContextWindowExceeded
-from ..memory.strategies import get_strategy
+from ..memory.strategies import get_strategy, summary_keeps
 from ..models.calls import call_log
 from ..models.priority import in_background
 from ..processors.base import (
@@ -132,7 +132,7 @@ def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | Non
     # Turns after this one: the user turn and (usually) the answer. Without a
     # prepared state the job itself re-checks the coverage, so over-scheduling is harmless.
     last_seq = user_turn.seq + 1
-    uncovered_outside_window = last_seq - strategy.recent_turns - covered
+    uncovered_outside_window = last_seq - summary_keeps(strategy) - covered
     # Turns the budget already dropped from the window reach the model in no form
     # until a summary covers them: summarise them now, whatever the threshold.
     account = prepared.context.accounts.get("recent") if prepared is not None else None
@@ -235,7 +235,9 @@ async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = Fals
     state = await store.load(tenant, session_id, recent=0, max_uncovered=0)
     previous = state.summary
     start = state.summary_covers_seq + 1
-    end = info.last_seq - strategy.recent_turns
+    # Due by count, the summary leaves the strategy's window alone (a steady window's turns
+    # are folded in once it drops them); asked for, it folds everything but the recent turns.
+    end = info.last_seq - (strategy.recent_turns if force else summary_keeps(strategy))
     if upto is not None:
         # Dropped turns reach the model in no form until summarised: any number is due.
         end, force = max(end, min(upto, info.last_seq)), True

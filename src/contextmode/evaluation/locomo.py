@@ -159,10 +159,16 @@ class EvalOptions:
     """Fuse dense retrieval (the ``embeddings`` extra, not on by default) into recall."""
     store_url: str | None = None
     """Replay into this store (``sqlite:///…``, ``postgresql://…``, ``redis://…``); default memory."""
+    recorded_strategy: str | None = None
+    """Record the conversation with this strategy's background jobs (when its summary is due)
+    instead of the shipped one's: how a previous default is measured as it shipped."""
 
     def departures(self) -> list[str]:
         """What differs from the shipped configuration, in words, for the report."""
         out = []
+        shipped = EngineSettings().strategy
+        if self.recorded_strategy not in (None, shipped):
+            out.append(f"recorded with strategy {self.recorded_strategy} (shipped: {shipped})")
         if self.preferences_only:
             out.append("constraint extractor generic_facts=False (shipped: True)")
         if self.embeddings:
@@ -229,7 +235,8 @@ def _engine(store: Store, counter: TokenCounter, options: EvalOptions, recaller:
     if options.preferences_only:
         processors = replace(processors, extractor=OfflineConstraintExtractor(generic_facts=False))
     return build_engine(
-        store=store, model=OfflineResponder(), counter=counter, settings=EngineSettings(),
+        store=store, model=OfflineResponder(), counter=counter,
+        settings=replace(EngineSettings(), strategy=options.recorded_strategy or EngineSettings().strategy),
         processors=processors, recaller=recaller,
     )
 
@@ -522,6 +529,10 @@ def register(app: typer.Typer) -> None:
         store_url: Annotated[
             str | None, typer.Option("--store", help="Replay into this store URL (default: memory)")
         ] = None,
+        recorded_strategy: Annotated[
+            str | None, typer.Option("--recorded-strategy",
+                                     help="Record with this strategy's background jobs (default: the shipped one's)")
+        ] = None,
         plot: Annotated[
             Path | None, typer.Option("--plot", help="Also write a PNG of recall vs budget (extra: plot)")
         ] = None,
@@ -531,7 +542,8 @@ def register(app: typer.Typer) -> None:
         budgets = [int(b) for b in budget.split(",") if b.strip()]
         names = [s.strip() for s in strategy.split(",") if s.strip()]
         options = EvalOptions(
-            preferences_only=preferences_only, embeddings=embeddings, store_url=store_url
+            preferences_only=preferences_only, embeddings=embeddings, store_url=store_url,
+            recorded_strategy=recorded_strategy,
         )
         result = evaluate_locomo(data, budgets, names, progress=True, options=options)
         _print_table(result)
