@@ -191,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.locomo_eval:
         shipped = evaluate_locomo(args.locomo, [2000], [_SHIPPED.strategy], progress=False)["recall"]
         old = evaluate_locomo(args.locomo, [2000], ["default"], progress=False,
-                              options=EvalOptions(recorded_strategy="default"))["recall"]
+                              options=EvalOptions(recorded_strategy="default", order="default"))["recall"]
         results["locomo_recall_2000"] = {"shipped": shipped[_SHIPPED.strategy]["2000"], "old": old["default"]["2000"]}
         delta = round(shipped[_SHIPPED.strategy]["2000"] - old["default"]["2000"], 4)
     for name in ("shipped", "old"):

@@ -320,7 +320,9 @@ def assemble(
     whole = _whole_when_it_fits(candidates, fixed.available)
     allocation = _allocate(candidates, frame, fixed.available, budget.shares or plan.shares)
     steady = _steady(plan, fixed, budget)
-    if steady is not None and not whole and _steady_pays(steady, frame):
+    # A session sent whole keeps its prefix too (the summary need not run, the pins are in it).
+    kept_steady = steady is not None and (whole or _steady_pays(steady, frame))
+    if steady is not None and not whole and kept_steady:
         selection = _select_steady(candidates, allocation, fixed.available, frame, steady)
     else:
         if steady is not None and whole:  # a session sent whole: its pins are in the window, said verbatim
@@ -329,7 +331,7 @@ def assemble(
     hint = current.hint
     return _render(_RenderContext(
         frame=frame, message=message, sent=sent, strategy=strategy.name, fixed=fixed,
-        selection=selection, allocated=allocation.shown,
+        selection=selection, allocated=allocation.shown, steady=kept_steady,
         hint=hint.strip() if hint and hint.strip() != sent.strip() else None,
     ))
 
@@ -593,7 +595,7 @@ _VOLATILE_LAYERS: tuple[LayerName, ...] = ("key_moments", "recall")
 
 @dataclass(frozen=True, kw_only=True)
 class _Steady:
-    """What keeps a request's prefix steady (`MemoryPlan.steady`)."""
+    """What keeps a request's prefix steady (`MemoryPlan.steady_from`)."""
 
     start: int
     """The first turn the window may hold (`MemoryPlan.steady_from`)."""
@@ -620,12 +622,15 @@ def _steady(plan: MemoryPlan, fixed: _Fixed, budget: Budget) -> _Steady | None:
                    volatile_max=plan.volatile_max_tokens, weights=budget.shares or plan.shares)
 
 
+STEADY_MIN_TOKENS = 3000
+"""Flexible tokens below which a window is not kept steady: a smaller prefix saves little, and
+recall needs the room (LoCoMo dev evidence recall at 2,000 tokens: 0.861 recall first, 0.832
+with a steady window; docs/caching.md)."""
+
+
 def _steady_pays(steady: _Steady, frame: _Frame) -> bool:
-    """True when the stable layers (pins, summary, window) get at least half of the budget: a
-    smaller prefix saves little, while recall needs the room (LoCoMo dev at 2,000 tokens keeps
-    0.861 of the evidence recall first, 0.854 with a steady window: docs/caching.md)."""
-    shares = _steady_shares(steady, frame)
-    return 2 * sum(shares.get(n, 0) for n in ("recent", "summary", "constraints")) >= steady.base
+    """True when the budget is large enough for a steady window (`STEADY_MIN_TOKENS`)."""
+    return steady.base >= STEADY_MIN_TOKENS
 
 
 def _steady_shares(steady: _Steady, frame: _Frame) -> dict[LayerName, int]:
@@ -699,9 +704,9 @@ def _steady_window(window: Sequence[_Candidate], room: int, count: Callable[[str
     return _block_start(picked, window, STEADY_BLOCK), cut
 
 
-STEADY_BLOCK = 16
+STEADY_BLOCK = 8
 """A steady window that drops turns starts at the first user turn of a run of this many sequence
-numbers (1–16, 17–32…): while the summary has not folded the dropped turns in yet (its job lags
+numbers (1–8, 9–16…): while the summary has not folded the dropped turns in yet (its job lags
 or fails), the start still moves a block at a time, not a turn per turn."""
 
 
@@ -1023,6 +1028,8 @@ class _RenderContext:
     allocated: dict[LayerName, int]
     """Each flexible layer's share as shown in the accounting."""
     hint: str | None
+    steady: bool = False
+    """The window was kept steady (`Context.steady`)."""
 
 
 @dataclass
@@ -1068,6 +1075,7 @@ def _render(rc: _RenderContext) -> Context:
         counter=frame.counter.name,
         order=tuple(frame.order),
         hint=rc.hint,
+        steady=rc.steady,
     )
 
 

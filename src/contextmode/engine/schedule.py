@@ -132,14 +132,17 @@ def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | Non
     # Turns after this one: the user turn and (usually) the answer. Without a
     # prepared state the job itself re-checks the coverage, so over-scheduling is harmless.
     last_seq = user_turn.seq + 1
-    uncovered_outside_window = last_seq - summary_keeps(strategy) - covered
+    keeps = summary_keeps(strategy)
+    if prepared is not None and not prepared.context.steady:  # a window that slides: the usual range
+        keeps = strategy.recent_turns
+    uncovered_outside_window = last_seq - keeps - covered
     # Turns the budget already dropped from the window reach the model in no form
     # until a summary covers them: summarise them now, whatever the threshold.
     account = prepared.context.accounts.get("recent") if prepared is not None else None
     dropped = [seq for seq in (account.dropped_seqs if account is not None else ()) if seq > covered]
     upto = max(dropped, default=0)
     if uncovered_outside_window >= parts.settings.summary_threshold or upto:
-        return upto
+        return max(upto, last_seq - keeps) if keeps != summary_keeps(strategy) else upto
     return None
 
 

@@ -162,6 +162,8 @@ class EvalOptions:
     recorded_strategy: str | None = None
     """Record the conversation with this strategy's background jobs (when its summary is due)
     instead of the shipped one's: how a previous default is measured as it shipped."""
+    order: str | None = None
+    """Assemble in this layer order preset instead of the shipped one."""
 
     def departures(self) -> list[str]:
         """What differs from the shipped configuration, in words, for the report."""
@@ -169,6 +171,8 @@ class EvalOptions:
         shipped = EngineSettings().strategy
         if self.recorded_strategy not in (None, shipped):
             out.append(f"recorded with strategy {self.recorded_strategy} (shipped: {shipped})")
+        if self.order not in (None, EngineSettings().order):
+            out.append(f"layer order {self.order} (shipped: {EngineSettings().order})")
         if self.preferences_only:
             out.append("constraint extractor generic_facts=False (shipped: True)")
         if self.embeddings:
@@ -236,7 +240,8 @@ def _engine(store: Store, counter: TokenCounter, options: EvalOptions, recaller:
         processors = replace(processors, extractor=OfflineConstraintExtractor(generic_facts=False))
     return build_engine(
         store=store, model=OfflineResponder(), counter=counter,
-        settings=replace(EngineSettings(), strategy=options.recorded_strategy or EngineSettings().strategy),
+        settings=replace(EngineSettings(), strategy=options.recorded_strategy or EngineSettings().strategy,
+                         order=options.order or EngineSettings().order),
         processors=processors, recaller=recaller,
     )
 
@@ -533,6 +538,9 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--recorded-strategy",
                                      help="Record with this strategy's background jobs (default: the shipped one's)")
         ] = None,
+        order: Annotated[
+            str | None, typer.Option("--order", help="Layer order preset (default: the shipped one)")
+        ] = None,
         plot: Annotated[
             Path | None, typer.Option("--plot", help="Also write a PNG of recall vs budget (extra: plot)")
         ] = None,
@@ -543,7 +551,7 @@ def register(app: typer.Typer) -> None:
         names = [s.strip() for s in strategy.split(",") if s.strip()]
         options = EvalOptions(
             preferences_only=preferences_only, embeddings=embeddings, store_url=store_url,
-            recorded_strategy=recorded_strategy,
+            recorded_strategy=recorded_strategy, order=order,
         )
         result = evaluate_locomo(data, budgets, names, progress=True, options=options)
         _print_table(result)
