@@ -6,6 +6,7 @@ refuses two in a row."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
@@ -50,6 +51,7 @@ async def test_a_refused_run_of_user_messages_is_merged_once_then_always() -> No
         model = _model(url)
         assert await model.complete(messages) == "ok"
         assert "".join([t async for t in model.stream(messages)]) == "ok"
+        await model.aclose()
     sent = server.chat_requests
     # Refused once, then sent merged; the next call is merged from the start.
     assert [_roles(r) for r in sent] == [["system", "user", "assistant", "user", "user"],
@@ -64,6 +66,7 @@ async def test_a_server_that_takes_consecutive_user_messages_gets_them_apart() -
     with server as url:
         model = _model(url)
         assert await model.complete(messages) == "ok"
+        await model.aclose()
     assert [_roles(r) for r in server.chat_requests] == [["user", "user"]]
 
 
@@ -89,10 +92,10 @@ async def test_the_shipped_engine_answers_through_a_strict_template() -> None:
 
 
 def test_alternating_leaves_tool_turns_and_the_system_message_alone() -> None:
-    call = {"role": "assistant", "content": None,
+    call: dict[str, Any] = {"role": "assistant", "content": None,
             "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
-    result = {"role": "tool", "content": "42", "tool_call_id": "c"}
-    wire = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, call, result,
+    result: dict[str, Any] = {"role": "tool", "content": "42", "tool_call_id": "c"}
+    wire: list[dict[str, Any]] = [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, call, result,
             {"role": "assistant", "content": "b"}, {"role": "assistant", "content": "c"},
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:"}}]},
             {"role": "user", "content": "d"}]

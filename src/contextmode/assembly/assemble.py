@@ -658,28 +658,11 @@ def _select_steady(
     moments and recall take the rest, then the budget still free is spent as in `_select`
     (`_spend_leftover`). When the message leaves too little for that, `_select`."""
     overheads, count = allocation.section_overheads, frame.count
-    shares = _steady_shares(steady, frame)
     chosen: dict[LayerName, list[_Candidate]] = {}
     truncated: dict[LayerName, bool] = {}
-    chosen["summary"], truncated["summary"] = _fill("summary", candidates["summary"], shares.get("summary", 0)
-                                                    - overheads["summary"], count, frame.as_messages,
-                                                    frame.counter.message_overhead)
-    pins = candidates["constraints"]
-    pins_room = min(shares.get("constraints", 0), _demand(pins, overheads["constraints"]))
-    room = sum(shares.get(n, 0) for n in ("recent", "summary", "constraints")) - pins_room \
-        - _used(chosen["summary"], overheads["summary"]) - overheads["recent"]
-    window = [c for c in candidates["recent"] if c.seq is not None and c.seq >= steady.start]
-    for c in window:  # the window's own turns: those it drops are listed (and summarised)
-        c.backfill = False
-    picked, truncated["recent"] = _steady_window(window, room, count)
-    if window and not picked:  # not even the newest turn fits: no prefix to keep this turn
+    if not _steady_stable(candidates, overheads, frame, steady, chosen, truncated):
         return _select(candidates, allocation, available, frame)
-    chosen["recent"] = picked
-    start = min((c.seq or 0 for c in picked), default=None)
-    before = [c for c in pins if start is None or c.seq is None or c.seq < start]
-    chosen["constraints"], truncated["constraints"] = _fill(
-        "constraints", before, shares.get("constraints", 0) - overheads["constraints"], count, frame.as_messages,
-        frame.counter.message_overhead)
+    picked = chosen["recent"]
     left = available - sum(_used(chosen[name], overheads[name]) for name in chosen)
     if left < 0:  # a long message: this turn cannot keep the prefix
         return _select(candidates, allocation, available, frame)
@@ -692,6 +675,36 @@ def _select_steady(
         shown.update(c.seq for c in chosen[name])
     queue = _spend_leftover(candidates, chosen, overheads, available, frame)
     return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated, queue=queue)
+
+
+def _steady_stable(
+    candidates: dict[LayerName, list[_Candidate]], overheads: Mapping[LayerName, int], frame: _Frame,
+    steady: _Steady, chosen: dict[LayerName, list[_Candidate]], truncated: dict[LayerName, bool],
+) -> bool:
+    """Fill the stable layers of a steady request into ``chosen``: the summary, the window, the
+    pins said before it. False when not even the window's newest turn fits (no prefix to keep)."""
+    count = frame.count
+    shares = _steady_shares(steady, frame)
+    chosen["summary"], truncated["summary"] = _fill("summary", candidates["summary"], shares.get("summary", 0)
+                                                    - overheads["summary"], count, frame.as_messages,
+                                                    frame.counter.message_overhead)
+    pins = candidates["constraints"]
+    pins_room = min(shares.get("constraints", 0), _demand(pins, overheads["constraints"]))
+    room = sum(shares.get(n, 0) for n in ("recent", "summary", "constraints")) - pins_room \
+        - _used(chosen["summary"], overheads["summary"]) - overheads["recent"]
+    window = [c for c in candidates["recent"] if c.seq is not None and c.seq >= steady.start]
+    for c in window:  # the window's own turns: those it drops are listed (and summarised)
+        c.backfill = False
+    picked, truncated["recent"] = _steady_window(window, room, count)
+    if window and not picked:
+        return False
+    chosen["recent"] = picked
+    start = min((c.seq or 0 for c in picked), default=None)
+    before = [c for c in pins if start is None or c.seq is None or c.seq < start]
+    chosen["constraints"], truncated["constraints"] = _fill(
+        "constraints", before, shares.get("constraints", 0) - overheads["constraints"], count, frame.as_messages,
+        frame.counter.message_overhead)
+    return True
 
 
 def _steady_window(window: Sequence[_Candidate], room: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:

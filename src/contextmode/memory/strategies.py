@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from .._protocols import implements
 from ..errors import ConfigError
@@ -30,12 +30,12 @@ from .budget import LayerName
 
 __all__ = [
     "STRATEGIES",
-    "SummaryKeeping",
     "Hybrid",
     "MemoryPlan",
     "SlidingSummary",
     "SlidingWindow",
     "Strategy",
+    "SummaryKeeping",
     "TokenWindow",
     "get_strategy",
     "register_strategy",
@@ -114,9 +114,13 @@ class SummaryKeeping(Protocol):
 def summary_keeps(strategy: Strategy) -> int:
     """The newest turns a summary leaves out: the strategy's ``summary_keeps`` (a steady window,
     whose turns are summarised once it drops them) or else its ``recent_turns``."""
-    if implements(strategy, SummaryKeeping):
+    if _keeps_summary(strategy):
         return strategy.summary_keeps
     return strategy.recent_turns
+
+
+def _keeps_summary(strategy: object) -> TypeGuard[SummaryKeeping]:
+    return implements(strategy, SummaryKeeping)
 
 
 def _tail(turns: Sequence[Turn], n: int) -> Sequence[Turn]:
