@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
-    # Chronological: background (summary, key moments, recall) first, then the newest turns,
+    # The previous default. Chronological: background (summary, key moments, recall) first, then the newest turns,
     # the message and the reply instruction (the emotional-companion article's order). Every
     # non-turn layer goes in the system message, so the messages alternate user/assistant as
     # strict chat templates (Gemma, Mistral) demand.
@@ -70,10 +70,9 @@ ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
     # Stable first, what changes every turn last (docs/caching.md): instructions, reply format,
     # pins, the summary and the window make a prefix the next turn's request repeats byte for
     # byte (what prompt caches reuse); the key moments, the recalled turns and the rewrite hint
-    # follow the window, as one message before the current one (two user messages in a row:
-    # not for strict-alternation templates). Not the default: with the default strategy it
-    # raises the cacheable share of a request only from 0.02 to 0.07 (p50, bench_cache.py);
-    # with ``CONTEXTMODE_STRATEGY=steady`` it reaches 0.55.
+    # follow the window, as one message before the current one (two user messages in a row: a
+    # strict-alternation template that refuses them gets them merged by the model adapter,
+    # `models.openai.alternating`). Shipped with the ``steady`` strategy (`EngineSettings`).
     "cache_first": (
         "system", "format", "constraints", "summary", "recent", "key_moments", "recall", "hint", "current",
     ),
