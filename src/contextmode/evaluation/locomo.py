@@ -534,13 +534,6 @@ def register(app: typer.Typer) -> None:
         store_url: Annotated[
             str | None, typer.Option("--store", help="Replay into this store URL (default: memory)")
         ] = None,
-        recorded_strategy: Annotated[
-            str | None, typer.Option("--recorded-strategy",
-                                     help="Record with this strategy's background jobs (default: the shipped one's)")
-        ] = None,
-        order: Annotated[
-            str | None, typer.Option("--order", help="Layer order preset (default: the shipped one)")
-        ] = None,
         plot: Annotated[
             Path | None, typer.Option("--plot", help="Also write a PNG of recall vs budget (extra: plot)")
         ] = None,
@@ -550,8 +543,7 @@ def register(app: typer.Typer) -> None:
         budgets = [int(b) for b in budget.split(",") if b.strip()]
         names = [s.strip() for s in strategy.split(",") if s.strip()]
         options = EvalOptions(
-            preferences_only=preferences_only, embeddings=embeddings, store_url=store_url,
-            recorded_strategy=recorded_strategy, order=order,
+            preferences_only=preferences_only, embeddings=embeddings, store_url=store_url
         )
         result = evaluate_locomo(data, budgets, names, progress=True, options=options)
         _print_table(result)
