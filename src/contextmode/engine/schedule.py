@@ -133,7 +133,7 @@ def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | Non
     # prepared state the job itself re-checks the coverage, so over-scheduling is harmless.
     last_seq = user_turn.seq + 1
     keeps = summary_keeps(strategy)
-    if prepared is None or not prepared.context.steady:  # a window that slides (or unknown): the usual range
+    if prepared is not None and not prepared.context.steady:  # a window that slides: the usual range
         keeps = strategy.recent_turns
     uncovered_outside_window = last_seq - keeps - covered
     # Turns the budget already dropped from the window reach the model in no form
