@@ -21,14 +21,14 @@ the listed prices (`contextmode.pricing.DEFAULT_PRICES`: the cacheable prefix bi
 cache price when it reaches the family's minimum; the rest at the cache-write price, i.e. a
 cache written on every request), reply tokens not included.
 
-Three layouts are replayed: ``shipped``, the shipped default (order ``default``: recall, key
-moments and the rewrite hint inside the system message, before the turns; messages alternate
-user/assistant); ``cache_first``, the order ``cache_first`` (instructions, reply format, pins,
-summary and the window first, what changes every turn in one message after the window);
-``steady``, the ``steady`` strategy in the ``cache_first`` order (the window's budget fixed, its
-start moving 16 turns at a time, recall at most 1,200 tokens). ``--locomo-eval`` adds LoCoMo
-evidence recall at 2,000 tokens: an order selects what the default does (the delta is 0 by
-construction; recall does not depend on the order), ``steady`` selects otherwise. The last line is JSON.
+Two layouts are replayed: ``shipped``, the shipped `EngineSettings` as they are (the ``steady``
+strategy in the ``cache_first`` order: instructions, reply format, pins, summary and the window
+first, what changes every turn in one message after the window; the window drops a block of its
+oldest turns at once); ``old``, the previous default (the ``default`` strategy, whose window
+slides a turn at a time, in the ``default`` order: recall and the rewrite hint inside the system
+message, before the turns). ``--locomo-eval`` adds LoCoMo evidence recall at 2,000 tokens of
+both, each recorded with its own background jobs (``locomo_recall_2000_delta``: shipped minus
+old). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 from contextmode.api import build_engine
 from contextmode.engine import TurnRequest
-from contextmode.evaluation.locomo import evaluate_locomo, load_locomo
+from contextmode.evaluation.locomo import EvalOptions, evaluate_locomo, load_locomo
 from contextmode.models.caching import cacheable_prefix_tokens, request_text
 from contextmode.pricing import DEFAULT_PRICES, turn_cost
 from contextmode.settings import EngineSettings
@@ -75,8 +75,8 @@ class Layout:
     strategy: str
 
 
-LAYOUTS = (Layout("shipped", "default", "default"), Layout("cache_first", "cache_first", "default"),
-           Layout("steady", "cache_first", "steady"))
+_SHIPPED = EngineSettings()
+LAYOUTS = (Layout("shipped", _SHIPPED.order, _SHIPPED.strategy), Layout("old", "default", "default"))
 
 
 @dataclass
@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--chinese", type=Path, required=True, help="CPED valid_split.csv")
     parser.add_argument("--conversations", type=int, default=5, help="LoCoMo conversations to replay")
     parser.add_argument("--turns", type=int, default=800, help="turns per conversation at most")
-    parser.add_argument("--locomo-eval", action="store_true", help="also LoCoMo evidence recall at 2,000 tokens")
+    parser.add_argument("--locomo-eval", action="store_true",
+                        help="also LoCoMo evidence recall at 2,000 tokens, shipped and old")
     args = parser.parse_args(argv)
     counter = counter_for_encoding("cl100k_base")
     convs = [*locomo_lines(args.locomo, args.conversations, args.turns), cped_lines(args.chinese, args.turns)]
@@ -186,31 +187,28 @@ def main(argv: Sequence[str] | None = None) -> None:
                       by_conversation={**data.by_conversation, **zh.by_conversation})
         results[layout.name] = {"all": summary(both), "locomo": summary(data), "chinese": summary(zh),
                                 "seconds": round(time.perf_counter() - started, 1)}
-    delta = steady_delta = None
+    delta = None
     if args.locomo_eval:
-        # Evidence recall depends on what is selected, not on the order: ``cache_first`` selects
-        # what the shipped default does; the steady layout selects otherwise.
-        recall = evaluate_locomo(args.locomo, [2000], ["default", "steady"], progress=False)["recall"]
-        delta = 0.0
-        steady_delta = round(recall["steady"]["2000"] - recall["default"]["2000"], 4)
-        results["locomo_recall_2000"] = {"default": recall["default"]["2000"], "steady": recall["steady"]["2000"]}
-    for name in ("shipped", "cache_first", "steady"):
+        shipped = evaluate_locomo(args.locomo, [2000], [_SHIPPED.strategy], progress=False)["recall"]
+        old = evaluate_locomo(args.locomo, [2000], ["default"], progress=False,
+                              options=EvalOptions(recorded_strategy="default", order="default"))["recall"]
+        results["locomo_recall_2000"] = {"shipped": shipped[_SHIPPED.strategy]["2000"], "old": old["default"]["2000"]}
+        delta = round(shipped[_SHIPPED.strategy]["2000"] - old["default"]["2000"], 4)
+    for name in ("shipped", "old"):
         r = results[name]["all"]
         print(f"{name}: {r['turns']} turns, cacheable prefix share p50 {r['share_p50']:.3f} "
               f"(p10 {r['share_p10']:.3f}), $/1000 turns {r['usd_per_1000_turns']}")
     line = {
         "entry": "Engine.turn, shipped EngineSettings (8,192-token window), offline processors, cl100k",
+        "shipped": {"order": _SHIPPED.order, "strategy": _SHIPPED.strategy},
         "prices": {p.family: {"input": p.input, "cache_read": p.cache_read, "cache_write": p.cache_write,
                               "min_prefix": p.min_prefix} for p in DEFAULT_PRICES},
         "detail": results,
         "cacheable_prefix_share_p50": results["shipped"]["all"]["share_p50"],
+        "cacheable_prefix_share_p50_old": results["old"]["all"]["share_p50"],
         "usd_per_1000_turns": results["shipped"]["all"]["usd_per_1000_turns"],
-        "cache_first_cacheable_prefix_share_p50": results["cache_first"]["all"]["share_p50"],
-        "cache_first_usd_per_1000_turns": results["cache_first"]["all"]["usd_per_1000_turns"],
-        "cache_first_locomo_recall_2000_delta": delta,
-        "steady_cacheable_prefix_share_p50": results["steady"]["all"]["share_p50"],
-        "steady_usd_per_1000_turns": results["steady"]["all"]["usd_per_1000_turns"],
-        "steady_locomo_recall_2000_delta": steady_delta,
+        "usd_per_1000_turns_old": results["old"]["all"]["usd_per_1000_turns"],
+        "locomo_recall_2000_delta": delta,
     }
     from contextmode.evaluation.report import print_json_line
 

@@ -171,6 +171,10 @@ def check(turns: list[Turn], next_message: str | None, strategy: str, budget_tok
     exact = count_messages(c, messages)  # type: ignore[arg-type]
     assert exact == ctx.total_tokens <= budget.input_tokens
     pinned = ctx.accounts.get("constraints")
+    recent = ctx.layer("recent")
+    if strategy == "steady" and recent is not None and any(item.seq == 1 for item in recent.items):
+        # A steady window holds the turn the pins were said in (seq 1) verbatim: they are left to it.
+        return "pins_in_window"
     if pins and (pinned.items if pinned else 0) < pins:
         # Only when the current agent step, cut to bare markers, leaves no room for them.
         current = ctx.layer("current")

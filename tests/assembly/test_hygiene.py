@@ -85,7 +85,7 @@ def offline_engine(**settings: Any) -> Engine:
         store=MemoryStore(),
         model=FunctionModel(lambda messages: "好的"),
         counter=CharTokenCounter(),
-        settings=EngineSettings(summary_threshold=2, **settings),
+        settings=EngineSettings(summary_threshold=2, **{"strategy": "default", **settings}),
     )
 
 
@@ -157,7 +157,7 @@ async def test_llm_processors_pinning_the_injection_keep_it_inside_the_data(payl
         store=MemoryStore(),
         model=FunctionModel(lambda messages: "好的"),
         counter=CharTokenCounter(),
-        settings=EngineSettings(summary_threshold=2),
+        settings=EngineSettings(summary_threshold=2, strategy="default"),
         processors=replace(Processors.offline(), extractor=LLMConstraintExtractor(bad), summarizer=LLMSummarizer(bad)),
     )
     await converse(engine, [payload, *(f"闲聊 {i}" for i in range(11))])

@@ -167,7 +167,8 @@ def test_inspect_names_every_stored_turn_by_its_exchange_number(tmp_path: Path) 
     url = f"sqlite:///{tmp_path / 'cm.db'}"
 
     async def chat() -> None:
-        engine = build_engine(store=url, model=FunctionModel(lambda m: "好的。"))
+        # The ``default`` strategy shows the pins (a steady window leaves those said inside it to it).
+        engine = build_engine(store=url, model=FunctionModel(lambda m: "好的。"), settings=EngineSettings(strategy="default"))
         for text in ("我不吃辣，预算五十以内。", "推荐一家餐厅", "那家店在哪？", "人均多少钱？"):
             await engine.turn("local", "s", text)
             await engine.drain()

@@ -131,7 +131,7 @@ async def test_decoupled_mode_sends_standalone_question_and_constraints_only() -
 
 async def test_summary_job_covers_turns_outside_the_window_once() -> None:
     summarizer = JoiningSummarizer()
-    engine = make_engine(FunctionModel(echo), summarizer=summarizer, summary_threshold=4)
+    engine = make_engine(FunctionModel(echo), summarizer=summarizer, summary_threshold=4, strategy="default")
     for i in range(8):
         await engine.turn("t1", "s1", f"第{i}个问题")
         await engine.drain()
@@ -150,7 +150,7 @@ async def test_summary_job_covers_turns_outside_the_window_once() -> None:
 
 async def test_failing_summariser_never_touches_turns_or_replies() -> None:
     summarizer = JoiningSummarizer(failures=3)
-    engine = make_engine(FunctionModel(echo), summarizer=summarizer, summary_threshold=1)
+    engine = make_engine(FunctionModel(echo), summarizer=summarizer, summary_threshold=1, strategy="default")
     for i in range(5):
         result = await engine.turn("t1", "s1", f"消息{i}")
         assert result.answer  # replies never fail because of the summariser

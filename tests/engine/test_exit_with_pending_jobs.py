@@ -32,7 +32,9 @@ else:
 def _run(tmp_path: Path, *args: str, window: int | None = None) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "CONTEXTMODE_HOME": str(tmp_path / "home")}
+    # The summary due by count: the ``default`` strategy (a steady window's turns are folded in
+    # once it drops them).
+    env = {**os.environ, "CONTEXTMODE_HOME": str(tmp_path / "home"), "CONTEXTMODE_STRATEGY": "default"}
     if window is not None:
         env["CONTEXTMODE_CONTEXT_WINDOW"] = str(window)
     return subprocess.run([sys.executable, str(script), str(tmp_path / "s.db"), *args],

@@ -69,7 +69,7 @@ def _engine(store: MemoryStore, summarizer: CountingSummarizer, jobs: JobRunner)
     return Engine(
         store=store, model=FunctionModel(reply), counter=CharTokenCounter(),
         processors=Processors(detector=nothing, rewriter=nothing, summarizer=summarizer, extractor=nothing, emotion=nothing),
-        settings=EngineSettings(summary_threshold=4), jobs=jobs,
+        settings=EngineSettings(summary_threshold=4, strategy="default"), jobs=jobs,
     )
 
 

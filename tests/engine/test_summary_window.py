@@ -22,6 +22,7 @@ from contextmode.processors.audit import AuditedSummarizer
 from contextmode.processors.base import fits_a_window
 from contextmode.processors.llm import LLMSummarizer
 from contextmode.processors.summarize import OfflineSummarizer
+from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing.stub_server import StubRequest, StubServer
 from contextmode.types import NewTurn
@@ -45,7 +46,8 @@ def _summaries() -> Iterator[str]:
 def _engine(url: str, *, max_tokens: int = 512) -> Engine:
     model = OpenAIChatModel(model="smollm2", base_url=url, max_retries=0, options=OpenAIOptions(reply_max_tokens=256))
     summarizer = AuditedSummarizer(LLMSummarizer(model, max_tokens=max_tokens, timeout=30))
-    return build_engine(store=MemoryStore(), model=model,
+    # The summary due by count (the ``default`` strategy's window of six turns).
+    return build_engine(store=MemoryStore(), model=model, settings=EngineSettings(strategy="default"),
                         processors=replace(Processors.offline(), summarizer=summarizer))
 
 

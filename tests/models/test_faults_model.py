@@ -197,7 +197,7 @@ def jobs_engine(stub: StubServer, sleeps: Sleeps, *, attempts: int = 3) -> Engin
     """The answer from a local fake; summary, constraints and emotion from the stub (LLM processors)."""
     store = MemoryStore()
     model = stub_model(stub)
-    settings = EngineSettings(summary_threshold=2, job_attempts=attempts)
+    settings = EngineSettings(summary_threshold=2, job_attempts=attempts, strategy="default")
     runner = JobRunner(store, replace(JobSettings(), attempts=attempts, base_delay_s=0.5, jitter=0.0), sleep=sleeps)
     return build_engine(
         store=store,

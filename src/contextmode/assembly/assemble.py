@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
-    # Chronological: background (summary, key moments, recall) first, then the newest turns,
+    # The previous default. Chronological: background (summary, key moments, recall) first, then the newest turns,
     # the message and the reply instruction (the emotional-companion article's order). Every
     # non-turn layer goes in the system message, so the messages alternate user/assistant as
     # strict chat templates (Gemma, Mistral) demand.
@@ -70,10 +70,9 @@ ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
     # Stable first, what changes every turn last (docs/caching.md): instructions, reply format,
     # pins, the summary and the window make a prefix the next turn's request repeats byte for
     # byte (what prompt caches reuse); the key moments, the recalled turns and the rewrite hint
-    # follow the window, as one message before the current one (two user messages in a row:
-    # not for strict-alternation templates). Not the default: with the default strategy it
-    # raises the cacheable share of a request only from 0.02 to 0.07 (p50, bench_cache.py);
-    # with ``CONTEXTMODE_STRATEGY=steady`` it reaches 0.55.
+    # follow the window, as one message before the current one (two user messages in a row: a
+    # strict-alternation template that refuses them gets them merged by the model adapter,
+    # `models.openai.alternating`). Shipped with the ``steady`` strategy (`EngineSettings`).
     "cache_first": (
         "system", "format", "constraints", "summary", "recent", "key_moments", "recall", "hint", "current",
     ),
@@ -319,16 +318,19 @@ def assemble(
     candidates = _candidates(state, plan, frame, now, config.tool_limits)
     whole = _whole_when_it_fits(candidates, fixed.available)
     allocation = _allocate(candidates, frame, fixed.available, budget.shares or plan.shares)
-    if plan.window_block and not whole:
-        steady = _Steady(block=plan.window_block, base=fixed.available + fixed.current_cost + fixed.costs.get("hint", 0),
-                         volatile_max=plan.volatile_max_tokens, weights=budget.shares or plan.shares)
+    steady = _steady(plan, fixed, budget)
+    # A session sent whole keeps its prefix too (the summary need not run, the pins are in it).
+    kept_steady = steady is not None and (whole or _steady_pays(steady, frame))
+    if steady is not None and not whole and kept_steady:
         selection = _select_steady(candidates, allocation, fixed.available, frame, steady)
     else:
+        if steady is not None and whole:  # a session sent whole: its pins are in the window, said verbatim
+            candidates["constraints"] = []
         selection = _select(candidates, allocation, fixed.available, frame)
     hint = current.hint
     return _render(_RenderContext(
         frame=frame, message=message, sent=sent, strategy=strategy.name, fixed=fixed,
-        selection=selection, allocated=allocation.shown,
+        selection=selection, allocated=allocation.shown, steady=kept_steady,
         hint=hint.strip() if hint and hint.strip() != sent.strip() else None,
     ))
 
@@ -592,10 +594,10 @@ _VOLATILE_LAYERS: tuple[LayerName, ...] = ("key_moments", "recall")
 
 @dataclass(frozen=True, kw_only=True)
 class _Steady:
-    """What keeps a request's prefix steady (`MemoryPlan.window_block`)."""
+    """What keeps a request's prefix steady (`MemoryPlan.steady_from`)."""
 
-    block: int
-    """Turns per block of the window's start."""
+    start: int
+    """The first turn the window may hold (`MemoryPlan.steady_from`)."""
     base: int
     """The flexible budget before the current message: the shares are taken from it, so a
     longer or shorter message moves none of the stable layers (the volatile ones absorb it)."""
@@ -603,6 +605,31 @@ class _Steady:
     """Tokens at most for the layers after the window (key moments, recall); the rest of their
     share goes to the window."""
     weights: Mapping[LayerName, float]
+
+
+STEADY_KEEP = 0.85
+"""Share of its budget a steady window keeps when its turns no longer fit: it drops a block of
+its oldest turns (15 % of its budget) at once, not a turn per turn. A larger block keeps the
+prefix longer but leaves more budget to the layers after the window (docs/caching.md)."""
+
+
+def _steady(plan: MemoryPlan, fixed: _Fixed, budget: Budget) -> _Steady | None:
+    """The steady window's terms when the plan asks for one (`MemoryPlan.steady_from`)."""
+    if plan.steady_from is None:
+        return None
+    return _Steady(start=plan.steady_from, base=fixed.available + fixed.current_cost + fixed.costs.get("hint", 0),
+                   volatile_max=plan.volatile_max_tokens, weights=budget.shares or plan.shares)
+
+
+STEADY_MIN_TOKENS = 3000
+"""Flexible tokens below which a window is not kept steady: a smaller prefix saves little, and
+recall needs the room (LoCoMo dev evidence recall at 2,000 tokens: 0.861 recall first, 0.832
+with a steady window; docs/caching.md)."""
+
+
+def _steady_pays(steady: _Steady, frame: _Frame) -> bool:
+    """True when the budget is large enough for a steady window (`STEADY_MIN_TOKENS`)."""
+    return steady.base >= STEADY_MIN_TOKENS
 
 
 def _steady_shares(steady: _Steady, frame: _Frame) -> dict[LayerName, int]:
@@ -621,31 +648,20 @@ def _select_steady(
     candidates: dict[LayerName, list[_Candidate]], allocation: _Allocation, available: int, frame: _Frame,
     steady: _Steady,
 ) -> _Selection:
-    """`_select` for a request whose prefix stays the same from turn to turn (`MemoryPlan.window_block`).
+    """`_select` for a request whose prefix stays the same from turn to turn (`MemoryPlan.steady`).
 
-    Pins, summary and window each get their share of a budget that does not depend on the
-    message or on what recall finds (`_steady_shares`); the window's oldest turn is the start
-    of a block of ``steady.block`` turns (`_block_start`: it moves a block at a time, not a turn
-    at a time); the pins shown are those said before the window (the window holds the others
-    verbatim). The key moments and recall take the rest, then the budget still free is spent as
-    in `_select` (`_spend_leftover`). When the message leaves too little for that, `_select`."""
+    The summary gets its share of a budget that does not depend on the message or on what recall
+    finds (`_steady_shares`); the window the rest of the stable part: every turn the summary does
+    not cover while they fit, else the newest `STEADY_KEEP` of it (`_steady_window`); the pins
+    shown are those said before the window (the window holds the others verbatim). The key
+    moments and recall take the rest, then the budget still free is spent as in `_select`
+    (`_spend_leftover`). When the message leaves too little for that, `_select`."""
     overheads, count = allocation.section_overheads, frame.count
-    shares = _steady_shares(steady, frame)
     chosen: dict[LayerName, list[_Candidate]] = {}
     truncated: dict[LayerName, bool] = {}
-    chosen["summary"], truncated["summary"] = _fill("summary", candidates["summary"], shares.get("summary", 0)
-                                                    - overheads["summary"], count, frame.as_messages,
-                                                    frame.counter.message_overhead)
-    window = candidates["recent"]
-    picked, truncated["recent"] = _fill_recent(window, shares.get("recent", 0) - overheads["recent"], count, {})
-    if len(picked) < len(window):
-        picked = _block_start(picked, window, steady.block)
-    chosen["recent"] = picked
-    start = min((c.seq or 0 for c in picked), default=None)
-    before = [c for c in candidates["constraints"] if start is None or c.seq is None or c.seq < start]
-    chosen["constraints"], truncated["constraints"] = _fill(
-        "constraints", before, shares.get("constraints", 0) - overheads["constraints"], count, frame.as_messages,
-        frame.counter.message_overhead)
+    if not _steady_stable(candidates, overheads, frame, steady, chosen, truncated):
+        return _select(candidates, allocation, available, frame)
+    picked = chosen["recent"]
     left = available - sum(_used(chosen[name], overheads[name]) for name in chosen)
     if left < 0:  # a long message: this turn cannot keep the prefix
         return _select(candidates, allocation, available, frame)
@@ -660,11 +676,56 @@ def _select_steady(
     return _Selection(chosen=chosen, dropped=_dropped(candidates, chosen), truncated=truncated, queue=queue)
 
 
+def _steady_stable(
+    candidates: dict[LayerName, list[_Candidate]], overheads: Mapping[LayerName, int], frame: _Frame,
+    steady: _Steady, chosen: dict[LayerName, list[_Candidate]], truncated: dict[LayerName, bool],
+) -> bool:
+    """Fill the stable layers of a steady request into ``chosen``: the summary, the window, the
+    pins said before it. False when not even the window's newest turn fits (no prefix to keep)."""
+    count = frame.count
+    shares = _steady_shares(steady, frame)
+    chosen["summary"], truncated["summary"] = _fill("summary", candidates["summary"], shares.get("summary", 0)
+                                                    - overheads["summary"], count, frame.as_messages,
+                                                    frame.counter.message_overhead)
+    pins = candidates["constraints"]
+    pins_room = min(shares.get("constraints", 0), _demand(pins, overheads["constraints"]))
+    room = sum(shares.get(n, 0) for n in ("recent", "summary", "constraints")) - pins_room \
+        - _used(chosen["summary"], overheads["summary"]) - overheads["recent"]
+    window = [c for c in candidates["recent"] if c.seq is not None and c.seq >= steady.start]
+    for c in window:  # the window's own turns: those it drops are listed (and summarised)
+        c.backfill = False
+    picked, truncated["recent"] = _steady_window(window, room, count)
+    if window and not picked:
+        return False
+    chosen["recent"] = picked
+    start = min((c.seq or 0 for c in picked), default=None)
+    before = [c for c in pins if start is None or c.seq is None or c.seq < start]
+    chosen["constraints"], truncated["constraints"] = _fill(
+        "constraints", before, shares.get("constraints", 0) - overheads["constraints"], count, frame.as_messages,
+        frame.counter.message_overhead)
+    return True
+
+
+def _steady_window(window: Sequence[_Candidate], room: int, count: Callable[[str], int]) -> tuple[list[_Candidate], bool]:
+    """The steady window (newest first): every turn of ``window`` when they fit ``room``, else
+    the newest that fit `STEADY_KEEP` of it (units whole, opening with a question): the turns it
+    drops are then summarised, and the window grows again from its new start."""
+    if sum(c.cost for c in window) <= room:
+        return list(window), False
+    picked, cut = _fill_recent(window, int(room * STEADY_KEEP), count, {})
+    return _block_start(picked, window, STEADY_BLOCK), cut
+
+
+STEADY_BLOCK = 8
+"""A steady window that drops turns starts at the first user turn of a run of this many sequence
+numbers (1–8, 9–16…): while the summary has not folded the dropped turns in yet (its job lags
+or fails), the start still moves a block at a time, not a turn per turn."""
+
+
 def _block_start(picked: list[_Candidate], window: Sequence[_Candidate], block: int) -> list[_Candidate]:
     """``picked`` (newest first) without its oldest turns before the newest block start it
-    reaches: the first user turn of each run of ``block`` sequence numbers (seq 1–16, 17–32…
-    for 16) among the window's candidates. Unchanged when it reaches none (a window shorter
-    than a block slides as before)."""
+    reaches: the first user turn of each run of ``block`` sequence numbers among the window's
+    candidates. Unchanged when it reaches none."""
     starts: set[int] = set()
     seen: set[int] = set()
     for c in reversed(window):  # oldest first
@@ -979,6 +1040,8 @@ class _RenderContext:
     allocated: dict[LayerName, int]
     """Each flexible layer's share as shown in the accounting."""
     hint: str | None
+    steady: bool = False
+    """The window was kept steady (`Context.steady`)."""
 
 
 @dataclass
@@ -1024,6 +1087,7 @@ def _render(rc: _RenderContext) -> Context:
         counter=frame.counter.name,
         order=tuple(frame.order),
         hint=rc.hint,
+        steady=rc.steady,
     )
 
 

@@ -95,6 +95,9 @@ class Context:
     order: Sequence[LayerName] = field(default_factory=tuple)
     hint: str | None = None
     """A verified rewrite shown to the model as a labelled hint (contextual mode), if any."""
+    steady: bool = False
+    """True when the window was kept steady (`MemoryPlan.steady_from`): the summary leaves its
+    turns alone until it drops them."""
 
     def layer(self, name: LayerName) -> LayerContent | None:
         """The rendered layer ``name``, or ``None`` when it is empty."""

@@ -14,7 +14,7 @@ from functools import cache
 from ..assembly.agent import as_sentence
 from ..errors import ConflictError, ContextWindowExceeded, ModelPreempted, OutputRejected
 from ..jobs import StepFailed, report_step
-from ..memory.strategies import get_strategy
+from ..memory.strategies import get_strategy, summary_keeps
 from ..models.calls import call_log, model_step
 from ..models.priority import in_background
 from ..processors.base import (
@@ -205,14 +205,17 @@ def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | Non
     # Turns after this one: the user turn and (usually) the answer. Without a
     # prepared state the job itself re-checks the coverage, so over-scheduling is harmless.
     last_seq = user_turn.seq + 1
-    uncovered_outside_window = last_seq - strategy.recent_turns - covered
+    keeps = summary_keeps(strategy)
+    if prepared is not None and not prepared.context.steady:  # a window that slides: the usual range
+        keeps = strategy.recent_turns
+    uncovered_outside_window = last_seq - keeps - covered
     # Turns the budget already dropped from the window reach the model in no form
     # until a summary covers them: summarise them now, whatever the threshold.
     account = prepared.context.accounts.get("recent") if prepared is not None else None
     dropped = [seq for seq in (account.dropped_seqs if account is not None else ()) if seq > covered]
     upto = max(dropped, default=0)
     if uncovered_outside_window >= parts.settings.summary_threshold or upto:
-        return upto
+        return max(upto, last_seq - keeps) if keeps != summary_keeps(strategy) else upto
     return None
 
 
@@ -308,7 +311,9 @@ async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = Fals
     state = await store.load(tenant, session_id, recent=0, max_uncovered=0)
     previous = state.summary
     start = state.summary_covers_seq + 1
-    end = info.last_seq - strategy.recent_turns
+    # Due by count, the summary leaves the strategy's window alone (a steady window's turns
+    # are folded in once it drops them); asked for, it folds everything but the recent turns.
+    end = info.last_seq - (strategy.recent_turns if force else summary_keeps(strategy))
     if upto is not None:
         # Dropped turns reach the model in no form until summarised: any number is due.
         end, force = max(end, min(upto, info.last_seq)), True

@@ -159,10 +159,20 @@ class EvalOptions:
     """Fuse dense retrieval (the ``embeddings`` extra, not on by default) into recall."""
     store_url: str | None = None
     """Replay into this store (``sqlite:///…``, ``postgresql://…``, ``redis://…``); default memory."""
+    recorded_strategy: str | None = None
+    """Record the conversation with this strategy's background jobs (when its summary is due)
+    instead of the shipped one's: how a previous default is measured as it shipped."""
+    order: str | None = None
+    """Assemble in this layer order preset instead of the shipped one."""
 
     def departures(self) -> list[str]:
         """What differs from the shipped configuration, in words, for the report."""
         out = []
+        shipped = EngineSettings().strategy
+        if self.recorded_strategy not in (None, shipped):
+            out.append(f"recorded with strategy {self.recorded_strategy} (shipped: {shipped})")
+        if self.order not in (None, EngineSettings().order):
+            out.append(f"layer order {self.order} (shipped: {EngineSettings().order})")
         if self.preferences_only:
             out.append("constraint extractor generic_facts=False (shipped: True)")
         if self.embeddings:
@@ -229,7 +239,9 @@ def _engine(store: Store, counter: TokenCounter, options: EvalOptions, recaller:
     if options.preferences_only:
         processors = replace(processors, extractor=OfflineConstraintExtractor(generic_facts=False))
     return build_engine(
-        store=store, model=OfflineResponder(), counter=counter, settings=EngineSettings(),
+        store=store, model=OfflineResponder(), counter=counter,
+        settings=replace(EngineSettings(), strategy=options.recorded_strategy or EngineSettings().strategy,
+                         order=options.order or EngineSettings().order),
         processors=processors, recaller=recaller,
     )
 

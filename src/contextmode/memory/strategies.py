@@ -11,7 +11,7 @@ the assembler fits the plan into the budget. Strategies (seeds 001, 002, 003):
 - ``hybrid``: recent window + key moments (emotion > 0.7, at most 5, ranked
   with a time decay) + summary, shared 60 / 25 / 15.
 
-The shipped default, ``default``, and ``hybrid_recall`` add a recall layer; they
+The shipped ``steady``, the previous default ``default`` and ``hybrid_recall`` add a recall layer; they
 live in `recall.strategy`; `contextmode.memory` registers them when it is
 imported.
 """
@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
+from .._protocols import implements
 from ..errors import ConfigError
 from ..types import SessionState, Summary, Turn
 from .budget import LayerName
@@ -34,9 +35,12 @@ __all__ = [
     "SlidingSummary",
     "SlidingWindow",
     "Strategy",
+    "SummaryKeeping",
     "TokenWindow",
     "get_strategy",
     "register_strategy",
+    "summary_keeps",
+    "uncovered",
 ]
 
 # The fixed-layer budget's allocations as weights: profile 200, recent 4000, summary 1500.
@@ -61,14 +65,17 @@ class MemoryPlan:
     the key moments moving into it. Empty for strategies that keep a fixed window."""
     shares: Mapping[LayerName, float] = field(default_factory=dict)
     """Default weights of the flexible layers for this strategy."""
-    window_block: int = 0
-    """Turns per block of a steady window; 0: the window slides a turn at a time. With blocks,
-    a request repeats the previous request's prefix (what prompt caches reuse, docs/caching.md):
-    the window's budget does not depend on what recall finds, its oldest turn moves a block at
-    a time, and pins said inside the window are left to it."""
+    steady_from: int | None = None
+    """A steady window (docs/caching.md) from this turn on (the first the summary does not
+    cover), so that a request repeats the previous request's prefix, what prompt caches reuse:
+    the window's budget depends neither on the message nor on what recall finds; it holds every
+    turn from here while they fit and, once they no longer do, drops a block of its oldest turns
+    at once (the summary then folds them in: one change for many turns); pins said inside the
+    window are left to it. ``None``: the window slides a turn at a time over what the other
+    layers leave (`recent`, `backfill`)."""
     volatile_max_tokens: int | None = None
-    """With ``window_block``: tokens at most for the layers after the window (key moments,
-    recall), the rest of their share going to the window; ``None``: their whole share."""
+    """With ``steady_from``: tokens at most for the layers after the window (key moments, recall),
+    the rest of their share going to the window; ``None``: their whole share."""
 
 
 @runtime_checkable
@@ -93,11 +100,34 @@ class Strategy(Protocol):
         ...
 
 
+@runtime_checkable
+class SummaryKeeping(Protocol):
+    """A strategy that names how many of the newest turns the summary leaves to its window."""
+
+    @property
+    def summary_keeps(self) -> int:
+        """Newest turns the summary leaves out when it is due by count (turns the window drops
+        are folded in whatever this says)."""
+        ...
+
+
+def summary_keeps(strategy: Strategy) -> int:
+    """The newest turns a summary leaves out: the strategy's ``summary_keeps`` (a steady window,
+    whose turns are summarised once it drops them) or else its ``recent_turns``."""
+    if _keeps_summary(strategy):
+        return strategy.summary_keeps
+    return strategy.recent_turns
+
+
+def _keeps_summary(strategy: object) -> TypeGuard[SummaryKeeping]:
+    return implements(strategy, SummaryKeeping)
+
+
 def _tail(turns: Sequence[Turn], n: int) -> Sequence[Turn]:
     return turns[-n:] if n > 0 else ()
 
 
-def _uncovered(state: SessionState, at_least: int) -> Sequence[Turn]:
+def uncovered(state: SessionState, at_least: int) -> Sequence[Turn]:
     """Turns the summary does not cover yet, and at least the newest ``at_least``."""
     covers = state.summary_covers_seq
     turns = list(state.turns)
@@ -150,7 +180,7 @@ class SlidingSummary:
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
         return MemoryPlan(
-            recent=_uncovered(state, self.recent_turns),
+            recent=uncovered(state, self.recent_turns),
             summary=state.summary,
             shares=_FIXED_LAYER_SHARES,
         )
@@ -197,7 +227,7 @@ class Hybrid:
         return eligible[: self.max_key_moments]
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
-        uncovered = _uncovered(state, self.recent_turns)
+        not_covered = uncovered(state, self.recent_turns)
         # The window is the last N turns (design article 001); an emotional turn older than that is a
         # key moment even while the summary lags behind, and is not repeated among the recent.
         window = _tail(state.turns, self.recent_turns)
@@ -206,7 +236,7 @@ class Hybrid:
         unique = {t.seq: t for t in pool}
         moments = self.rank_key_moments(list(unique.values()), before_seq=first_window, now=now)
         shown = {t.seq for t in moments}
-        recent = [t for t in uncovered if t.seq not in shown]
+        recent = [t for t in not_covered if t.seq not in shown]
         return MemoryPlan(
             recent=recent, summary=state.summary, key_moments=moments, shares=self.shares
         )

@@ -56,6 +56,7 @@ __all__ = [
     "ModelUsage",
     "OpenAIChatModel",
     "OpenAIOptions",
+    "alternating",
     "json_complete",
     "map_openai_error",
     "retry_after_s",
@@ -302,6 +303,9 @@ class OpenAIChatModel:
         """Usage of the most recent call that reported one (for logs; racy under concurrency)."""
         self._include_usage = options.include_usage
         self._send_cache_hints = True
+        self._merge_roles = False
+        """Learnt from a refusal (`_refuses_alternation`): consecutive messages of one role are
+        sent as one (a chat template that demands user/assistant alternation)."""
         self._cache_key_option = options.prompt_cache_key
         self._length_param = "max_tokens"
         self._secret = api_key
@@ -451,9 +455,10 @@ class OpenAIChatModel:
 
     def _request(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> dict[str, Any]:
         check_model_request_allowed(self.base_url)
+        wired = [wire_message(m) for m in messages]
         request: dict[str, Any] = {
             "model": self.name,
-            "messages": [wire_message(m) for m in messages],
+            "messages": alternating(wired) if self._merge_roles else wired,
         }
         if max_tokens is not None:
             request["max_tokens"] = max_tokens
@@ -579,7 +584,8 @@ class OpenAIChatModel:
         request: dict[str, Any] = dict(relay.fields)
         request["model"] = self.name
         if messages is not None:
-            request["messages"] = _with_images([wire_message(m) for m in messages], relay.images)
+            wired = _with_images([wire_message(m) for m in messages], relay.images)
+            request["messages"] = alternating(wired) if self._merge_roles else wired
         if not isinstance(request.get("messages"), list):
             raise ModelRefused("a relayed request needs its messages")
         named = [k for k in ("max_completion_tokens", "max_tokens") if isinstance(request.get(k), int)]
@@ -600,7 +606,21 @@ class OpenAIChatModel:
         return request
 
     async def _relay_post(self, request: dict[str, Any], *, stream: bool) -> Any:
-        """The relayed request, sent once; the SDK's response unread (its headers available)."""
+        """The relayed request, sent once (twice when the server's chat template refuses
+        consecutive messages of one role: `_merge_roles`); the SDK's response unread (its
+        headers available)."""
+        openai = _import_openai()
+        try:
+            return await self._relay_once(request, stream=stream)
+        except openai.APIStatusError as exc:
+            if not (_refuses_alternation(exc) and self._alternate(request)):
+                raise map_openai_error(exc, secret=self._secret, relayed=True) from self._cause(exc)
+        try:
+            return await self._relay_once(request, stream=stream)
+        except Exception as exc:
+            raise map_openai_error(exc, secret=self._secret, relayed=True) from self._cause(exc)
+
+    async def _relay_once(self, request: dict[str, Any], *, stream: bool) -> Any:
         openai = _import_openai()
         try:
             if stream:
@@ -613,6 +633,8 @@ class OpenAIChatModel:
                 "/chat/completions", cast_to=object, body=request,
                 options={"headers": {_RAW_RESPONSE_HEADER: "stream"}, "max_retries": 0},
             )
+        except openai.APIStatusError:
+            raise
         except Exception as exc:
             raise map_openai_error(exc, secret=self._secret, relayed=True) from self._cause(exc)
 
@@ -802,6 +824,8 @@ class OpenAIChatModel:
     ) -> tuple[str, bool]:
         """After a refused request (``exc``, for ``sent``): what to change in ``request`` and the
         length parameter and usage capture to try next; raises when nothing can be adapted."""
+        if _refuses_alternation(exc) and self._alternate(request):
+            return length_param, with_usage
         if exc.status_code not in (400, 422) and not _refuses_format(exc, sent):
             raise self._map(exc) from self._cause(exc)
         if "max_tokens" in sent and "max_completion_tokens" in str(exc):
@@ -814,6 +838,18 @@ class OpenAIChatModel:
         if with_usage:
             return length_param, False
         raise self._map(exc) from self._cause(exc)
+
+    def _alternate(self, request: dict[str, Any]) -> bool:
+        """After a chat template refused consecutive messages of one role: send them as one,
+        in this request and every later one; False when the request has none to merge."""
+        merged = alternating(request.get("messages") or [])
+        if merged == request.get("messages"):
+            return False
+        request["messages"] = merged
+        if not self._merge_roles:
+            self._merge_roles = True
+            logger.info("model endpoint wants user/assistant alternation; consecutive messages of one role are merged")
+        return True
 
     def _drop_cache_hints(self, request: dict[str, Any]) -> bool:
         """After a refused request: take the prompt-cache hints out of it and never send them
@@ -854,6 +890,46 @@ def _refuses_format(exc: Any, request: Mapping[str, Any]) -> bool:
     """A 500 refusing the request's ``response_format``: llama-cpp-python answers a
     ``json_schema`` format with its validation error as a 500 (a 400 elsewhere)."""
     return exc.status_code == 500 and "response_format" in request and "response_format" in str(exc)
+
+
+_ALTERNATION = re.compile(r"alternat", re.I)
+
+
+def _refuses_alternation(exc: Any) -> bool:
+    """A chat template that demands user/assistant alternation refusing the request: the Jinja
+    templates of Mistral, Gemma and others raise "Conversation roles must alternate
+    user/assistant/user/assistant/..." (llama.cpp's server answers 500, vLLM 400)."""
+    return exc.status_code in (400, 422, 500) and bool(_ALTERNATION.search(str(exc))) and "role" in str(exc).lower()
+
+
+def alternating(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` (OpenAI's JSON shape) with each run of consecutive ``user`` (or
+    ``assistant``) messages sent as one, their texts joined by a blank line in order: what a
+    chat template that demands alternation accepts. Tool calls, tool results and the system
+    message are left as they are."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        previous = out[-1] if out else None
+        if previous is not None and _mergeable(previous) and _mergeable(message) \
+                and previous["role"] == message["role"]:
+            out[-1] = {**previous, "content": _joined(previous["content"], message["content"])}
+        else:
+            out.append(dict(message))
+    return out
+
+
+def _mergeable(message: Mapping[str, Any]) -> bool:
+    return message.get("role") in ("user", "assistant") and not message.get("tool_calls") \
+        and "tool_call_id" not in message and isinstance(message.get("content"), (str, list))
+
+
+def _joined(first: str | list[Any], second: str | list[Any]) -> str | list[Any]:
+    """Two message contents as one: texts joined by a blank line; parts (images) kept in order."""
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+    def parts(content: str | list[Any]) -> list[Any]:
+        return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    return [*parts(first), *parts(second)]
 
 
 _END = object()

@@ -1,4 +1,4 @@
-"""The recall strategies: ``default`` (shipped) and ``hybrid_recall``.
+"""The recall strategies: ``steady`` (shipped), ``default`` (the previous default) and ``hybrid_recall``.
 
 ``hybrid_recall`` is the ``hybrid`` strategy plus a recall layer.
 
@@ -25,7 +25,7 @@ from datetime import datetime
 
 from ...types import SessionState, Turn
 from ..budget import LayerName
-from ..strategies import Hybrid, MemoryPlan, register_strategy
+from ..strategies import Hybrid, MemoryPlan, register_strategy, uncovered
 
 __all__ = ["DefaultStrategy", "HybridRecall", "SteadyStrategy", "register_recall_strategies"]
 
@@ -84,7 +84,7 @@ class HybridRecall(Hybrid):
 
 @dataclass(frozen=True, kw_only=True)
 class DefaultStrategy(HybridRecall):
-    """The shipped default: `HybridRecall` whose recent layer can grow back.
+    """The previous default (``default``): `HybridRecall` whose recent layer can grow back.
 
     The recent window (the last ``recent_turns`` turns) always comes first; the
     turns before it that the summary does not cover yet follow as further
@@ -102,9 +102,6 @@ class DefaultStrategy(HybridRecall):
     at 500 and 1,000 tokens (0.635 → 0.627, 0.770 → 0.766) and the offline emotion scorer does
     not hold on unseen conversations (docs/quality.md), so its share goes to recall. The
     ``hybrid`` and ``hybrid_recall`` presets keep key moments for companion apps."""
-    window_block: int = 0
-    """The window slides a turn at a time (``steady``: a block at a time, docs/caching.md)."""
-    volatile_max_tokens: int | None = None
 
     def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
         base = super().plan(state, message, now=now)
@@ -124,21 +121,29 @@ class DefaultStrategy(HybridRecall):
         recent = (*reversed(older), *base.recent)
         first = recent[0].seq if recent else state.last_seq + 1
         backfill = tuple(t for t in reversed(state.turns) if t.seq < first)
-        return replace(base, recent=recent, backfill=backfill, window_block=self.window_block,
-                       volatile_max_tokens=self.volatile_max_tokens)
+        return replace(base, recent=recent, backfill=backfill)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SteadyStrategy(DefaultStrategy):
     """The default with a request prefix that stays the same from turn to turn, for prompt caches
-    (docs/caching.md): the window's budget does not depend on what recall finds, its oldest turn
-    moves 16 turns at a time, pins said inside the window are left to it, and recall and key
-    moments take at most 1,200 tokens (the rest of their share goes to the window). Not the
-    default: on LoCoMo dev it keeps less evidence at 2,000 tokens (0.848 against 0.860)."""
+    (docs/caching.md). The window holds every turn the summary does not cover, and its budget
+    depends neither on the message nor on what recall finds; once those turns no longer fit, it
+    drops a block of its oldest ones at once, and the summary folds them in (it is not due by
+    count before ``summary_keeps`` turns are left out): the pins, the summary and the window
+    change together, once in many turns. Pins said inside the window are left to it. Recall and
+    key moments come after the window and take at most ``volatile_max_tokens``."""
 
     name: str = "steady"
-    window_block: int = 16
-    volatile_max_tokens: int | None = 1200
+    volatile_max_tokens: int | None = 800
+    summary_keeps: int = 190
+    """Newest turns the summary leaves to the window when it is due by count: below what a load
+    returns (200), so the window can hold every turn not summarised yet."""
+
+    def plan(self, state: SessionState, message: str, *, now: datetime) -> MemoryPlan:
+        window = uncovered(state, self.recent_turns)
+        return replace(super().plan(state, message, now=now), steady_from=window[0].seq if window else None,
+                       volatile_max_tokens=self.volatile_max_tokens)
 
 
 def register_recall_strategies() -> None:
