@@ -63,11 +63,10 @@ def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 class EngineSettings:
     """How a turn is built and what runs after it."""
 
-    strategy: str = "steady"
-    """Memory strategy name: ``steady`` (the shipped one: summary, pins, recalled older turns and
-    a window that keeps the request's prefix the same from turn to turn, for prompt caches:
-    docs/caching.md), ``default`` (the same layers, the window sliding a turn at a time over what
-    recall leaves: the previous default), ``window``, ``token_window``, ``summary``,
+    strategy: str = "default"
+    """Memory strategy name: ``default`` (summary, pins, key moments, recalled older turns and
+    recent turns), or ``steady`` (the default with a request prefix that stays the same from turn
+    to turn, for prompt caches: docs/caching.md), ``window``, ``token_window``, ``summary``,
     ``sliding_summary``, ``hybrid``, ``hybrid_recall``."""
     context_window: int = 8192
     """The model's context window, tokens."""
@@ -75,13 +74,11 @@ class EngineSettings:
     """Tokens kept for the reply; ``None`` = a quarter of the window."""
     mode: Mode = "contextual"
     """``contextual``: layers go into the prompt; ``decoupled``: memory only feeds the rewrite."""
-    order: str = "cache_first"
-    """Layer order preset: ``cache_first`` (shipped: instructions, pins, summary and the turns
+    order: str = "default"
+    """Layer order preset: ``default`` (background, then the newest turns and the message; the
+    messages alternate user/assistant), ``cache_first`` (instructions, pins, summary and the turns
     first, what changes every turn after them in one more user message: prompt caches reuse the
-    rest, docs/caching.md; a chat template that refuses two user messages in a row gets them as
-    one), ``default`` (background, then the newest turns and the message; the messages alternate
-    user/assistant: the previous default) or ``question_first`` (the message right after the
-    pinned constraints)."""
+    rest, docs/caching.md) or ``question_first`` (the message right after the pinned constraints)."""
     locale: str = "auto"
     """``zh``, ``en`` or ``auto``."""
     summary_threshold: int = 10
@@ -154,11 +151,11 @@ class EngineSettings:
         env = os.environ if env is None else env
         reserve = env.get("CONTEXTMODE_REPLY_RESERVE")
         return cls(
-            strategy=env.get("CONTEXTMODE_STRATEGY", "steady"),
+            strategy=env.get("CONTEXTMODE_STRATEGY", "default"),
             context_window=env_int(env, "CONTEXTMODE_CONTEXT_WINDOW", 8192, minimum=64),
             reply_reserve=env_int(env, "CONTEXTMODE_REPLY_RESERVE", 0) if reserve else None,
             mode=env.get("CONTEXTMODE_MODE", "contextual"),  # type: ignore[arg-type]
-            order=env.get("CONTEXTMODE_ORDER", "cache_first"),
+            order=env.get("CONTEXTMODE_ORDER", "default"),
             locale=env.get("CONTEXTMODE_LOCALE", "auto"),
             summary_threshold=env_int(env, "CONTEXTMODE_SUMMARY_THRESHOLD", 10, minimum=1),
             job_attempts=env_int(env, "CONTEXTMODE_JOB_ATTEMPTS", 3, minimum=1),

@@ -134,11 +134,9 @@ async def test_contextual_mode_sends_the_message_verbatim_with_a_labelled_hint()
     result = await engine.turn("t", "s", "那个在哪？")
     call = model.calls[-1]
     assert call.last_user == "那个在哪？"
-    # The shipped order: the hint after the turns, in the message before the user's own (what
-    # changes every turn stays out of the cacheable prefix), the user's words last and verbatim.
-    hint = call.messages[-2]
-    assert hint.role == "user" and "楼外楼在哪？" in hint.content and "提示" in hint.content
-    assert "楼外楼在哪？" not in call.system and call.messages[-3].role == "assistant"
+    # The default order: the hint in the system message, the messages alternating.
+    assert "楼外楼在哪？" in call.system and "提示" in call.system
+    assert call.messages[-2].role == "assistant"
     assert result.user_turn.metadata["rewrite"] == "楼外楼在哪？"
     assert result.user_turn.metadata["rewrite_verified"] is True
 
@@ -251,4 +249,4 @@ async def test_llm_rewriter_passes_through_the_same_verifier() -> None:
     engine.rewriter = LLMRewriter(ScriptedModel(["楼外楼在哪？"]))
     result = await engine.turn("t", "s", "那个在哪？")
     assert result.user_turn.metadata["rewrite_verified"] is True
-    assert "楼外楼在哪？" in model.calls[-1].messages[-2].content
+    assert "楼外楼在哪？" in model.calls[-1].system

@@ -31,13 +31,11 @@ def _turn(seq: int, content: str) -> Turn:
                 created_at=T0 + timedelta(minutes=seq))
 
 
-def test_the_shipped_default_is_the_steady_recall_strategy() -> None:
-    assert (EngineSettings().strategy, EngineSettings().order) == ("steady", "cache_first")
-    assert (EngineSettings.from_env({}).strategy, EngineSettings.from_env({}).order) == ("steady", "cache_first")
-    strategy = get_strategy("steady")
+def test_the_shipped_default_is_the_recall_strategy() -> None:
+    assert EngineSettings().strategy == "default"
+    assert EngineSettings.from_env({}).strategy == "default"
+    strategy = get_strategy("default")
     assert isinstance(strategy, DefaultStrategy) and strategy.recall_limit > 0
-    # The previous default stays available by name.
-    assert get_strategy("default").name == "default"
 
 
 def test_recent_layer_takes_back_what_recall_does_not_use() -> None:
@@ -81,12 +79,12 @@ def test_context_mode_uses_the_default_with_recall(tmp_path: object) -> None:
     settings = EngineSettings(context_window=360)
     with ContextMode(store="memory://", model=FunctionModel(lambda m: "ok"), counter=CharTokenCounter(),
                      settings=settings) as cm:
-        assert cm.engine.settings.strategy == "steady" and cm.engine.recaller is not None
+        assert cm.engine.settings.strategy == "default" and cm.engine.recaller is not None
         cm.chat("s", "I keep my spare keys under the blue flowerpot by the door.")
         for i in range(12):
             cm.chat("s", _FILLER[i % 4])
         ctx = cm.context("s", "where are my spare keys?")
-        assert ctx.strategy == "steady"
+        assert ctx.strategy == "default"
         recall = ctx.layer("recall")
         assert recall is not None and 1 in {item.seq for item in recall.items}
 

@@ -70,18 +70,18 @@ async def test_a_server_that_takes_consecutive_user_messages_gets_them_apart() -
     assert [_roles(r) for r in server.chat_requests] == [["user", "user"]]
 
 
-async def test_the_shipped_engine_answers_through_a_strict_template() -> None:
+async def test_the_cache_first_engine_answers_through_a_strict_template() -> None:
     server = StubServer(_strict_template)
     with server as url:
         engine = build_engine(store=MemoryStore(), model=_model(url), counter=CharTokenCounter(),
-                              settings=EngineSettings(context_window=1200))
+                              settings=EngineSettings(context_window=1200, order="cache_first"))
         key = SessionKey("t", "s")
         for i in range(40):
             await engine.turn(key.tenant, key.session_id, f"My dog Rex likes walk number {i} in the park, by the old oak trees near the pond.")
         result = await engine.turn(key.tenant, key.session_id, "What is my dog called?")
         await engine.close()
     assert result.answer == "ok" and not result.partial
-    # The shipped order sent the recalled turns as their own message before the user's...
+    # The cache_first order sent the recalled turns as their own message before the user's...
     tail = [r for r in server.chat_requests if len(r.messages) > 2 and _roles(r)[-2:] == ["user", "user"]]
     assert tail, "nothing was sent after the turns"
     # ... the template refused it once; every request since alternates, the user's words last.

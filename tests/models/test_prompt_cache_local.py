@@ -48,9 +48,9 @@ async def test_the_second_turn_reuses_the_first_ones_prompt(server: tuple[str, P
         reply_max_tokens=16, temperature=0.0))
     # Offline processors: no background call of the model runs between the two turns (on a
     # one-slot server it would replace the slot's cached prompt with its own).
-    # The shipped settings (docs/caching.md): the ``cache_first`` order and the ``steady``
-    # strategy, whose pins said inside the window are left to it.
-    engine = build_engine(store=MemoryStore(), model=model, settings=EngineSettings())
+    # The ``cache_first`` order (docs/caching.md): in the shipped order the system message holds
+    # what changes between the turns (pins found in turn 1 among them), so less is kept.
+    engine = build_engine(store=MemoryStore(), model=model, settings=EngineSettings(order="cache_first"))
     key = SessionKey("t", "cache")
     said = ["I keep three beehives on my roof in Lyon and they need flowers all summer.",
             "Which flowers should I plant for them in June?"]

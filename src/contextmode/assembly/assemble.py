@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
-    # The previous default. Chronological: background (summary, key moments, recall) first, then the newest turns,
+    # The shipped order. Chronological: background (summary, key moments, recall) first, then the newest turns,
     # the message and the reply instruction (the emotional-companion article's order). Every
     # non-turn layer goes in the system message, so the messages alternate user/assistant as
     # strict chat templates (Gemma, Mistral) demand.
@@ -72,7 +72,7 @@ ORDER_PRESETS: dict[str, tuple[LayerName, ...]] = {
     # byte (what prompt caches reuse); the key moments, the recalled turns and the rewrite hint
     # follow the window, as one message before the current one (two user messages in a row: a
     # strict-alternation template that refuses them gets them merged by the model adapter,
-    # `models.openai.alternating`). Shipped with the ``steady`` strategy (`EngineSettings`).
+    # `models.openai.alternating`). The prompt-cache preset, with the ``steady`` strategy.
     "cache_first": (
         "system", "format", "constraints", "summary", "recent", "key_moments", "recall", "hint", "current",
     ),

@@ -161,7 +161,7 @@ class EvalOptions:
     """Replay into this store (``sqlite:///…``, ``postgresql://…``, ``redis://…``); default memory."""
     recorded_strategy: str | None = None
     """Record the conversation with this strategy's background jobs (when its summary is due)
-    instead of the shipped one's: how a previous default is measured as it shipped."""
+    instead of the shipped one's: how another strategy (the prompt-cache preset) is measured as it would run."""
     order: str | None = None
     """Assemble in this layer order preset instead of the shipped one."""
 

@@ -11,7 +11,7 @@ the assembler fits the plan into the budget. Strategies (seeds 001, 002, 003):
 - ``hybrid``: recent window + key moments (emotion > 0.7, at most 5, ranked
   with a time decay) + summary, shared 60 / 25 / 15.
 
-The shipped ``steady``, the previous default ``default`` and ``hybrid_recall`` add a recall layer; they
+The shipped ``default``, the prompt-cache ``steady`` and ``hybrid_recall`` add a recall layer; they
 live in `recall.strategy`; `contextmode.memory` registers them when it is
 imported.
 """

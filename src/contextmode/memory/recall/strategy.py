@@ -1,4 +1,4 @@
-"""The recall strategies: ``steady`` (shipped), ``default`` (the previous default) and ``hybrid_recall``.
+"""The recall strategies: ``default`` (shipped), ``steady`` (the prompt-cache preset) and ``hybrid_recall``.
 
 ``hybrid_recall`` is the ``hybrid`` strategy plus a recall layer.
 
@@ -84,7 +84,7 @@ class HybridRecall(Hybrid):
 
 @dataclass(frozen=True, kw_only=True)
 class DefaultStrategy(HybridRecall):
-    """The previous default (``default``): `HybridRecall` whose recent layer can grow back.
+    """The shipped default (``default``): `HybridRecall` whose recent layer can grow back.
 
     The recent window (the last ``recent_turns`` turns) always comes first; the
     turns before it that the summary does not cover yet follow as further
