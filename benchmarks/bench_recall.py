@@ -198,7 +198,7 @@ def _index_switch(backend: str) -> list[tuple[object, str, Callable[..., object]
     """What writes the backend's postings during an append, and its stand-in that writes
     none: ``(module or class, attribute, stand-in)``."""
     if backend == "redis":  # the class whose ``index_head`` reads what the postings need
-        from contextmode.store._redis_postings import IndexHead, RedisPostings
+        from contextmode.store.redis.postings import IndexHead, RedisPostings
 
         async def lagging(*args: object) -> object:  # no read first, and a session whose index lags
             return IndexHead(last=0, previous=None, indexed_seq=-1)
@@ -209,10 +209,10 @@ def _index_switch(backend: str) -> list[tuple[object, str, Callable[..., object]
         return False
 
     if backend == "sqlite":
-        from contextmode.store import _sqlite_postings
+        from contextmode.store.sqlite import postings as _sqlite_postings
 
         return [(_sqlite_postings, "index_turns", lambda *args: None)]
-    from contextmode.store import _pg_postings
+    from contextmode.store.postgres import postings as _pg_postings
 
     # The append statement writes the postings (`append_args`); `index_turns` redoes them
     # when its assumed head was stale, and seals.

@@ -55,11 +55,11 @@ def _instrument(backend: str, store: object) -> None:
 
     _timed(postings, "analyze_texts", "analyze")  # every backend's append prologue (`append_input`)
     if backend == "postgres":
-        from contextmode.store import postgres
+        from contextmode.store.postgres import driver as postgres
 
         _timed(postgres, "_write_turns", "statement")
     elif backend == "redis":
-        from contextmode.store import redis
+        from contextmode.store.redis import driver as redis
 
         _timed(redis, "index_rows", "index_rows")
         _timed(store, "_script", "script")

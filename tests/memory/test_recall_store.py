@@ -16,7 +16,7 @@ import pytest
 
 from contextmode.memory.recall import Recaller, RecallSettings
 from contextmode.memory.recall.recaller import query_reads
-from contextmode.store import _sqlite_schema
+from contextmode.store.sqlite import schema as _sqlite_schema
 from contextmode.store.base import Store
 from contextmode.store.factory import open_store
 from contextmode.store.memory import MemoryStore

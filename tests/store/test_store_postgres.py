@@ -303,7 +303,7 @@ async def test_an_append_at_the_known_head_is_one_statement_and_writes_what_the_
     import asyncpg
 
     from contextmode.errors import ConflictError
-    from contextmode.store import postgres
+    from contextmode.store.postgres import driver as postgres
     from contextmode.store.postgres import PostgresStore
     from contextmode.testing.contract import new_turns
 

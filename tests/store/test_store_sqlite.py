@@ -17,7 +17,7 @@ from typing import TypeVar
 import pytest
 
 from contextmode.errors import LockNotAcquired, StoreError
-from contextmode.store._sqlite_schema import MIGRATIONS
+from contextmode.store.sqlite.schema import MIGRATIONS
 from contextmode.store.postings import BLOCK
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.testing.contract import new_turns
@@ -291,7 +291,7 @@ async def test_a_store_used_from_another_thread_sends_its_calls_to_the_private_t
 async def test_the_loops_writes_are_checkpointed_by_the_private_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from contextmode.store import sqlite as sqlite_store
+    from contextmode.store.sqlite import driver as sqlite_store
 
     monkeypatch.setattr(sqlite_store, "_QUICK_CHECKPOINT_EVERY", 2)
     path = tmp_path / "wal.db"

@@ -15,7 +15,7 @@ from contextmode.api import build_engine
 from contextmode.engine import Engine, TurnRequest
 from contextmode.settings import EngineSettings
 from contextmode.store import Store, open_store
-from contextmode.store._sqlite_schema import m009_traces_by_reference
+from contextmode.store.sqlite.schema import m009_traces_by_reference
 from contextmode.store.base import TraceRecords, keeps_traces, load_trace
 from contextmode.store.records import TraceSources, trace_to_json
 from contextmode.store.trace_pack import (
@@ -213,7 +213,7 @@ async def test_a_trace_kept_as_json_before_the_migration_is_still_read(tmp_path:
     from datetime import UTC, datetime
 
     from contextmode.store import SQLiteStore
-    from contextmode.store._sqlite_schema import MIGRATIONS
+    from contextmode.store.sqlite.schema import MIGRATIONS
     from contextmode.store.records import TurnTrace
 
     path = tmp_path / "old.db"

@@ -16,7 +16,7 @@ hundred bytes on a page or two instead of a growing 6 KB row per term) and
 merge them into the block's rows when it seals, in the same transaction; they
 keep each term's document frequency over the sealed blocks in a row of its own
 (``recall_df``, added to at each seal), so a term's frequency is one lookup plus
-its open-block rows. Redis keeps its own layout (`_redis_postings`).
+its open-block rows. Redis keeps its own layout (`store.redis.postings`).
 
 A session written before the index existed has no statistics row: appends
 leave it alone (its index would have a hole) until `index_backfill` has caught

@@ -18,7 +18,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     ConfigError,
     ConflictError,
     LockNotAcquired,
@@ -26,9 +26,9 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
-from . import _redis_scripts as lua
-from ._codec import (
+from ...types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
+from . import scripts as lua
+from .._codec import (
     being_cancelled,
     check_ids,
     check_user,
@@ -39,11 +39,11 @@ from ._codec import (
     owner_error,
     to_micros,
 )
-from ._driver_errors import redis_errors
-from ._redis_lifecycle import RedisLifecycle
-from ._redis_postings import RedisPostings, index_rows
-from ._redis_rows import decode_turn, encode_turn
-from .base import (
+from .._driver_errors import redis_errors
+from .lifecycle import RedisLifecycle
+from .postings import RedisPostings, index_rows
+from .rows import decode_turn, encode_turn
+from ..base import (
     ClosesOnExit,
     IdempotencyRecord,
     JobStats,
@@ -52,11 +52,11 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .lifecycle import REDIS_SESSION_KEYS
-from .postings import KeptHeads, append_input
-from .records import TurnTrace
-from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
-from .usage import redis_session_bytes
+from ..lifecycle import REDIS_SESSION_KEYS
+from ..postings import KeptHeads, append_input
+from ..records import TurnTrace
+from ..trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
+from ..usage import redis_session_bytes
 
 __all__ = ["RedisStore"]
 

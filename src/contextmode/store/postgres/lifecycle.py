@@ -13,10 +13,10 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
-from ..errors import StoreError
-from ._codec import check_ids, check_user, dumps
-from .lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo, merge_counts
-from .postings import KeptHeads
+from ...errors import StoreError
+from .._codec import check_ids, check_user, dumps
+from ..lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo, merge_counts
+from ..postings import KeptHeads
 
 __all__ = ["PostgresLifecycle", "erase"]
 

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import LockNotAcquired
-from ._codec import dumps, from_micros, loads_mapping
-from .base import IdempotencyRecord, JobStats, SessionInfo
-from .lifecycle import SQL_SESSION_TABLES, merge_counts
+from ...errors import LockNotAcquired
+from .._codec import dumps, from_micros, loads_mapping
+from ..base import IdempotencyRecord, JobStats, SessionInfo
+from ..lifecycle import SQL_SESSION_TABLES, merge_counts
 
 __all__ = [
     "WHERE",

@@ -10,10 +10,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ..errors import ConflictError, LockNotAcquired
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
-from ._codec import check_ids, check_owner, check_user, window_start
-from .base import (
+from ...errors import ConflictError, LockNotAcquired
+from ...types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
+from .._codec import check_ids, check_owner, check_user, window_start
+from ..base import (
     IdempotencyRecord,
     JobStats,
     LockHandle,
@@ -21,9 +21,9 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
-from .records import TurnTrace
-from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
+from ..lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
+from ..records import TurnTrace
+from ..trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
 
 __all__ = ["MemoryStore"]
 

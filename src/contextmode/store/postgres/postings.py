@@ -10,10 +10,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..types import NewTurn, Turn
-from ._codec import metadata_json
-from ._pg_rows import turn as turn_row
-from .postings import (
+from ...types import NewTurn, Turn
+from .._codec import metadata_json
+from .rows import turn as turn_row
+from ..postings import (
     BLOCK,
     LAYOUT,
     POSTING,

@@ -12,10 +12,10 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
-from ..errors import StoreError
-from ._codec import check_ids, check_user, from_micros, now_micros, to_micros
-from .lifecycle import DeletionRecord, Scope, UserInfo
-from .postings import KeptHeads
+from ...errors import StoreError
+from .._codec import check_ids, check_user, from_micros, now_micros, to_micros
+from ..lifecycle import DeletionRecord, Scope, UserInfo
+from ..postings import KeptHeads
 
 __all__ = ["RedisLifecycle"]
 

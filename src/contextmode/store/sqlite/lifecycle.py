@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ..errors import StoreError
-from ._codec import check_ids, check_user, from_micros, loads_mapping, now_micros, to_micros
-from ._sqlite_admin import WHERE, add_to_record, checkpoint, erase, read, write
-from .lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo
+from ...errors import StoreError
+from .._codec import check_ids, check_user, from_micros, loads_mapping, now_micros, to_micros
+from .admin import WHERE, add_to_record, checkpoint, erase, read, write
+from ..lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo
 
 __all__ = ["SQLiteLifecycle"]
 

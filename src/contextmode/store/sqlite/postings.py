@@ -10,10 +10,10 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..types import Turn
-from ._sqlite_rows import TURN_SELECT
-from ._sqlite_rows import turn as turn_row
-from .postings import (
+from ...types import Turn
+from .rows import TURN_SELECT
+from .rows import turn as turn_row
+from ..postings import (
     BLOCK,
     LAYOUT,
     POSTING,

@@ -23,7 +23,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     ConfigError,
     ConflictError,
     LockNotAcquired,
@@ -31,9 +31,9 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
-from . import _pg_postings as pg_postings
-from ._codec import (
+from ...types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
+from . import postings as pg_postings
+from .._codec import (
     being_cancelled,
     check_ids,
     check_owner,
@@ -42,12 +42,12 @@ from ._codec import (
     constraints_to_json,
     last_answer,
 )
-from ._codec import metadata_json as _meta
-from ._driver_errors import asyncpg_errors
-from ._pg_lifecycle import PostgresLifecycle, erase
-from ._pg_rows import turn as turn_row
-from ._pg_schema import KEY_MOMENT_FLOOR, migrate
-from .base import (
+from .._codec import metadata_json as _meta
+from .._driver_errors import asyncpg_errors
+from .lifecycle import PostgresLifecycle, erase
+from .rows import turn as turn_row
+from .schema import KEY_MOMENT_FLOOR, migrate
+from ..base import (
     ClosesOnExit,
     IdempotencyRecord,
     JobOutcome,
@@ -56,11 +56,11 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .lifecycle import SQL_SESSION_TABLES
-from .postings import IndexHead, IndexStats, KeptHeads, append_input, completes_block
-from .records import TurnTrace
-from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
-from .usage import postgres_session_bytes
+from ..lifecycle import SQL_SESSION_TABLES
+from ..postings import IndexHead, IndexStats, KeptHeads, append_input, completes_block
+from ..records import TurnTrace
+from ..trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
+from ..usage import postgres_session_bytes
 
 __all__ = ["PostgresStore"]
 

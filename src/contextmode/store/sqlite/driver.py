@@ -30,12 +30,12 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, ConflictError, StoreError
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn
-from . import _sqlite_admin as admin
-from . import _sqlite_postings as postings
-from . import _sqlite_traces as traces
-from ._codec import (
+from ...errors import ConfigError, ConflictError, StoreError
+from ...types import Constraint, NewTurn, SessionState, Summary, Turn
+from . import admin
+from . import postings
+from . import traces
+from .._codec import (
     check_ids,
     check_owner,
     check_user,
@@ -49,11 +49,11 @@ from ._codec import (
     to_micros,
     window_start,
 )
-from ._sqlite_lifecycle import SQLiteLifecycle
-from ._sqlite_rows import TURN_SELECT
-from ._sqlite_rows import turn as turn_row
-from ._sqlite_schema import migrate
-from .base import (
+from .lifecycle import SQLiteLifecycle
+from .rows import TURN_SELECT
+from .rows import turn as turn_row
+from .schema import migrate
+from ..base import (
     ClosesOnExit,
     IdempotencyRecord,
     LockHandle,
@@ -61,10 +61,10 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .postings import IndexStats, append_input, completes_block
-from .records import TurnTrace
-from .trace_pack import pack_trace_soon
-from .usage import sqlite_session_bytes
+from ..postings import IndexStats, append_input, completes_block
+from ..records import TurnTrace
+from ..trace_pack import pack_trace_soon
+from ..usage import sqlite_session_bytes
 
 __all__ = ["SQLiteStore"]
 

@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from ..types import NewTurn, Turn
-from . import _redis_scripts as lua
-from ._codec import check_ids
-from ._redis_rows import decode_turn
-from .postings import POSTING, IndexHead, IndexStats, KeptHeads, PostingRows, postings_for
+from ...types import NewTurn, Turn
+from . import scripts as lua
+from .._codec import check_ids
+from .rows import decode_turn
+from ..postings import POSTING, IndexHead, IndexStats, KeptHeads, PostingRows, postings_for
 
 __all__ = ["IndexHead", "RedisPostings", "index_args", "index_rows"]
 
