@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from contextmode.testing.local_model import CONVERSATIONS, LOCAL_MODEL_ALIAS, llama_server
+from contextmode.types import SessionKey
 
 SECOND_CHINESE: tuple[str, ...] = (
     "我对海鲜过敏，预算两百以内。",
@@ -141,7 +142,7 @@ async def run_mode(base_url: str, processors: str, turns: int) -> dict[str, Any]
               "tokens_out": c.completion_tokens, "outcome": c.outcome.split(":")[0]}
              for c in call_log().between(since)]  # every call of the run (a trace shows a turn's)
     for session in SESSIONS:
-        info = await engine.store.info("local", session)
+        info = await engine.store.info(SessionKey("local", session))
         for name, stats in (info.jobs.items() if info is not None else ()):
             for outcome in ("ok", "rejected", "failed"):
                 jobs[name][outcome] += getattr(stats, outcome)

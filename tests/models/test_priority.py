@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("openai")
 
 from contextmode.api import build_engine
@@ -270,13 +272,13 @@ async def test_jobs_waiting_behind_a_reply_too_long_are_counted_failed_and_store
             isinstance(r.body, dict) and r.body.get("max_tokens") == 1024 for r in server.chat_requests))
         await engine.record("t", "quiet", "user", "I am vegetarian")  # schedules its jobs
         await until(lambda: not engine.jobs.pending("t", "quiet"))
-        info = await store.info("t", "quiet")
+        info = await store.info(SessionKey("t", "quiet"))
         assert info is not None
         for job in ("emotion", "constraints"):
             stats = info.jobs[job]
             assert (stats.ok, stats.failed, stats.rejected) == (0, 1, 0), job
             assert stats.last_error is not None and "gave up after waiting" in stats.last_error
-        state = await store.load("t", "quiet", recent=0)
+        state = await store.load(SessionKey("t", "quiet"), recent=0)
         assert state.constraints == ()
         assert gate.state().background_waiting == 0
         release.set()

@@ -80,13 +80,13 @@ async def append_fenced(
     """
     store = parts.store
     if holds <= 0:
-        return await store.append(key.tenant, key.session_id, turns, user_id=user_id)
+        return await store.append(key, turns, user_id=user_id)
     head = holds
     for _ in range(_FENCE_TRIES):
         try:
-            return await store.append(key.tenant, key.session_id, turns, expected_last_seq=head, user_id=user_id)
+            return await store.append(key, turns, expected_last_seq=head, user_id=user_id)
         except ConflictError:
-            head = (await store.version(key.tenant, key.session_id)).last_seq
+            head = (await store.version(key)).last_seq
             if head < holds:
                 raise SessionErased(
                     f"session {key.session_id!r} was erased during this turn; nothing of the turn was stored"
@@ -135,7 +135,7 @@ async def store_answer(
         appended = await append_fenced(parts, key, parts.keepable(key.tenant, [new]), holds=user_turn.seq)
         observe(parts, key, appended)
         stored = appended[0]
-    elif (await parts.store.version(key.tenant, key.session_id)).last_seq < user_turn.seq:
+    elif (await parts.store.version(key)).last_seq < user_turn.seq:
         raise SessionErased(f"session {key.session_id!r} was erased during this turn")
     number = user_turn.metadata.get("turn")
     keeper = parts.trace_keeper
@@ -165,13 +165,13 @@ async def _keep_trace(
         trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
         async with parts.one_connection():  # the check and the write: one pooled connection
-            if (await parts.store.version(key.tenant, key.session_id)).last_seq < outcome.user_seq:
+            if (await parts.store.version(key)).last_seq < outcome.user_seq:
                 return  # erased since the reply (a forget on another worker): keep nothing of it
-            previous = await keeper.get_trace(key.tenant, key.session_id, outcome.turn - 1) if outcome.turn > 1 else None
+            previous = await keeper.get_trace(key, outcome.turn - 1) if outcome.turn > 1 else None
             trace = replace(trace, usage=turn_usage(trace, outcome, previous, counter=parts.counter,
                                                     prices=settings.prices))
             await keeper.put_trace(
-                key.tenant, key.session_id, cap_trace(trace, settings.trace_max_bytes),
+                key, cap_trace(trace, settings.trace_max_bytes),
                 keep=settings.trace_keep,
                 older_than=trace.created_at - timedelta(days=max_age) if max_age else None,
             )
@@ -193,14 +193,14 @@ async def exchanges_so_far(parts: TurnParts, key: SessionKey, state: SessionStat
         known = exchange_count(state.turns)
         if known is not None:
             return known
-    last_seq = state.last_seq if state is not None else (await store.version(key.tenant, key.session_id)).last_seq
+    last_seq = state.last_seq if state is not None else (await store.version(key)).last_seq
     if last_seq == 0:
         return 0
-    tail = await store.turns(key.tenant, key.session_id, from_seq=max(1, last_seq - 3))
+    tail = await store.turns(key, from_seq=max(1, last_seq - 3))
     known = exchange_count(tail)
     if known is not None:
         return known
-    history = await store.turns(key.tenant, key.session_id)
+    history = await store.turns(key)
     return sum(1 for t in history if t.role == "user")
 
 
@@ -219,7 +219,7 @@ async def record_turn(
         role=role, content=content, tokens=parts.counter.count(content), metadata=meta,
         created_at=created_at or utc_now(),
     )
-    turn = (await parts.store.append(key.tenant, key.session_id, parts.keepable(key.tenant, [new]), user_id=user_id))[0]
+    turn = (await parts.store.append(key, parts.keepable(key.tenant, [new]), user_id=user_id))[0]
     observe(parts, key, [turn])
     return turn
 

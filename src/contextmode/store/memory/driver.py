@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ...errors import ConflictError, LockNotAcquired
-from ...types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
-from .._codec import check_ids, check_owner, check_user, window_start
+from ...types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
+from .._codec import check_owner, window_start
 from ..base import (
     IdempotencyRecord,
     JobStats,
@@ -25,7 +25,7 @@ from ..lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
 from ..records import TurnTrace
 from ..trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
 
-__all__ = ["MemoryStore"]
+__all__ = ["MemoryDriver"]
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _kept(turns: list[Turn]) -> list[Turn]:
     return [t for t in turns if not t.metadata.get("erased")]
 
 
-class MemoryStore(OwnConnections):
+class MemoryDriver(OwnConnections):
     """Keeps every session in a dict; safe for concurrent tasks of one event loop."""
 
     def __init__(self) -> None:
@@ -65,9 +65,6 @@ class MemoryStore(OwnConnections):
         """Per (tenant, key): the record, when it lapses (monotonic) and its session id."""
         self._deletions: list[DeletionRecord] = []
 
-    def _key(self, tenant: str, session_id: str) -> tuple[str, str]:
-        return check_ids(tenant, session_id)
-
     async def append(
         self,
         tenant: str,
@@ -77,8 +74,7 @@ class MemoryStore(OwnConnections):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        key = self._key(tenant, session_id)
-        user_id = check_user(user_id)
+        key = (tenant, session_id)
         async with self._guard:
             now = utc_now()
             session = self._sessions.get(key)
@@ -126,7 +122,7 @@ class MemoryStore(OwnConnections):
         key_moments: int = 0,
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         session = self._sessions.get(key)
         if session is None:
             return SessionState(tenant=tenant, session_id=session_id)
@@ -160,20 +156,20 @@ class MemoryStore(OwnConnections):
     async def turns(
         self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Turn]:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return []
         end = len(session.turns) if to_seq is None else min(to_seq, len(session.turns))
         return _kept(session.turns[max(0, from_seq - 1) : max(0, end)])
 
     async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return []
         return _kept([session.turns[s - 1] for s in sorted(set(seqs)) if 1 <= s <= len(session.turns)])
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return SessionVersion()
         return SessionVersion(
@@ -187,7 +183,7 @@ class MemoryStore(OwnConnections):
     async def commit_summary(
         self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
     ) -> bool:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
@@ -211,7 +207,7 @@ class MemoryStore(OwnConnections):
         *,
         expected_version: int,
     ) -> bool:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None or session.constraints_version != expected_version:
@@ -221,7 +217,7 @@ class MemoryStore(OwnConnections):
             return True
 
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
@@ -241,7 +237,7 @@ class MemoryStore(OwnConnections):
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
         rejected: bool = False,
     ) -> None:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return
         stats = session.jobs.get(job, JobStats())
@@ -268,14 +264,13 @@ class MemoryStore(OwnConnections):
         )
 
     async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         session = self._sessions.get(key)
         return self._info(key, session) if session else None
 
     async def list_sessions(
         self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
-        validate_id(tenant, "tenant")
         mine = [
             (k, s) for k, s in self._sessions.items()
             if k[0] == tenant and (user_id is None or s.user_id == user_id)
@@ -284,7 +279,7 @@ class MemoryStore(OwnConnections):
         return [self._info(k, s) for k, s in mine[offset : offset + limit]]
 
     async def delete(self, tenant: str, session_id: str) -> bool:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             self._erase_idempotency(*key)
             return self._sessions.pop(key, None) is not None
@@ -306,7 +301,7 @@ class MemoryStore(OwnConnections):
         keep: int = 0,
         older_than: datetime | None = None,
     ) -> None:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         packed = await pack_trace_soon(trace)
         async with self._guard:
             session = self._sessions.get(key)
@@ -327,7 +322,7 @@ class MemoryStore(OwnConnections):
                     del session.trace_texts[text_key]
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         kept = session.traces.get(turn) if session else None
         if session is None or kept is None:
             return None
@@ -339,7 +334,7 @@ class MemoryStore(OwnConnections):
         return reading.rebuild(turns, texts)
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
@@ -352,7 +347,6 @@ class MemoryStore(OwnConnections):
     # -- lifecycle ----------------------------------------------------------------
 
     async def list_users(self, tenant: str, *, limit: int = 100, offset: int = 0) -> list[UserInfo]:
-        validate_id(tenant, "tenant")
         users: dict[str, list[_Session]] = {}
         for (t, _), session in self._sessions.items():
             if t == tenant and session.user_id is not None:
@@ -377,7 +371,7 @@ class MemoryStore(OwnConnections):
     async def erase_session(
         self, tenant: str, session_id: str, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.pop(key, None)
             counts = {"sessions": 0, "turns": 0, "summaries": 0, "pins": 0,
@@ -395,7 +389,7 @@ class MemoryStore(OwnConnections):
     async def erase_turns_before(
         self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             counts = {"turns": 0, "emotion_scores": 0}
@@ -447,10 +441,10 @@ class MemoryStore(OwnConnections):
         self, tenant: str, session_id: str, *, user_id: str | None,
         created_at: datetime, updated_at: datetime,
     ) -> bool:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return False
-        session.user_id = check_user(user_id)
+        session.user_id = user_id
         session.created_at, session.updated_at = created_at, updated_at
         return True
 
@@ -472,13 +466,13 @@ class MemoryStore(OwnConnections):
     def lock(
         self, tenant: str, session_id: str, *, ttl_s: float = 60.0
     ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = self._key(tenant, session_id)
+        tenant, session_id = (tenant, session_id)
         return self._hold(f"{tenant}/{session_id}", ttl_s)
 
     def turn_lock(
         self, tenant: str, session_id: str, *, ttl_s: float = 300.0
     ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = self._key(tenant, session_id)
+        tenant, session_id = (tenant, session_id)
         return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
 
     async def release_turn_lock(self, handle: LockHandle) -> None:
@@ -490,7 +484,6 @@ class MemoryStore(OwnConnections):
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        tenant, session_id = check_ids(tenant, session_id)
         now = time.monotonic()
         held = self._idempotency.get((tenant, key))
         if held is not None and held[1] > now:

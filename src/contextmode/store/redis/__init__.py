@@ -1,5 +1,15 @@
-"""The Redis backend (extra ``redis``): its driver, Lua scripts, postings, lifecycle and row decoders."""
+"""The Redis backend (extra ``redis``): `RedisStore` over `RedisDriver`, with its Lua scripts,
+postings, lifecycle and row decoders."""
 
-from .driver import RedisStore
+from ..front import IndexedFront
+from .driver import RedisDriver
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisDriver", "RedisStore"]
+
+
+class RedisStore(IndexedFront[RedisDriver]):
+    """A `Store` in Redis; every key starts with ``namespace``."""
+
+    def __init__(self, url: str, *, namespace: str = "cm:") -> None:
+        super().__init__(RedisDriver(url, namespace=namespace))
+        self.url, self.namespace = url, namespace

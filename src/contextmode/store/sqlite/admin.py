@@ -1,6 +1,6 @@
 """SQLite transactions, session administration and job locks, as plain functions of a connection.
 
-`SQLiteStore` runs them on its private thread; keeping them here keeps the
+`SQLiteDriver` runs them on its private thread; keeping them here keeps the
 store module about the turn log and its derived records.
 """
 

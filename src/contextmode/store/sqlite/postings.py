@@ -11,8 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...types import Turn
-from .rows import TURN_SELECT
-from .rows import turn as turn_row
 from ..postings import (
     BLOCK,
     LAYOUT,
@@ -24,6 +22,8 @@ from ..postings import (
     postings_for,
     within_cap,
 )
+from .rows import TURN_SELECT
+from .rows import turn as turn_row
 
 __all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
 
