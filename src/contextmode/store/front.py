@@ -3,7 +3,9 @@
 Callers name a session by a `SessionKey` (checked once, where it was made) and call the
 front; the front hands the driver plain, already valid strings. So a backend is a driver
 of atomic reads and writes that checks no id itself: the front does what every backend
-would otherwise repeat (today the tenant checks of the tenant-wide calls).
+would otherwise repeat: it checks the tenant of a tenant-wide call and any user id, and names
+the session locks (``tenant/session`` for background jobs, ``tenant/session#turn`` for a chat
+turn) that a driver only holds and releases (`Driver.hold`, `Driver.release`).
 
 | class | driver protocol | backends |
 |---|---|---|
@@ -120,13 +122,14 @@ class Driver(Protocol):
     ) -> None: ...
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None: ...
     async def delete_traces(self, tenant: str, session_id: str) -> int: ...
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]: ...
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]: ...
-    async def release_turn_lock(self, handle: LockHandle) -> None: ...
+    def hold(self, key: str, ttl_s: float) -> AbstractAsyncContextManager[LockHandle]:
+        """Hold lock ``key`` (the front names it: ``tenant/session``, ``tenant/session#turn``)
+        or raise `LockNotAcquired`; it expires ``ttl_s`` after it was taken, and the exit
+        releases it if its token still holds it (fencing)."""
+        ...
+    async def release(self, handle: LockHandle) -> None:
+        """Release a held lock, if its token still holds it."""
+        ...
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None: ...
@@ -339,15 +342,15 @@ class StoreFront(ClosesOnExit, Generic[_D]):
     def lock(
         self, key: SessionKey, *, ttl_s: float = 60.0
     ) -> AbstractAsyncContextManager[LockHandle]:
-        return self.driver.lock(key.tenant, key.session_id, ttl_s=ttl_s)
+        return self.driver.hold(f"{key.tenant}/{key.session_id}", ttl_s)
 
     def turn_lock(
         self, key: SessionKey, *, ttl_s: float = 300.0
     ) -> AbstractAsyncContextManager[LockHandle]:
-        return self.driver.turn_lock(key.tenant, key.session_id, ttl_s=ttl_s)
+        return self.driver.hold(f"{key.tenant}/{key.session_id}#turn", ttl_s)
 
     async def release_turn_lock(self, handle: LockHandle) -> None:
-        await self.driver.release_turn_lock(handle)
+        await self.driver.release(handle)
 
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float

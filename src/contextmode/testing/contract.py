@@ -267,17 +267,19 @@ class StoreContract:
         assert (await store.load(SessionKey("t1", _S))).last_seq == 3
 
     async def test_invalid_ids_never_reach_the_backend(self, store: Store) -> None:
+        # A session call takes a SessionKey, which cannot hold an invalid id; the tenant-wide
+        # calls and user ids are checked by the store itself.
         for tenant, session in [("ok", "bad/id"), ("bad id", "ok"), ("ok", ""), ("ok", "..")]:
             with pytest.raises(InvalidSessionId):
-                await store.append(SessionKey(tenant, session), new_turns(1))
+                SessionKey(tenant, session)
+        for bad in ("bad id", "", "..", "a/b"):
             with pytest.raises(InvalidSessionId):
-                await store.load(SessionKey(tenant, session))
+                await store.list_sessions(bad)
             with pytest.raises(InvalidSessionId):
-                await store.version(SessionKey(tenant, session))
+                await store.list_sessions(_T, user_id=bad)
             with pytest.raises(InvalidSessionId):
-                await store.delete(SessionKey(tenant, session))
-            with pytest.raises(InvalidSessionId):
-                store.lock(SessionKey(tenant, session))
+                await store.append(SessionKey(_T, _S), new_turns(1), user_id=bad)
+        assert await store.list_sessions(_T) == []  # nothing was written
 
     # -- loading ------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import asyncio
 import bisect
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -449,7 +449,8 @@ class MemoryDriver(OwnConnections):
         return True
 
     @asynccontextmanager
-    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``key`` (`store.front.Driver.hold`)."""
         now = time.monotonic()
         held = self._locks.get(key)
         if held is not None and held[1] > now:
@@ -463,19 +464,7 @@ class MemoryDriver(OwnConnections):
             if self._locks.get(key, (None,))[0] == token:
                 del self._locks[key]
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = (tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}", ttl_s)
-
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = (tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
+    async def release(self, handle: LockHandle) -> None:
         if self._locks.get(handle.key, (None,))[0] == handle.token:
             del self._locks[handle.key]
 

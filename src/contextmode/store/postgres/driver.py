@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
@@ -764,7 +764,8 @@ class PostgresDriver(PostgresLifecycle, ClosesOnExit):
             return await pg_postings.lagging(db, limit)
 
     @asynccontextmanager
-    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``key`` (`store.front.Driver.hold`)."""
         async with self._db() as db:
             # Takes a free or expired lock in one statement; the database clock decides.
             token = await db.fetchval(
@@ -786,17 +787,7 @@ class PostgresDriver(PostgresLifecycle, ClosesOnExit):
                 async with self._db() as db:
                     await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", key, token)
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        return self._hold(f"{tenant}/{session_id}", ttl_s)
-
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
+    async def release(self, handle: LockHandle) -> None:
         async with self._db() as db:
             await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", handle.key, handle.token)
 

@@ -14,7 +14,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
@@ -431,7 +431,9 @@ class RedisDriver(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     # -- job locks --------------------------------------------------------------
 
     @asynccontextmanager
-    async def _hold(self, key: str, path: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, path: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``path`` (`store.front.Driver.hold`)."""
+        key = self._lock_key(path)
         async with self._guard() as client:
             token = int(await client.incr(f"{self.namespace}fence"))
             taken = await client.set(key, token, nx=True, px=max(1, int(ttl_s * 1000)))
@@ -442,20 +444,16 @@ class RedisDriver(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         finally:
             await self._script("RELEASE_LOCK", [key], [token])
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        return self._hold(self._keys(tenant, session_id)["lock"], f"{tenant}/{session_id}", ttl_s)
+    def _lock_key(self, path: str) -> str:
+        """The Redis key of lock ``path``: ``tenant/session`` (a job lock, beside the
+        session's keys) or ``tenant/session#turn`` (a turn lock)."""
+        if path.endswith("#turn"):
+            return f"{self.namespace}turnlock:{path.removesuffix('#turn')}"
+        tenant, _, session_id = path.partition("/")
+        return self._keys(tenant, session_id)["lock"]
 
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        path = f"{tenant}/{session_id}"
-        return self._hold(f"{self.namespace}turnlock:{path}", f"{path}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
-        path = handle.key.removesuffix("#turn")
-        await self._script("RELEASE_LOCK", [f"{self.namespace}turnlock:{path}"], [handle.token])
+    async def release(self, handle: LockHandle) -> None:
+        await self._script("RELEASE_LOCK", [self._lock_key(handle.key)], [handle.token])
 
     # -- idempotency records (one string key each, expiring by itself) -----------
 

@@ -24,7 +24,7 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
@@ -592,24 +592,15 @@ class SQLiteDriver(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         return await self._run(lambda db: postings.lagging(db, limit))
 
     @asynccontextmanager
-    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``key`` (`store.front.Driver.hold`)."""
         token = await self._run_quick(admin.acquire_lock, key, ttl_s, writes=True)
         try:
             yield LockHandle(key=key, token=token)
         finally:
             await self._run_quick(admin.release_lock, key, token, writes=True)
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        return self._hold(f"{tenant}/{session_id}", ttl_s)
-
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
+    async def release(self, handle: LockHandle) -> None:
         await self._run_quick(admin.release_lock, handle.key, handle.token, writes=True)
 
     # -- idempotency records ----------------------------------------------------
