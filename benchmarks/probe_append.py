@@ -53,7 +53,7 @@ def _timed(owner: object, name: str, label: str) -> None:
 def _instrument(backend: str, store: object) -> None:
     from contextmode.store import postings
 
-    _timed(postings, "analyze_texts", "analyze")  # every backend's append prologue (`append_input`)
+    _timed(postings, "analyze_texts", "analyze")  # the store front's append prologue (`append_input`)
     if backend == "postgres":
         from contextmode.store.postgres import driver as postgres
 

@@ -37,7 +37,7 @@ from .base import (
     SessionVersion,
 )
 from .lifecycle import DeletionRecord, Scope, UserInfo
-from .postings import IndexStats
+from .postings import AppendInput, IndexStats, append_input
 from .records import TurnTrace
 
 __all__ = [
@@ -57,15 +57,10 @@ class Driver(Protocol):
     def one_connection(self) -> AbstractAsyncContextManager[None]: ...
     async def let_go(self) -> None: ...
     async def close(self) -> None: ...
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]: ...
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
+        """`TurnLog.append` of ``given`` (ids and user checked; index terms analysed when the
+        driver keeps postings)."""
+        ...
     async def load(
         self,
         tenant: str,
@@ -238,12 +233,15 @@ class StoreFront(ClosesOnExit, Generic[_D]):
         expected_last_seq: int | None = None,
         user_id: str | None = None,
     ) -> list[Turn]:
-        return await self.driver.append(
-            key.tenant,
-            key.session_id,
-            turns,
-            expected_last_seq=expected_last_seq,
-            user_id=check_user(user_id),
+        given = self.append_input(key, turns, check_user(user_id))
+        return await self.driver.append(given, expected_last_seq=expected_last_seq)
+
+    def append_input(
+        self, key: SessionKey, turns: Sequence[NewTurn], user_id: str | None
+    ) -> AppendInput:
+        """What the driver's append takes: a driver without postings needs no index terms."""
+        return AppendInput(
+            key=(key.tenant, key.session_id), user_id=user_id, turns=list(turns), analyzed={}
         )
 
     async def load(
@@ -420,6 +418,13 @@ class StoreFront(ClosesOnExit, Generic[_D]):
 
 class IndexedFront(StoreFront[_I]):
     """`StoreFront` with the recall postings (`store.postings.PostingsStore`) and storage usage."""
+
+    def append_input(
+        self, key: SessionKey, turns: Sequence[NewTurn], user_id: str | None
+    ) -> AppendInput:
+        """The turns' index terms analysed once, before the driver's transaction (its write
+        lock is held only to write)."""
+        return append_input(key.tenant, key.session_id, turns, user_id)
 
     async def session_bytes(self, key: SessionKey) -> dict[str, int]:
         return await self.driver.session_bytes(key.tenant, key.session_id)

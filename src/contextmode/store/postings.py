@@ -221,7 +221,8 @@ def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
 
 @dataclass(frozen=True, slots=True)
 class AppendInput:
-    """What every persistent backend's `append` starts from (`append_input`)."""
+    """What a driver's `append` takes: the store front builds it (`append_input` for a driver
+    with postings), once, before the driver's transaction."""
 
     key: tuple[str, str]
     """``(tenant, session_id)``."""

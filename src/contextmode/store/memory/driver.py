@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ...errors import ConflictError, LockNotAcquired
-from ...types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
+from ...types import Constraint, SessionState, Summary, Turn, utc_now
 from .._codec import check_owner, window_start
 from ..base import (
     IdempotencyRecord,
@@ -22,6 +22,7 @@ from ..base import (
     SessionVersion,
 )
 from ..lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
+from ..postings import AppendInput
 from ..records import TurnTrace
 from ..trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
 
@@ -65,16 +66,9 @@ class MemoryDriver(OwnConnections):
         """Per (tenant, key): the record, when it lapses (monotonic) and its session id."""
         self._deletions: list[DeletionRecord] = []
 
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        key = (tenant, session_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
+        key, user_id, turns = given.key, given.user_id, given.turns
+        session_id = key[1]
         async with self._guard:
             now = utc_now()
             session = self._sessions.get(key)

@@ -51,7 +51,7 @@ from ..base import (
     SessionVersion,
 )
 from ..lifecycle import SQL_SESSION_TABLES
-from ..postings import IndexHead, IndexStats, KeptHeads, append_input, completes_block
+from ..postings import AppendInput, IndexHead, IndexStats, KeptHeads, completes_block
 from ..records import TurnTrace
 from ..trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from ..usage import postgres_session_bytes
@@ -398,17 +398,9 @@ class PostgresDriver(PostgresLifecycle, ClosesOnExit):
 
     # -- turn log ---------------------------------------------------------------
 
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        given = append_input(tenant, session_id, turns, user_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
         key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
+        session_id = key[1]
         now = utc_now()
         # The postings are computed for the head this process's last append left (if any) and
         # written by the append's own statement; `index_turns` redoes them if it was stale.

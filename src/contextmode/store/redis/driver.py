@@ -26,7 +26,7 @@ from ...errors import (
     StoreError,
     translate,
 )
-from ...types import Constraint, NewTurn, SessionState, Summary, Turn
+from ...types import Constraint, SessionState, Summary, Turn
 from .._codec import (
     being_cancelled,
     constraints_from_json,
@@ -47,7 +47,7 @@ from ..base import (
     SessionVersion,
 )
 from ..lifecycle import REDIS_SESSION_KEYS
-from ..postings import KeptHeads, append_input
+from ..postings import AppendInput, KeptHeads
 from ..records import TurnTrace
 from ..trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
 from ..usage import redis_session_bytes
@@ -161,17 +161,8 @@ class RedisDriver(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
 
     # -- turn log ---------------------------------------------------------------
 
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        # Analysed once, before any script: a redone append only renumbers the postings.
-        given = append_input(tenant, session_id, turns, user_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
+        # Analysed once (by the front), before any script: a redone append only renumbers the postings.
         (tenant, session_id), user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
         k = self._keys(tenant, session_id)
         answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ...errors import ConfigError, ConflictError, StoreError
-from ...types import Constraint, NewTurn, SessionState, Summary, Turn
+from ...types import Constraint, SessionState, Summary, Turn
 from .._codec import (
     check_owner,
     constraints_from_json,
@@ -52,7 +52,7 @@ from ..base import (
     SessionInfo,
     SessionVersion,
 )
-from ..postings import IndexStats, append_input, completes_block
+from ..postings import AppendInput, IndexStats, completes_block
 from ..records import TurnTrace
 from ..trace_pack import pack_trace_soon
 from ..usage import sqlite_session_bytes
@@ -247,17 +247,9 @@ class SQLiteDriver(SQLiteLifecycle, OwnConnections, ClosesOnExit):
 
     # -- turn log ---------------------------------------------------------------
 
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        given = append_input(tenant, session_id, turns, user_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
         key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
+        session_id = key[1]
         now = now_micros()
         answer = last_answer(turns)
 
