@@ -54,7 +54,15 @@ from contextmode.memory import Budget, get_strategy
 from contextmode.store.memory import MemoryStore
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.tokens import TokenCounter, count_turn, counter_for_model
-from contextmode.types import NewTurn, Role, SessionState, Summary, ToolCall, tool_metadata
+from contextmode.types import (
+    NewTurn,
+    Role,
+    SessionKey,
+    SessionState,
+    Summary,
+    ToolCall,
+    tool_metadata,
+)
 
 SIZES = (100, 100_000)
 TENANT, SESSION = "bench", "s1"
@@ -115,10 +123,10 @@ def summary_for(n: int, counter: TokenCounter) -> Summary:
 
 async def fill(store: Any, turns: list[NewTurn], counter: TokenCounter) -> None:
     for i in range(0, len(turns), 5000):
-        await store.append(TENANT, SESSION, turns[i : i + 5000])
+        await store.append(SessionKey(TENANT, SESSION), turns[i : i + 5000])
     summary = summary_for(len(turns), counter)
     if summary.covers_seq:
-        await store.commit_summary(TENANT, SESSION, summary, expected_version=0)
+        await store.commit_summary(SessionKey(TENANT, SESSION), summary, expected_version=0)
 
 
 def median_ms(samples_ns: Sequence[int]) -> float:
@@ -138,7 +146,7 @@ def time_assemble(state: SessionState, counter: TokenCounter, strategy: str, rep
 
 async def load_state(store: Any, strategy_name: str) -> SessionState:
     strategy = get_strategy(strategy_name)
-    state: SessionState = await store.load(TENANT, SESSION, recent=strategy.recent_turns,
+    state: SessionState = await store.load(SessionKey(TENANT, SESSION), recent=strategy.recent_turns,
                                            key_moments=strategy.key_moment_limit)
     return state
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from contextmode.store.sqlite import SQLiteStore
-from contextmode.types import Constraint, NewTurn, Summary
+from contextmode.types import Constraint, NewTurn, SessionKey, Summary
 
 _WORDS = ["预算", "五十元", "不要辣", "周末", "餐厅", "推荐", "the", "meeting", "budget", "地铁站",
           "附近", "咖啡", "report", "明天", "下午三点", "价格", "评价", "停车", "好的", "谢谢"]
@@ -62,10 +62,10 @@ async def fill(path: Path, sessions: int, turns_each: int, *, seed: int = 1) -> 
                             metadata={"n": start + i})
                     for i in range(min(1000, turns_each - start))
                 ]
-                await store.append("bench", sid, batch, user_id=user)
-            await store.commit_summary("bench", sid, Summary(text=_text(rng, 40), covers_seq=turns_each // 2,
+                await store.append(SessionKey("bench", sid), batch, user_id=user)
+            await store.commit_summary(SessionKey("bench", sid), Summary(text=_text(rng, 40), covers_seq=turns_each // 2,
                                                              tokens=60), expected_version=0)
-            await store.commit_constraints("bench", sid, [Constraint(key="budget", value="五十元以内")],
+            await store.commit_constraints(SessionKey("bench", sid), [Constraint(key="budget", value="五十元以内")],
                                            expected_version=0)
     return sessions * turns_each
 

@@ -58,7 +58,7 @@ from contextmode.memory.recall.semantic import default_thesaurus
 from contextmode.store.base import Store
 from contextmode.store.memory import MemoryStore
 from contextmode.store.sqlite import SQLiteStore
-from contextmode.types import NewTurn, Turn
+from contextmode.types import NewTurn, SessionKey, Turn
 
 SIZES = (1_000, 10_000, 100_000)
 QUERIES = 60
@@ -92,7 +92,7 @@ async def _store_with(n: int, rng: random.Random, words: list[str], weights: lis
     t0 = datetime(2024, 1, 1, tzinfo=UTC)
     batch = 5_000
     for start in range(0, n, batch):
-        await store.append("bench", "s", [
+        await store.append(SessionKey("bench", "s"), [
             NewTurn(role="user" if (start + i) % 2 == 0 else "assistant",
                     content=_line(rng, words, weights), tokens=20,
                     created_at=t0 + timedelta(minutes=start + i))
@@ -110,7 +110,7 @@ async def _bench() -> dict[str, object]:
     for n in SIZES:
         store = await _store_with(n, rng, words, weights)
         recaller = Recaller()
-        state = await store.load("bench", "s", recent=8)
+        state = await store.load(SessionKey("bench", "s"), recent=8)
         started = time.perf_counter()
         index = await recaller.index(store, "bench", "s", last_seq=state.last_seq)
         build_s[str(n)] = round(time.perf_counter() - started, 3)
@@ -198,7 +198,7 @@ def _index_switch(backend: str) -> list[tuple[object, str, Callable[..., object]
     """What writes the backend's postings during an append, and its stand-in that writes
     none: ``(module or class, attribute, stand-in)``."""
     if backend == "redis":  # the class whose ``index_head`` reads what the postings need
-        from contextmode.store._redis_postings import IndexHead, RedisPostings
+        from contextmode.store.redis.postings import IndexHead, RedisPostings
 
         async def lagging(*args: object) -> object:  # no read first, and a session whose index lags
             return IndexHead(last=0, previous=None, indexed_seq=-1)
@@ -209,10 +209,10 @@ def _index_switch(backend: str) -> list[tuple[object, str, Callable[..., object]
         return False
 
     if backend == "sqlite":
-        from contextmode.store import _sqlite_postings
+        from contextmode.store.sqlite import postings as _sqlite_postings
 
         return [(_sqlite_postings, "index_turns", lambda *args: None)]
-    from contextmode.store import _pg_postings
+    from contextmode.store.postgres import postings as _pg_postings
 
     # The append statement writes the postings (`append_args`); `index_turns` redoes them
     # when its assumed head was stale, and seals.
@@ -229,7 +229,7 @@ async def _time_queries(
     for query in queries[:7]:
         for variant in VARIANTS:
             worker = connect()
-            state = await worker.load("bench", "s", recent=8)
+            state = await worker.load(SessionKey("bench", "s"), recent=8)
             recaller = Recaller(SETTINGS[variant])
             started = time.perf_counter()
             await recaller.recall(worker, state, query, limit=128)
@@ -237,7 +237,7 @@ async def _time_queries(
             assert not recaller._entries, "the stored index must answer"
             await worker.close()
     warm: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    state = await store.load("bench", "s", recent=8)
+    state = await store.load(SessionKey("bench", "s"), recent=8)
     recaller = Recaller()
     await recaller.recall(store, state, queries[0], limit=128)
     for query in queries:
@@ -257,7 +257,7 @@ async def _bench_stored(backend: str, n: int = 100_000, *, queries_too: bool = T
         t0 = datetime(2024, 1, 1, tzinfo=UTC)
         started = time.perf_counter()
         for start in range(0, n, 2_000):
-            await store.append("bench", "s", [
+            await store.append(SessionKey("bench", "s"), [
                 NewTurn(role="user" if (start + i) % 2 == 0 else "assistant",
                         content=_line(rng, words, weights), tokens=20,
                         created_at=t0 + timedelta(minutes=start + i))
@@ -270,9 +270,9 @@ async def _bench_stored(backend: str, n: int = 100_000, *, queries_too: bool = T
         switch = _index_switch(backend)
         indexing = [getattr(owner, name) for owner, name, _ in switch]
         if backend == "redis":  # "s2" is a session whose index lags: its appends write none
-            await store.append("bench", "s2", [NewTurn(role="user", content="first", tokens=1)])
-            async with store._guard() as client:  # type: ignore[attr-defined]
-                await client.hset(store._keys("bench", "s2")["rindex"], "indexed_seq", -1)  # type: ignore[attr-defined]
+            await store.append(SessionKey("bench", "s2"), [NewTurn(role="user", content="first", tokens=1)])
+            async with store.driver._guard() as client:  # type: ignore[attr-defined]
+                await client.hset(store.driver._keys("bench", "s2")["rindex"], "indexed_seq", -1)  # type: ignore[attr-defined]
         with_index: list[float] = []
         without: list[float] = []
         for i in range(300):
@@ -281,7 +281,7 @@ async def _bench_stored(backend: str, n: int = 100_000, *, queries_too: bool = T
             for (owner, name, off), on in zip(switch, indexing, strict=True):
                 setattr(owner, name, on if use else off)
             started = time.perf_counter()
-            await store.append("bench", "s2" if not use else "s", [turn])
+            await store.append(SessionKey("bench", "s2" if not use else "s"), [turn])
             (with_index if use else without).append((time.perf_counter() - started) * 1000)
         for (owner, name, _), on in zip(switch, indexing, strict=True):
             setattr(owner, name, on)

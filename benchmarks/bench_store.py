@@ -28,6 +28,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from contextmode.types import SessionKey
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from contextmode.store import MemoryStore, SQLiteStore, Store
@@ -51,14 +53,14 @@ def _turns(start: int, count: int) -> list[NewTurn]:
 
 async def _seed(store: Store, session_id: str, count: int) -> None:
     for start in range(1, count + 1, 1000):
-        await store.append(TENANT, session_id, _turns(start, min(1000, count - start + 1)))
+        await store.append(SessionKey(TENANT, session_id), _turns(start, min(1000, count - start + 1)))
     step = 10 if count <= 1000 else 100  # 10 scored turns in the small session, 1 % in the big
     scores = {seq: 0.75 + (seq % 7) / 40 for seq in range(5, count + 1, step)}
     for chunk in range(0, len(scores), 500):
         part = dict(list(scores.items())[chunk : chunk + 500])
-        await store.set_emotions(TENANT, session_id, part)
+        await store.set_emotions(SessionKey(TENANT, session_id), part)
     summary = Summary(text="之前的对话摘要。" * 20, covers_seq=count - 12, tokens=160)
-    assert await store.commit_summary(TENANT, session_id, summary, expected_version=0)
+    assert await store.commit_summary(SessionKey(TENANT, session_id), summary, expected_version=0)
 
 
 async def _median_ms(count: int, call: Callable[[], Any]) -> float:
@@ -75,7 +77,7 @@ async def bench(store: Store, *, loads: int, appends: int, big: int) -> dict[str
     await _seed(store, "big", big)
 
     async def load(session_id: str) -> None:
-        state = await store.load(TENANT, session_id, recent=8, max_uncovered=200, key_moments=5)
+        state = await store.load(SessionKey(TENANT, session_id), recent=8, max_uncovered=200, key_moments=5)
         assert len(state.turns) == 12 and len(state.key_moments) == 5, (session_id, state)
 
     for session_id in ("small", "big"):  # warm caches and connections
@@ -85,7 +87,7 @@ async def bench(store: Store, *, loads: int, appends: int, big: int) -> dict[str
     large = await _median_ms(loads, lambda: load("big"))
     counter = iter(range(1, appends + 1))
     append = await _median_ms(
-        appends, lambda: store.append(TENANT, "appends", _turns(next(counter), 1))
+        appends, lambda: store.append(SessionKey(TENANT, "appends"), _turns(next(counter), 1))
     )
     return {
         "append_median_ms": round(append, 4),

@@ -33,6 +33,7 @@ from contextmode.models.offline import OfflineResponder
 from contextmode.settings import EngineSettings
 from contextmode.store import open_store
 from contextmode.tokens import counter_for_encoding
+from contextmode.types import SessionKey
 
 DATA = os.environ.get("CPED_FILE", "../shared/data/cped/valid_split.csv")
 QUESTIONS = 60
@@ -69,7 +70,7 @@ async def _run(url: str, lines: list[tuple[str, str]], probes: list[tuple[int, s
             found += seq in shown
         return round(found / len(probes), 3)
     finally:
-        await engine.store.delete("zh", "cped")
+        await engine.store.delete(SessionKey("zh", "cped"))
         await engine.close()
 
 

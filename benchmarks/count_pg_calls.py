@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from contextmode.types import SessionKey
+
 PG_DSN = os.environ.get("CONTEXTMODE_TEST_PG_DSN") or "postgresql://postgres@127.0.0.1:5432/test"
 COUNTS: Counter[str] = Counter()
 
@@ -73,7 +75,7 @@ async def main(sessions: int, turns: int, stream: bool, together: bool) -> dict[
     settings = ServiceSettings(image_dir=Path(tempfile.mkdtemp(prefix="cm-count-")))
     words = ["tea", "Kyoto", "my sister Lucy", "the budget", "temples", "spicy food", "April", "trains"]
     try:
-        await store.version("local", "warm-up")
+        await store.version(SessionKey("local", "warm-up"))
         instrument()
         COUNTS.clear()
         cpu = time.process_time()
@@ -103,7 +105,7 @@ async def main(sessions: int, turns: int, stream: bool, together: bool) -> dict[
             "acquisitions_per_turn": round(COUNTS["acquisitions"] / done, 2),
             "statements_per_turn": round(COUNTS["statements"] / done, 2),
             "concurrent": together,
-            "pool_size": store._pool.get_size(),
+            "pool_size": store.driver._pool.get_size(),
         }
     finally:
         await engine.close()

@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 import bench_recall as br
 
-from contextmode.types import NewTurn
+from contextmode.types import NewTurn, SessionKey
 
 _SPENT: dict[str, list[float]] = defaultdict(list)
 
@@ -53,13 +53,13 @@ def _timed(owner: object, name: str, label: str) -> None:
 def _instrument(backend: str, store: object) -> None:
     from contextmode.store import postings
 
-    _timed(postings, "analyze_texts", "analyze")  # every backend's append prologue (`append_input`)
+    _timed(postings, "analyze_texts", "analyze")  # the store front's append prologue (`append_input`)
     if backend == "postgres":
-        from contextmode.store import postgres
+        from contextmode.store.postgres import driver as postgres
 
         _timed(postgres, "_write_turns", "statement")
     elif backend == "redis":
-        from contextmode.store import redis
+        from contextmode.store.redis import driver as redis
 
         _timed(redis, "index_rows", "index_rows")
         _timed(store, "_script", "script")
@@ -72,7 +72,7 @@ async def _probe(backend: str, n: int, pairs: int) -> None:
     try:
         t0 = datetime(2024, 1, 1, tzinfo=UTC)
         for start in range(0, n, 2_000):
-            await store.append("bench", "s", [
+            await store.append(SessionKey("bench", "s"), [
                 NewTurn(role="user" if (start + i) % 2 == 0 else "assistant",
                         content=br._line(rng, words, weights), tokens=20,
                         created_at=t0 + timedelta(minutes=start + i))
@@ -81,9 +81,9 @@ async def _probe(backend: str, n: int, pairs: int) -> None:
         switch = br._index_switch(backend)
         indexing = [getattr(owner, name) for owner, name, _ in switch]
         if backend == "redis":  # as in bench_recall: "s2" is a session whose index lags
-            await store.append("bench", "s2", [NewTurn(role="user", content="first", tokens=1)])
-            async with store._guard() as client:  # type: ignore[attr-defined]
-                await client.hset(store._keys("bench", "s2")["rindex"], "indexed_seq", -1)  # type: ignore[attr-defined]
+            await store.append(SessionKey("bench", "s2"), [NewTurn(role="user", content="first", tokens=1)])
+            async with store.driver._guard() as client:  # type: ignore[attr-defined]
+                await client.hset(store.driver._keys("bench", "s2")["rindex"], "indexed_seq", -1)  # type: ignore[attr-defined]
         _instrument(backend, store)
         phases: dict[bool, dict[str, list[float]]] = {True: defaultdict(list), False: defaultdict(list)}
         for i in range(2 * pairs):
@@ -93,7 +93,7 @@ async def _probe(backend: str, n: int, pairs: int) -> None:
                 setattr(owner, name, on if use else off)
             _SPENT.clear()
             cpu, started = time.process_time(), time.perf_counter()
-            await store.append("bench", "s" if use else "s2", [turn])
+            await store.append(SessionKey("bench", "s" if use else "s2"), [turn])
             phases[use]["wall"].append(time.perf_counter() - started)
             phases[use]["cpu"].append(time.process_time() - cpu)
             for label, spent in _SPENT.items():

@@ -47,7 +47,7 @@ from contextmode.testing.local_model import (
 )
 from contextmode.tokens.base import TokenCounter
 from contextmode.tokens.tools import count_messages
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 
 
 @dataclass
@@ -172,14 +172,14 @@ async def run(base_url: str, turns: int) -> dict[str, Any]:
             print(f"[{language} {len(turn_seconds)}] {turn_seconds[-1]:.1f} s {outcome} "
                   f"(answered so far {answered}, load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
         await engine.drain()
-        info = await engine.store.info("local", session)
+        info = await engine.store.info(SessionKey("local", session))
         assert info is not None
         for name, stats in info.jobs.items():
             for outcome in ("ok", "rejected", "failed"):
                 jobs[name][outcome] += getattr(stats, outcome)
             print(f"[{language} jobs] {name}: ok {stats.ok} rejected {stats.rejected} failed {stats.failed}; "
                   f"last error {(stats.last_error or '-')[:120]}", file=sys.stderr, flush=True)
-        state = await engine.store.load("local", session, recent=0)
+        state = await engine.store.load(SessionKey("local", session), recent=0)
         bad_pins += ungrounded_pins([{"key": c.key, "value": c.value, "quote": c.quote} for c in state.constraints], said)
     job_of = {"summarizer": "summary", "extractor": "constraints", "emotion": "emotion"}
     table = {}

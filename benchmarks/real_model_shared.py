@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from contextmode.testing.local_model import CONVERSATIONS, LOCAL_MODEL_ALIAS, llama_server
+from contextmode.types import SessionKey
 
 SECOND_CHINESE: tuple[str, ...] = (
     "我对海鲜过敏，预算两百以内。",

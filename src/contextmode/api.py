@@ -383,7 +383,7 @@ class ContextMode:
 
     async def aturns(self, session_id: str) -> list[Turn]:
         """Every stored turn of the session, oldest first (empty for an unknown session)."""
-        return await self.engine.store.turns(self.tenant, session_id)
+        return await self.engine.store.turns(SessionKey(self.tenant, session_id))
 
     async def aforget(
         self, *, user_id: str | None = None, session_id: str | None = None, tenant: bool = False
@@ -539,7 +539,7 @@ class ContextMode:
             new.append(NewTurn(role=m.role, content=m.content, tokens=tokens, metadata=meta,
                                tool_calls=m.tool_calls, tool_call_id=m.tool_call_id,
                                created_at=record.created_at or utc_now()))
-        stored = await engine.store.append(self.tenant, session_id, engine.keepable(self.tenant, new), user_id=user_id)
+        stored = await engine.store.append(SessionKey(self.tenant, session_id), engine.keepable(self.tenant, new), user_id=user_id)
         observe(parts, key, stored)
         for turn in stored:
             if turn.role == "user":
@@ -557,7 +557,7 @@ class ContextMode:
         if not turns:
             return None
         engine = self.engine
-        state = await engine.store.load(self.tenant, session_id, recent=0, max_uncovered=0)
+        state = await engine.store.load(SessionKey(self.tenant, session_id), recent=0, max_uncovered=0)
         info = await self._session_user(session_id)
         popped, kept = turns[-1], turns[:-1]
         await self.aforget(session_id=session_id)
@@ -565,7 +565,7 @@ class ContextMode:
             return popped
         from .types import NewTurn
 
-        stored = await engine.store.append(self.tenant, session_id, [
+        stored = await engine.store.append(SessionKey(self.tenant, session_id), [
             NewTurn(role=t.role, content=t.content, tokens=t.tokens, created_at=t.created_at,
                     emotion=t.emotion, metadata=t.metadata, tool_calls=t.tool_calls, tool_call_id=t.tool_call_id,
                     tool_name=t.tool_name) for t in kept], user_id=info)
@@ -573,24 +573,24 @@ class ContextMode:
 
         observe(engine.parts(), SessionKey(self.tenant, session_id), stored)
         if state.summary is not None and state.summary.covers_seq < popped.seq:
-            await engine.store.commit_summary(self.tenant, session_id, state.summary, expected_version=0)
+            await engine.store.commit_summary(SessionKey(self.tenant, session_id), state.summary, expected_version=0)
         pins = [c for c in state.constraints if c.source_seq != popped.seq]
         if pins:
-            await engine.store.commit_constraints(self.tenant, session_id, pins, expected_version=0)
+            await engine.store.commit_constraints(SessionKey(self.tenant, session_id), pins, expected_version=0)
         return popped
 
     async def _session_user(self, session_id: str) -> str | None:
-        info = await self.engine.store.info(self.tenant, session_id)
+        info = await self.engine.store.info(SessionKey(self.tenant, session_id))
         return info.user_id if info is not None else None
 
     async def aturns_between(self, session_id: str, from_seq: int, to_seq: int | None = None) -> list[Turn]:
         """The session's turns ``from_seq..to_seq`` (inclusive; ``None``: to the newest), oldest first."""
-        return await self.engine.store.turns(self.tenant, session_id, from_seq=from_seq, to_seq=to_seq)
+        return await self.engine.store.turns(SessionKey(self.tenant, session_id), from_seq=from_seq, to_seq=to_seq)
 
     async def anewest(self, session_id: str) -> Turn | None:
         """The session's newest stored turn (``None`` for an empty session), in O(1)."""
-        last = (await self.engine.store.version(self.tenant, session_id)).last_seq
-        tail = await self.engine.store.turns(self.tenant, session_id, from_seq=last, to_seq=last) if last else []
+        last = (await self.engine.store.version(SessionKey(self.tenant, session_id))).last_seq
+        tail = await self.engine.store.turns(SessionKey(self.tenant, session_id), from_seq=last, to_seq=last) if last else []
         return tail[-1] if tail else None
 
     async def acontinue(self, session_id: str, *, system_prompt: str | UseDefault | None = USE_DEFAULT) -> Context:

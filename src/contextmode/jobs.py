@@ -38,7 +38,7 @@ from .store.base import (
     let_go,
     one_connection,
 )
-from .types import utc_now
+from .types import SessionKey, utc_now
 
 __all__ = [
     "HookedJobQueue",
@@ -450,7 +450,7 @@ class JobRunner:
         settings = self.settings
         for attempt in range(1, settings.lock_attempts + 1):
             taken = time.monotonic()  # before asking: the lock expires no sooner than taken + ttl
-            held = self.store.lock(*key, ttl_s=settings.lock_ttl_s)
+            held = self.store.lock(SessionKey(*key), ttl_s=settings.lock_ttl_s)
             try:
                 handle = await held.__aenter__()
             except LockNotAcquired:
@@ -511,7 +511,7 @@ class JobRunner:
             queue.outcomes.append(JobOutcome(job=name, ok=ok, error=error, rejected=rejected, finished_at=utc_now()))
             return
         try:
-            await self.store.record_job(*key, name, ok=ok, error=error, rejected=rejected)
+            await self.store.record_job(SessionKey(*key), name, ok=ok, error=error, rejected=rejected)
         except Exception as exc:  # stats are best effort; the job's own result stands
             log.warning("could not record job %s for %s/%s: %s", name, *key, exc)
 
@@ -526,7 +526,7 @@ class JobRunner:
         if outcomes or release is not None:
             queue.counting = tuple(outcomes)
             try:
-                await batches.record_jobs(*key, outcomes, release=release)
+                await batches.record_jobs(SessionKey(*key), outcomes, release=release)
             except Exception as exc:
                 log.warning("could not record jobs %s for %s/%s: %s", ",".join(o.job for o in outcomes), *key, exc)
             finally:

@@ -26,7 +26,7 @@ from contextmode.text.neutralise import BREAK, CONTROL_STRINGS, has_control_stri
 from contextmode.tokens import count_messages
 from contextmode.tokens.hf_counter import load_deepseek_v3_counter
 from contextmode.tokens.tiktoken_counter import load_openai_counter, load_qwen2_counter
-from contextmode.types import ChatMessage, Turn, utc_now
+from contextmode.types import ChatMessage, SessionKey, Turn, utc_now
 
 T, S = "t", "s"
 
@@ -118,7 +118,7 @@ async def test_planted_control_strings_reach_no_renderer_whole(fmt: str) -> None
     if fmt == "text":
         from contextmode.assembly import AssemblyConfig, assemble
 
-        state = await engine.store.load(T, S, recent=0)
+        state = await engine.store.load(SessionKey(T, S), recent=0)
         ctx = assemble(state, "管理员密码是什么？", counter=engine.counter, config=AssemblyConfig(format="text"))
     messages = to_messages(ctx)
     rendered = _texts(messages, to_anthropic(ctx), to_text(ctx))
@@ -146,7 +146,7 @@ async def test_recent_turns_in_messages_are_neutralised_and_the_log_keeps_what_w
     assert users == [neutralise(p) for p in PLANTED[:3]]
     # What is counted is the neutralised text, not the stored count of the typed one.
     assert count_messages(engine.counter, prepared.messages) == prepared.context.total_tokens
-    stored = await engine.store.turns(T, S)
+    stored = await engine.store.turns(SessionKey(T, S))
     assert [t.content for t in stored if t.role == "user"] == PLANTED[:2]
 
 

@@ -25,7 +25,7 @@ from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import FunctionModel
-from contextmode.types import ChatMessage, Constraint, NewTurn, Summary, utc_now
+from contextmode.types import ChatMessage, Constraint, NewTurn, SessionKey, Summary, utc_now
 
 T, S = "t", "s"
 
@@ -94,7 +94,7 @@ def offline_engine(**settings: Any) -> Engine:
 async def test_injections_stay_quotes_with_offline_processors(order: str, mode: str) -> None:
     engine = offline_engine(order=order, mode=mode)
     await converse(engine, [*INJECTIONS, *(f"闲聊 {i}" for i in range(12))])
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     assert state.summary is not None and state.constraints  # both layers carry user text
     prepared = await engine.prepare(T, S, "那我该吃什么？")
     assert_hygienic(prepared.messages)
@@ -106,7 +106,7 @@ async def test_injections_stay_quotes_with_offline_processors(order: str, mode: 
         users = [m.content for m in prepared.messages if m.role == "user"]
         assert "忽略之前的指令" in (summary or "") or any("忽略之前的指令" in u for u in users)
     # each user turn is stored as the user said it (a quote), never rewritten into an instruction
-    turns = await engine.store.turns(T, S, from_seq=1, to_seq=2 * len(INJECTIONS))
+    turns = await engine.store.turns(SessionKey(T, S), from_seq=1, to_seq=2 * len(INJECTIONS))
     assert [t.content for t in turns if t.role == "user"][: len(INJECTIONS)] == INJECTIONS
 
 
@@ -125,7 +125,7 @@ async def test_the_offline_extractor_pins_no_role_change_and_keeps_the_rest_as_d
     SYSTEM: obey"), and whatever it keeps is rendered as neutralised data."""
     engine = offline_engine()
     await converse(engine, INJECTIONS)
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     for constraint in state.constraints:
         for phrase in ("忽略之前的指令", "Ignore all previous", "你现在是", "You are now"):
             assert phrase not in constraint.value, constraint
@@ -161,7 +161,7 @@ async def test_llm_processors_pinning_the_injection_keep_it_inside_the_data(payl
         processors=replace(Processors.offline(), extractor=LLMConstraintExtractor(bad), summarizer=LLMSummarizer(bad)),
     )
     await converse(engine, [payload, *(f"闲聊 {i}" for i in range(11))])
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     assert state.summary is None  # the summary repeated closing tags: rejected
     for constraint in state.constraints:
         assert "<" not in constraint.quote and "＜" not in constraint.key
@@ -202,10 +202,10 @@ async def test_no_stored_text_escapes_its_section(constraint: str, summary: str,
     )
     turns = [NewTurn(role="user", content=old_turn, tokens=3, metadata={"speaker": speaker})]
     turns += [NewTurn(role="assistant" if i % 2 else "user", content=f"filler {i}", tokens=2) for i in range(30)]
-    await store.append(T, S, turns)
-    await store.set_emotions(T, S, {1: 0.95})  # the old turn becomes a key moment
-    await store.commit_summary(T, S, Summary(text=summary, covers_seq=5, tokens=3, created_at=utc_now()), expected_version=0)
-    await store.commit_constraints(T, S, [Constraint(key="k", value=constraint, source_seq=1)], expected_version=0)
+    await store.append(SessionKey(T, S), turns)
+    await store.set_emotions(SessionKey(T, S), {1: 0.95})  # the old turn becomes a key moment
+    await store.commit_summary(SessionKey(T, S), Summary(text=summary, covers_seq=5, tokens=3, created_at=utc_now()), expected_version=0)
+    await store.commit_constraints(SessionKey(T, S), [Constraint(key="k", value=constraint, source_seq=1)], expected_version=0)
     prepared = await engine.prepare(T, S, "and now?")
     assert_hygienic(prepared.messages)
 

@@ -16,7 +16,7 @@ import pytest
 from contextmode.api import build_engine
 from contextmode.settings import EngineSettings
 from contextmode.testing.models import FunctionModel
-from contextmode.types import NewTurn
+from contextmode.types import NewTurn, SessionKey
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -82,7 +82,7 @@ def test_the_demo_never_touches_the_users_store(tmp_path: Path) -> None:
 
     async def write_mine() -> None:
         engine = build_engine(store=mine)
-        await engine.store.append("local", "demo", [NewTurn(role="user", content="我的数据", tokens=3)])
+        await engine.store.append(SessionKey("local", "demo"), [NewTurn(role="user", content="我的数据", tokens=3)])
         await engine.close()
 
     asyncio.run(write_mine())
@@ -92,7 +92,7 @@ def test_the_demo_never_touches_the_users_store(tmp_path: Path) -> None:
 
     async def read_mine() -> list[str]:
         engine = build_engine(store=mine)
-        turns = await engine.store.turns("local", "demo")
+        turns = await engine.store.turns(SessionKey("local", "demo"))
         await engine.close()
         return [t.content for t in turns]
 
@@ -149,7 +149,7 @@ async def test_inspect_explains_recall_with_the_query_recall_was_given() -> None
     for n in range(30):
         turns += [NewTurn(role="user", content=f"How many minutes are in {n + 2} hours?", tokens=8),
                   NewTurn(role="assistant", content=f"{(n + 2) * 60} minutes.", tokens=3)]
-    await engine.store.append("local", "s", turns)
+    await engine.store.append(SessionKey("local", "s"), turns)
     prepared = await engine.prepare("local", "s", "What was my locker code at the gym?")
     rejected = Rewrite(text="How many minutes in 5 hours?", changed=True, verified=False)
     reasons = _recall_reasons(replace(prepared, rewrite=rejected))

@@ -9,6 +9,7 @@ from pathlib import Path
 from contextmode import ContextMode
 from contextmode.service.schemas import SessionSummaryOut
 from contextmode.session_keys import id_for_key
+from contextmode.types import SessionKey
 
 from .test_cli import run_cli
 
@@ -19,7 +20,7 @@ def test_inspect_takes_the_key_or_the_id(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cm.db'}"
     with ContextMode(store=url) as memory:
         memory.record(id_for_key(KEY), "user", "我不吃辣")
-        info = memory.submit(memory.engine.store.info(memory.tenant, id_for_key(KEY))).result()
+        info = memory.submit(memory.engine.store.info(SessionKey(memory.tenant, id_for_key(KEY)))).result()
     assert info is not None
     assert SessionSummaryOut.of(info).key == KEY
     for name in (KEY, id_for_key(KEY)):

@@ -30,8 +30,8 @@ async def test_recall_finds_a_tool_result_by_its_content() -> None:
     ]
     turns += [NewTurn(role="user" if i % 2 else "assistant", content=random.Random(i).choice(_FILLER), tokens=4,
                       created_at=T0 + timedelta(minutes=i)) for i in range(60)]
-    await store.append("t", "s", turns)
-    state = await store.load("t", "s", recent=8)
+    await store.append(SessionKey("t", "s"), turns)
+    state = await store.load(SessionKey("t", "s"), recent=8)
     recalled = await Recaller().recall(store, state, "which certificate expired?")
     assert recalled and recalled[0].seq == 3 and recalled[0].role == "tool"
 
@@ -60,7 +60,7 @@ async def test_engine_summary_of_an_agent_session_has_no_raw_json() -> None:
 
     engine = make_engine(FunctionModel(lambda m: ["ok"]), summarizer=Recording(), summary_threshold=1)
     call = ToolCall(id="c", name="sql", arguments='{"query": "select 1"}')
-    await engine.store.append("t", "s", [
+    await engine.store.append(SessionKey("t", "s"), [
         NewTurn(role="user", content="count users", tokens=2),
         NewTurn(role="assistant", content="", tokens=9, metadata=tool_metadata(tool_calls=[call])),
         NewTurn(role="tool", content='[{"count": 42}]', tokens=9, metadata=tool_metadata(tool_call_id="c", tool_name="sql")),
@@ -75,7 +75,7 @@ async def test_engine_summary_of_an_agent_session_has_no_raw_json() -> None:
 async def test_library_agent_loop_with_a_function_model() -> None:
     """Without a tool-calling model the step still runs: tool results in, a text answer out."""
     engine = make_engine(FunctionModel(lambda m: [f"{len(m)} messages, last {m[-1].role}"]))
-    await engine.store.append("t", "s", [
+    await engine.store.append(SessionKey("t", "s"), [
         NewTurn(role="user", content="look it up", tokens=3),
         NewTurn(role="assistant", content="", tokens=9,
                 metadata=tool_metadata(tool_calls=[ToolCall(id="a", name="search"), ToolCall(id="b", name="search")])),
@@ -86,7 +86,7 @@ async def test_library_agent_loop_with_a_function_model() -> None:
     assert done is not None and done.answer.endswith("last tool") and done.tool_calls == ()
     roles = [m.role for m in events[0].prepared.messages]  # type: ignore[union-attr]
     assert roles == ["system", "user", "assistant", "tool", "tool"]
-    stored = await engine.store.turns("t", "s")
+    stored = await engine.store.turns(SessionKey("t", "s"))
     assert [t.tool_call_id for t in stored if t.role == "tool"] == ["b", "a"]
     assert stored[-1].metadata["reply_to"] == 1
     await engine.close()

@@ -83,7 +83,7 @@ async def test_turns_faster_than_the_model_merge_into_the_sessions_one_unit() ->
     await engine.drain()
     # The model scored turn 1 and the newest; turns 2-4 were filled in offline, and said so.
     assert scorer.scored == ["first", "fifth"]
-    state = await engine.store.load("t", "s", recent=20)
+    state = await engine.store.load(SessionKey("t", "s"), recent=20)
     scored = {t.seq for t in state.turns if t.role == "user" and t.emotion is not None}
     assert scored == {t.seq for t in state.turns if t.role == "user"}
     notes = [c.outcome for c in call_log().between(0.0) if c.step == "emotion" and c.session == "s"]
@@ -138,7 +138,7 @@ async def test_one_constraint_call_covers_the_newest_turns_and_pins_name_their_t
     gate.set()
     await engine.drain()
     assert extractor.shown == ["hello\nbudget 200\nand you?"]  # one call, the three turns
-    state = await engine.store.load("t", "s", recent=20)
+    state = await engine.store.load(SessionKey("t", "s"), recent=20)
     [pin] = state.constraints
     budget_turn = next(t for t in state.turns if t.content == "budget 200")
     assert pin.source_seq == budget_turn.seq

@@ -27,7 +27,7 @@ from contextmode.testing.processors import (
     KeywordDetector,
     SpiceExtractor,
 )
-from contextmode.types import ChatMessage, Turn
+from contextmode.types import ChatMessage, SessionKey, Turn
 
 HANGZHOU = ["推荐几家杭州的餐厅", "杭州的知味观和外婆家都不错，西湖边的楼外楼也很有名。"]
 
@@ -196,7 +196,7 @@ async def test_offline_notices_are_not_summarised_and_context_does_not_balloon()
         assert result.assistant_turn is not None and result.assistant_turn.notice
         assert result.prepared.context.message == text  # verbatim, always
     await engine.summarize_now("t", "s", force=True)
-    state = await engine.store.load("t", "s")
+    state = await engine.store.load(SessionKey("t", "s"))
     summary = state.summary.text if state.summary else ""
     assert "未配置模型" not in summary and "tokens" not in summary and "ystem" not in summary
     assert not any(c.value.startswith("</") or "未配置" in c.value for c in state.constraints)

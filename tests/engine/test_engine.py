@@ -49,7 +49,7 @@ async def test_turn_stores_user_then_answer_and_runs_jobs() -> None:
     assert result.answer.startswith("收到：")
     assert not result.partial
     await engine.drain()
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     assert [t.role for t in state.turns] == ["user", "assistant"]
     assert state.turns[0].tokens == CharTokenCounter().count("我不吃辣！")
     assert state.turns[1].metadata["reply_to"] == 1
@@ -62,14 +62,14 @@ async def test_prepare_writes_nothing() -> None:
     engine = make_engine(FunctionModel(echo))
     prepared = await engine.prepare("t1", "s1", "你好")
     assert prepared.context.total_tokens > 0
-    assert await engine.store.info("t1", "s1") is None
+    assert await engine.store.info(SessionKey("t1", "s1")) is None
 
 
 async def test_broken_stream_keeps_user_turn_and_partial_answer() -> None:
     engine = make_engine(ScriptedModel([BrokenStream(chunks=["一半", "的回答"])]))
     with pytest.raises(ModelError):
         await engine.turn("t1", "s1", "讲个故事")
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     assert [t.content for t in state.turns] == ["讲个故事", "一半的回答"]
     assert state.turns[1].partial
     assert state.last_answer == "一半的回答"
@@ -79,7 +79,7 @@ async def test_model_failure_before_any_token_keeps_only_user_turn() -> None:
     engine = make_engine(ScriptedModel([ModelError("503")]))
     with pytest.raises(ModelError):
         await engine.turn("t1", "s1", "在吗")
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     assert [t.content for t in state.turns] == ["在吗"]
 
 
@@ -90,7 +90,7 @@ async def test_client_gone_mid_stream_stores_partial_answer() -> None:
         if event.kind == "delta":
             break  # the client went away after the first delta
     await stream.aclose()
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     assert [t.content for t in state.turns] == ["说三段话", "第一段"]
     assert state.turns[1].partial
 
@@ -98,10 +98,10 @@ async def test_client_gone_mid_stream_stores_partial_answer() -> None:
 async def test_follow_up_without_previous_answer_is_a_typed_error() -> None:
     engine = make_engine(FunctionModel(echo))
     # a user turn exists but no answer does
-    await engine.store.append("t1", "s1", [NewTurn(role="user", content="什么是熵", tokens=4)])
+    await engine.store.append(SessionKey("t1", "s1"), [NewTurn(role="user", content="什么是熵", tokens=4)])
     with pytest.raises(NoPreviousAnswer, match="当前没有可用的上文信息"):
         await engine.prepare("t1", "s1", "举个例子")
-    assert (await engine.store.version("t1", "s1")).last_seq == 1
+    assert (await engine.store.version(SessionKey("t1", "s1"))).last_seq == 1
 
 
 async def test_follow_up_intent_uses_seed000_template_over_last_answer() -> None:
@@ -112,7 +112,7 @@ async def test_follow_up_intent_uses_seed000_template_over_last_answer() -> None
     sent = model.calls[-1].last_user
     assert sent.startswith("请基于以下内容举一个具体例子:")
     assert "收到：什么是熵" in sent
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     assert state.turns[2].content == "举个例子"  # the user's words are stored, not the template
     assert state.turns[2].metadata["intent"] == "example"
 
@@ -135,7 +135,7 @@ async def test_summary_job_covers_turns_outside_the_window_once() -> None:
     for i in range(8):
         await engine.turn("t1", "s1", f"第{i}个问题")
         await engine.drain()
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     assert state.summary is not None
     # contiguous coverage from turn 1, never twice over the same range
     starts = [a for a, _ in summarizer.calls]
@@ -144,7 +144,7 @@ async def test_summary_job_covers_turns_outside_the_window_once() -> None:
     assert all(s == e + 1 for s, e in zip(starts[1:], ends[:-1], strict=False))
     assert state.summary.covers_seq == ends[-1]
     assert state.summary.covers_seq <= state.last_seq - 8
-    info = await engine.store.info("t1", "s1")
+    info = await engine.store.info(SessionKey("t1", "s1"))
     assert info is not None and info.jobs["summary"].ok == len(summarizer.calls)
 
 
@@ -155,9 +155,9 @@ async def test_failing_summariser_never_touches_turns_or_replies() -> None:
         result = await engine.turn("t1", "s1", f"消息{i}")
         assert result.answer  # replies never fail because of the summariser
     await engine.drain()
-    turns = await engine.store.turns("t1", "s1")
+    turns = await engine.store.turns(SessionKey("t1", "s1"))
     assert [t.content for t in turns if t.role == "user"] == [f"消息{i}" for i in range(5)]
-    info = await engine.store.info("t1", "s1")
+    info = await engine.store.info(SessionKey("t1", "s1"))
     assert info is not None and info.jobs["summary"].failed >= 1
     assert info.jobs["summary"].last_error is None or "summariser down" in info.jobs["summary"].last_error
 
@@ -172,7 +172,7 @@ async def test_turns_the_budget_drops_are_summarised_even_below_the_threshold() 
         dropped_seen |= set(result.prepared.context.accounts["recent"].dropped_seqs)
         await engine.drain()
     assert dropped_seen, "the budget should have dropped turns"
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     assert state.summary is not None
     # every turn the window dropped is now covered by the summary
     assert state.summary.covers_seq >= max(dropped_seen)
@@ -193,7 +193,7 @@ async def test_offline_answers_are_marked_and_never_feed_the_rewriter() -> None:
     engine.rewriter = RecordingRewriter()
     await engine.turn("t1", "s1", "推荐一家餐厅")
     await engine.turn("t1", "s1", "那个在哪")
-    state = await engine.store.load("t1", "s1")
+    state = await engine.store.load(SessionKey("t1", "s1"))
     answers = [t for t in state.turns if t.role == "assistant"]
     assert answers and all(t.metadata["offline"] and t.metadata["model"] == "offline" for t in answers)
     assert seen == [["user"]]  # the offline description was left out of the rewrite's history
@@ -218,9 +218,9 @@ class _CountingStore(MemoryStore):
         super().__init__()
         self.turn_reads = 0
 
-    async def turns(self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None) -> list[Turn]:
+    async def turns(self, key: SessionKey, *, from_seq: int = 1, to_seq: int | None = None) -> list[Turn]:
         self.turn_reads += 1
-        return await super().turns(tenant, session_id, from_seq=from_seq, to_seq=to_seq)
+        return await super().turns(key, from_seq=from_seq, to_seq=to_seq)
 
 
 async def test_emotion_job_reads_the_turns_before_as_loaded_and_reads_again_around_a_notice() -> None:
@@ -234,7 +234,7 @@ async def test_emotion_job_reads_the_turns_before_as_loaded_and_reads_again_arou
                     settings=EngineSettings(strategy="window"))
 
     async def expected(seq: int) -> list[tuple[str, bool]]:
-        earlier = await MemoryStore.turns(store, "t", "s", from_seq=max(1, seq - EMOTION_CONTEXT_TURNS), to_seq=seq - 1)
+        earlier = await MemoryStore.turns(store, SessionKey("t", "s"), from_seq=max(1, seq - EMOTION_CONTEXT_TURNS), to_seq=seq - 1)
         return [(t.content, t.role == "user") for t in earlier]
 
     for i in range(3):
@@ -244,7 +244,7 @@ async def test_emotion_job_reads_the_turns_before_as_loaded_and_reads_again_arou
     assert scorer.priors == [await expected(1), await expected(3), await expected(5)]
     assert len(scorer.priors[2]) == 4
     # An engine notice in the window is not in the loaded state: the job reads the turns again.
-    await store.append("t", "s", [NewTurn(role="assistant", content="(离线)", tokens=1, metadata={"notice": True})])
+    await store.append(SessionKey("t", "s"), [NewTurn(role="assistant", content="(离线)", tokens=1, metadata={"notice": True})])
     await engine.turn("t", "s", "还在吗")
     await engine.drain()
     assert store.turn_reads == 1
@@ -259,10 +259,10 @@ class _LoadCountingStore(MemoryStore):
         super().__init__()
         self.constraint_reads = 0
 
-    async def load(self, tenant: str, session_id: str, **kwargs: object) -> SessionState:
+    async def load(self, key: SessionKey, **kwargs: object) -> SessionState:
         if kwargs.get("recent") == 0 and kwargs.get("max_uncovered") == 0:
             self.constraint_reads += 1
-        return await super().load(tenant, session_id, **kwargs)  # type: ignore[arg-type]
+        return await super().load(key, **kwargs)  # type: ignore[arg-type]
 
 
 def _offline_engine(store: MemoryStore, **settings: object) -> Engine:
@@ -280,11 +280,11 @@ async def test_the_offline_constraints_job_reads_the_stored_ones_only_for_a_turn
     await engine.turn("t", "s", "我不吃辣。")
     await engine.drain()
     assert store.constraint_reads == 1
-    assert [c.value for c in (await store.load("t", "s")).constraints] == ["不吃辣"]
+    assert [c.value for c in (await store.load(SessionKey("t", "s"))).constraints] == ["不吃辣"]
     await engine.turn("t", "s", "我现在能吃辣了。")  # a retraction is matched against the stored ones
     await engine.drain()
     assert store.constraint_reads == 2
-    assert (await store.load("t", "s")).constraints == ()
+    assert (await store.load(SessionKey("t", "s"))).constraints == ()
 
 
 async def test_a_model_backed_extractor_is_always_given_the_stored_constraints() -> None:

@@ -13,7 +13,7 @@ from contextmode.engine.followup import follow_up_context
 from contextmode.errors import NoPreviousAnswer
 from contextmode.models.offline import OfflineResponder
 from contextmode.settings import EngineSettings
-from contextmode.types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
+from contextmode.types import Constraint, NewTurn, SessionKey, SessionState, Summary, Turn, utc_now
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ async def test_a_follow_up_after_an_offline_exchange_is_answered_over_the_previo
     assert sent.endswith(follow_up)
     # The offline answer says what the engine did: it shows the expanded question.
     assert first in result.answer and result.assistant_turn is not None and result.assistant_turn.notice
-    state = await engine.store.load("t", "s")
+    state = await engine.store.load(SessionKey("t", "s"))
     users = [t for t in state.turns if t.role == "user"]
     # The user's words are stored (not the template), numbered by exchange: no drift.
     assert [(t.content, t.metadata["turn"]) for t in users] == [(first, 1), (follow_up, 2)]
@@ -71,7 +71,7 @@ async def test_a_summary_follow_up_summarises_the_conversation_with_its_pins(
 ) -> None:
     await engine.turn("t", "s", first)
     await engine.drain()  # the constraints job pins the budget
-    pins = [c.value for c in (await engine.store.load("t", "s")).constraints]
+    pins = [c.value for c in (await engine.store.load(SessionKey("t", "s"))).constraints]
     assert pin[2:] in pins
     result = await engine.turn("t", "s", follow_up)
     assert result.prepared.detection.intent == "summary"
@@ -79,7 +79,7 @@ async def test_a_summary_follow_up_summarises_the_conversation_with_its_pins(
     assert sent.startswith(head)
     assert pin in sent  # the pins, under their heading
     assert first in sent  # and the conversation
-    assert [t.metadata.get("turn") for t in (await engine.store.load("t", "s")).turns if t.role == "user"] == [1, 2]
+    assert [t.metadata.get("turn") for t in (await engine.store.load(SessionKey("t", "s"))).turns if t.role == "user"] == [1, 2]
 
 
 async def test_follow_ups_in_a_row_build_on_the_last_real_question_not_on_each_other(engine: Engine) -> None:
@@ -91,10 +91,10 @@ async def test_follow_ups_in_a_row_build_on_the_last_real_question_not_on_each_o
 
 async def test_the_refusal_stays_while_nothing_was_ever_answered(engine: Engine) -> None:
     # a user turn whose answer never came (the model failed before any text)
-    await engine.store.append("t", "s", [NewTurn(role="user", content="什么是熵", tokens=4)])
+    await engine.store.append(SessionKey("t", "s"), [NewTurn(role="user", content="什么是熵", tokens=4)])
     with pytest.raises(NoPreviousAnswer, match="当前没有可用的上文信息"):
         await engine.turn("t", "s", "举个例子")
-    assert (await engine.store.version("t", "s")).last_seq == 1  # nothing stored
+    assert (await engine.store.version(SessionKey("t", "s"))).last_seq == 1  # nothing stored
 
 
 def _turn(seq: int, role: str, content: str, **meta: object) -> Turn:

@@ -15,7 +15,7 @@ from contextmode.store import MemoryStore
 from contextmode.store.base import JobOutcome, LockHandle
 from contextmode.store.sqlite import SQLiteStore
 from contextmode.testing.contract import new_turns
-from contextmode.types import Summary
+from contextmode.types import SessionKey, Summary
 
 FAST = JobSettings(base_delay_s=0.0, jitter=0.0, timeout_s=5.0, lock_ttl_s=10.0)
 
@@ -31,14 +31,14 @@ async def test_summariser_failing_three_times_leaves_the_log_untouched(
     sqlite_store: SQLiteStore,
 ) -> None:
     store = sqlite_store
-    await store.append("t", "s", new_turns(12))
-    before = await store.turns("t", "s")
+    await store.append(SessionKey("t", "s"), new_turns(12))
+    before = await store.turns(SessionKey("t", "s"))
     calls = 0
 
     async def summarise() -> None:
         nonlocal calls
         calls += 1
-        await store.load("t", "s")
+        await store.load(SessionKey("t", "s"))
         raise RuntimeError("model timed out")
 
     runner = JobRunner(store, FAST)
@@ -46,8 +46,8 @@ async def test_summariser_failing_three_times_leaves_the_log_untouched(
     assert runner.pending("t", "s") == ["summary"]
     await runner.drain()
     assert calls == 3
-    assert await store.turns("t", "s") == before
-    info = await store.info("t", "s")
+    assert await store.turns(SessionKey("t", "s")) == before
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None
     stats = info.jobs["summary"]
     assert (stats.ok, stats.failed) == (0, 1)
@@ -87,7 +87,7 @@ async def test_a_job_made_of_steps_counts_each_step_under_its_name() -> None:
 
 async def test_retry_then_success_is_recorded_once() -> None:
     store = MemoryStore()
-    await store.append("t", "s", new_turns(2))
+    await store.append(SessionKey("t", "s"), new_turns(2))
     outcomes = iter([RuntimeError("429"), None])
 
     async def flaky() -> None:
@@ -104,7 +104,7 @@ async def test_retry_then_success_is_recorded_once() -> None:
     runner = JobRunner(store, settings, sleep=fake_sleep)
     runner.schedule("t", "s", "constraints", flaky)
     await runner.drain()
-    info = await store.info("t", "s")
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None
     assert (info.jobs["constraints"].ok, info.jobs["constraints"].failed) == (1, 0)
     assert delays == [0.5]
@@ -186,25 +186,25 @@ async def test_stale_summary_arriving_after_a_newer_one_is_rejected(
 ) -> None:
     """Two workers (two runners on one file): the first stalls past its lock's expiry."""
     store = sqlite_store
-    await store.append("t", "s", new_turns(6))
+    await store.append(SessionKey("t", "s"), new_turns(6))
     newer_committed = asyncio.Event()
     slow_started = asyncio.Event()
     results: dict[str, bool] = {}
 
     async def slow_summary() -> None:
-        state = await store.load("t", "s")
+        state = await store.load(SessionKey("t", "s"))
         slow_started.set()
         await newer_committed.wait()  # meanwhile the lock expires and another worker runs
         summary = Summary(text="from seq 4", covers_seq=4, tokens=1)
         version = state.summary.version if state.summary else 0
-        results["slow"] = await store.commit_summary("t", "s", summary, expected_version=version)
+        results["slow"] = await store.commit_summary(SessionKey("t", "s"), summary, expected_version=version)
 
     async def fast_summary() -> None:
-        await store.append("t", "s", new_turns(4, start=7))
-        state = await store.load("t", "s")
+        await store.append(SessionKey("t", "s"), new_turns(4, start=7))
+        state = await store.load(SessionKey("t", "s"))
         summary = Summary(text="from seq 10", covers_seq=10, tokens=1)
         version = state.summary.version if state.summary else 0
-        results["fast"] = await store.commit_summary("t", "s", summary, expected_version=version)
+        results["fast"] = await store.commit_summary(SessionKey("t", "s"), summary, expected_version=version)
         newer_committed.set()
 
     short_lock = JobSettings(base_delay_s=0.05, jitter=0.0, timeout_s=None, lock_ttl_s=0.2)
@@ -214,18 +214,18 @@ async def test_stale_summary_arriving_after_a_newer_one_is_rejected(
     worker_b.schedule("t", "s", "summary", fast_summary)
     await asyncio.gather(worker_a.drain(), worker_b.drain())
     assert results == {"fast": True, "slow": False}
-    state = await store.load("t", "s")
+    state = await store.load(SessionKey("t", "s"))
     assert state.summary is not None
     assert (state.summary.text, state.summary.covers_seq, state.summary.version) == (
         "from seq 10", 10, 1)
-    assert [t.seq for t in await store.turns("t", "s")] == list(range(1, 11))
+    assert [t.seq for t in await store.turns(SessionKey("t", "s"))] == list(range(1, 11))
 
 
 async def test_the_store_lock_keeps_two_runners_off_one_session(
     sqlite_store: SQLiteStore,
 ) -> None:
     store = sqlite_store
-    await store.append("t", "s", new_turns(1))
+    await store.append(SessionKey("t", "s"), new_turns(1))
     active = 0
     peak = 0
 
@@ -244,7 +244,7 @@ async def test_the_store_lock_keeps_two_runners_off_one_session(
             runner.schedule("t", "s", "emotion", job)
     await asyncio.gather(*(r.drain() for r in runners))
     assert peak == 1
-    info = await store.info("t", "s")
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None and info.jobs["emotion"].ok == 9
 
 
@@ -259,7 +259,7 @@ async def test_a_held_lock_makes_the_job_skip_after_its_tries() -> None:
     settings = JobSettings(base_delay_s=0.0, jitter=0.0, timeout_s=5.0, lock_ttl_s=10.0,
                            lock_attempts=3)
     runner = JobRunner(store, settings)
-    async with store.lock("t", "s"):
+    async with store.lock(SessionKey("t", "s")):
         runner.schedule("t", "s", "summary", job)
         await runner.drain()
     assert not ran
@@ -270,12 +270,12 @@ async def test_timeouts_count_as_failures() -> None:
         await asyncio.Event().wait()
 
     store = MemoryStore()
-    await store.append("t", "s", new_turns(1))
+    await store.append(SessionKey("t", "s"), new_turns(1))
     settings = JobSettings(attempts=2, base_delay_s=0.0, jitter=0.0, timeout_s=0.01, lock_ttl_s=1)
     runner = JobRunner(store, settings)
     runner.schedule("t", "s", "emotion", hangs)
     await runner.drain()
-    info = await store.info("t", "s")
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None and info.jobs["emotion"].failed == 1
     assert "TimeoutError" in (info.jobs["emotion"].last_error or "")
 
@@ -288,12 +288,12 @@ async def test_a_cut_attempt_says_which_limit_cut_it_and_a_jobs_own_timeout_is_l
         raise TimeoutError("the model took too long")
 
     store = MemoryStore()
-    await store.append("t", "s", new_turns(1))
+    await store.append(SessionKey("t", "s"), new_turns(1))
     runner = JobRunner(store, JobSettings(attempts=1, base_delay_s=0.0, jitter=0.0, timeout_s=0.05, lock_ttl_s=1))
     runner.schedule("t", "s", "emotion", hangs)
     runner.schedule("t", "s", "constraints", times_out_itself)
     await runner.drain()
-    info = await store.info("t", "s")
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None
     assert "longer than 0.05 s (CONTEXTMODE_JOB_TIMEOUT_S)" in (info.jobs["emotion"].last_error or "")
     assert "the model took too long" in (info.jobs["constraints"].last_error or "")
@@ -335,8 +335,8 @@ class _CountingLocks(MemoryStore):
         self.taken = 0
         self.held = False
 
-    def lock(self, tenant: str, session_id: str, *, ttl_s: float = 60.0) -> AbstractAsyncContextManager[LockHandle]:
-        inner = super().lock(tenant, session_id, ttl_s=ttl_s)
+    def lock(self, key: SessionKey, *, ttl_s: float = 60.0) -> AbstractAsyncContextManager[LockHandle]:
+        inner = super().lock(key, ttl_s=ttl_s)
 
         @asynccontextmanager
         async def counted() -> AsyncIterator[LockHandle]:
@@ -362,7 +362,7 @@ async def test_a_burst_of_jobs_keeps_the_session_lock_only_while_an_attempt_fits
     settings: JobSettings, locks: int
 ) -> None:
     store = _CountingLocks()
-    await store.append("t", "s", new_turns(1))
+    await store.append(SessionKey("t", "s"), new_turns(1))
     under_lock: list[bool] = []
 
     async def job() -> None:
@@ -375,13 +375,13 @@ async def test_a_burst_of_jobs_keeps_the_session_lock_only_while_an_attempt_fits
     assert under_lock == [True, True, True]
     assert store.taken == locks
     assert not store.held  # released once the queue is empty
-    info = await store.info("t", "s")
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None and {n: s.ok for n, s in info.jobs.items()} == {"emotion": 1, "constraints": 1, "summary": 1}
 
 
 async def test_a_failed_attempt_releases_the_kept_lock_before_its_backoff() -> None:
     store = _CountingLocks()
-    await store.append("t", "s", new_turns(1))
+    await store.append(SessionKey("t", "s"), new_turns(1))
     seen: list[bool] = []
 
     async def flaky() -> None:
@@ -409,17 +409,17 @@ class _BatchingStore(MemoryStore):
         self.releases: list[LockHandle | None] = []
 
     async def record_jobs(
-        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+        self, key: SessionKey, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
     ) -> None:
         self.writes.append([(o.job, o.ok) for o in outcomes])
         self.releases.append(release)
         for o in outcomes:
-            await self.record_job(tenant, session_id, o.job, ok=o.ok, error=o.error, rejected=o.rejected)
+            await self.record_job(key, o.job, ok=o.ok, error=o.error, rejected=o.rejected)
 
 
 async def test_a_burst_of_jobs_is_counted_in_one_write_when_it_ends() -> None:
     store = _BatchingStore()
-    await store.append("t", "s", new_turns(2))
+    await store.append(SessionKey("t", "s"), new_turns(2))
     runner = JobRunner(store, FAST)
     done: list[str] = []
 
@@ -439,7 +439,7 @@ async def test_a_burst_of_jobs_is_counted_in_one_write_when_it_ends() -> None:
     assert done == ["emotion", "constraints", "summary"]
     assert store.writes == [[("emotion", True), ("constraints", False), ("summary", True)]]
     assert [r is not None for r in store.releases] == [True]  # the session lock goes with them
-    info = await store.info("t", "s")
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None
     assert (info.jobs["emotion"].ok, info.jobs["summary"].ok) == (1, 1)
     assert (info.jobs["constraints"].rejected, info.jobs["constraints"].last_error) == (1, "empty quote")
@@ -454,17 +454,17 @@ class _SlowCountingStore(_BatchingStore):
         self.go = asyncio.Event()
 
     async def record_jobs(
-        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+        self, key: SessionKey, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
     ) -> None:
         self.counting.set()
         await self.go.wait()
-        await super().record_jobs(tenant, session_id, outcomes, release=release)
+        await super().record_jobs(key, outcomes, release=release)
 
 
 async def test_a_finished_job_stays_pending_until_its_outcome_is_counted() -> None:
     """A reader (the web page's poll) must see a job either pending or counted, never neither."""
     store = _SlowCountingStore()
-    await store.append("t", "s", new_turns(2))
+    await store.append(SessionKey("t", "s"), new_turns(2))
     runner = JobRunner(store, FAST)
     second = asyncio.Event()
 
@@ -483,13 +483,13 @@ async def test_a_finished_job_stays_pending_until_its_outcome_is_counted() -> No
         assert runner.pending("t", "s") == ["constraints", "emotion"]  # emotion ran, not counted yet
         second.set()
         await store.counting.wait()
-        info = await store.info("t", "s")
+        info = await store.info(SessionKey("t", "s"))
         assert info is not None and info.jobs == {}  # nothing in the store yet...
         assert runner.pending("t", "s") == ["emotion", "constraints"]  # ...so both are still pending
         store.go.set()
         await runner.drain()
         assert runner.pending("t", "s") == []
-        info = await store.info("t", "s")
+        info = await store.info(SessionKey("t", "s"))
         assert info is not None and (info.jobs["emotion"].ok, info.jobs["constraints"].rejected) == (1, 1)
     finally:  # a failed check must not leave the burst waiting
         second.set()
@@ -499,7 +499,7 @@ async def test_a_finished_job_stays_pending_until_its_outcome_is_counted() -> No
 
 async def test_a_cancelled_burst_counts_nothing_more() -> None:
     store = _BatchingStore()
-    await store.append("t", "s", new_turns(2))
+    await store.append(SessionKey("t", "s"), new_turns(2))
     runner = JobRunner(store, FAST)
     started = asyncio.Event()
 

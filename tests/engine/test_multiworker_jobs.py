@@ -16,7 +16,7 @@ from contextmode.processors.base import ConstraintUpdate, Detection, Rewrite, Su
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing import CharTokenCounter, FunctionModel
-from contextmode.types import ChatMessage, Constraint, NewTurn, Summary, Turn
+from contextmode.types import ChatMessage, Constraint, NewTurn, SessionKey, Summary, Turn
 
 T, S = "t", "s"
 
@@ -40,11 +40,11 @@ class SlowFirstCommit(MemoryStore):
         super().__init__()
         self.stalled = 0
 
-    async def commit_summary(self, tenant: str, session_id: str, summary: Summary, *, expected_version: int) -> bool:
+    async def commit_summary(self, key: SessionKey, summary: Summary, *, expected_version: int) -> bool:
         if not self.stalled:
             self.stalled += 1
             await asyncio.sleep(30)
-        return await super().commit_summary(tenant, session_id, summary, expected_version=expected_version)
+        return await super().commit_summary(key, summary, expected_version=expected_version)
 
 
 class _Nothing:
@@ -75,7 +75,7 @@ def _engine(store: MemoryStore, summarizer: CountingSummarizer, jobs: JobRunner)
 
 async def _fill(store: MemoryStore, n: int) -> None:
     turns = [NewTurn(role="user" if i % 2 == 0 else "assistant", content=f"turn {i + 1}", tokens=3) for i in range(n)]
-    await store.append(T, S, turns)
+    await store.append(SessionKey(T, S), turns)
 
 
 async def test_an_attempt_cut_off_in_its_commit_is_not_summarised_again() -> None:
@@ -86,7 +86,7 @@ async def test_an_attempt_cut_off_in_its_commit_is_not_summarised_again() -> Non
     await _fill(store, 20)
     jobs.schedule(T, S, "summary", lambda: engine.summarize_now(T, S))
     await engine.drain()
-    info = await store.info(T, S)
+    info = await store.info(SessionKey(T, S))
     assert info is not None and info.summary_version == 1
     assert info.summary_covers_seq == COVERS  # 20 turns, the default's recent window kept verbatim
     assert summarizer.calls == [(1, COVERS)], "the summary computed before the stall was thrown away"
@@ -104,5 +104,5 @@ async def test_two_workers_on_one_store_summarise_each_range_once() -> None:
     for engine in workers * 3:  # both "workers" schedule the same due summary three times
         engine.jobs.schedule(T, S, "summary", lambda e=engine: e.summarize_now(T, S))  # type: ignore[misc]
     await asyncio.gather(*(engine.drain() for engine in workers))
-    info = await store.info(T, S)
+    info = await store.info(SessionKey(T, S))
     assert info is not None and info.summary_version == 1 and summarizer.calls == [(1, COVERS)]

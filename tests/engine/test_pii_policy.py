@@ -17,7 +17,7 @@ from contextmode.store import open_store
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import FunctionModel
 from contextmode.text.pii import mask_pii
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 
 T, S = "t", "s"
 
@@ -65,7 +65,7 @@ async def test_masked_session_leaves_no_planted_value_in_the_sqlite_files(tmp_pa
     await _converse(engine)
     # The current turn reached the model as typed, each time.
     assert [m[-1].content for m in seen] == list(MESSAGES)
-    turns = await engine.store.turns(T, S)
+    turns = await engine.store.turns(SessionKey(T, S))
     assert turns[0].content == "我的手机号是138****5678，我不吃辣"
     assert turns[0].metadata[PII_COUNT_KEY] == {"phone": 1}
     assert turns[1].metadata[PII_COUNT_KEY] == {"phone": 1}  # the answer repeated it
@@ -94,7 +94,7 @@ def _assert_none_planted(folder: Path) -> None:
 async def test_keep_stores_what_was_typed(tmp_path: Path) -> None:
     engine = _engine(f"sqlite:///{tmp_path}/cm.db", "keep", [])
     await _converse(engine)
-    turns = await engine.store.turns(T, S)
+    turns = await engine.store.turns(SessionKey(T, S))
     assert [t.content for t in turns if t.role == "user"] == list(MESSAGES)
     assert all(PII_COUNT_KEY not in t.metadata for t in turns)
     await engine.close()
@@ -178,8 +178,8 @@ async def test_a_tenant_can_mask_while_the_others_keep() -> None:
     for tenant in ("acme", "other"):
         await engine.turn(tenant, S, MESSAGES[0])
     await engine.drain()
-    assert (await engine.store.turns("acme", S))[0].content == "我的手机号是138****5678，我不吃辣"
-    assert (await engine.store.turns("other", S))[0].content == MESSAGES[0]
+    assert (await engine.store.turns(SessionKey("acme", S)))[0].content == "我的手机号是138****5678，我不吃辣"
+    assert (await engine.store.turns(SessionKey("other", S)))[0].content == MESSAGES[0]
     assert "138****5678" in (await engine.trace("acme", S, 1)).typed
     assert PHONE in (await engine.trace("other", S, 1)).typed
     await engine.close()

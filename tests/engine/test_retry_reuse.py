@@ -26,7 +26,7 @@ async def test_a_retry_of_a_failed_message_reuses_its_turn_and_its_context_holds
     model = ScriptedModel([ModelError("429"), ModelError("429"), "answer"])
     engine = make_engine(model)
     assert [await _turn(engine, "hi") for _ in range(3)] == ["<failed>", "<failed>", "answer"]
-    turns = await engine.store.turns("t", "retry")
+    turns = await engine.store.turns(SessionKey("t", "retry"))
     assert [(t.role, t.content) for t in turns] == [("user", "hi"), ("assistant", "answer")]
     assert [m.content for m in model.calls[-1].messages if m.role == "user"] == ["hi"]  # not twice in the context
 
@@ -37,5 +37,5 @@ async def test_an_answered_message_or_one_past_the_window_is_a_new_turn() -> Non
     await _turn(engine, "ok")  # the same words again after an answer: a new turn
     await _turn(engine, "late")
     await _turn(engine, "late", now=utc_now() + timedelta(hours=1))  # past the window: stored again
-    turns = await engine.store.turns("t", "retry")
+    turns = await engine.store.turns(SessionKey("t", "retry"))
     assert [t.content for t in turns] == ["ok", "one", "ok", "two", "late", "late", "three"]

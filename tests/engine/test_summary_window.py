@@ -25,7 +25,7 @@ from contextmode.processors.summarize import OfflineSummarizer
 from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing.stub_server import StubRequest, StubServer
-from contextmode.types import NewTurn
+from contextmode.types import NewTurn, SessionKey
 
 T, S = "t", "s"
 RECENT = get_strategy("default").recent_turns
@@ -54,7 +54,7 @@ def _engine(url: str, *, max_tokens: int = 512) -> Engine:
 async def _append(engine: Engine, texts: list[str]) -> None:
     turns = [NewTurn(role="user" if i % 2 == 0 else "assistant", content=text, tokens=engine.counter.count(text))
              for i, text in enumerate(texts)]
-    await engine.store.append(T, S, turns)
+    await engine.store.append(SessionKey(T, S), turns)
 
 
 def _summary_calls(server: StubServer) -> list[StubRequest]:
@@ -80,7 +80,7 @@ async def test_many_long_turns_are_folded_in_chunks_that_fit_the_window(server: 
     assert len(calls) >= 4
     for call in calls:
         assert server._usage(call, "")["prompt_tokens"] + call.body["max_tokens"] <= 4096
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     assert state.summary is not None
     assert state.summary.covers_seq == 40 - RECENT  # every turn outside the recent window
     assert state.summary.version == len(calls)  # one commit per chunk
@@ -104,7 +104,7 @@ async def test_a_failure_half_way_keeps_the_committed_chunks(server: StubServer)
     server.reply = two_then_down
     with pytest.raises(ModelError):
         await engine.summarize_now(T, S)
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     assert state.summary is not None and state.summary.version == 2  # two chunks committed
     done = state.summary.covers_seq
     assert 0 < done < 40 - RECENT
@@ -116,7 +116,7 @@ async def test_a_failure_half_way_keeps_the_committed_chunks(server: StubServer)
     assert texts[done - 1].split()[0] not in retried[0].last_user
     assert texts[done].split()[0] in retried[0].last_user
     assert "Part 2 of the talk" in retried[0].last_user  # folded into the committed summary
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     assert state.summary is not None and state.summary.covers_seq == 40 - RECENT
     assert server.overflows == []
     await engine.close()
@@ -133,7 +133,7 @@ async def test_a_turn_longer_than_the_window_is_cut_to_fit() -> None:
         assert stub.overflows == []
         first = _summary_calls(stub)[0]
         assert "turnaa" in first.last_user and "turnba" not in first.last_user  # the long turn alone, cut
-        state = await engine.store.load(T, S, recent=0)
+        state = await engine.store.load(SessionKey(T, S), recent=0)
         assert state.summary is not None and state.summary.covers_seq == 12 - RECENT
         await engine.close()
 
@@ -145,7 +145,7 @@ async def test_before_the_fix_the_same_job_overflowed_the_window(server: StubSer
     texts = [_long_text(i) for i in range(12)]
     engine = _engine(server.url)
     await _append(engine, texts)
-    turns = await engine.store.turns(T, S, from_seq=1, to_seq=12)
+    turns = await engine.store.turns(SessionKey(T, S), from_seq=1, to_seq=12)
     with pytest.raises(ModelError, match="maximum context length is 4096"):
         await summarizer.summarize(None, turns)
     assert server.overflows and server.overflows[0] > 4096

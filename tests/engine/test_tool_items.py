@@ -58,7 +58,7 @@ def test_typed_fields_and_their_stored_form_agree() -> None:
 async def test_sqlite_keeps_the_same_json_and_reads_old_rows_typed(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = SQLiteStore(path)
-    stored = await store.append("t", "s", agent_turns())
+    stored = await store.append(SessionKey("t", "s"), agent_turns())
     assert stored[1].tool_calls == CALLS and stored[2].tool_call_id == "call_1"
     await store.close()
     db = sqlite3.connect(path)
@@ -72,7 +72,7 @@ async def test_sqlite_keeps_the_same_json_and_reads_old_rows_typed(tmp_path: Pat
     db.commit()
     db.close()
     store = SQLiteStore(path)
-    turns = await store.turns("t", "s")
+    turns = await store.turns(SessionKey("t", "s"))
     assert turns[1].tool_calls == CALLS
     assert (turns[2].tool_call_id, turns[2].tool_name) == ("call_9", "old")
     await store.close()
@@ -85,14 +85,14 @@ async def _lines(records: list[Mapping[str, Any]]) -> AsyncIterator[Mapping[str,
 
 async def test_an_export_keeps_its_lines_and_imports_typed() -> None:
     source = MemoryStore()
-    await source.append("t", "s", agent_turns())
+    await source.append(SessionKey("t", "s"), agent_turns())
     records = [r async for r in export_records(source)]
     turn_lines = [r for r in records if r.get("type") == "turn"]
     assert turn_lines[1]["metadata"] == {"model": "m", "tool_calls": STORED_CALLS}
     assert turn_lines[2]["metadata"] == {"tool_call_id": "call_1", "tool_name": "search"}
     target = MemoryStore()
     await import_records(target, _lines(records))
-    turns = await target.turns("t", "s")
+    turns = await target.turns(SessionKey("t", "s"))
     assert turns[1].tool_calls == CALLS and (turns[2].tool_call_id, turns[2].tool_name) == ("call_1", "search")
 
 
@@ -102,12 +102,12 @@ async def test_an_agent_step_stores_typed_calls_and_results() -> None:
 
     engine = build_engine(store=MemoryStore(), model=FunctionModel(answer))
     key = SessionKey("t", "s")
-    await engine.store.append("t", "s", [NewTurn(role="user", content="look", tokens=1),
+    await engine.store.append(SessionKey("t", "s"), [NewTurn(role="user", content="look", tokens=1),
                                          NewTurn(role="assistant", content="", tokens=3, tool_calls=CALLS)])
     request = TurnRequest(key=key, tool_results=(ToolResult(call_id="call_2", content="a file"),))
     events = [e async for e in engine.stream(request)]
     assert events[-1].kind == "done"
-    turns = await engine.store.turns("t", "s")
+    turns = await engine.store.turns(SessionKey("t", "s"))
     assert [(t.role, t.tool_call_id, t.tool_name) for t in turns[2:]] == [
         ("tool", "call_2", "read_file"), ("assistant", None, None)]
     await engine.close()

@@ -100,7 +100,7 @@ async def test_one_request_shape_runs_an_agent_loop() -> None:
     results = (ToolResult(call_id="call_1", content="a page"),)
     second = await engine.turn(TurnRequest(key=KEY, tool_results=results, tools=TOOLS))
     assert second.answer == "found: a page" and second.tool_calls == ()
-    turns = await engine.store.turns("t", "s")
+    turns = await engine.store.turns(SessionKey("t", "s"))
     assert [(t.role, t.tool_calls, t.tool_call_id) for t in turns] == [
         ("user", (), None), ("assistant", first.tool_calls, None), ("tool", (), "call_1"), ("assistant", (), None)]
     await engine.close()

@@ -58,7 +58,7 @@ async def test_the_user_turn_is_stored_before_prepared_and_a_stream_closed_there
     stream = engine.stream(TurnRequest(key=SessionKey("t", "s"), message="你好呀"))
     first = await anext(stream)
     assert isinstance(first, Prepared)
-    assert [t.content for t in await engine.store.turns("t", "s")] == ["你好呀"]
+    assert [t.content for t in await engine.store.turns(SessionKey("t", "s"))] == ["你好呀"]
     assert engine.jobs.pending("t", "s") == []
     await stream.aclose()  # type: ignore[attr-defined]
     assert model.calls == []
@@ -74,7 +74,7 @@ async def test_a_model_failure_ends_the_stream_with_failed_after_storing_the_par
     failed = events[-1]
     assert isinstance(failed, Failed) and isinstance(failed.error, ModelError)
     assert failed.partial_answer == "一半的回答"
-    turns = (await engine.store.load("t", "s")).turns
+    turns = (await engine.store.load(SessionKey("t", "s"))).turns
     assert [t.content for t in turns] == ["讲个故事", "一半的回答"] and turns[1].partial
     await engine.close()
 

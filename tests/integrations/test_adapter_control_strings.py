@@ -15,7 +15,7 @@ from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import FunctionModel
-from contextmode.types import Turn
+from contextmode.types import SessionKey, Turn
 from tests.assembly.test_control_strings import ALL_STRINGS, PLANTED, SPEAKER
 
 T, S = "t", "s"
@@ -29,7 +29,7 @@ async def _context() -> tuple[Context, list[Turn]]:
         await engine.turn(T, S, text)
         await engine.drain()
     prepared = await engine.prepare(T, S, "管理员密码是什么？")
-    turns = list(await engine.store.turns(T, S))
+    turns = list(await engine.store.turns(SessionKey(T, S)))
     await engine.close()
     return prepared.context, turns
 

@@ -23,6 +23,7 @@ from contextmode.testing.counters import CharTokenCounter
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
 from contextmode.testing.stub_server import StubRequest, StubServer, tool_agent_reply
 from contextmode.tokens import count_messages
+from contextmode.types import SessionKey
 from tests.service.test_service import make_engine, make_settings, sse_events
 from tests.service.test_service_http import serving
 
@@ -179,7 +180,7 @@ async def test_system_blocks_images_and_the_stored_turn(app: Any, sdk: anthropic
     )
     assert reply.content[0].text == "答：看图"
     assert "只用英文回答" in model.calls[-1].system
-    turns = await app.state.contextmode.engine.store.turns("local", "img")
+    turns = await app.state.contextmode.engine.store.turns(SessionKey("local", "img"))
     assert [(t.role, t.content) for t in turns] == [  # a new session adopts the client's history
         ("user", "旧的"), ("assistant", "client copy"), ("user", "看图"), ("assistant", "答：看图")]
     assert turns[2].metadata["image_count"] == 1
@@ -226,7 +227,7 @@ async def test_model_errors_before_and_during_the_stream(tmp_path: Path) -> None
                 got.append(text)
     assert "".join(got) == "半句"
     assert info.value.body["error"]["contextmode_data"]["partial_answer"] == "半句"
-    turns = await engine.store.turns("local", "e")
+    turns = await engine.store.turns(SessionKey("local", "e"))
     assert [(t.content, t.partial) for t in turns] == [("a", False), ("b", False), ("半句", True)]
     await sdk.close()
 
@@ -249,7 +250,7 @@ async def test_streams_are_counted_in_the_metrics_chat_turns_and_agent_steps(tmp
     assert 'contextmode_turns_total{mode="contextual",outcome="ok"} 2.0' in text
     assert 'contextmode_turns_total{mode="contextual",outcome="error"} 2.0' in text
     assert "contextmode_active_streams 0.0" in text
-    turns = await engine.store.turns("local", "counted")
+    turns = await engine.store.turns(SessionKey("local", "counted"))
     assert [(t.content, t.partial) for t in turns if t.role == "assistant"] == [
         ("好的", False), ("半句", True), ("工具答", False), ("断", True)
     ]

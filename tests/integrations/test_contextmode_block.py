@@ -12,7 +12,7 @@ from contextmode import ContextMode
 from contextmode.api import MessageRecord
 from contextmode.errors import InputError
 from contextmode.settings import EngineSettings
-from contextmode.types import ChatMessage, Constraint, Summary, ToolCall
+from contextmode.types import ChatMessage, Constraint, SessionKey, Summary, ToolCall
 
 
 @pytest.fixture
@@ -46,16 +46,16 @@ def test_record_messages_stores_agent_items_in_order(memory: ContextMode) -> Non
 def test_pop_removes_the_newest_and_keeps_what_did_not_come_from_it(memory: ContextMode) -> None:
     memory._run(memory.arecord_messages("s", _records()))
     store, tenant = memory.engine.store, memory.tenant
-    memory._run(store.commit_summary(tenant, "s", Summary(text="Asked for hotels.", covers_seq=2, tokens=4),
+    memory._run(store.commit_summary(SessionKey(tenant, "s"), Summary(text="Asked for hotels.", covers_seq=2, tokens=4),
                                      expected_version=0))
     pins = [Constraint(key="city", value="Lisbon", source_seq=1), Constraint(key="price", value="cheap", source_seq=4)]
-    memory._run(store.commit_constraints(tenant, "s", pins, expected_version=0))
+    memory._run(store.commit_constraints(SessionKey(tenant, "s"), pins, expected_version=0))
     before = memory.turns("s")
     popped = memory._run(memory.apop("s"))
     assert popped == before[-1]
     after = memory.turns("s")
     assert after == before[:-1]  # same numbers, times, metadata
-    state = memory._run(store.load(tenant, "s"))
+    state = memory._run(store.load(SessionKey(tenant, "s")))
     assert state.summary is not None and state.summary.text == "Asked for hotels."
     assert [c.key for c in state.constraints] == ["city"]
     assert memory._run(memory.apop("s")) == before[2]

@@ -21,6 +21,7 @@ from contextmode.integrations.langchain import (
     context_to_messages,
 )
 from contextmode.settings import EngineSettings
+from contextmode.types import SessionKey
 
 BUDGET = 1200
 
@@ -153,7 +154,7 @@ async def test_async_agent(memory: ContextMode) -> None:
     sent = model.calls[-1]
     assert [m.content for m in sent if isinstance(m, HumanMessage)] == [
         "I prefer trains to planes.", "How should I travel to Porto?"]
-    assert len(await memory.engine.store.turns(memory.tenant, "lc-async")) == 4
+    assert len(await memory.engine.store.turns(SessionKey(memory.tenant, "lc-async"))) == 4
 
 
 def test_create_react_agent_pre_model_hook(memory: ContextMode) -> None:

@@ -27,7 +27,7 @@ from contextmode.service.settings import ServiceSettings
 from contextmode.store import open_store
 from contextmode.testing.backends import Backend, fresh_store_url
 from contextmode.testing.models import FunctionModel
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 from tests.lifecycle.test_forget_verified import _hits, _store_text
 
 _BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
@@ -112,7 +112,7 @@ async def test_forget_during_a_turn_brings_nothing_back(
                     assert r.status_code == 404, r.text
                     assert "erased" in r.json()["msg"]
                 await engine.drain()
-                assert await engine.store.info("local", session) is None
+                assert await engine.store.info(SessionKey("local", session)) is None
                 assert (await client.get("/v1/users")).json()["data"]["users"] == []
                 text = await _store_text(backend, url)
                 assert _hits(earlier + held + answered, text) == []
@@ -120,7 +120,7 @@ async def test_forget_during_a_turn_brings_nothing_back(
                 model.hold = False
                 r = await client.post(f"/v1/sessions/{session}/messages", json={"message": "重新开始"})
                 assert r.status_code == 200, r.text
-                assert (await engine.store.info("local", session)).last_seq == 2
+                assert (await engine.store.info(SessionKey("local", session))).last_seq == 2
             finally:
                 model.release.set()
                 await engine.close()

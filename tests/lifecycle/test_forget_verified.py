@@ -35,6 +35,7 @@ from contextmode.store import open_store
 from contextmode.store.base import Store
 from contextmode.store.postings import has_postings
 from contextmode.testing.backends import Backend, fresh_store_url
+from contextmode.types import SessionKey
 
 _PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 32).decode()
 _PER_MESSAGE = 10
@@ -174,7 +175,7 @@ async def _plant(clients: list[httpx.AsyncClient], engines: list[Engine], alice:
         if not has_postings(engine.store):
             assert _hits(alice_all, _cache_text(engine)), "worker caches were never filled"
     # A crash left one image temp file behind: the turn's metadata names it.
-    first = (await engines[0].store.turns("local", "alice-0", from_seq=1, to_seq=1))[0]
+    first = (await engines[0].store.turns(SessionKey("local", "alice-0"), from_seq=1, to_seq=1))[0]
     leftover = Path(first.metadata["images"][0]["path"])
     assert leftover.parent == image_dir
     leftover.write_bytes(alice_all[0].encode())
@@ -210,7 +211,7 @@ async def _assert_only_bob_left(backend: Backend, url: str, engines: list[Engine
         assert _hits(alice_all, _cache_text(engine)) == []
     files = b"".join(p.read_bytes() for p in image_dir.glob("*")) if image_dir.exists() else b""
     assert _hits(alice_all, files.decode("utf-8", "replace")) == []
-    bob_turns = await engines[1].store.turns("local", "bob-1")
+    bob_turns = await engines[1].store.turns(SessionKey("local", "bob-1"))
     assert _hits(bob, " ".join(t.content for t in bob_turns)) == bob
 
 

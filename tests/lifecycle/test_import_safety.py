@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from contextmode.cli.app import app as cli_app
 from contextmode.store import open_store
-from contextmode.types import NewTurn
+from contextmode.types import NewTurn, SessionKey
 
 
 def _turns(*texts: str) -> list[NewTurn]:
@@ -26,7 +26,7 @@ def _fill(url: str, session: str, user: str | None, *texts: str) -> None:
     async def body() -> None:
         store = open_store(url)
         try:
-            await store.append("t", session, _turns(*texts), user_id=user)
+            await store.append(SessionKey("t", session), _turns(*texts), user_id=user)
         finally:
             await store.close()
     asyncio.run(body())
@@ -36,8 +36,8 @@ def _held(url: str, session: str) -> tuple[str | None, list[str]]:
     async def body() -> tuple[str | None, list[str]]:
         store = open_store(url)
         try:
-            info = await store.info("t", session)
-            return (info.user_id if info else None), [t.content for t in await store.turns("t", session)]
+            info = await store.info(SessionKey("t", session))
+            return (info.user_id if info else None), [t.content for t in await store.turns(SessionKey("t", session))]
         finally:
             await store.close()
     return asyncio.run(body())

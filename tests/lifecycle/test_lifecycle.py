@@ -33,7 +33,7 @@ from contextmode.store.base import Store
 from contextmode.testing.backends import Backend, fresh_store_url
 from contextmode.testing.contract import new_turns
 from contextmode.testing.contract_lifecycle import LifecycleContract
-from contextmode.types import NewTurn
+from contextmode.types import NewTurn, SessionKey
 
 
 class TestMemoryLifecycle(LifecycleContract):
@@ -75,11 +75,11 @@ class TestRedisLifecycle(LifecycleContract):
 async def test_forget_resumes_after_a_crash_without_double_counting() -> None:
     store = MemoryStore()
     for sid in ("a", "b", "c"):
-        await store.append("t", sid, new_turns(2), user_id="u")
-    await store.append("t", "other", new_turns(2), user_id="v")
+        await store.append(SessionKey("t", sid), new_turns(2), user_id="u")
+    await store.append(SessionKey("t", "other"), new_turns(2), user_id="v")
     # A forget that erased one session, then died.
     record = await store.open_deletion("t", "user", "u", actor="test")
-    await store.erase_session("t", "a", record_id=record.id)
+    await store.erase_session(SessionKey("t", "a"), record_id=record.id)
     assert (await store.deletions(pending_only=True))[0].id == record.id
     [done] = await resume_forgets(store)
     assert done.id == record.id and not done.pending
@@ -90,7 +90,7 @@ async def test_forget_resumes_after_a_crash_without_double_counting() -> None:
 
 async def test_forget_validates_before_touching_anything() -> None:
     store = MemoryStore()
-    await store.append("t", "s", new_turns(1), user_id="u")
+    await store.append(SessionKey("t", "s"), new_turns(1), user_id="u")
     with pytest.raises(ConfigError):
         await forget(store, "t", "everything", "u")  # type: ignore[arg-type]
     with pytest.raises(InvalidSessionId):
@@ -125,13 +125,13 @@ async def test_retention_applies_each_limit_and_is_off_by_default() -> None:
     store = MemoryStore()
     now = datetime.now(UTC)
     for k in range(4):
-        await store.append("t", f"u-{k}", new_turns(2), user_id="u")
-    await store.append("t", "long", new_turns(30), user_id="v")
-    await store.append("t", "old", new_turns(2))
-    await store.restore_session("t", "old", user_id=None, created_at=now - timedelta(days=40),
+        await store.append(SessionKey("t", f"u-{k}"), new_turns(2), user_id="u")
+    await store.append(SessionKey("t", "long"), new_turns(30), user_id="v")
+    await store.append(SessionKey("t", "old"), new_turns(2))
+    await store.restore_session(SessionKey("t", "old"), user_id=None, created_at=now - timedelta(days=40),
                                 updated_at=now - timedelta(days=40))
-    await store.append("keep", "old", new_turns(2))
-    await store.restore_session("keep", "old", user_id=None, created_at=now - timedelta(days=40),
+    await store.append(SessionKey("keep", "old"), new_turns(2))
+    await store.restore_session(SessionKey("keep", "old"), user_id=None, created_at=now - timedelta(days=40),
                                 updated_at=now - timedelta(days=40))
     settings = RetentionSettings(
         default=RetentionPolicy(),
@@ -142,8 +142,8 @@ async def test_retention_applies_each_limit_and_is_off_by_default() -> None:
     assert counts["turns"] == 2 + 4 + 20
     left = {i.session_id: i.last_seq for i in await store.list_sessions("t")}
     assert set(left) == {"u-3", "u-2", "long"}
-    assert [t.seq for t in await store.turns("t", "long")] == list(range(21, 31))
-    assert await store.info("keep", "old") is not None  # no policy for that tenant
+    assert [t.seq for t in await store.turns(SessionKey("t", "long"))] == list(range(21, 31))
+    assert await store.info(SessionKey("keep", "old")) is not None  # no policy for that tenant
     assert (await enforce_retention(store, settings, now=now)).get("turns", 0) == 0
     records = await store.deletions()
     assert [r.scope for r in records] == ["retention", "retention"]
@@ -197,7 +197,7 @@ async def test_export_import_round_trip_gives_identical_contexts(backend: Backen
         source, target = open_store(source_url), open_store(target_url)
         try:
             await _fill(source, 100)
-            state = await source.load("t", "s-007")
+            state = await source.load(SessionKey("t", "s-007"))
             assert state.summary is not None and state.constraints  # derived records to carry over
             path = tmp_path / "export.jsonl"
             footer = await write_export(source, path)
@@ -207,7 +207,7 @@ async def test_export_import_round_trip_gives_identical_contexts(backend: Backen
             assert await _contexts(source, 100) == await _contexts(target, 100)
             a, b = await store_digest(source), await store_digest(target)
             assert (a.sessions, a.turns, a.digest) == (b.sessions, b.turns, b.digest)
-            src_info, dst_info = await source.info("t", "s-007"), await target.info("t", "s-007")
+            src_info, dst_info = await source.info(SessionKey("t", "s-007")), await target.info(SessionKey("t", "s-007"))
             assert src_info is not None and dst_info is not None
             assert (src_info.user_id, src_info.created_at, src_info.updated_at) == (
                 dst_info.user_id, dst_info.created_at, dst_info.updated_at)
@@ -221,9 +221,9 @@ async def test_export_import_round_trip_gives_identical_contexts(backend: Backen
 
 async def test_import_resumes_a_half_copied_session_and_migrate_verifies(tmp_path: Path) -> None:
     source, target = MemoryStore(), SQLiteStore(tmp_path / "t.db")
-    await source.append("t", "s", [NewTurn(role="user", content=f"第{i}句", tokens=2) for i in range(1200)], user_id="u")
-    copied = await source.turns("t", "s", to_seq=700)  # a migration cut off half-way
-    await target.append("t", "s", [NewTurn(role=t.role, content=t.content, tokens=t.tokens,
+    await source.append(SessionKey("t", "s"), [NewTurn(role="user", content=f"第{i}句", tokens=2) for i in range(1200)], user_id="u")
+    copied = await source.turns(SessionKey("t", "s"), to_seq=700)  # a migration cut off half-way
+    await target.append(SessionKey("t", "s"), [NewTurn(role=t.role, content=t.content, tokens=t.tokens,
                                            created_at=t.created_at) for t in copied])
     report = await migrate(source, target)
     assert report.verified and report.imported.turns == 500 and report.imported.skipped_turns == 700
@@ -247,7 +247,7 @@ async def test_import_rejects_bad_input_with_a_line_number(tmp_path: Path) -> No
 
 async def test_export_without_derived_records_has_no_summaries_or_scores() -> None:
     store = MemoryStore()
-    await store.append("t", "s", [NewTurn(role="user", content="x", tokens=1, emotion=0.9)])
+    await store.append(SessionKey("t", "s"), [NewTurn(role="user", content="x", tokens=1, emotion=0.9)])
     records: list[dict[str, Any]] = [r async for r in export_records(store, derived=False)]
     kinds = [r["type"] for r in records]
     assert kinds == ["header", "session", "turn", "end", "footer"]
@@ -272,8 +272,8 @@ def test_cli_forget_export_import(tmp_path: Path) -> None:
 
 async def test_import_refuses_a_session_with_erased_turns() -> None:
     source = MemoryStore()
-    await source.append("t", "s", new_turns(6))
-    await source.erase_turns_before("t", "s", 4)
+    await source.append(SessionKey("t", "s"), new_turns(6))
+    await source.erase_turns_before(SessionKey("t", "s"), 4)
     records = export_records(source)
     with pytest.raises(InputError, match="jumps to turn 4"):
         await import_records(MemoryStore(), records)
@@ -300,14 +300,14 @@ async def test_forget_watcher_drops_only_erased_sessions_and_revisits_unfinished
 
     store = MemoryStore()
     for sid in ("a", "b", "c"):
-        await store.append("t", sid, new_turns(2), user_id="u" if sid != "c" else "v")
+        await store.append(SessionKey("t", sid), new_turns(2), user_id="u" if sid != "c" else "v")
     holder = _Holder({("t", "a"), ("t", "b"), ("t", "c"), ("other", "a")})
     watcher = ForgetWatcher(store, holder)
     assert await watcher.poll() == 0  # nothing erased yet
     record = await store.open_deletion("t", "user", "u", actor="test")
-    await store.erase_session("t", "a", record_id=record.id)  # another worker, mid-forget
+    await store.erase_session(SessionKey("t", "a"), record_id=record.id)  # another worker, mid-forget
     assert await watcher.poll() == 1 and holder.dropped == [("t", "a")]
-    await store.erase_session("t", "b", record_id=record.id)
+    await store.erase_session(SessionKey("t", "b"), record_id=record.id)
     await store.finish_deletion(record.id, {})
     assert await watcher.poll() == 1 and holder.dropped[-1] == ("t", "b")
     assert await watcher.poll() == 0 and watcher.cursor == record.id
@@ -354,13 +354,13 @@ async def test_erasing_drops_the_last_turn_a_store_kept_in_memory(backend: Backe
     async with fresh_store_url(backend, tmp_path) as url:
         store = open_store(url)
         try:
-            await store.append("t", "s", [NewTurn(role="user", content="我对海鲜过敏", tokens=6)])
-            heads = store._heads  # type: ignore[attr-defined]
+            await store.append(SessionKey("t", "s"), [NewTurn(role="user", content="我对海鲜过敏", tokens=6)])
+            heads = store.driver._heads  # type: ignore[attr-defined]
             assert ("t", "s") in heads
             if how == "erase_session":
-                await store.erase_session("t", "s")
+                await store.erase_session(SessionKey("t", "s"))
             elif how == "erase_turns_before":
-                await store.erase_turns_before("t", "s", 2)
+                await store.erase_turns_before(SessionKey("t", "s"), 2)
             else:
                 assert await store.purge_idle(datetime.now(UTC) + timedelta(days=1)) >= 1
             assert ("t", "s") not in heads

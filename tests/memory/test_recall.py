@@ -16,7 +16,7 @@ from contextmode.memory.recall.dense import DenseIndex, convex_fuse, rrf_fuse
 from contextmode.memory.recall.index import BM25Index, BM25Params, QueryMemo, top_k
 from contextmode.store.memory import MemoryStore
 from contextmode.text.index_terms import analyze, stem, turn_text
-from contextmode.types import NewTurn, SessionState, Turn
+from contextmode.types import NewTurn, SessionKey, SessionState, Turn
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -210,12 +210,12 @@ def test_speaker_name_is_indexed() -> None:
 
 
 async def _session(store: MemoryStore, contents: list[str], sid: str = "s1") -> SessionState:
-    await store.append("t", sid, [
+    await store.append(SessionKey("t", sid), [
         NewTurn(role="user" if i % 2 == 0 else "assistant", content=c, tokens=len(c),
                 created_at=T0 + timedelta(minutes=i))
         for i, c in enumerate(contents)
     ])
-    return await store.load("t", sid, recent=8)
+    return await store.load(SessionKey("t", sid), recent=8)
 
 
 async def test_chinese_planted_fact_is_recalled_a_hundred_turns_later() -> None:
@@ -284,7 +284,7 @@ async def test_recall_leaves_out_recent_turns_and_catches_up_incrementally() -> 
     recalled = await recaller.recall(store, state, "kayaking", recent_turns=8)
     assert recalled and max(t.seq for t in recalled) <= 22
     # New turns reach the index through observe (O(turn)) and through store catch-up.
-    (new,) = await store.append("t", "s1", [NewTurn(role="user", content="paragliding lesson", tokens=3)])
+    (new,) = await store.append(SessionKey("t", "s1"), [NewTurn(role="user", content="paragliding lesson", tokens=3)])
     recaller.observe("t", "s1", [new])
     index = await recaller.index(store, "t", "s1", last_seq=new.seq)
     assert index.last_seq == new.seq
@@ -433,13 +433,13 @@ async def test_a_session_recreated_under_the_same_id_gets_a_fresh_index() -> Non
     store = MemoryStore()
     recaller = Recaller()
     old = [NewTurn(role="user", content=f"旧话题 火锅 第{i}句", tokens=5) for i in range(30)]
-    await store.append("t", "s", old)
-    state = await store.load("t", "s", recent=4)
+    await store.append(SessionKey("t", "s"), old)
+    state = await store.load(SessionKey("t", "s"), recent=4)
     assert await recaller.recall(store, state, "火锅", recent_turns=4)
-    await store.delete("t", "s")  # another worker deletes and re-creates it
+    await store.delete(SessionKey("t", "s"))  # another worker deletes and re-creates it
     new = [NewTurn(role="user", content=f"新话题 爬山 第{i}句", tokens=5) for i in range(30)]
-    await store.append("t", "s", new)
-    state = await store.load("t", "s", recent=4)
+    await store.append(SessionKey("t", "s"), new)
+    state = await store.load(SessionKey("t", "s"), recent=4)
     hits = await recaller.recall(store, state, "火锅 爬山", recent_turns=4)
     assert hits and all("新话题" in t.content for t in hits)
 

@@ -12,7 +12,7 @@ from contextmode.memory.recall.recaller import focus_on_speakers, named_speakers
 from contextmode.store.factory import open_store
 from contextmode.store.memory import MemoryStore
 from contextmode.testing import CharTokenCounter
-from contextmode.types import Constraint, NewTurn, SessionState, Turn
+from contextmode.types import Constraint, NewTurn, SessionKey, SessionState, Turn
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -91,8 +91,8 @@ def _dialogue() -> list[NewTurn]:
 async def test_recall_puts_the_named_speakers_turn_first_in_both_index_paths(tmp_path: Path) -> None:
     question = "What does Melanie paint?"
     plain = MemoryStore()
-    await plain.append("t", "s", _dialogue())
-    state = await plain.load("t", "s", recent=6)
+    await plain.append(SessionKey("t", "s"), _dialogue())
+    state = await plain.load(SessionKey("t", "s"), recent=6)
     unfocused = await Recaller(RecallSettings(speaker_focus=1.0)).recall(plain, state, question)
     assert unfocused[0].metadata["speaker"] == "Caroline"  # the lexical ranking alone
     recalled = await Recaller().recall(plain, state, question)
@@ -101,8 +101,8 @@ async def test_recall_puts_the_named_speakers_turn_first_in_both_index_paths(tmp
     assert order.index(4) < order.index(1) and order.index(4) < order.index(3)
     stored = open_store(f"sqlite:///{tmp_path}/focus.db")
     try:
-        await stored.append("t", "s", _dialogue())
-        state = await stored.load("t", "s", recent=6)
+        await stored.append(SessionKey("t", "s"), _dialogue())
+        state = await stored.load(SessionKey("t", "s"), recent=6)
         from_store = await Recaller().recall(stored, state, question)
         assert [t.seq for t in from_store] == [t.seq for t in recalled]
     finally:

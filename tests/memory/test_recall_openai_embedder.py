@@ -19,7 +19,7 @@ from contextmode.memory.recall.dense import DenseIndex, OpenAIEmbedder
 from contextmode.settings import EngineSettings
 from contextmode.store.memory import MemoryStore
 from contextmode.testing.stub_server import EMBEDDING_DIM, StubServer, hashed_embedding
-from contextmode.types import NewTurn, SessionState, Turn
+from contextmode.types import NewTurn, SessionKey, SessionState, Turn
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -178,12 +178,12 @@ FILLER = [
 
 async def _session(store: MemoryStore) -> SessionState:
     contents = [*FILLER, "Pottery is like therapy for me.", *FILLER, *FILLER]
-    await store.append("t", "s", [
+    await store.append(SessionKey("t", "s"), [
         NewTurn(role="user" if i % 2 == 0 else "assistant", content=c, tokens=len(c),
                 created_at=T0 + timedelta(minutes=i))
         for i, c in enumerate(contents)
     ])
-    return await store.load("t", "s", recent=4)
+    return await store.load(SessionKey("t", "s"), recent=4)
 
 
 async def test_recall_with_the_embedder_finds_a_paraphrase_bm25_misses(stub: StubServer) -> None:

@@ -13,7 +13,7 @@ from contextmode.memory.recall import Recaller, RecallSettings, recall_query
 from contextmode.memory.recall.semantic import SCALE, Thesaurus, default_thesaurus, expand
 from contextmode.store.memory import MemoryStore
 from contextmode.text.index_terms import analyze
-from contextmode.types import NewTurn
+from contextmode.types import NewTurn, SessionKey
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -37,12 +37,12 @@ async def _session(needle: str) -> MemoryStore:
                      metadata={"speaker": "John" if i % 2 == 0 else "Tim"})
              for i in range(40)]
     turns[6] = replace(turns[6], content=needle)
-    await store.append("t", "s", turns)
+    await store.append(SessionKey("t", "s"), turns)
     return store
 
 
 async def _recalled(store: MemoryStore, message: str, settings: RecallSettings) -> list[str]:
-    state = await store.load("t", "s")
+    state = await store.load(SessionKey("t", "s"))
     turns = await Recaller(settings).recall(store, state, message, limit=6)
     return [t.content for t in turns]
 

@@ -16,7 +16,6 @@ import pytest
 
 from contextmode.memory.recall import Recaller, RecallSettings
 from contextmode.memory.recall.recaller import query_reads
-from contextmode.store import _sqlite_schema
 from contextmode.store.base import Store
 from contextmode.store.factory import open_store
 from contextmode.store.memory import MemoryStore
@@ -28,8 +27,9 @@ from contextmode.store.postings import (
     postings_for,
     unpack,
 )
+from contextmode.store.sqlite import schema as _sqlite_schema
 from contextmode.testing.backends import PG_DSN, Backend, fresh_store_url
-from contextmode.types import NewTurn, Role, Turn
+from contextmode.types import NewTurn, Role, SessionKey, Turn
 
 _WORDS = ["coffee", "weather", "garden", "running", "music", "movie", "dinner", "travel", "office",
           "project", "meeting", "weekend", "book", "pizza", "train", "river", "beach", "guitar",
@@ -73,7 +73,7 @@ async def _store(backend: Backend, folder: Path) -> AsyncIterator[Store]:
 
 async def _hits(store: Store, query: str, recaller: Recaller | None = None) -> list[tuple[int, object]]:
     """Recalled seqs with their scores (equal scores: the same BM25 arithmetic)."""
-    state = await store.load("t", "s")
+    state = await store.load(SessionKey("t", "s"))
     recalled = await (recaller or Recaller()).recall(store, state, query, limit=40)
     return [(t.seq, t.metadata["recall"]["score"]) for t in recalled]
 
@@ -81,7 +81,7 @@ async def _hits(store: Store, query: str, recaller: Recaller | None = None) -> l
 async def _reference(turns: list[NewTurn]) -> dict[str, list[tuple[int, object]]]:
     memory = MemoryStore()
     for turn in turns:
-        await memory.append("t", "s", [turn])
+        await memory.append(SessionKey("t", "s"), [turn])
     return {q: await _hits(memory, q) for q in _QUERIES}
 
 
@@ -95,7 +95,7 @@ async def test_an_english_recall_reads_the_index_once(backend: Backend, tmp_path
     assert always and near  # an English message with neighbours, some in too many turns
     async with _store(backend, tmp_path) as store:
         for start in range(0, len(turns), 50):
-            await store.append("t", "s", turns[start : start + 50])
+            await store.append(SessionKey("t", "s"), turns[start : start + 50])
         reads: list[str] = []
         for name in ("postings", "term_counts", "query_postings"):
             method = getattr(store, name)
@@ -121,9 +121,9 @@ async def test_every_store_recalls_exactly_like_the_in_memory_index(backend: Bac
     turns = _turns(1200)
     async with _store(backend, tmp_path) as store:
         for start in range(0, len(turns), 7):  # batches of several turns cross block edges too
-            await store.append("t", "s", turns[start : start + 7])
+            await store.append(SessionKey("t", "s"), turns[start : start + 7])
         assert isinstance(store, PostingsStore)
-        stats = await store.index_stats("t", "s")
+        stats = await store.index_stats(SessionKey("t", "s"))
         indexed = sum(1 for t in turns if t.role != "system" and not t.metadata.get("notice"))
         assert stats.exists and stats.indexed_seq == 1200 and stats.docs == indexed
         recaller = Recaller()
@@ -131,8 +131,8 @@ async def test_every_store_recalls_exactly_like_the_in_memory_index(backend: Bac
         for query in _QUERIES:
             assert await _hits(store, query, recaller) == expected[query]
         assert not recaller._entries  # answered from the store: no in-process index was built
-        assert await store.delete("t", "s")
-        assert not (await store.index_stats("t", "s")).exists
+        assert await store.delete(SessionKey("t", "s"))
+        assert not (await store.index_stats(SessionKey("t", "s"))).exists
 
 
 def _old_database(path: Path, turns: list[NewTurn]) -> None:
@@ -189,7 +189,7 @@ async def _old_store(backend: Backend, folder: Path, turns: list[NewTurn]) -> As
         try:
             if backend != "sqlite":
                 for start in range(0, len(turns), 50):
-                    await store.append("t", "s", turns[start : start + 50])
+                    await store.append(SessionKey("t", "s"), turns[start : start + 50])
                 await _drop_index(backend, url)
             yield store
         finally:
@@ -202,21 +202,21 @@ async def test_a_store_written_before_the_index_migrates_resumably(backend: Back
     async with _old_store(backend, tmp_path, turns[:650]) as store:
         assert isinstance(store, PostingsStore)
         # Not migrated yet: appends leave the index alone, recall uses the in-process index.
-        await store.append("t", "s", turns[650:660])
-        assert not (await store.index_stats("t", "s")).exists
+        await store.append(SessionKey("t", "s"), turns[650:660])
+        assert not (await store.index_stats(SessionKey("t", "s"))).exists
         expected = await _reference(turns[:660])
         for query in _QUERIES:
             assert await _hits(store, query) == expected[query]
         # An interrupted migration: one batch committed, then the process stopped.
-        assert await store.index_backfill("t", "s", batch=256) == 256
-        assert (await store.index_stats("t", "s")).indexed_seq == 256
-        await store.append("t", "s", turns[660:680])  # the log moves on meanwhile
+        assert await store.index_backfill(SessionKey("t", "s"), batch=256) == 256
+        assert (await store.index_stats(SessionKey("t", "s"))).indexed_seq == 256
+        await store.append(SessionKey("t", "s"), turns[660:680])  # the log moves on meanwhile
         seen: list[tuple[int, int]] = []
         assert await catch_up(store, batch=100, on_progress=lambda d, t: seen.append((d, t))) == 680 - 256
         assert seen[-1] == (424, 424)
         assert await catch_up(store) == 0  # resumed to the end: nothing left
-        await store.append("t", "s", turns[680:])  # written with the turn from now on
-        stats = await store.index_stats("t", "s")
+        await store.append(SessionKey("t", "s"), turns[680:])  # written with the turn from now on
+        stats = await store.index_stats(SessionKey("t", "s"))
         indexed = sum(1 for t in turns if t.role != "system" and not t.metadata.get("notice"))
         assert stats.indexed_seq == 700 and stats.docs == indexed
         expected = await _reference(turns)
@@ -234,7 +234,7 @@ async def test_two_workers_answer_the_same_recall(backend: Backend, tmp_path: Pa
         try:
             assert isinstance(writer, PostingsStore) and isinstance(reader, PostingsStore)
             for start in range(0, 600, 50):
-                await writer.append("t", "s", turns[start : start + 50])
+                await writer.append(SessionKey("t", "s"), turns[start : start + 50])
             first = {q: await _hits(writer, q) for q in _QUERIES}
             # The second worker never saw an append: it reads the same postings.
             assert {q: await _hits(reader, q) for q in _QUERIES} == first
@@ -243,7 +243,7 @@ async def test_two_workers_answer_the_same_recall(backend: Backend, tmp_path: Pa
             cached = Recaller()
             await _hits(reader, "coffee", cached)
             for start in range(600, 900, 50):
-                await writer.append("t", "s", turns[start : start + 50])
+                await writer.append(SessionKey("t", "s"), turns[start : start + 50])
             later = await _hits(reader, "coffee and pizza", cached)
             assert later == await _hits(writer, "coffee and pizza")
             assert later == (await _reference(turns))["coffee and pizza"]
@@ -296,7 +296,7 @@ async def _layout1_postgres(url: str, store: Store, sessions: dict[str, list[New
 
     for sid, turns in sessions.items():
         for start in range(0, len(turns), 50):
-            await store.append("t", sid, turns[start : start + 50])
+            await store.append(SessionKey("t", sid), turns[start : start + 50])
     schema = url.partition("schema=")[2]
     conn = await asyncpg.connect(PG_DSN)
     try:
@@ -312,7 +312,7 @@ async def _layout1_postgres(url: str, store: Store, sessions: dict[str, list[New
 
 
 async def _hits_of(store: Store, sid: str, query: str, recaller: Recaller) -> list[tuple[int, object]]:
-    state = await store.load("t", sid)
+    state = await store.load(SessionKey("t", sid))
     recalled = await recaller.recall(store, state, query, limit=40)
     return [(t.seq, t.metadata["recall"]["score"]) for t in recalled]
 
@@ -332,7 +332,7 @@ async def test_an_index_of_the_previous_layout_migrates_resumably(backend: Backe
             if backend == "postgres":
                 await _layout1_postgres(url, store, old)
             assert isinstance(store, PostingsStore)
-            assert (await store.index_stats("t", "a")).layout == 1
+            assert (await store.index_stats(SessionKey("t", "a"))).layout == 1
             recaller = Recaller()
             reference = await _reference(old["a"])
             for query in _QUERIES:  # layout 1 counts its postings
@@ -340,25 +340,25 @@ async def test_an_index_of_the_previous_layout_migrates_resumably(backend: Backe
             # Appends go on indexing (the open block sealed over its old row, a second one begun).
             for sid in turns:
                 for start in range(500, len(turns[sid]), 9):
-                    await store.append("t", sid, turns[sid][start : start + 9])
+                    await store.append(SessionKey("t", sid), turns[sid][start : start + 9])
             assert not recaller._entries
             # Interrupted: session a converted, then the process stopped.
-            assert await store.index_backfill("t", "a") == 1100
-            assert (await store.index_stats("t", "a")).layout == LAYOUT
+            assert await store.index_backfill(SessionKey("t", "a")) == 1100
+            assert (await store.index_stats(SessionKey("t", "a"))).layout == LAYOUT
             assert await store.sessions_to_index() == [("t", "b", 0, 700)]
             seen: list[tuple[int, int]] = []
             assert await catch_up(store, on_progress=lambda d, t: seen.append((d, t))) == 700
             assert seen[-1] == (700, 700)
             assert await store.sessions_to_index() == [] and await catch_up(store) == 0
             for sid in turns:
-                stats = await store.index_stats("t", sid)
+                stats = await store.index_stats(SessionKey("t", sid))
                 assert (stats.layout, stats.indexed_seq) == (LAYOUT, len(turns[sid]))
                 rows = _layout1_rows(turns[sid])
                 frequency: dict[str, int] = {}
                 for term, _, data in rows:
                     frequency[term] = frequency.get(term, 0) + len(data) // POSTING.itemsize
-                assert await store.term_counts("t", sid, sorted(frequency)) == frequency
-                stored = await store.postings("t", sid, sorted(frequency))
+                assert await store.term_counts(SessionKey("t", sid), sorted(frequency)) == frequency
+                stored = await store.postings(SessionKey("t", sid), sorted(frequency))
                 assert {t: unpack(r).tolist() for t, r in stored.items()} == {
                     t: unpack(sorted((b, d) for term, b, d in rows if term == t)).tolist() for t in frequency
                 }
@@ -389,12 +389,12 @@ async def test_a_term_without_rows_is_kept_without_array_work(tmp_path: Path, mo
     query = "coffee zebra xylophone"  # two of its words are in no turn
     async with _store("sqlite", tmp_path) as store:
         for start in range(0, len(turns), 50):
-            await store.append("t", "s", turns[start : start + 50])
+            await store.append(SessionKey("t", "s"), turns[start : start + 50])
         recaller = Recaller()
         first = await _hits(store, query, recaller)
         again = await _hits(store, query, recaller)  # sealed blocks cached: open blocks only
     memory = MemoryStore()
     for turn in turns:
-        await memory.append("t", "s", [turn])
+        await memory.append(SessionKey("t", "s"), [turn])
     assert first == again == await _hits(memory, query)
     assert empty == 0

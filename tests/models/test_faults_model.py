@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
@@ -61,11 +63,11 @@ def stub_model(stub: StubServer, *, timeout: float = 1.0) -> OpenAIChatModel:
 
 async def snapshot(store: Store, session_id: str = SID) -> dict[str, Any]:
     """Everything stored for the session, comparable before and after a fault."""
-    info = await store.info(TENANT, session_id)
+    info = await store.info(SessionKey(TENANT, session_id))
     if info is None:
         return {"turns": [], "summary": None, "constraints": []}
-    turns = await store.turns(TENANT, session_id, from_seq=1, to_seq=info.last_seq)
-    state = await store.load(TENANT, session_id, recent=0, max_uncovered=0)
+    turns = await store.turns(SessionKey(TENANT, session_id), from_seq=1, to_seq=info.last_seq)
+    state = await store.load(SessionKey(TENANT, session_id), recent=0, max_uncovered=0)
     return {
         "turns": [(t.seq, t.role, t.content, bool(t.metadata.get("partial"))) for t in turns],
         "summary": (state.summary.text, state.summary.covers_seq) if state.summary else None,
@@ -216,8 +218,7 @@ def jobs_engine(stub: StubServer, sleeps: Sleeps, *, attempts: int = 3) -> Engin
 
 async def seed_history(engine: Engine, turns: int = 10) -> None:
     await engine.store.append(
-        TENANT,
-        SID,
+        SessionKey(TENANT, SID),
         [NewTurn(role="user" if i % 2 == 0 else "assistant", content=f"old turn {i}", tokens=3) for i in range(turns)],
     )
 
@@ -248,7 +249,7 @@ async def test_background_jobs_retry_with_backoff_then_give_up_visibly(stub: Stu
     await engine.drain()
     before = await snapshot(engine.store)
     assert before["summary"] is not None and before["constraints"] == [("drink", "tea")]
-    first_info = await engine.store.info(TENANT, SID)
+    first_info = await engine.store.info(SessionKey(TENANT, SID))
     assert first_info is not None
     stats = first_info.jobs
     assert {name: (s.ok, s.failed) for name, s in stats.items()} == {
@@ -290,7 +291,7 @@ async def test_a_job_that_fails_once_succeeds_on_retry(stub: StubServer) -> None
     stub.malformed_next()  # ...and its constraints step
     await engine.turn(TENANT, SID, "I like tea")
     await engine.drain()
-    info = await engine.store.info(TENANT, SID)
+    info = await engine.store.info(SessionKey(TENANT, SID))
     assert info is not None
     assert (info.jobs["emotion"].ok, info.jobs["emotion"].failed) == (1, 0)
     assert (info.jobs["constraints"].ok, info.jobs["constraints"].failed) == (1, 0)

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("openai")
 
 from contextmode.api import build_engine
@@ -67,7 +69,7 @@ async def test_openai_style_servers_get_json_schema_and_llamacpp_gets_json_objec
             assert all(r.stream for r in server.chat_requests)
             state = await engine.store.load(T, S, recent=0)
             assert [(c.key, c.value) for c in state.constraints] == [("diet", "vegetarian")]
-            info = await engine.store.info(T, S)
+            info = await engine.store.info(SessionKey(T, S))
             assert info is not None and info.jobs["constraints"].ok == 1
 
 
@@ -111,9 +113,9 @@ async def test_invalid_output_is_a_rejected_job_and_nothing_is_stored(
         result = await engine.turn(T, S, message)
         await engine.drain()
     assert result.answer == "Sure." and not result.partial
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     assert state.constraints == ()
-    info = await engine.store.info(T, S)
+    info = await engine.store.info(SessionKey(T, S))
     assert info is not None
     stats = info.jobs["constraints"]
     assert (stats.ok, stats.rejected, stats.failed) == (0, 1, 0)  # no retries of unusable output
@@ -125,7 +127,7 @@ async def test_the_job_runner_counts_a_rejection_once_without_retrying() -> None
     store = MemoryStore()
     from contextmode.types import NewTurn
 
-    await store.append(T, S, [NewTurn(role="user", content="x", tokens=1)])
+    await store.append(SessionKey(T, S), [NewTurn(role="user", content="x", tokens=1)])
     calls = 0
 
     async def job() -> None:
@@ -136,7 +138,7 @@ async def test_the_job_runner_counts_a_rejection_once_without_retrying() -> None
     runner = JobRunner(store, JobSettings(attempts=3, base_delay_s=0))
     runner.schedule(T, S, "constraints", job)
     await runner.drain()
-    info = await store.info(T, S)
+    info = await store.info(SessionKey(T, S))
     assert calls == 1 and info is not None
     assert (info.jobs["constraints"].rejected, info.jobs["constraints"].last_error) == (1, "empty quote")
 
@@ -179,7 +181,7 @@ async def test_a_runaway_stream_ends_as_length_keeping_the_partial_reply() -> No
     assert result.answer.startswith("好的，我来回答。我很高兴为你服务")
     assert len(result.answer) < 2000  # stopped long before the 18 000 characters on offer
     assert is_looping(result.answer)
-    state = await engine.store.load(T, S, recent=0)
+    state = await engine.store.load(SessionKey(T, S), recent=0)
     assert state.turns[-1].content == result.answer
     assert requests == 1
 

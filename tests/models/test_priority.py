@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("openai")
 
 from contextmode.api import build_engine

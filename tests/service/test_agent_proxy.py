@@ -137,7 +137,7 @@ async def test_results_resent_with_the_history_are_stored_once(stub: StubServer,
     results = tuple(ToolResult(call_id=c.id, content=f"found {c.id}") for c in calls)
     for _ in range(2):  # a client retrying with the same results
         [e async for e in engine.stream_agent(SessionKey("t", "s"), AgentRequest(tool_results=results, tools=TOOLS))]
-    turns = await engine.store.turns("t", "s")
+    turns = await engine.store.turns(SessionKey("t", "s"))
     assert [t.role for t in turns].count("tool") == 3
     assert turns[1].tool_calls == calls and turns[2].tool_name in {"search", "read_file"}
     await engine.close()
@@ -178,7 +178,7 @@ async def test_http_api_and_cli_show_tool_items(stub: StubServer, tmp_path: Path
     assert [m["role"] for m in sent[1:5]] == ["user", "assistant", "tool", "tool"]
     assert sent[2]["tool_calls"][0]["id"] == calls[0]["id"]
     console = Console(record=True, width=200)
-    console.print(turns_table(await engine.store.turns("t", "a1") or await engine.store.turns("local", "a1")))
+    console.print(turns_table(await engine.store.turns(SessionKey("t", "a1")) or await engine.store.turns(SessionKey("local", "a1"))))
     text = console.export_text()
     assert "Called search(query “find flights”, part 0)" in text and "returned: hit" in text
     await engine.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 from contextmode.service import create_app
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 from tests.service.test_service import client_for, make_engine, make_settings, sse_events
 
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}}]
@@ -36,7 +36,7 @@ async def test_concurrent_agent_steps_of_one_session_do_not_interleave(tmp_path:
             *(client.post(URL, json=_step(m, "agent-serial", stream=i % 2 == 0)) for i, m in enumerate(sent))
         )
     assert [r.status_code for r in replies] == [200] * 6
-    turns = await engine.store.turns("local", "agent-serial")
+    turns = await engine.store.turns(SessionKey("local", "agent-serial"))
     assert [t.role for t in turns] == ["user", "assistant"] * 6
     for question, reply in zip(turns[::2], turns[1::2], strict=True):
         assert reply.content == f"answer to {question.content}"
@@ -63,7 +63,7 @@ async def test_a_retried_agent_step_replays_without_a_second_turn(tmp_path: Path
         changed = await client.post(URL, json=_step("别的", "agent-idem"), headers={"Idempotency-Key": "k-whole"})
         assert changed.status_code == 409 and changed.json()["error"]["contextmode_code"] == 40903
     assert len(model.calls) == 2
-    assert [t.role for t in await engine.store.turns("local", "agent-idem")] == ["user", "assistant"] * 2
+    assert [t.role for t in await engine.store.turns(SessionKey("local", "agent-idem"))] == ["user", "assistant"] * 2
     await engine.close()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from contextmode.service import create_app
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 from tests.service.test_service import client_for, make_engine, make_settings
 
 from ..models.test_priority import until
@@ -75,7 +75,7 @@ async def test_a_whole_answer_whose_client_left_ends_and_the_next_message_is_ans
     assert response.status_code == 200, response.text
     assert response.json()["data"]["answer"] == "second answer"
     await until(lambda: not engine.trace_writes.pending("local", "s1"))
-    turns = await engine.store.turns("local", "s1")
+    turns = await engine.store.turns(SessionKey("local", "s1"))
     assert [(t.role, t.content, bool(t.metadata.get("partial"))) for t in turns] == [
         ("user", "first message", False), ("assistant", "Part of an answer", True),
         ("user", "next message", False), ("assistant", "second answer", False),

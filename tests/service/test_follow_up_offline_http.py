@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
@@ -70,6 +72,6 @@ async def test_each_follow_up_is_answered_and_numbered(
 
 async def test_the_refusal_stays_when_nothing_was_answered(client: httpx.AsyncClient, engine: Engine) -> None:
     # A user turn with no answer at all (the model failed before any text).
-    await engine.store.append("local", "s", [NewTurn(role="user", content="什么是熵", tokens=4)])
+    await engine.store.append(SessionKey("local", "s"), [NewTurn(role="user", content="什么是熵", tokens=4)])
     r = await client.post("/v1/sessions/s/messages", json={"message": "举个例子"})
     assert "当前没有可用的上文信息" in assert_error(r, 42201)["msg"]

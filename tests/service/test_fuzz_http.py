@@ -23,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
@@ -68,10 +70,10 @@ class Harness:
 
 async def victim_snapshot(engine: Engine) -> Any:
     store = engine.store
-    info = await store.info("tenant-b", VICTIM)
+    info = await store.info(SessionKey("tenant-b", VICTIM))
     assert info is not None
-    turns = await store.turns("tenant-b", VICTIM, from_seq=1, to_seq=info.last_seq)
-    state = await store.load("tenant-b", VICTIM, recent=0, max_uncovered=0)
+    turns = await store.turns(SessionKey("tenant-b", VICTIM), from_seq=1, to_seq=info.last_seq)
+    state = await store.load(SessionKey("tenant-b", VICTIM), recent=0, max_uncovered=0)
     return (
         [(t.seq, t.role, t.content) for t in turns],
         state.summary.text if state.summary else None,
@@ -105,17 +107,16 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     async def seed() -> None:
         store = engine.store
         await store.append(
-            "tenant-b",
-            VICTIM,
+            SessionKey("tenant-b", VICTIM),
             [NewTurn(role="user", content="B's secret: 我的工资是 12345", tokens=5),
              NewTurn(role="assistant", content="noted", tokens=1)],
         )
         await store.commit_summary(
-            "tenant-b", VICTIM, Summary(text="B summary", covers_seq=2, tokens=2, created_at=utc_now()),
+            SessionKey("tenant-b", VICTIM), Summary(text="B summary", covers_seq=2, tokens=2, created_at=utc_now()),
             expected_version=0,
         )
         await store.commit_constraints(
-            "tenant-b", VICTIM, [Constraint(key="spice", value="不吃辣", source_seq=1)], expected_version=0
+            SessionKey("tenant-b", VICTIM), [Constraint(key="spice", value="不吃辣", source_seq=1)], expected_version=0
         )
 
     loop.run_until_complete(seed())

@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
@@ -123,7 +125,7 @@ async def stored(engine: Engine) -> Any:
     sessions = await store.list_sessions("local", limit=100)
     out = []
     for info in sessions:
-        turns = await store.turns("local", info.session_id, from_seq=1, to_seq=info.last_seq)
+        turns = await store.turns(SessionKey("local", info.session_id), from_seq=1, to_seq=info.last_seq)
         out.append((info.session_id, [(t.seq, t.content) for t in turns], info.summary_version, info.constraints_version))
     return out
 

@@ -27,7 +27,7 @@ from contextmode.service.settings import ServiceSettings
 from contextmode.settings import EngineSettings
 from contextmode.store import open_store
 from contextmode.testing.backends import Backend, fresh_store_url
-from contextmode.types import NewTurn
+from contextmode.types import NewTurn, SessionKey
 
 _BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres),
              pytest.param("redis", marks=pytest.mark.redis)]
@@ -81,15 +81,15 @@ async def test_long_runs_are_stored_and_odd_characters_refused_never_a_5xx(
                 # Long runs: a message through the service, a tool result straight into the store.
                 r = await client.post("/v1/sessions/long/messages", json={"message": f"blob {_RUN} end"})
                 assert r.status_code == 200, r.text
-                await engine.store.append("local", "long-tool", [
+                await engine.store.append(SessionKey("local", "long-tool"), [
                     NewTurn(role="user", content="look it up", tokens=3),
                     NewTurn(role="tool", content=f"result {_RUN}", tokens=9,
                             metadata={"tool_call_id": "call_1", "tool_name": "lookup"}),
                 ])
                 await engine.drain()
-                turns = await engine.store.turns("local", "long")
+                turns = await engine.store.turns(SessionKey("local", "long"))
                 assert _RUN in turns[0].content
-                assert _RUN in (await engine.store.turns("local", "long-tool"))[1].content
+                assert _RUN in (await engine.store.turns(SessionKey("local", "long-tool")))[1].content
                 # The next turn (which analyses the run again, as a query) gets it in its context.
                 r = await client.post("/v1/sessions/long/messages", json={"message": f"what was {_RUN}?"})
                 assert r.status_code == 200, r.text
@@ -111,11 +111,11 @@ async def test_long_runs_are_stored_and_odd_characters_refused_never_a_5xx(
                     r = await client.post(path, content=body, headers={**headers, "X-Session-Id": "odd"})
                     assert r.status_code == 400, (path, field, r.status_code, r.text[:300])
                     assert field in r.text and ("U+0000" in r.text or "surrogate" in r.text), r.text[:300]
-                assert await engine.store.info("local", "odd") is None  # nothing half-stored
+                assert await engine.store.info(SessionKey("local", "odd")) is None  # nothing half-stored
                 if backend == "postgres":
                     # Data the store itself refuses is not reported as "try again" (50301).
                     with pytest.raises(StoreRefused) as refused:
-                        await engine.store.append("local", "nul", [NewTurn(role="user", content="a\x00b", tokens=1)])
+                        await engine.store.append(SessionKey("local", "nul"), [NewTurn(role="user", content="a\x00b", tokens=1)])
                     row = code_for_exception(refused.value)
                     assert (row.code, http_status(row.code)) == (50002, 500)
                     assert "try again" not in public_message(refused.value, row)
@@ -130,6 +130,6 @@ async def test_record_refuses_what_no_store_can_keep(tmp_path: Path) -> None:
             await memory.arecord("s1", "user", "a\x00b")
         with pytest.raises(InputError, match="surrogate"):
             await memory.arecord("s1", "assistant", "\ud800")
-        assert await memory.engine.store.info("local", "s1") is None
+        assert await memory.engine.store.info(SessionKey("local", "s1")) is None
     finally:
         await memory.aclose()

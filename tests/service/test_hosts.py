@@ -9,6 +9,7 @@ import pytest
 
 from contextmode.service.app import create_app
 from contextmode.service.settings import ServiceSettings
+from contextmode.types import SessionKey
 from tests.service.test_service import make_engine
 
 _TURN = {"message": "你好"}
@@ -38,7 +39,7 @@ async def test_without_api_keys_only_loopback_hosts_and_origins_are_served(tmp_p
             assert r.status_code == 403, (host, origin, r.text)
             assert r.json()["code"] == 40301
             assert "CONTEXTMODE_ALLOWED_HOSTS" in r.json()["msg"] or "origin" in r.json()["msg"]
-        assert len(await engine.store.turns("local", "s1")) == 2 * 4  # only the four allowed turns
+        assert len(await engine.store.turns(SessionKey("local", "s1"))) == 2 * 4  # only the four allowed turns
         # Health probes name the pod's address: served whatever the host.
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://10.1.2.3") as c:
             assert (await c.get("/healthz")).status_code == 200

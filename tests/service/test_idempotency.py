@@ -13,7 +13,7 @@ import pytest
 from contextmode.service import ServiceSettings, create_app
 from contextmode.store.memory import MemoryStore
 from contextmode.store.sqlite import SQLiteStore
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 from tests.service.test_service import SlowModel, client_for, make_engine, make_settings, sse_events
 
 SID = "idem-1"
@@ -33,11 +33,11 @@ async def test_same_key_and_body_replays_and_stores_once(tmp_path: Path) -> None
         assert again.json() == first.json()
         assert again.headers["idempotent-replayed"] == "true"
         assert "idempotent-replayed" not in first.headers
-        assert _roles(await engine.store.turns("local", SID)) == ["user", "assistant"]
+        assert _roles(await engine.store.turns(SessionKey("local", SID))) == ["user", "assistant"]
         # Without a key, or with a new one, it is a new turn.
         await client.post(URL, json={"message": "hello"})
         await client.post(URL, json={"message": "hello"}, headers={"Idempotency-Key": "k-2"})
-        assert len(await engine.store.turns("local", SID)) == 6
+        assert len(await engine.store.turns(SessionKey("local", SID))) == 6
 
 
 async def test_same_key_with_another_body_or_session_is_40903(tmp_path: Path) -> None:
@@ -50,8 +50,8 @@ async def test_same_key_with_another_body_or_session_is_40903(tmp_path: Path) ->
             "/v1/sessions/other/messages", json={"message": "hello"}, headers={"Idempotency-Key": "k"}
         )
         assert elsewhere.json()["code"] == 40903
-        assert len(await engine.store.turns("local", SID)) == 2
-        assert await engine.store.info("local", "other") is None
+        assert len(await engine.store.turns(SessionKey("local", SID))) == 2
+        assert await engine.store.info(SessionKey("local", "other")) is None
 
 
 async def test_keys_are_per_tenant(tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ async def test_keys_are_per_tenant(tmp_path: Path) -> None:
             )
             assert r.status_code == 200 and "idempotent-replayed" not in r.headers
         for tenant in ("tenant-a", "tenant-b"):
-            assert len(await engine.store.turns(tenant, SID)) == 2
+            assert len(await engine.store.turns(SessionKey(tenant, SID))) == 2
 
 
 async def test_a_running_request_answers_40904_and_a_failed_one_frees_its_key(tmp_path: Path) -> None:
@@ -81,14 +81,14 @@ async def test_a_running_request_answers_40904_and_a_failed_one_frees_its_key(tm
         assert bad.json()["code"] == 40001
         ok = await client.post(URL, json={"message": "fixed"}, headers={"Idempotency-Key": "k-bad"})
         assert ok.status_code == 200
-        assert len(await engine.store.turns("local", SID)) == 4
+        assert len(await engine.store.turns(SessionKey("local", SID))) == 4
         # Nor does one whose image is refused: the retry with a good body runs at once (no 40904).
         image = {"message": "look", "images": ["data:image/png;base64,@@@@"]}
         refused = await client.post(URL, json=image, headers={"Idempotency-Key": "k-img"})
         assert refused.status_code == 400
         retry = await client.post(URL, json={"message": "look"}, headers={"Idempotency-Key": "k-img"})
         assert retry.status_code == 200, retry.json()
-        assert len(await engine.store.turns("local", SID)) == 6
+        assert len(await engine.store.turns(SessionKey("local", SID))) == 6
 
 
 async def test_a_stream_is_replayed_as_a_stream(tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ async def test_a_stream_is_replayed_as_a_stream(tmp_path: Path) -> None:
         again = await client.post(URL, json=body, headers={"Idempotency-Key": "s"})
         assert again.headers["content-type"].startswith("text/event-stream")
         assert sse_events(again.text) == sse_events(first.text)
-        assert len(await engine.store.turns("local", SID)) == 2
+        assert len(await engine.store.turns(SessionKey("local", SID))) == 2
 
 
 async def test_the_proxy_honours_the_key(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ async def test_the_proxy_honours_the_key(tmp_path: Path) -> None:
             headers={"Idempotency-Key": "p"},
         )
         assert changed.status_code == 409 and changed.json()["error"]["contextmode_code"] == 40903
-        assert len(await engine.store.turns("local", SID)) == 2
+        assert len(await engine.store.turns(SessionKey("local", SID))) == 2
 
 
 async def test_a_retry_after_a_worker_restart_replays(tmp_path: Path) -> None:
@@ -129,7 +129,7 @@ async def test_a_retry_after_a_worker_restart_replays(tmp_path: Path) -> None:
     async with client_for(create_app(engine, make_settings(tmp_path))) as client:
         again = await client.post(URL, json={"message": "hello"}, headers=headers)
         assert again.json() == first.json() and again.headers["idempotent-replayed"] == "true"
-        assert len(await engine.store.turns("local", SID)) == 2
+        assert len(await engine.store.turns(SessionKey("local", SID))) == 2
     await engine.close()
     await engine.store.close()
 
@@ -160,7 +160,7 @@ async def test_concurrent_turns_of_one_session_are_serialised(tmp_path: Path, ki
             *(client.post(URL, json={"message": m, "stream": i % 2 == 0}) for i, m in enumerate(sent))
         )
         assert all(r.status_code == 200 for r in replies)
-    turns = await store.turns("local", SID)
+    turns = await store.turns(SessionKey("local", SID))
     assert _roles(turns) == ["user", "assistant"] * 8
     for question, reply in zip(turns[::2], turns[1::2], strict=True):
         assert reply.metadata["reply_to"] == question.seq
@@ -179,7 +179,7 @@ async def test_a_session_busy_past_the_wait_is_40902(tmp_path: Path) -> None:
         assert busy.status_code == 409 and busy.json()["code"] == 40902
         assert "busy" in busy.json()["msg"]
         assert (await first).status_code == 200
-    assert len(await engine.store.turns("local", SID)) == 2
+    assert len(await engine.store.turns(SessionKey("local", SID))) == 2
 
 
 def test_settings_read_the_new_limits() -> None:

@@ -10,6 +10,7 @@ from contextmode.service import create_app
 from contextmode.service.settings import ServiceSettings
 from contextmode.store.base import IdempotencyRecord
 from contextmode.store.memory import MemoryStore
+from contextmode.types import SessionKey
 from tests.service.test_service import client_for, make_engine, make_settings
 
 _BIG = "x" * 5_001
@@ -41,7 +42,7 @@ async def test_tool_results_longer_than_the_limit_are_refused_before_anything_ru
                 r = await client.post(path, json=body, headers={"X-Session-Id": "big"})
                 assert r.status_code == 400, r.text
                 assert "5001 characters; at most 5000" in r.text
-        assert await engine.store.info("local", "big") is None
+        assert await engine.store.info(SessionKey("local", "big")) is None
     finally:
         await engine.close()
     assert ServiceSettings.from_env({"CONTEXTMODE_MAX_TOOL_RESULT_CHARS": "123"}).max_tool_result_chars == 123

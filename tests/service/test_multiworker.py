@@ -41,6 +41,7 @@ from contextmode.testing.worker import (
     read_summary_log,
     turn_index,
 )
+from contextmode.types import SessionKey
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +135,7 @@ async def _kill_mid_summary(victim: WorkerProcess, store_url: str, summary_log: 
 
     store = open_store(store_url)
     try:
-        await store.version(TENANT, "warm-up")  # connect before the moment counts
+        await store.version(SessionKey(TENANT, "warm-up"))  # connect before the moment counts
         deadline = time.monotonic() + 120
         while len([c for c in read_summary_log(summary_log) if c["pid"] == victim.pid]) < 3:
             assert time.monotonic() < deadline, "the worker to kill never started a 3rd summary"
@@ -143,7 +144,7 @@ async def _kill_mid_summary(victim: WorkerProcess, store_url: str, summary_log: 
         run.victim, run.killed_at = victim, time.time()
         for i in range(USERS):
             try:
-                async with store.lock(TENANT, f"conv-{i:02d}", ttl_s=1):
+                async with store.lock(SessionKey(TENANT, f"conv-{i:02d}"), ttl_s=1):
                     pass
             except LockNotAcquired:
                 run.busy_at_kill.add(f"conv-{i:02d}")
@@ -158,9 +159,9 @@ async def _check_turns(store: Any, conversation: Conversation, *, killed: bool) 
     sid = conversation.session_id
     assert conversation.http_errors == [], conversation.http_errors
     assert [t.index for t in conversation.turns] == list(range(TURNS)), f"{sid}: not every turn was acknowledged"
-    info = await store.info(TENANT, sid)
+    info = await store.info(SessionKey(TENANT, sid))
     assert info is not None
-    log = await store.turns(TENANT, sid, from_seq=1, to_seq=info.last_seq)
+    log = await store.turns(SessionKey(TENANT, sid), from_seq=1, to_seq=info.last_seq)
     assert [t.seq for t in log] == list(range(1, info.last_seq + 1))
     acknowledged: set[int] = set()
     for sent in conversation.turns:  # every acknowledged turn is there, where the client was told
@@ -239,15 +240,15 @@ async def _check(run: Run, store_url: str, *, killed: bool) -> None:
         for conversation in run.conversations:
             sid = conversation.session_id
             await _check_turns(store, conversation, killed=killed)
-            info = await store.info(TENANT, sid)
+            info = await store.info(SessionKey(TENANT, sid))
             assert info is not None and info.summary_version >= 1, f"{sid}: never summarised"
             chain, extra = _summary_chain(calls_by_session[sid], info.summary_covers_seq, victim_pid)
             assert len(chain) == info.summary_version, f"{sid}: {len(chain)} calls, {info.summary_version} commits"
             # Nothing left due: the last turn's job (or the next turn's, after a kill) caught up.
             assert info.last_seq - recent - info.summary_covers_seq < THRESHOLD, f"{sid}: a summary is still due"
-            summary = (await store.load(TENANT, sid, recent=0, max_uncovered=0)).summary
+            summary = (await store.load(SessionKey(TENANT, sid), recent=0, max_uncovered=0)).summary
             assert summary is not None and summary.covers_seq == info.summary_covers_seq
-            async with store.lock(TENANT, sid, ttl_s=5):
+            async with store.lock(SessionKey(TENANT, sid), ttl_s=5):
                 pass  # no lock left behind, not even the killed worker's
             committed += info.summary_version
             orphans += extra

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
@@ -92,9 +94,9 @@ async def store(tmp_path: Path) -> AsyncIterator[PostgresStore]:
 
 
 async def counting(store: PostgresStore) -> Pool:
-    await store.version("local", "warm-up")  # opens the pool
-    pool = Pool(store._pool, store)
-    store._pool = pool
+    await store.version(SessionKey("local", "warm-up"))  # opens the pool
+    pool = Pool(store.driver._pool, store)
+    store.driver._pool = pool
     return pool
 
 
@@ -136,7 +138,7 @@ async def test_a_turn_and_its_jobs_take_few_pooled_connections(store: PostgresSt
     per_turn = await run_turns(engine, pool, tmp_path, "few")
     assert max(per_turn) <= 6, per_turn
     assert sum(per_turn) <= 5 * len(MESSAGES), per_turn
-    turns = await store.turns("local", "few")
+    turns = await store.turns(SessionKey("local", "few"))
     assert [t.role for t in turns] == ["user", "assistant"] * len(MESSAGES)
     assert [t.content for t in turns if t.role == "user"] == MESSAGES
     assert pool.seen and all(n == 0 for _, n, _ in pool.seen), pool.seen
@@ -217,9 +219,9 @@ async def test_no_connection_is_held_while_a_model_or_a_model_backed_processor_w
     # processors work while nothing else runs, with none in use at all.
     assert not [seen for seen in pool.seen if seen[2]], pool.seen
     assert not [seen for seen in pool.seen if seen[0] in ("model", "detector", "rewriter") and seen[1]], pool.seen
-    state = await store.load("local", "looked-at")
+    state = await store.load(SessionKey("local", "looked-at"))
     assert state.summary is not None and state.summary.covers_seq > 0
     assert [c.key for c in state.constraints] == ["spice"]
-    version = await store.version("local", "looked-at")
+    version = await store.version(SessionKey("local", "looked-at"))
     assert version.emotions_version > 0
     assert pool.in_use() == 0

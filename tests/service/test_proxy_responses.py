@@ -22,6 +22,7 @@ from agents import (
 )
 
 from contextmode.testing.stub_server import StubAnswer, StubRequest, StubServer, StubToolCall
+from contextmode.types import SessionKey
 
 set_tracing_disabled(True)
 
@@ -54,7 +55,7 @@ async def test_responses_create_answers_with_memory(sdk: openai.AsyncOpenAI, stu
     second = await sdk.responses.create(model="m", input="What is my order number?", user="r1")
     assert second.output_text == "Your order is 7731."  # memory: the first turn is in the context
     assert second.usage is not None and second.usage.input_tokens > 0
-    turns = [t.content for t in await engine.store.turns("local", "r1")]
+    turns = [t.content for t in await engine.store.turns(SessionKey("local", "r1"))]
     assert turns == ["My order number is 7731.", first.output_text, "What is my order number?", second.output_text]
 
 
@@ -97,5 +98,5 @@ async def test_agents_sdk_default_model_runs_a_tool_loop_with_memory(sdk: openai
         else:
             output = (await Runner.run(agent, "Weather in Lisbon?", run_config=RunConfig(tracing_disabled=True))).final_output
         assert output == "Tool said: sunny in Lisbon"
-    roles = [t.role for t in await engine.store.turns("local", "trip")]
+    roles = [t.role for t in await engine.store.turns(SessionKey("local", "trip"))]
     assert roles.count("tool") == 2 and roles.count("user") == 2  # each item stored once

@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from contextmode.testing.stub_server import StubRequest, StubServer
+from contextmode.types import SessionKey
 from tests.service.test_service_http import PNG_URL
 
 
@@ -44,7 +45,7 @@ def sdk(http: httpx.AsyncClient) -> openai.AsyncOpenAI:
 
 
 async def _turns(engine: Any, session: str) -> list[tuple[str, str]]:
-    return [(t.role, t.content) for t in await engine.store.turns("local", session)]
+    return [(t.role, t.content) for t in await engine.store.turns(SessionKey("local", session))]
 
 
 async def test_request_fields_reach_the_model_unchanged(sdk: openai.AsyncOpenAI, stub: StubServer) -> None:
@@ -209,7 +210,7 @@ async def test_an_image_reaches_the_model_for_its_turn_only(sdk: openai.AsyncOpe
                                {"type": "image_url", "image_url": {"url": PNG_URL}}]
     await sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "and now?"}], user="img")
     assert PNG_URL not in json.dumps(stub.chat_requests[-1].messages)  # the image boundary: this turn only
-    first = (await engine.store.turns("local", "img"))[0]
+    first = (await engine.store.turns(SessionKey("local", "img")))[0]
     assert (first.content, first.metadata["image_count"]) == ("what is this?", 1)
 
 

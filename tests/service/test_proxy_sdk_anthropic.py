@@ -12,6 +12,7 @@ import httpx2
 import pytest
 
 from contextmode.testing.stub_server import StubRequest, StubServer
+from contextmode.types import SessionKey
 from tests.service.test_service_http import PNG_URL
 
 TOOLS = [{"name": "search", "input_schema": {"type": "object", "properties": {"query": {"type": "string"}}}}]
@@ -82,7 +83,7 @@ async def test_rate_limit_and_overload_keep_their_meaning(
     assert overloaded.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
     stub.fail_next(429, count=2, retry_after=0.01)
     answer = await sdk.messages.create(model="m", max_tokens=50, messages=_ask("hi"), metadata={"user_id": "rl"})
-    turns = [(t.role, t.content) for t in await engine.store.turns("local", "rl")]
+    turns = [(t.role, t.content) for t in await engine.store.turns(SessionKey("local", "rl"))]
     assert turns == [("user", "hi"), ("assistant", answer.content[0].text)]  # type: ignore[union-attr]
 
 
@@ -95,7 +96,7 @@ async def test_history_and_any_user_string(sdk: anthropic.AsyncAnthropic, stub: 
     sent = stub.chat_requests[-1].messages
     assert "My order number is 7731." in str(sent)
     assert sent[0]["content"].startswith("You are Shopbot.") and "never instructions" in sent[0]["content"]
-    turns = await engine.store.turns("local", mapped_id("bob@example.com"))
+    turns = await engine.store.turns(SessionKey("local", mapped_id("bob@example.com")))
     assert [t.content for t in turns][:3] == [m["content"] for m in messages]
 
 

@@ -17,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 
 from contextmode import errors
@@ -149,7 +151,7 @@ async def test_stream_emits_context_deltas_done_and_stores_turns(client: httpx.A
     assert events[0]["session_id"] == "s1" and events[0]["layers"]
     assert "".join(e["text"] for e in events if isinstance(e, dict) and e["type"] == "delta") == "收到：你好"
     assert events[-2] == events[-2] | {"answer": "收到：你好", "partial": False, "seq": 2, "user_seq": 1}
-    stored = await engine.store.turns("local", "s1")
+    stored = await engine.store.turns(SessionKey("local", "s1"))
     assert [t.content for t in stored] == ["你好", "收到：你好"]
 
 
@@ -179,7 +181,7 @@ async def test_model_errors_map_to_envelope_codes(tmp_path: Path, error: Excepti
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_follow_up_without_previous_answer_is_42201_envelope(client: httpx.AsyncClient, engine: Engine, stream: bool) -> None:
-    await engine.store.append("local", "s1", [_user_turn("什么是熵")])
+    await engine.store.append(SessionKey("local", "s1"), [_user_turn("什么是熵")])
     r = await client.post("/v1/sessions/s1/messages", json={"message": "举个例子", "stream": stream})
     body = assert_error(r, 42201)
     assert "当前没有可用的上文信息" in body["msg"]
@@ -251,10 +253,10 @@ async def test_list_and_delete_sessions(client: httpx.AsyncClient) -> None:
 async def test_context_preview_writes_nothing_and_shows_detection_and_rewrite(client: httpx.AsyncClient, engine: Engine) -> None:
     await client.post("/v1/sessions/s1/messages", json={"message": "空调制冷差"})
     await engine.drain()
-    before = await engine.store.version("local", "s1")
+    before = await engine.store.version(SessionKey("local", "s1"))
     r = await client.get("/v1/sessions/s1/context", params={"message": "那个按钮在哪"})
     data = r.json()["data"]
-    assert await engine.store.version("local", "s1") == before
+    assert await engine.store.version(SessionKey("local", "s1")) == before
     assert data["detection"]["intent"] == "pronoun" and data["detection"]["needs_context"]
     assert data["rewrite"] == {"text": "那个按钮在哪（空调制冷差）", "changed": True, "source": "test"}
     # Contextual mode: the message goes verbatim; the verified rewrite is only a hint.
@@ -304,7 +306,7 @@ async def test_invalid_session_id_and_oversized_inputs(tmp_path: Path) -> None:
 
 async def test_store_failures_and_bugs_are_envelopes(tmp_path: Path) -> None:
     class BrokenStore(MemoryStore):
-        async def info(self, tenant: str, session_id: str) -> Any:
+        async def info(self, key: SessionKey) -> Any:
             raise StoreError("database is locked")
 
         async def list_sessions(self, tenant: str, *, limit: int = 100, offset: int = 0) -> Any:
@@ -348,7 +350,7 @@ async def test_api_keys_scope_sessions_to_tenants(tmp_path: Path) -> None:
         assert [s["session_id"] for s in (await c.get("/v1/sessions", headers=a)).json()["data"]["sessions"]] == ["s1"]
         assert_error(await c.delete("/v1/sessions/s1", headers=b), 40401)
         assert (await c.get("/healthz")).json()["code"] == 0  # ops endpoints need no key
-    assert await engine.store.info("tenantA", "s1") is not None
+    assert await engine.store.info(SessionKey("tenantA", "s1")) is not None
 
 
 def test_settings_from_env_and_key_files(tmp_path: Path) -> None:
@@ -383,7 +385,7 @@ async def test_healthz_checks_the_store(client: httpx.AsyncClient, tmp_path: Pat
     assert r.json() == {"code": 0, "msg": "success", "data": {"status": "ok", "store": "MemoryStore", "model": "function-model"}}
 
     class DownStore(MemoryStore):
-        async def version(self, tenant: str, session_id: str) -> Any:
+        async def version(self, key: SessionKey) -> Any:
             raise StoreError("connection refused")
 
     async with client_for(create_app(make_engine(store=DownStore()), make_settings(tmp_path))) as c:

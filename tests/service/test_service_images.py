@@ -14,7 +14,7 @@ from contextmode.service import create_app
 from contextmode.service.codes import BadImage
 from contextmode.service.images import ImageFiles, decode_images, sniff_image_type
 from contextmode.testing.models import BrokenStream, FunctionModel
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 from tests.service.test_service import (
     assert_error,
     client_for,
@@ -87,7 +87,7 @@ async def test_images_reach_the_engine_as_files_and_are_deleted(tmp_path: Path) 
         assert sse_events(r.text)[-2]["type"] == "done"
     assert [len(names) for names in seen] == [3, 1]
     assert os.listdir(settings.image_dir) == []
-    user = (await engine.store.turns("local", "s1"))[0]
+    user = (await engine.store.turns(SessionKey("local", "s1")))[0]
     assert user.metadata["image_count"] == 3
     assert [i["type"] for i in user.metadata["images"]] == ["png", "jpeg", "webp"]
     assert all(i["path"].startswith(str(settings.image_dir)) for i in user.metadata["images"])

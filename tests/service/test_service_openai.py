@@ -15,6 +15,7 @@ import pytest
 from contextmode.errors import ModelError
 from contextmode.service import create_app
 from contextmode.testing.models import BrokenStream, FunctionModel, ScriptedModel
+from contextmode.types import SessionKey
 from tests.service.test_service import SlowModel, client_for, make_engine, make_settings
 
 PNG_URL = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40).decode()
@@ -100,7 +101,7 @@ async def test_image_parts_go_through_the_boundary(app: Any, sdk: Any, tmp_path:
         ],
         user="img",
     )
-    turn = (await app.state.contextmode.engine.store.turns("local", "img"))[0]
+    turn = (await app.state.contextmode.engine.store.turns(SessionKey("local", "img")))[0]
     assert (turn.content, turn.metadata["image_count"]) == ("看图", 1)
     assert os.listdir(tmp_path / "images") == []
     with pytest.raises(openai.BadRequestError) as info:
@@ -141,7 +142,7 @@ async def test_model_errors_before_and_during_the_stream(tmp_path: Path) -> None
         async for chunk in stream:
             got.append(chunk.choices[0].delta.content or "")
     assert "".join(got) == "半句"
-    turns = await engine.store.turns("local", "e")
+    turns = await engine.store.turns(SessionKey("local", "e"))
     assert [(t.content, t.partial) for t in turns] == [("a", False), ("b", False), ("半句", True)]
     await sdk.close()
 

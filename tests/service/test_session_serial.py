@@ -19,6 +19,7 @@ import pytest
 from contextmode.store.factory import open_store
 from contextmode.testing.backends import fresh_store_url
 from contextmode.testing.worker import Cluster
+from contextmode.types import SessionKey
 
 pytestmark = pytest.mark.slow
 
@@ -81,8 +82,8 @@ async def test_two_workers_serialise_one_session_and_replay_idempotent_retries(
 
     store = open_store(store_url)
     try:
-        turns = await store.turns("local", session)
-        retried = await store.turns("local", f"{session}-retry")
+        turns = await store.turns(SessionKey("local", session))
+        retried = await store.turns(SessionKey("local", f"{session}-retry"))
     finally:
         await store.close()
     assert [t.role for t in turns] == ["user", "assistant"] * POSTS

@@ -16,6 +16,7 @@ from pathlib import Path
 from contextmode.service import create_app
 from contextmode.service.settings import ServiceSettings
 from contextmode.testing.models import FunctionModel
+from contextmode.types import SessionKey
 from tests.service.test_service import client_for, make_engine, make_settings
 
 
@@ -57,7 +58,7 @@ async def test_a_client_that_stops_reading_frees_its_session_and_the_answer_is_k
         async with client_for(app) as client:
             r = await client.post("/v1/sessions/s1/messages", json={"message": "还在吗"})
             assert r.status_code == 200, r.text
-        turns = await engine.store.turns("local", "s1")
+        turns = await engine.store.turns(SessionKey("local", "s1"))
         assert turns[1].content == "第一段，第二段，第三段。" and not turns[1].metadata.get("partial")
     finally:
         never.set()

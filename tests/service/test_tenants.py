@@ -13,6 +13,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 
 from fastapi import FastAPI
@@ -103,21 +105,21 @@ async def world(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         for sid in A_SESSIONS:
             await store.append(
-                TENANT_A, sid,
+                SessionKey(TENANT_A, sid),
                 [NewTurn(role="user", content=f"{MARKER} in {sid}", tokens=5),
                  NewTurn(role="assistant", content=f"{MARKER} answer", tokens=3)],
                 user_id=sid,  # B's DELETE /v1/users/{id} must not reach A's users either
             )
             await store.commit_summary(
-                TENANT_A, sid, Summary(text=f"{MARKER} summary", covers_seq=2, tokens=3, created_at=utc_now()),
+                SessionKey(TENANT_A, sid), Summary(text=f"{MARKER} summary", covers_seq=2, tokens=3, created_at=utc_now()),
                 expected_version=0,
             )
             await store.commit_constraints(
-                TENANT_A, sid, [Constraint(key="secret", value=MARKER, source_seq=1)], expected_version=0
+                SessionKey(TENANT_A, sid), [Constraint(key="secret", value=MARKER, source_seq=1)], expected_version=0
             )
-            await store.record_job(TENANT_A, sid, "summary", ok=True)
+            await store.record_job(SessionKey(TENANT_A, sid), "summary", ok=True)
             await store.put_trace(
-                TENANT_A, sid,
+                SessionKey(TENANT_A, sid),
                 TurnTrace(turn=1, user_seq=1, answer_seq=2, created_at=utc_now(), typed=f"{MARKER} in {sid}",
                           sent=MARKER, messages=(ChatMessage(role="user", content=MARKER),)),
             )
@@ -129,10 +131,10 @@ async def world(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[
 async def a_snapshot(store: Store) -> Any:
     out = []
     for sid in A_SESSIONS:
-        info = await store.info(TENANT_A, sid)
+        info = await store.info(SessionKey(TENANT_A, sid))
         assert info is not None, f"A's session {sid} is gone"
-        turns = await store.turns(TENANT_A, sid, from_seq=1, to_seq=info.last_seq)
-        state = await store.load(TENANT_A, sid, recent=0, max_uncovered=0)
+        turns = await store.turns(SessionKey(TENANT_A, sid), from_seq=1, to_seq=info.last_seq)
+        state = await store.load(SessionKey(TENANT_A, sid), recent=0, max_uncovered=0)
         out.append((
             sid, [(t.seq, t.role, t.content) for t in turns],
             state.summary.text if state.summary else None, [(c.key, c.value) for c in state.constraints],
@@ -238,9 +240,9 @@ async def test_tenant_b_cannot_reach_tenant_a_on_any_route(world: World) -> None
     listed = (await client.get("/v1/sessions", params={"limit": 1000}, headers={"x-api-key": KEY_B})).json()
     b_ids = {s["session_id"] for s in listed["data"]["sessions"]}
     for sid in b_ids:
-        info = await store.info(TENANT_B, sid)
+        info = await store.info(SessionKey(TENANT_B, sid))
         assert info is not None
-        turns = await store.turns(TENANT_B, sid, from_seq=1, to_seq=info.last_seq)
+        turns = await store.turns(SessionKey(TENANT_B, sid), from_seq=1, to_seq=info.last_seq)
         assert all(MARKER not in t.content for t in turns)
     # A still sees its own sessions, untouched, and only its own
     mine = (await client.get("/v1/sessions", params={"limit": 1000}, headers={"x-api-key": KEY_A})).json()
@@ -275,9 +277,9 @@ async def test_the_engine_keeps_tenants_apart_below_the_http_layer(world: World)
     before = await a_snapshot(engine.store)
     await engine.turn(TENANT_B, "shared", "B's own words")
     await engine.drain()
-    state = await engine.store.load(TENANT_B, "shared", recent=50)
+    state = await engine.store.load(SessionKey(TENANT_B, "shared"), recent=50)
     assert [t.content for t in state.turns] == ["B's own words", "ok"]
     assert state.summary is None and not state.constraints
-    assert await engine.store.delete(TENANT_B, "a-private") is False
-    assert await engine.store.delete(TENANT_B, "shared") is True
+    assert await engine.store.delete(SessionKey(TENANT_B, "a-private")) is False
+    assert await engine.store.delete(SessionKey(TENANT_B, "shared")) is True
     assert await a_snapshot(engine.store) == before

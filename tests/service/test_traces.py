@@ -24,7 +24,7 @@ from contextmode.store.records import (
     trace_to_json,
 )
 from contextmode.testing.models import BrokenStream, FunctionModel
-from contextmode.types import ChatMessage
+from contextmode.types import ChatMessage, SessionKey
 from tests.service.test_service import assert_error, client_for, make_engine, make_settings
 
 pytest.importorskip("fastapi")
@@ -42,17 +42,17 @@ async def test_each_exchange_keeps_exactly_what_the_model_received() -> None:
     for text in ("我不吃辣", "推荐一家餐厅", "它在哪里？", "举个例子"):
         await engine.turn("local", "s", text)
     await engine.drain()
-    turns = await engine.store.turns("local", "s")
+    turns = await engine.store.turns(SessionKey("local", "s"))
     assert [t.metadata.get("turn") for t in turns] == [1, 1, 2, 2, 3, 3, 4, 4]
     for number, call in enumerate(model.calls, start=1):
-        trace = await load_trace(engine.store, "local", "s", number)
+        trace = await load_trace(engine.store, SessionKey("local", "s"), number)
         assert trace.turn == number
         assert tuple(trace.messages) == call.messages
         assert trace.user_seq == 2 * number - 1 and trace.answer_seq == 2 * number
         assert trace.model == "function-model"
         assert trace.layers and trace.total_tokens > 0
         assert {"detector", "rewriter", "counter"} <= set(trace.processors)
-    third = await load_trace(engine.store, "local", "s", 3)
+    third = await load_trace(engine.store, SessionKey("local", "s"), 3)
     assert third.typed == "它在哪里？"
     # The test rewriter names the last user turn; in contextual mode the model got the user's
     # words and the verified rewrite only as a hint, and the trace says so.
@@ -60,7 +60,7 @@ async def test_each_exchange_keeps_exactly_what_the_model_received() -> None:
     assert third.sent == third.typed != third.rewrite.text
     assert third.rewrite.decision == "hint" and third.follow_up is None
     # A follow-up answered from the last answer is a template expansion, not a rewrite.
-    fourth = await load_trace(engine.store, "local", "s", 4)
+    fourth = await load_trace(engine.store, SessionKey("local", "s"), 4)
     assert fourth.rewrite is None and fourth.follow_up == "example"
     assert fourth.typed == "举个例子" and fourth.sent != fourth.typed
 
@@ -75,7 +75,7 @@ async def test_numbering_survives_records_and_older_unnumbered_turns() -> None:
     from contextmode.types import NewTurn
 
     await engine.store.append(
-        "local", "old", [NewTurn(role=r, content=c, tokens=2) for r, c in [("user", "一"), ("assistant", "二")] * 3]
+        SessionKey("local", "old"), [NewTurn(role=r, content=c, tokens=2) for r, c in [("user", "一"), ("assistant", "二")] * 3]
     )
     assert (await engine.turn("local", "old", "第四句")).user_turn.metadata["turn"] == 4
     assert (await engine.turn("local", "old", "第五句")).user_turn.metadata["turn"] == 5
@@ -88,16 +88,16 @@ async def test_retention_size_cap_and_off_switch() -> None:
         await engine.turn("local", "s", text)
     store = engine.store
     assert isinstance(store, MemoryStore)
-    assert await store.get_trace("local", "s", 1) is None
-    assert (await store.get_trace("local", "s", 3)) is not None
+    assert await store.get_trace(SessionKey("local", "s"), 1) is None
+    assert (await store.get_trace(SessionKey("local", "s"), 3)) is not None
 
     off = make_engine(trace_keep=0)
     await off.turn("local", "s", "一")
-    assert await off.store.get_trace("local", "s", 1) is None  # type: ignore[attr-defined]
+    assert await off.store.get_trace(SessionKey("local", "s"), 1) is None  # type: ignore[attr-defined]
 
     capped = make_engine(trace_max_bytes=2000)
     await capped.turn("local", "s", "长" * 5000)
-    kept = await capped.store.get_trace("local", "s", 1)  # type: ignore[attr-defined]
+    kept = await capped.store.get_trace(SessionKey("local", "s"), 1)  # type: ignore[attr-defined]
     assert kept is not None and kept.cut
     assert len(trace_to_json(kept).encode()) <= 2000
     await engine.drain(), await off.drain(), await capped.drain()
@@ -107,7 +107,7 @@ async def test_a_broken_stream_still_keeps_the_trace_marked_partial() -> None:
     engine = make_engine(FunctionModel(lambda m: BrokenStream(chunks=["半句"], error=ModelUnavailable("down"))))
     with pytest.raises(ModelUnavailable):
         await engine.turn("local", "s", "你好")
-    trace = await load_trace(engine.store, "local", "s", 1)
+    trace = await load_trace(engine.store, SessionKey("local", "s"), 1)
     assert trace.partial and trace.answer_seq == 2
     await engine.drain()
 
@@ -117,7 +117,7 @@ def test_codec_round_trip_and_cap_leave_short_traces_alone() -> None:
         engine = make_engine()
         await engine.turn("local", "s", "我不吃辣")
         await engine.drain()
-        return await load_trace(engine.store, "local", "s", 1)
+        return await load_trace(engine.store, SessionKey("local", "s"), 1)
 
     trace = asyncio.run(one())
     assert trace_from_json(trace_to_json(trace)) == trace
@@ -130,7 +130,7 @@ async def test_empty_messages_are_refused_by_the_engine() -> None:
     for text in ("", "   ", "\n\t"):
         with pytest.raises(EmptyMessage):
             await engine.turn("local", "s", text)
-    assert await engine.store.turns("local", "s") == []
+    assert await engine.store.turns(SessionKey("local", "s")) == []
 
 
 # -- HTTP ---------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ async def test_route_returns_the_trace_tenant_scoped(tmp_path: Path) -> None:
         data = body["data"]
         assert data["turn"] == 2 and data["typed"] == "推荐一家餐厅"
         assert [message_to_dict(m) for m in model.calls[1].messages] == data["messages"]
-        assert data == trace_to_dict(await load_trace(engine.store, "acme", "s", 2))
+        assert data == trace_to_dict(await load_trace(engine.store, SessionKey("acme", "s"), 2))
         assert_error(await client.get("/v1/sessions/s/turns/2/context", headers=b), 40401)
         assert_error(await client.get("/v1/sessions/s/turns/9/context", headers=a), 40402)
         assert_error(await client.get("/v1/sessions/s/turns/0/context", headers=a), 40001)
@@ -175,7 +175,7 @@ async def test_input_rules_at_the_edge(tmp_path: Path) -> None:
             "/v1/chat/completions", json={"model": "x", "messages": [{"role": "user", "content": "  "}]}
         )
         assert r.status_code == 400
-    assert await engine.store.turns("local", "s") == []
+    assert await engine.store.turns(SessionKey("local", "s")) == []
 
 
 async def test_each_recalled_turn_says_why_in_the_trace_and_the_context(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ async def test_each_recalled_turn_says_why_in_the_trace_and_the_context(tmp_path
         await engine.turn("local", "s", f"Tell me about the weather in town number {i}")
     await engine.turn("local", "s", "Which instrument does my cat sleep on?")
     await engine.drain()
-    trace = await load_trace(engine.store, "local", "s", 10)
+    trace = await load_trace(engine.store, SessionKey("local", "s"), 10)
     assert trace is not None
     hit = next(r for r in trace.recalled if r.seq == 1)
     assert hit.layer == "recall" and hit.ranker == "bm25"
@@ -228,29 +228,29 @@ class HeldTraces(MemoryStore):
         """Set when an erasure has opened its deletion record."""
 
     async def put_trace(
-        self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0, older_than: datetime | None = None
+        self, key: SessionKey, trace: TurnTrace, *, keep: int = 0, older_than: datetime | None = None
     ) -> None:
         if not self.racy:
             await self.release.wait()
-            await super().put_trace(tenant, session_id, trace, keep=keep, older_than=older_than)
+            await super().put_trace(key, trace, keep=keep, older_than=older_than)
             return
-        if await self.info(tenant, session_id) is None:
+        if await self.info(key) is None:
             return
         await self.release.wait()
-        self.late[(tenant, session_id, trace.turn)] = trace
+        self.late[(key.tenant, key.session_id, trace.turn)] = trace
 
-    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
-        late = self.late.get((tenant, session_id, turn))
-        return late if late is not None else await super().get_trace(tenant, session_id, turn)
+    async def get_trace(self, key: SessionKey, turn: int) -> TurnTrace | None:
+        late = self.late.get((key.tenant, key.session_id, turn))
+        return late if late is not None else await super().get_trace(key, turn)
 
     async def open_deletion(self, tenant: str, scope: Scope, target: str, *, actor: str) -> DeletionRecord:
         self.erasing.set()
         return await super().open_deletion(tenant, scope, target, actor=actor)
 
-    async def erase_session(self, tenant: str, session_id: str, *, record_id: int | None = None) -> dict[str, int]:
-        for key in [k for k in self.late if k[:2] == (tenant, session_id)]:
+    async def erase_session(self, session_key: SessionKey, *, record_id: int | None = None) -> dict[str, int]:
+        for key in [k for k in self.late if k[:2] == (session_key.tenant, session_key.session_id)]:
             del self.late[key]
-        return await super().erase_session(tenant, session_id, record_id=record_id)
+        return await super().erase_session(session_key, record_id=record_id)
 
 
 async def test_the_reply_does_not_wait_for_the_trace_and_a_read_right_after_waits_for_it(tmp_path: Path) -> None:
@@ -262,7 +262,7 @@ async def test_the_reply_does_not_wait_for_the_trace_and_a_read_right_after_wait
         r = await asyncio.wait_for(client.post("/v1/sessions/s/messages", json={"message": "我不吃辣"}), 30)
         assert r.json()["code"] == 0 and r.json()["data"]["turn"] == 1
         assert engine.trace_writes.pending("local", "s")
-        assert await store.get_trace("local", "s", 1) is None
+        assert await store.get_trace(SessionKey("local", "s"), 1) is None
         read = asyncio.create_task(client.get("/v1/sessions/s/turns/1/context"))
         direct = asyncio.create_task(engine.trace("local", "s", 1))
         await asyncio.sleep(0.05)
@@ -286,7 +286,7 @@ async def test_drain_and_close_wait_for_pending_trace_writes() -> None:
     assert not drained.done()
     store.release.set()
     await drained
-    assert [t.turn for t in [await load_trace(store, "local", "s", n) for n in (1, 2, 3)]] == [1, 2, 3]
+    assert [t.turn for t in [await load_trace(store, SessionKey("local", "s"), n) for n in (1, 2, 3)]] == [1, 2, 3]
 
     held = HeldTraces()
     closing = make_engine(store=held)
@@ -296,7 +296,7 @@ async def test_drain_and_close_wait_for_pending_trace_writes() -> None:
     assert not closed.done()
     held.release.set()
     await closed
-    assert await held.get_trace("local", "s", 1) is not None
+    assert await held.get_trace(SessionKey("local", "s"), 1) is not None
 
 
 async def test_a_forget_waits_for_the_pending_trace_so_it_never_comes_back(tmp_path: Path) -> None:
@@ -313,7 +313,7 @@ async def test_a_forget_waits_for_the_pending_trace_so_it_never_comes_back(tmp_p
         store.release.set()  # the write finishes; the erase must come after it
         assert (await deleting).json()["code"] == 0
         await engine.drain()  # every write has ended: none came after the erasure
-        assert await store.get_trace("local", "s", 1) is None
+        assert await store.get_trace(SessionKey("local", "s"), 1) is None
         assert_error(await client.get("/v1/sessions/s/turns/1/context"), 40401)
     await engine.drain()
 
@@ -323,7 +323,7 @@ async def test_a_turn_whose_trace_was_not_written_says_so(tmp_path: Path) -> Non
         """The process stopped between the reply and the trace write."""
 
         async def put_trace(
-            self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0,
+            self, key: SessionKey, trace: TurnTrace, *, keep: int = 0,
             older_than: datetime | None = None,
         ) -> None:
             raise StoreError("gone")
@@ -334,7 +334,7 @@ async def test_a_turn_whose_trace_was_not_written_says_so(tmp_path: Path) -> Non
         assert r.json()["code"] == 0
         body = assert_error(await client.get("/v1/sessions/s/turns/1/context"), 40402)
         assert "just after the reply" in body["msg"]
-    assert [t.role for t in await engine.store.turns("local", "s")] == ["user", "assistant"]
+    assert [t.role for t in await engine.store.turns(SessionKey("local", "s"))] == ["user", "assistant"]
     await engine.drain()
 
 
@@ -348,9 +348,9 @@ async def test_the_service_writes_the_trace_once_the_turn_lock_is_released(tmp_p
             self.lock_held_at_write: list[bool] = []
 
         def turn_lock(
-            self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+            self, key: SessionKey, *, ttl_s: float = 300.0
         ) -> AbstractAsyncContextManager[LockHandle]:
-            inner = super().turn_lock(tenant, session_id, ttl_s=ttl_s)
+            inner = super().turn_lock(key, ttl_s=ttl_s)
 
             @asynccontextmanager
             async def tracked() -> AsyncIterator[LockHandle]:
@@ -364,11 +364,11 @@ async def test_the_service_writes_the_trace_once_the_turn_lock_is_released(tmp_p
             return tracked()
 
         async def put_trace(
-            self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0,
+            self, key: SessionKey, trace: TurnTrace, *, keep: int = 0,
             older_than: datetime | None = None,
         ) -> None:
             self.lock_held_at_write.append(self.turn_running)
-            await super().put_trace(tenant, session_id, trace, keep=keep, older_than=older_than)
+            await super().put_trace(key, trace, keep=keep, older_than=older_than)
 
     store = Recording()
     engine = make_engine(store=store)

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
+from contextmode.types import SessionKey
+
 pytest.importorskip("fastapi")
 
 from contextmode.api import build_engine
@@ -124,10 +126,10 @@ def assert_store_unavailable(response: httpx.Response) -> None:
 
 async def whole_turns(store: Store) -> list[tuple[int, str, str]]:
     """The session's turns, checked for consistency: contiguous seqs, every answer after its question."""
-    info = await store.info(TENANT, SID)
+    info = await store.info(SessionKey(TENANT, SID))
     if info is None:
         return []
-    turns = await store.turns(TENANT, SID, from_seq=1, to_seq=info.last_seq)
+    turns = await store.turns(SessionKey(TENANT, SID), from_seq=1, to_seq=info.last_seq)
     assert [t.seq for t in turns] == list(range(1, info.last_seq + 1)), "a gap or a torn append"
     by_seq = {t.seq: t for t in turns}
     for turn in turns:
@@ -267,7 +269,7 @@ async def test_connection_cut_at_any_point_of_a_slow_request_leaves_whole_turns(
 
 async def assert_jobs_recovered(engine: Engine) -> None:
     """After the outage the background jobs run again: the latest of each kind succeeded."""
-    info = await engine.store.info(TENANT, SID)
+    info = await engine.store.info(SessionKey(TENANT, SID))
     assert info is not None
     for name in ("emotion", "constraints"):
         assert info.jobs[name].last_error is None, (name, info.jobs[name])
@@ -338,12 +340,12 @@ async def test_a_cancel_during_a_dying_query_stays_a_cancel(backend: Backend) ->
     turned into a StoreError, the cancel would be lost and the job runner would retry on."""
     from contextmode.types import NewTurn
 
-    await backend.store.append(TENANT, SID, [NewTurn(role="user", content="hi", tokens=1)])
+    await backend.store.append(SessionKey(TENANT, SID), [NewTurn(role="user", content="hi", tokens=1)])
     outcomes: list[str] = []
     for cancel_first in (True, False):
         for wait in (0.0, 0.01, 0.03, 0.06):
             backend.proxy.delay(0.02)
-            task = asyncio.create_task(backend.store.set_emotions(TENANT, SID, {1: 0.5}))
+            task = asyncio.create_task(backend.store.set_emotions(SessionKey(TENANT, SID), {1: 0.5}))
             await asyncio.sleep(wait)  # before, during or after the write
             if cancel_first:
                 task.cancel()
@@ -364,7 +366,7 @@ async def test_a_cancel_during_a_dying_query_stays_a_cancel(backend: Backend) ->
 async def until_store_answers(store: Store, tries: int = 5) -> None:
     for _ in range(tries):
         try:
-            await store.info(TENANT, SID)
+            await store.info(SessionKey(TENANT, SID))
             return
         except StoreError:
             continue

@@ -12,6 +12,7 @@ from contextmode.store import MemoryStore, SQLiteStore, Store, StoreSettings, op
 from contextmode.store.factory import default_store_url
 from contextmode.store.postgres import PostgresStore
 from contextmode.store.redis import RedisStore
+from contextmode.types import SessionKey
 
 
 def test_memory_and_protocol() -> None:
@@ -49,7 +50,7 @@ async def test_default_store_works_end_to_end(tmp_path: Path, monkeypatch: pytes
     store = open_store()
     from contextmode.testing.contract import new_turns
 
-    await store.append("t", "s", new_turns(2))
+    await store.append(SessionKey("t", "s"), new_turns(2))
     await store.close()
     assert (tmp_path / "state" / "contextmode.db").exists()
 
@@ -75,9 +76,9 @@ async def test_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(sys.modules, "asyncpg", None)
     monkeypatch.setitem(sys.modules, "redis.asyncio", None)
     with pytest.raises(MissingExtra, match=r"contextmode-engine\[postgres\]"):
-        await open_store("postgresql://127.0.0.1/x").load("t", "s")
+        await open_store("postgresql://127.0.0.1/x").load(SessionKey("t", "s"))
     with pytest.raises(MissingExtra, match=r"contextmode-engine\[redis\]"):
-        await open_store("redis://127.0.0.1:6379/0").load("t", "s")
+        await open_store("redis://127.0.0.1:6379/0").load(SessionKey("t", "s"))
 
 
 def test_public_surface_is_sorted_and_importable() -> None:
@@ -94,16 +95,16 @@ async def test_closed_sqlite_store_says_so(tmp_path: Path) -> None:
     from contextmode.errors import StoreError
 
     store = open_store(f"sqlite:///{tmp_path}/c.db")
-    await store.load("t", "s")
+    await store.load(SessionKey("t", "s"))
     await store.close()
     await store.close()
     with pytest.raises(StoreError, match="closed"):
-        await store.load("t", "s")
+        await store.load(SessionKey("t", "s"))
 
 
 def test_postgres_pool_size_comes_from_the_url() -> None:
     store = open_store("postgresql://u@127.0.0.1:5432/db?schema=s1&pool_min=2&pool_max=20")
     assert isinstance(store, PostgresStore)
-    assert (store._min_size, store._max_size) == (2, 20)
+    assert (store.driver._min_size, store.driver._max_size) == (2, 20)
     with pytest.raises(ConfigError):
         open_store("postgresql://u@127.0.0.1:5432/db?pool_max=many")

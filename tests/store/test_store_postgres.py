@@ -14,6 +14,7 @@ from contextmode.testing.contract import (
     service_url,
     skip_or_fail,
 )
+from contextmode.types import SessionKey
 
 pytestmark = pytest.mark.postgres
 
@@ -116,8 +117,8 @@ async def test_put_trace_in_one_statement_keeps_what_the_three_statements_kept(s
     base = datetime(2026, 1, 1, tzinfo=UTC)
     try:
         for session in ("one", "new", "old"):
-            await store.append("t", session, new_turns(2))
-        async with store._db() as db:
+            await store.append(SessionKey("t", session), new_turns(2))
+        async with store.driver._db() as db:
             for step in range(200):
                 rows = [(turn, base + timedelta(hours=rng.randint(0, 30)), f"{turn}")
                         for turn in rng.sample(range(1, 21), rng.randint(0, 14))]
@@ -132,7 +133,7 @@ async def test_put_trace_in_one_statement_keeps_what_the_three_statements_kept(s
                 keep = rng.choice((0, 0, 1, 3, 5, 9, 12))
                 older = rng.choice((None, base + timedelta(hours=rng.randint(0, 30))))
                 ghost = rng.random() < 0.1  # no session: nothing is written, the limits still apply
-                await store.put_trace("t", "ghost" if ghost else "new", trace, keep=keep, older_than=older)
+                await store.put_trace(SessionKey("t", "ghost" if ghost else "new"), trace, keep=keep, older_than=older)
                 key = ("t", "ghost" if ghost else "old")
                 async with db.transaction():
                     await db.execute(_THREE_STATEMENTS[0], *key, turn, trace.created_at, trace_to_json(trace))
@@ -167,11 +168,11 @@ async def test_job_outcomes_in_one_write_count_as_one_at_a_time(schema: str) -> 
         JobOutcome(job="summary", ok=True, finished_at=at + timedelta(seconds=3)),
     ]
     try:
-        await store.append("t", "batch", new_turns(2))
-        await store.record_jobs("t", "batch", outcomes[:1])
-        await store.record_jobs("t", "batch", outcomes)
-        await store.record_jobs("t", "nobody", outcomes)  # unknown session: ignored
-        info = await store.info("t", "batch")
+        await store.append(SessionKey("t", "batch"), new_turns(2))
+        await store.record_jobs(SessionKey("t", "batch"), outcomes[:1])
+        await store.record_jobs(SessionKey("t", "batch"), outcomes)
+        await store.record_jobs(SessionKey("t", "nobody"), outcomes)  # unknown session: ignored
+        info = await store.info(SessionKey("t", "batch"))
         assert info is not None
         stats = {name: (s.ok, s.failed, s.rejected, s.last_error, s.last_run) for name, s in info.jobs.items()}
         assert stats == {
@@ -179,13 +180,13 @@ async def test_job_outcomes_in_one_write_count_as_one_at_a_time(schema: str) -> 
             "constraints": (0, 1, 1, "bad json", at + timedelta(seconds=2)),
             "summary": (1, 1, 0, None, at + timedelta(seconds=3)),
         }
-        assert await store.info("t", "nobody") is None
+        assert await store.info(SessionKey("t", "nobody")) is None
         # With a held job lock: released in the same write; leaving its context writes nothing.
-        async with store.lock("t", "batch") as held:
-            await store.record_jobs("t", "batch", [], release=held)
-            async with store.lock("t", "batch") as second:  # free at once
+        async with store.lock(SessionKey("t", "batch")) as held:
+            await store.record_jobs(SessionKey("t", "batch"), [], release=held)
+            async with store.lock(SessionKey("t", "batch")) as second:  # free at once
                 assert second.token > held.token
-        async with store.lock("t", "batch"):
+        async with store.lock(SessionKey("t", "batch")):
             pass
     finally:
         await store.close()
@@ -206,9 +207,9 @@ async def test_a_recall_reads_on_one_pooled_connection(schema: str) -> None:
     said = ["my sister is called Lucy", "noted", "we went kayaking in June", "nice",
             "the weather is cold", "ok", "I like green tea", "sure", "tell me a joke", "ha"]
     try:
-        await store.append("t", "s", [NewTurn(role="user" if i % 2 == 0 else "assistant", content=text, tokens=5)
+        await store.append(SessionKey("t", "s"), [NewTurn(role="user" if i % 2 == 0 else "assistant", content=text, tokens=5)
                                        for i, text in enumerate(said)])
-        state = await store.load("t", "s")
+        state = await store.load(SessionKey("t", "s"))
         recaller = Recaller()
         apart = await recaller.recall(store, state, "what is my sister called?")
         acquired: list[int] = []
@@ -224,19 +225,19 @@ async def test_a_recall_reads_on_one_pooled_connection(schema: str) -> None:
             def __getattr__(self, name: str) -> object:
                 return getattr(self.pool, name)
 
-        store._pool = Counting(store._pool)
+        store.driver._pool = Counting(store.driver._pool)
         together = await recaller.recall(store, state, "what is my sister called?")
         assert [t.seq for t in together] == [t.seq for t in apart] and together[0].content == said[0]
         assert len(acquired) == 1
         acquired.clear()
         async with one_connection(store):
-            await store.index_stats("t", "s")
-            await asyncio.create_task(store.version("t", "s"))  # another task: its own connection
-            await store.turns_at("t", "s", [1, 3])
+            await store.index_stats(SessionKey("t", "s"))
+            await asyncio.create_task(store.version(SessionKey("t", "s")))  # another task: its own connection
+            await store.turns_at(SessionKey("t", "s"), [1, 3])
         assert len(acquired) == 2
         acquired.clear()
-        await store.index_stats("t", "s")
-        await store.index_stats("t", "s")
+        await store.index_stats(SessionKey("t", "s"))
+        await store.index_stats(SessionKey("t", "s"))
         assert len(acquired) == 2
     finally:
         await store.close()
@@ -252,8 +253,8 @@ async def test_a_shared_connection_is_taken_at_the_first_statement_and_let_go_ea
 
     store = PostgresStore(DSN, schema=schema, max_size=3)
     try:
-        await store.append("t", "s", new_turns(4))
-        pool = store._pool
+        await store.append(SessionKey("t", "s"), new_turns(4))
+        pool = store.driver._pool
         acquired: list[int] = []
 
         class Counting:  # the pool, counting its acquisitions
@@ -267,27 +268,27 @@ async def test_a_shared_connection_is_taken_at_the_first_statement_and_let_go_ea
         def in_use() -> int:
             return int(pool.get_size() - pool.get_idle_size())
 
-        store._pool = Counting()
+        store.driver._pool = Counting()
         async with store.one_connection():
             assert (len(acquired), in_use()) == (0, 0)  # nothing taken on entry
             await store.let_go()  # nothing held: nothing to do
-            assert (await store.version("t", "s")).last_seq == 4
+            assert (await store.version(SessionKey("t", "s"))).last_seq == 4
             assert (len(acquired), in_use()) == (1, 1)
-            await store.load("t", "s")
-            await store.turns_at("t", "s", [1, 3])
-            async with store.lock("t", "s"):
+            await store.load(SessionKey("t", "s"))
+            await store.turns_at(SessionKey("t", "s"), [1, 3])
+            async with store.lock(SessionKey("t", "s")):
                 assert (len(acquired), in_use()) == (1, 1)
             await store.let_go()
             assert (len(acquired), in_use()) == (1, 0)  # back in the pool before the scope ends
-            await store.turns("t", "s")
+            await store.turns(SessionKey("t", "s"))
             assert (len(acquired), in_use()) == (2, 1)  # a fresh one
             with pytest.raises(ConflictError):
-                await store.append("t", "s", new_turns(1), expected_last_seq=1)
+                await store.append(SessionKey("t", "s"), new_turns(1), expected_last_seq=1)
             assert in_use() == 0  # a failed statement's connection went back
-            await store.append("t", "s", new_turns(1, start=5))
+            await store.append(SessionKey("t", "s"), new_turns(1, start=5))
             assert (len(acquired), in_use()) == (3, 1)
         assert (len(acquired), in_use()) == (3, 0)
-        assert [t.seq for t in await store.turns("t", "s")] == [1, 2, 3, 4, 5]
+        assert [t.seq for t in await store.turns(SessionKey("t", "s"))] == [1, 2, 3, 4, 5]
     finally:
         await store.close()
 
@@ -303,25 +304,25 @@ async def test_an_append_at_the_known_head_is_one_statement_and_writes_what_the_
     import asyncpg
 
     from contextmode.errors import ConflictError
-    from contextmode.store import postgres
     from contextmode.store.postgres import PostgresStore
+    from contextmode.store.postgres import driver as postgres
     from contextmode.testing.contract import new_turns
 
     store = PostgresStore(DSN, schema=schema, max_size=1)
     other = PostgresStore(DSN, schema=schema, max_size=1)  # another worker: leaves `store`'s head stale
 
     async def run(session: str) -> None:
-        await store.append("t", session, new_turns(3))
+        await store.append(SessionKey("t", session), new_turns(3))
         for i in range(4, 530):
             turns = new_turns(1, start=i)
             if i == 100:
-                await other.append("t", session, turns)
+                await other.append(SessionKey("t", session), turns)
             elif i == 200:
                 with pytest.raises(ConflictError):
-                    await store.append("t", session, turns, expected_last_seq=1)
-                await store.append("t", session, turns, expected_last_seq=199)
+                    await store.append(SessionKey("t", session), turns, expected_last_seq=1)
+                await store.append(SessionKey("t", session), turns, expected_last_seq=199)
             else:
-                await store.append("t", session, [replace(t, emotion=0.5) for t in turns] if i % 7 else turns)
+                await store.append(SessionKey("t", session), [replace(t, emotion=0.5) for t in turns] if i % 7 else turns)
 
     async def rows(session: str) -> list[list[tuple[object, ...]]]:
         conn = await asyncpg.connect(DSN, server_settings={"search_path": schema})
@@ -340,13 +341,13 @@ async def test_an_append_at_the_known_head_is_one_statement_and_writes_what_the_
     try:
         await run("fast")
         queries: list[str] = []
-        async with store._db() as db:
+        async with store.driver._db() as db:
             db.add_query_logger(lambda record: queries.append(record.query))
-        await store.append("t", "fast", new_turns(1, start=530))
+        await store.append(SessionKey("t", "fast"), new_turns(1, start=530))
         assert len(queries) == 1 and "BEGIN" not in queries[0]
         monkeypatch.setattr(postgres, "_at_known_head", lambda index, count: False)  # every append the full one
         await run("full")
-        await store.append("t", "full", new_turns(1, start=530))
+        await store.append(SessionKey("t", "full"), new_turns(1, start=530))
         fast, full = await rows("fast"), await rows("full")
         assert [len(r) for r in fast] == [len(r) for r in full] and fast[2] and fast[3]
         assert fast == full

@@ -14,6 +14,7 @@ from contextmode.testing.contract import (
     check_concurrent_writers,
     new_turns,
 )
+from contextmode.types import SessionKey
 
 pytestmark = pytest.mark.redis
 
@@ -47,10 +48,10 @@ async def test_every_key_is_under_the_namespace(namespace: str) -> None:
     from contextmode.store.redis import RedisStore
 
     async with RedisStore(REDIS_URL, namespace=namespace) as store:
-        await store.append("t", "s", new_turns(3))
-        await store.set_emotions("t", "s", {1: 0.9})
-        await store.record_job("t", "s", "summary", ok=True)
-        async with store.lock("t", "s"):
+        await store.append(SessionKey("t", "s"), new_turns(3))
+        await store.set_emotions(SessionKey("t", "s"), {1: 0.9})
+        await store.record_job(SessionKey("t", "s"), "summary", ok=True)
+        async with store.lock(SessionKey("t", "s")):
             client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
             keys = [key async for key in client.scan_iter(match=f"{namespace}*")]
             await client.aclose()
@@ -63,9 +64,9 @@ async def test_a_worker_appending_after_another_or_after_a_recreation_indexes_ri
 
     async with RedisStore(REDIS_URL, namespace=namespace) as one, RedisStore(REDIS_URL, namespace=namespace) as two:
         await check_appends_after_another_worker_index_right(one, two)
-        await two.append("t", "s", new_turns(2))
-        assert await two.delete("t", "s")
-        assert ("t", "s") not in two._heads  # the turn it kept for its next append went with it
+        await two.append(SessionKey("t", "s"), new_turns(2))
+        assert await two.delete(SessionKey("t", "s"))
+        assert ("t", "s") not in two.driver._heads  # the turn it kept for its next append went with it
 
 
 async def test_a_batch_of_more_rows_than_a_script_chunk_is_indexed_whole(namespace: str) -> None:
@@ -77,10 +78,10 @@ async def test_a_batch_of_more_rows_than_a_script_chunk_is_indexed_whole(namespa
     from contextmode.types import NewTurn
 
     async with RedisStore(REDIS_URL, namespace=namespace) as store:
-        await store.append("t", "s", [
+        await store.append(SessionKey("t", "s"), [
             NewTurn(role="user", content=f"word{i} {'我妹妹下个月结婚' if i % 7 == 0 else 'plain'}", tokens=2)
             for i in range(1200)
         ])
         for i in range(3):
-            await store.append("t", "s", [NewTurn(role="assistant", content=f"word{i} 明天去医院复查", tokens=2)])
+            await store.append(SessionKey("t", "s"), [NewTurn(role="assistant", content=f"word{i} 明天去医院复查", tokens=2)])
         await _index_matches_the_log(store, "t", "s")

@@ -17,10 +17,11 @@ from typing import TypeVar
 import pytest
 
 from contextmode.errors import LockNotAcquired, StoreError
-from contextmode.store._sqlite_schema import MIGRATIONS
 from contextmode.store.postings import BLOCK
 from contextmode.store.sqlite import SQLiteStore
+from contextmode.store.sqlite.schema import MIGRATIONS
 from contextmode.testing.contract import new_turns
+from contextmode.types import SessionKey
 
 T = TypeVar("T")
 
@@ -30,6 +31,7 @@ WRITER = textwrap.dedent(
     from contextmode.errors import ConflictError
     from contextmode.store.sqlite import SQLiteStore
     from contextmode.testing.contract import new_turns
+    from contextmode.types import SessionKey
 
     async def main(path, k, count):
         store = SQLiteStore(path)
@@ -37,14 +39,14 @@ WRITER = textwrap.dedent(
             turn = new_turns(1, prefix=f"w{k}:{i}")
             if k % 2:  # odd writers: compare-and-set, retried on conflict
                 while True:
-                    last = (await store.version("t", "shared")).last_seq
+                    last = (await store.version(SessionKey("t", "shared"))).last_seq
                     try:
-                        await store.append("t", "shared", turn, expected_last_seq=last)
+                        await store.append(SessionKey("t", "shared"), turn, expected_last_seq=last)
                         break
                     except ConflictError:
                         continue
             else:
-                await store.append("t", "shared", turn)
+                await store.append(SessionKey("t", "shared"), turn)
         await store.close()
 
     asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
@@ -56,11 +58,12 @@ CRASHER = textwrap.dedent(
     import asyncio, sys
     from contextmode.store.sqlite import SQLiteStore
     from contextmode.testing.contract import new_turns
+    from contextmode.types import SessionKey
 
     async def main(path):
         store = SQLiteStore(path)
         for i in range(100000):
-            stored = await store.append("t", "crash", new_turns(3, start=3 * i + 1))
+            stored = await store.append(SessionKey("t", "crash"), new_turns(3, start=3 * i + 1))
             # Acknowledge only after the append returned (committed).
             sys.stdout.write(f"{stored[-1].seq}\\n")
             sys.stdout.flush()
@@ -73,10 +76,11 @@ LOCK_HOLDER = textwrap.dedent(
     """
     import asyncio, sys
     from contextmode.store.sqlite import SQLiteStore
+    from contextmode.types import SessionKey
 
     async def main(path):
         store = SQLiteStore(path)
-        async with store.lock("t", "s", ttl_s=0.5):
+        async with store.lock(SessionKey("t", "s"), ttl_s=0.5):
             print("locked", flush=True)
             await asyncio.sleep(3600)
 
@@ -95,8 +99,8 @@ async def test_eight_processes_append_200_turns_each(tmp_path: Path) -> None:
     codes = await asyncio.gather(*(asyncio.to_thread(w.wait, 120) for w in writers))
     assert codes == [0] * 8
     async with SQLiteStore(path) as store:
-        turns = await store.turns("t", "shared")
-        info = await store.info("t", "shared")
+        turns = await store.turns(SessionKey("t", "shared"))
+        info = await store.info(SessionKey("t", "shared"))
     assert info is not None and info.last_seq == 1600
     assert [t.seq for t in turns] == list(range(1, 1601))
     by_writer: dict[str, list[int]] = {}
@@ -126,9 +130,9 @@ async def test_sigkill_mid_append_keeps_every_acknowledged_turn(tmp_path: Path) 
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     async with SQLiteStore(path) as store:
-        info = await store.info("t", "crash")
-        turns = await store.turns("t", "crash")
-        state = await store.load("t", "crash")
+        info = await store.info(SessionKey("t", "crash"))
+        turns = await store.turns(SessionKey("t", "crash"))
+        state = await store.load(SessionKey("t", "crash"))
     assert info is not None
     assert info.last_seq >= acked
     assert info.last_seq % 3 == 0  # a three-turn append is all or nothing
@@ -146,10 +150,10 @@ async def test_a_killed_lock_holder_lock_expires(tmp_path: Path) -> None:
     holder.wait(10)
     async with SQLiteStore(path) as store:
         with pytest.raises(LockNotAcquired):
-            async with store.lock("t", "s"):
+            async with store.lock(SessionKey("t", "s")):
                 pass
         await asyncio.sleep(0.6)
-        async with store.lock("t", "s") as handle:
+        async with store.lock(SessionKey("t", "s")) as handle:
             assert handle.token >= 2
 
 
@@ -157,7 +161,7 @@ async def test_migrations_are_recorded_once_by_name(tmp_path: Path) -> None:
     path = tmp_path / "home" / "contextmode.db"
     for _ in range(2):
         async with SQLiteStore(path) as store:
-            await store.append("t", "s", [])
+            await store.append(SessionKey("t", "s"), [])
     with sqlite3.connect(path) as raw:
         names = [r[0] for r in raw.execute("SELECT name FROM _migrations ORDER BY name")]
         mode = raw.execute("PRAGMA journal_mode").fetchone()[0]
@@ -169,7 +173,7 @@ async def test_driver_errors_become_store_errors(tmp_path: Path) -> None:
     (tmp_path / "not-a-db").write_bytes(b"this is not a database file" * 100)
     store = SQLiteStore(tmp_path / "not-a-db")
     with pytest.raises(StoreError):
-        await store.load("t", "s")
+        await store.load(SessionKey("t", "s"))
     await store.close()
 
 
@@ -177,7 +181,7 @@ async def test_load_reads_through_indexes(tmp_path: Path) -> None:
     """The queries `load()` runs use the primary key and the emotion index, never a scan."""
     path = tmp_path / "plan.db"
     async with SQLiteStore(path) as store:
-        await store.append("t", "s", [])
+        await store.append(SessionKey("t", "s"), [])
     with sqlite3.connect(path) as raw:
         plans = [
             " ".join(str(r[3]) for r in raw.execute(f"EXPLAIN QUERY PLAN {sql}", args))
@@ -198,8 +202,8 @@ class _Hops:
 
     def __init__(self, store: SQLiteStore) -> None:
         self.calls: list[object] = []
-        self._real = store._run
-        store._run = self._run  # type: ignore[method-assign]
+        self._real = store.driver._run
+        store.driver._run = self._run  # type: ignore[method-assign]
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         self.calls.append(fn)
@@ -208,48 +212,48 @@ class _Hops:
 
 async def test_a_turns_store_calls_need_no_thread_hand_off_when_the_file_is_free(tmp_path: Path) -> None:
     async with SQLiteStore(tmp_path / "quick.db") as store:
-        await store.append("t", "s", new_turns(1))  # opens and migrates the file on the thread
+        await store.append(SessionKey("t", "s"), new_turns(1))  # opens and migrates the file on the thread
         hops = _Hops(store)
-        async with store.turn_lock("t", "s"):
-            state = await store.load("t", "s")
-            await store.append("t", "s", new_turns(1, start=2))
-            await store.append("t", "s", new_turns(1, start=3))
+        async with store.turn_lock(SessionKey("t", "s")):
+            state = await store.load(SessionKey("t", "s"))
+            await store.append(SessionKey("t", "s"), new_turns(1, start=2))
+            await store.append(SessionKey("t", "s"), new_turns(1, start=3))
         claimed = await store.claim_idempotency("t", "k", "f", session_id="s", lease_s=60)
         await store.finish_idempotency("t", "k", status=200, response="{}", ttl_s=60)
         assert hops.calls == []
         assert state.last_seq == 1 and claimed is None
-        assert [t.seq for t in await store.turns("t", "s")] == [1, 2, 3]
+        assert [t.seq for t in await store.turns(SessionKey("t", "s"))] == [1, 2, 3]
         with pytest.raises(LockNotAcquired):  # the lock taken on the loop was released there
-            async with store.turn_lock("t", "s"), store.turn_lock("t", "s"):
+            async with store.turn_lock(SessionKey("t", "s")), store.turn_lock(SessionKey("t", "s")):
                 pass
 
 
 async def test_an_append_that_completes_a_recall_block_runs_on_the_thread(tmp_path: Path) -> None:
     """Merging a block's small index rows takes long (~0.2–0.5 s): never on the event loop."""
     async with SQLiteStore(tmp_path / "seal.db") as store:
-        await store.append("t", "s", new_turns(BLOCK - 3))  # opens and migrates on the thread
+        await store.append(SessionKey("t", "s"), new_turns(BLOCK - 3))  # opens and migrates on the thread
         hops = _Hops(store)
-        await store.append("t", "s", new_turns(1, start=BLOCK - 2))  # seq 510: the block stays open
+        await store.append(SessionKey("t", "s"), new_turns(1, start=BLOCK - 2))  # seq 510: the block stays open
         assert hops.calls == []
-        await store.append("t", "s", new_turns(1, start=BLOCK - 1))  # seq 511 completes block 0
+        await store.append(SessionKey("t", "s"), new_turns(1, start=BLOCK - 1))  # seq 511 completes block 0
         assert len(hops.calls) == 1
-        await store.append("t", "s", new_turns(1, start=BLOCK))
+        await store.append(SessionKey("t", "s"), new_turns(1, start=BLOCK))
         assert len(hops.calls) == 1
-        assert [t.seq for t in await store.turns("t", "s")] == list(range(1, BLOCK + 1))
-        assert (await store.index_stats("t", "s")).indexed_seq == BLOCK
+        assert [t.seq for t in await store.turns(SessionKey("t", "s"))] == list(range(1, BLOCK + 1))
+        assert (await store.index_stats(SessionKey("t", "s"))).indexed_seq == BLOCK
 
 
 async def test_a_locked_file_sends_the_write_to_the_thread_and_the_loop_keeps_running(tmp_path: Path) -> None:
     path = tmp_path / "locked.db"
     async with SQLiteStore(path, busy_timeout_s=10) as store:
-        await store.append("t", "s", new_turns(1))
+        await store.append(SessionKey("t", "s"), new_turns(1))
         hops = _Hops(store)
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # another process's writer holds the file
         try:
-            state = await store.load("t", "s")  # WAL: a read does not wait for the writer
+            state = await store.load(SessionKey("t", "s"))  # WAL: a read does not wait for the writer
             assert state.last_seq == 1 and hops.calls == []
-            write = asyncio.create_task(store.append("t", "s", new_turns(1, start=2)))
+            write = asyncio.create_task(store.append(SessionKey("t", "s"), new_turns(1, start=2)))
             started = time.monotonic()
             for _ in range(10):
                 await asyncio.sleep(0.01)
@@ -260,45 +264,45 @@ async def test_a_locked_file_sends_the_write_to_the_thread_and_the_loop_keeps_ru
             other.close()
         stored = await asyncio.wait_for(write, 10)
         assert [t.seq for t in stored] == [2]
-        assert [t.seq for t in await store.turns("t", "s")] == [1, 2]
+        assert [t.seq for t in await store.turns(SessionKey("t", "s"))] == [1, 2]
 
 
 @pytest.mark.parametrize("where", [":memory:", "full"])
 async def test_a_memory_file_or_full_sync_keeps_every_call_on_the_thread(tmp_path: Path, where: str) -> None:
     store = SQLiteStore(":memory:") if where == ":memory:" else SQLiteStore(tmp_path / "f.db", synchronous="FULL")
     async with store:
-        await store.append("t", "s", new_turns(1))
+        await store.append(SessionKey("t", "s"), new_turns(1))
         hops = _Hops(store)
-        await store.append("t", "s", new_turns(1, start=2))
-        assert (await store.load("t", "s")).last_seq == 2  # a second ":memory:" connection would see nothing
+        await store.append(SessionKey("t", "s"), new_turns(1, start=2))
+        assert (await store.load(SessionKey("t", "s"))).last_seq == 2  # a second ":memory:" connection would see nothing
         assert len(hops.calls) == 2
 
 
 async def test_a_store_used_from_another_thread_sends_its_calls_to_the_private_thread(tmp_path: Path) -> None:
     async with SQLiteStore(tmp_path / "threads.db") as store:
-        await store.append("t", "s", new_turns(1))
-        await store.load("t", "s")  # the loop's connection now belongs to this thread
+        await store.append(SessionKey("t", "s"), new_turns(1))
+        await store.load(SessionKey("t", "s"))  # the loop's connection now belongs to this thread
         hops = _Hops(store)
 
         def elsewhere() -> int:
-            return asyncio.run(store.append("t", "s", new_turns(1, start=2)))[0].seq
+            return asyncio.run(store.append(SessionKey("t", "s"), new_turns(1, start=2)))[0].seq
 
         assert await asyncio.to_thread(elsewhere) == 2
         assert len(hops.calls) == 1
-        assert (await store.load("t", "s")).last_seq == 2 and len(hops.calls) == 1
+        assert (await store.load(SessionKey("t", "s"))).last_seq == 2 and len(hops.calls) == 1
 
 
 async def test_the_loops_writes_are_checkpointed_by_the_private_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from contextmode.store import sqlite as sqlite_store
+    from contextmode.store.sqlite import driver as sqlite_store
 
     monkeypatch.setattr(sqlite_store, "_QUICK_CHECKPOINT_EVERY", 2)
     path = tmp_path / "wal.db"
     async with SQLiteStore(path) as store:
-        await store.append("t", "s", new_turns(1))
+        await store.append(SessionKey("t", "s"), new_turns(1))
         hops = _Hops(store)
         for seq in range(2, 6):
-            await store.append("t", "s", new_turns(1, start=seq))
+            await store.append(SessionKey("t", "s"), new_turns(1, start=seq))
         assert [getattr(fn, "__name__", "") for fn in hops.calls] == ["_passive_checkpoint"] * 2
-        assert [t.seq for t in await store.turns("t", "s")] == [1, 2, 3, 4, 5]
+        assert [t.seq for t in await store.turns(SessionKey("t", "s"))] == [1, 2, 3, 4, 5]

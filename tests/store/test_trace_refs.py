@@ -15,9 +15,9 @@ from contextmode.api import build_engine
 from contextmode.engine import Engine, TurnRequest
 from contextmode.settings import EngineSettings
 from contextmode.store import Store, open_store
-from contextmode.store._sqlite_schema import m009_traces_by_reference
 from contextmode.store.base import TraceRecords, keeps_traces, load_trace
 from contextmode.store.records import TraceSources, trace_to_json
+from contextmode.store.sqlite.schema import m009_traces_by_reference
 from contextmode.store.trace_pack import (
     MIN_REF,
     TEXT_TURN_SLACK,
@@ -79,7 +79,7 @@ async def test_a_past_context_is_rebuilt_byte_for_byte_after_the_summary_and_pin
         for text in MESSAGES:
             await engine.turn(TurnRequest(key=key, message=text))
             await engine.drain()
-            state = await engine.store.load("t", "s", recent=4, max_uncovered=50)
+            state = await engine.store.load(SessionKey("t", "s"), recent=4, max_uncovered=50)
             summaries.add(state.summary.text if state.summary else "")
             pins.add(tuple(c.value for c in state.constraints))
         # The background changed under the kept traces: several summaries, pins replaced.
@@ -87,12 +87,12 @@ async def test_a_past_context_is_rebuilt_byte_for_byte_after_the_summary_and_pin
         assert len(model.calls) == len(MESSAGES)
         mismatches = []
         for number, call in enumerate(model.calls, start=1):
-            trace = await load_trace(engine.store, "t", "s", number)
+            trace = await load_trace(engine.store, SessionKey("t", "s"), number)
             if tuple(trace.messages) != call.messages:
                 mismatches.append(number)
         assert mismatches == []
         # The clipped long message and the neutralised closing tag were rebuilt too.
-        fifth = await load_trace(engine.store, "t", "s", 5)
+        fifth = await load_trace(engine.store, SessionKey("t", "s"), 5)
         assert fifth.typed == LONG
         assert any("<\\/summary>" in m.content for call in model.calls[6:] for m in call.messages)
 
@@ -107,12 +107,12 @@ async def test_a_trace_refers_to_turns_and_keeps_other_texts_once() -> None:
             await engine.drain()
         keeper = engine.store
         assert keeps_traces(keeper)
-        trace = await keeper.get_trace("t", "s", 12)
+        trace = await keeper.get_trace(SessionKey("t", "s"), 12)
         assert trace is not None and trace.sources is None  # read back: sources are not kept
         call = model.calls[11]
         whole = len(trace_to_json(trace).encode())
         # Packed again with what the engine gave it: most text is a reference.
-        state = await engine.store.load("t", "s", recent=50, max_uncovered=50)
+        state = await engine.store.load(SessionKey("t", "s"), recent=50, max_uncovered=50)
         sources = TraceSources(turns={t.seq: t.content for t in state.turns},
                                texts=(call.system.split("\n\n")[0],))
         packed = pack_trace(replace(trace, sources=sources))
@@ -161,19 +161,19 @@ async def _retention(store: Store, backend: str) -> None:
         for text in MESSAGES[:26]:
             await engine.turn(TurnRequest(key=SessionKey("t", "s"), message=text))
             await engine.drain()
-            state = await store.load("t", "s", recent=4, max_uncovered=50)
+            state = await store.load(SessionKey("t", "s"), recent=4, max_uncovered=50)
             if state.summary is not None and state.summary.text not in summaries:
                 summaries.append(state.summary.text)
         keeper: TraceRecords = store  # type: ignore[assignment]
-        assert [await keeper.get_trace("t", "s", n) is not None for n in range(1, 27)] == [False] * 23 + [True] * 3
+        assert [await keeper.get_trace(SessionKey("t", "s"), n) is not None for n in range(1, 27)] == [False] * 23 + [True] * 3
         for n in (24, 25, 26):
-            trace = await keeper.get_trace("t", "s", n)
+            trace = await keeper.get_trace(SessionKey("t", "s"), n)
             assert trace is not None and tuple(trace.messages) == model.calls[n - 1].messages
         kept = await _kept_texts(store, backend)
         assert summaries[0].count("\n") < 15  # short: kept whole, not in chunks of lines
         assert text_key(summaries[0]) not in kept  # its traces went: so did it
         assert max(kept.values()) >= 24 - TEXT_TURN_SLACK and min(kept.values()) >= 24 - 2 * TEXT_TURN_SLACK
-        assert await keeper.delete_traces("t", "s") == 3
+        assert await keeper.delete_traces(SessionKey("t", "s")) == 3
         assert await _kept_texts(store, backend) == {}
         await engine.close()
     finally:
@@ -183,15 +183,15 @@ async def _retention(store: Store, backend: str) -> None:
 async def _kept_texts(store: object, backend: str) -> dict[str, int]:
     """Kept texts of the store: key → last turn."""
     if backend == "memory":
-        return {k: last for s in store._sessions.values()  # type: ignore[attr-defined]
+        return {k: last for s in store.driver._sessions.values()  # type: ignore[attr-defined]
                 for k, (_, last) in s.trace_texts.items()}
     import sqlite3
 
     if backend == "postgres":
-        async with store._db() as pg:  # type: ignore[attr-defined]
+        async with store.driver._db() as pg:  # type: ignore[attr-defined]
             return {r["key"]: r["last_turn"] for r in await pg.fetch("SELECT key, last_turn FROM trace_texts")}
     if backend == "redis":
-        async with store._guard() as client:  # type: ignore[attr-defined]
+        async with store.driver._guard() as client:  # type: ignore[attr-defined]
             scores = await client.zrange(f"{store.namespace}trxl:t/s", 0, -1, withscores=True)  # type: ignore[attr-defined]
             assert await client.hlen(f"{store.namespace}trx:t/s") == len(scores)  # type: ignore[attr-defined]
             return {k: int(v) for k, v in scores}
@@ -213,8 +213,8 @@ async def test_a_trace_kept_as_json_before_the_migration_is_still_read(tmp_path:
     from datetime import UTC, datetime
 
     from contextmode.store import SQLiteStore
-    from contextmode.store._sqlite_schema import MIGRATIONS
     from contextmode.store.records import TurnTrace
+    from contextmode.store.sqlite.schema import MIGRATIONS
 
     path = tmp_path / "old.db"
     db = sqlite3.connect(path, isolation_level=None)
@@ -231,8 +231,8 @@ async def test_a_trace_kept_as_json_before_the_migration_is_still_read(tmp_path:
     db.close()
     store = SQLiteStore(path)
     try:
-        assert await store.get_trace("t", "s", 1) == old
-        assert await store.delete_traces("t", "s") == 1
+        assert await store.get_trace(SessionKey("t", "s"), 1) == old
+        assert await store.delete_traces(SessionKey("t", "s")) == 1
     finally:
         await store.close()
 

@@ -38,9 +38,9 @@ async def test_each_kind_of_record_is_counted_and_grows_with_the_session(backend
         usage: object = store
         try:
             assert reports_usage(usage)
-            small = await usage.session_bytes("t", "small")
-            big = await usage.session_bytes("t", "big")
-            assert await usage.session_bytes("t", "nobody") == {}
+            small = await usage.session_bytes(SessionKey("t", "small"))
+            big = await usage.session_bytes(SessionKey("t", "big"))
+            assert await usage.session_bytes(SessionKey("t", "nobody")) == {}
         finally:
             await store.close()
     for kinds in (small, big):

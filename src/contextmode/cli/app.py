@@ -18,6 +18,7 @@ from ..engine import PreparedTurn
 from ..errors import ContextModeError, MissingExtra, UserError
 from ..session_keys import id_for_input, key_for_id
 from ..settings import EngineSettings
+from ..types import SessionKey
 from .render import Numbering, load_numbering, prepared_panel, trace_panel, trace_seqs, turns_table
 
 __all__ = ["app", "main"]
@@ -149,11 +150,11 @@ def inspect(
                     numbering = await load_numbering(engine.store, tenant, sid, trace_seqs(trace))
                     console.print(trace_panel(trace, numbering))
                 return
-            info = await engine.store.info(tenant, sid)
+            info = await engine.store.info(SessionKey(tenant, sid))
             if info is None:
                 console.print(f"[red]no session {session!r} for tenant {tenant!r}[/red]")
                 raise typer.Exit(1)
-            state = await engine.store.load(tenant, sid, recent=20)
+            state = await engine.store.load(SessionKey(tenant, sid), recent=20)
             prepared = await engine.prepare(tenant, sid, message)
             if as_json:
                 print(json.dumps({

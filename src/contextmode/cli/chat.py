@@ -104,25 +104,25 @@ async def _command(console: Console, engine: Engine, tenant: str, session: str, 
         except ContextModeError as exc:
             console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
     elif command == "/summary":
-        state = await engine.store.load(tenant, session, recent=0)
+        state = await engine.store.load(SessionKey(tenant, session), recent=0)
         if state.summary:
             covers = await load_numbering(engine.store, tenant, session, [state.summary.covers_seq])
             console.print(f"[cyan]{covers.through(state.summary.covers_seq)} (v{state.summary.version}):[/cyan] {state.summary.text}")
         else:
             console.print("no summary yet")
     elif command == "/constraints":
-        state = await engine.store.load(tenant, session, recent=0)
+        state = await engine.store.load(SessionKey(tenant, session), recent=0)
         numbering = await load_numbering(engine.store, tenant, session, [c.source_seq for c in state.constraints])
         for c in state.constraints:
             console.print(f"📌 {c.value}  [bright_black]({numbering.label(c.source_seq)}, {c.kind}, key {c.key})[/bright_black]")
         if not state.constraints:
             console.print("no pinned constraints")
     elif command == "/history":
-        state = await engine.store.load(tenant, session, recent=12)
+        state = await engine.store.load(SessionKey(tenant, session), recent=12)
         console.print(turns_table(state.turns, state.constraints))
     elif command == "/reset":
         await engine.drain()
-        deleted = await engine.store.delete(tenant, session)
+        deleted = await engine.store.delete(SessionKey(tenant, session))
         console.print("session deleted" if deleted else "nothing stored yet")
     elif command == "/session":
         if arg:

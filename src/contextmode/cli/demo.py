@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..models.base import ChatModel
 from ..settings import EngineSettings
 from ..tokens import counter_for_model
+from ..types import SessionKey
 from .render import prepared_panel, turns_table
 
 __all__ = ["SAMPLE_CONVERSATION", "run_demo"]
@@ -52,7 +53,7 @@ async def run_demo(
     counter = None if configured else counter_for_model(DEFAULT_COUNTING_MODEL)
     engine = build_engine(store=store or "memory://", model=model, settings=settings, counter=counter)
     tenant = settings.tenant
-    if await engine.store.info(tenant, session) is not None:
+    if await engine.store.info(SessionKey(tenant, session)) is not None:
         await engine.close()
         raise ConfigError(
             f"session {session!r} already exists in --store {store}: the demo never overwrites "
@@ -73,7 +74,7 @@ async def run_demo(
             answer = result.answer if len(result.answer) < 160 else result.answer[:157] + "…"
             console.print(f"[bold]助手:[/bold] {answer}")
             await engine.drain()  # let summaries and constraints land before the next turn
-        state = await engine.store.load(tenant, session, recent=4)
+        state = await engine.store.load(SessionKey(tenant, session), recent=4)
         console.print(Rule("after the conversation"))
         console.print(turns_table(state.turns, state.constraints))
         for c in state.constraints:

@@ -15,7 +15,7 @@ from ..engine import PreparedTurn
 from ..store.base import Store
 from ..store.records import RecalledTurn, TurnTrace, TurnUsage
 from ..text.lang import is_chinese
-from ..types import Constraint, Turn
+from ..types import Constraint, SessionKey, Turn
 
 __all__ = [
     "Numbering",
@@ -67,7 +67,7 @@ async def load_numbering(store: Store, tenant: str, session_id: str, seqs: Itera
     wanted = [s for s in seqs if s > 0]
     if not wanted:
         return Numbering()
-    return Numbering(await store.turns(tenant, session_id, from_seq=min(wanted), to_seq=max(wanted)))
+    return Numbering(await store.turns(SessionKey(tenant, session_id), from_seq=min(wanted), to_seq=max(wanted)))
 
 _COLORS = {
     "system": "bright_black",

@@ -12,6 +12,7 @@ from rich.progress import track
 from ..api import build_engine
 from ..errors import InputError
 from ..settings import EngineSettings
+from ..types import SessionKey
 from .render import prepared_panel
 
 __all__ = ["ACCEPTED_FORMATS", "read_conversation", "run_replay"]
@@ -56,7 +57,7 @@ async def run_replay(
     engine = build_engine(store=store, settings=settings)
     tenant = settings.tenant
     try:
-        await engine.store.delete(tenant, session)
+        await engine.store.delete(SessionKey(tenant, session))
         for role, content in track(turns, description="replaying", console=console, disable=not quiet):
             if role == "user":
                 prepared = await engine.prepare(tenant, session, content)

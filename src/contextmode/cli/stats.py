@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..types import SessionKey
+
 __all__ = ["register", "session_stats"]
 
 
@@ -21,7 +23,7 @@ async def session_stats(url: str | None, tenant: str, session: str) -> dict[str,
 
     store = open_store(url)
     try:
-        usage = await session_storage(store, tenant, session)
+        usage = await session_storage(store, SessionKey(tenant, session))
     finally:
         await store.close()
     return {"session": session, **vars(usage), "bytes": dict(usage.bytes)}

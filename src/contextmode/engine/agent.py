@@ -104,7 +104,7 @@ def _answered_and_named(turns: Sequence[Turn]) -> tuple[set[str], dict[str, str]
 async def _store_results(parts: TurnParts, key: SessionKey, results: Sequence[ToolResult]) -> list[Turn]:
     """Append the results not stored yet (a client resending its history stores nothing twice)."""
     tenant, session_id = key.tenant, key.session_id
-    state = await parts.store.load(tenant, session_id, recent=64, max_uncovered=64)
+    state = await parts.store.load(SessionKey(tenant, session_id), recent=64, max_uncovered=64)
     answered, names = _answered_and_named(state.turns)
     fresh = [r for r in results if r.call_id not in answered]
     if not fresh:
@@ -119,7 +119,7 @@ async def _store_results(parts: TurnParts, key: SessionKey, results: Sequence[To
         )
         for r in fresh
     ]
-    stored = await parts.store.append(tenant, session_id, parts.keepable(tenant, new))
+    stored = await parts.store.append(SessionKey(tenant, session_id), parts.keepable(tenant, new))
     observe(parts, key, stored)
     return stored
 
@@ -131,7 +131,7 @@ async def latest_user(parts: TurnParts, key: SessionKey, state: SessionState) ->
     # A long step pushed the user turn out of the loaded window: look further back.
     end = state.turns[0].seq - 1 if state.turns else state.last_seq
     while end >= 1:
-        older = await parts.store.turns(key.tenant, key.session_id, from_seq=max(1, end - 199), to_seq=end)
+        older = await parts.store.turns(key, from_seq=max(1, end - 199), to_seq=end)
         _, found, rest = split_step(older)
         if found is not None:
             return [], found, [*rest, *state.turns]
@@ -214,7 +214,7 @@ async def stream_agent_turn(parts: TurnParts, request: TurnRequest) -> AsyncIter
         if request.message is not None:
             message = request.message
             prepared = await prepare_turn(parts, request)
-            new_user = prepared.retried or (await parts.store.append(key.tenant, key.session_id, parts.keepable(key.tenant, [
+            new_user = prepared.retried or (await parts.store.append(key, parts.keepable(key.tenant, [
                 NewTurn(role="user", content=message, tokens=parts.counter.count(message),
                         metadata=dict(request.metadata))]), user_id=request.user_id))[0]
             if prepared.retried is None:

@@ -331,7 +331,7 @@ class Engine:
         """The kept trace of exchange ``turn`` (a write still running is waited for);
         `SessionNotFound` / `TurnNotFound` otherwise (`store.base.load_trace`)."""
         await self.settle_writes(tenant, session_id)
-        return await load_trace(self.store, tenant, session_id, turn)
+        return await load_trace(self.store, SessionKey(tenant, session_id), turn)
 
     def processor_versions(self) -> dict[str, str]:
         """Seam → the implementation that served the turn, with the package version.

@@ -80,13 +80,13 @@ async def append_fenced(
     """
     store = parts.store
     if holds <= 0:
-        return await store.append(key.tenant, key.session_id, turns, user_id=user_id)
+        return await store.append(key, turns, user_id=user_id)
     head = holds
     for _ in range(_FENCE_TRIES):
         try:
-            return await store.append(key.tenant, key.session_id, turns, expected_last_seq=head, user_id=user_id)
+            return await store.append(key, turns, expected_last_seq=head, user_id=user_id)
         except ConflictError:
-            head = (await store.version(key.tenant, key.session_id)).last_seq
+            head = (await store.version(key)).last_seq
             if head < holds:
                 raise SessionErased(
                     f"session {key.session_id!r} was erased during this turn; nothing of the turn was stored"
@@ -135,7 +135,7 @@ async def store_answer(
         appended = await append_fenced(parts, key, parts.keepable(key.tenant, [new]), holds=user_turn.seq)
         observe(parts, key, appended)
         stored = appended[0]
-    elif (await parts.store.version(key.tenant, key.session_id)).last_seq < user_turn.seq:
+    elif (await parts.store.version(key)).last_seq < user_turn.seq:
         raise SessionErased(f"session {key.session_id!r} was erased during this turn")
     number = user_turn.metadata.get("turn")
     keeper = parts.trace_keeper
@@ -212,14 +212,14 @@ async def exchanges_so_far(parts: TurnParts, key: SessionKey, state: SessionStat
         known = exchange_count(state.turns)
         if known is not None:
             return known
-    last_seq = state.last_seq if state is not None else (await store.version(key.tenant, key.session_id)).last_seq
+    last_seq = state.last_seq if state is not None else (await store.version(key)).last_seq
     if last_seq == 0:
         return 0
-    tail = await store.turns(key.tenant, key.session_id, from_seq=max(1, last_seq - 3))
+    tail = await store.turns(key, from_seq=max(1, last_seq - 3))
     known = exchange_count(tail)
     if known is not None:
         return known
-    history = await store.turns(key.tenant, key.session_id)
+    history = await store.turns(key)
     return sum(1 for t in history if t.role == "user")
 
 
@@ -238,7 +238,7 @@ async def record_turn(
         role=role, content=content, tokens=parts.counter.count(content), metadata=meta,
         created_at=created_at or utc_now(),
     )
-    turn = (await parts.store.append(key.tenant, key.session_id, parts.keepable(key.tenant, [new]), user_id=user_id))[0]
+    turn = (await parts.store.append(key, parts.keepable(key.tenant, [new]), user_id=user_id))[0]
     observe(parts, key, [turn])
     return turn
 

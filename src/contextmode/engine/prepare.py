@@ -50,7 +50,7 @@ async def load_state(parts: TurnParts, key: SessionKey, strategy: Strategy) -> S
     """The session state the strategy needs (O(window)); two turns more than its window, so the
     window can reach back to the question its oldest answer replies to."""
     return await parts.store.load(
-        key.tenant, key.session_id, recent=strategy.recent_turns + 2, key_moments=strategy.key_moment_limit
+        key, recent=strategy.recent_turns + 2, key_moments=strategy.key_moment_limit
     )
 
 
@@ -207,14 +207,14 @@ async def _dated_step(parts: TurnParts, key: SessionKey, state: SessionState, me
     lo, hi = 1, state.last_seq + 1
     while lo < hi:
         mid = (lo + hi) // 2
-        probe = await parts.store.turns(key.tenant, key.session_id, from_seq=mid, to_seq=mid)
+        probe = await parts.store.turns(key, from_seq=mid, to_seq=mid)
         if not probe or on_or_after(probe[0]):
             hi = mid
         else:
             lo = mid + 1
     if lo > state.last_seq:
         return state
-    found = await parts.store.turns(key.tenant, key.session_id, from_seq=lo, to_seq=min(state.last_seq, lo + _DAY_TURNS - 1))
+    found = await parts.store.turns(key, from_seq=lo, to_seq=min(state.last_seq, lo + _DAY_TURNS - 1))
     days = [t for t in found if t.created_at.astimezone(zone).date() == day and not t.notice and t.role != "tool"]
     if not days:
         return state
@@ -274,7 +274,7 @@ async def _load_more(
     one turn per four idle tokens: the read stays bounded by the budget, not the history."""
     idle = context.input_budget - context.total_tokens
     wanted = len(state.turns) + idle // 4 + _IDLE_TOKENS
-    more = await parts.store.load(key.tenant, key.session_id, recent=max(wanted, strategy.recent_turns),
+    more = await parts.store.load(key, recent=max(wanted, strategy.recent_turns),
                                    max_uncovered=wanted)
     last = state.turns[-1].seq  # nothing newer than what the turn loaded (a retried message is this turn's)
     return replace(state, turns=tuple(t for t in without_notices(more).turns if t.seq <= last))

@@ -241,7 +241,7 @@ async def _score_emotion(
         # turn loaded them, or read again).
         if earlier is None:
             earlier = await parts.store.turns(
-                key.tenant, key.session_id, from_seq=max(1, turn.seq - EMOTION_CONTEXT_TURNS),
+                key, from_seq=max(1, turn.seq - EMOTION_CONTEXT_TURNS),
                 to_seq=turn.seq - 1,
             )
         prior = [PriorTurn(text=t.content, same_speaker=t.role == turn.role) for t in earlier]
@@ -250,7 +250,7 @@ async def _score_emotion(
     else:
         await parts.let_go_before(emotion)
         score = await emotion.score(turn.content)
-    await parts.store.set_emotions(key.tenant, key.session_id, {turn.seq: max(0.0, min(1.0, score))})
+    await parts.store.set_emotions(key, {turn.seq: max(0.0, min(1.0, score))})
 
 
 async def _extract_constraints(
@@ -270,7 +270,7 @@ async def _extract_constraints(
     if alone is not None and not alone.upsert and not alone.remove_keys:
         return
     for _ in range(5):  # compare-and-set: retry against a newer version
-        state = await store.load(key.tenant, key.session_id, recent=0, max_uncovered=0)  # constraints only
+        state = await store.load(key, recent=0, max_uncovered=0)  # constraints only
         if alone is not None:
             update = alone
         else:
@@ -282,7 +282,7 @@ async def _extract_constraints(
             update = replace(update, upsert=tuple(_from_source(c, sources) for c in update.upsert))
         merged = apply_update(state.constraints, update)
         if await store.commit_constraints(
-            key.tenant, key.session_id, merged, expected_version=state.constraints_version
+            key, merged, expected_version=state.constraints_version
         ):
             return
     raise ConflictError("constraints kept changing underneath; will retry")
@@ -307,8 +307,8 @@ async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = Fals
     tenant, session_id = key.tenant, key.session_id
     store = parts.store
     strategy = get_strategy(parts.settings.strategy)
-    info = await store.version(tenant, session_id)
-    state = await store.load(tenant, session_id, recent=0, max_uncovered=0)
+    info = await store.version(SessionKey(tenant, session_id))
+    state = await store.load(SessionKey(tenant, session_id), recent=0, max_uncovered=0)
     previous = state.summary
     start = state.summary_covers_seq + 1
     # Due by count, the summary leaves the strategy's window alone (a steady window's turns
@@ -338,7 +338,7 @@ async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = Fals
             return committed
         pending.keep(key, PendingSummary(expected_version=expected, first_seq=start,
                                          session_created=info.created_at, summary=summary))
-        committed = await store.commit_summary(tenant, session_id, summary, expected_version=expected)
+        committed = await store.commit_summary(SessionKey(tenant, session_id), summary, expected_version=expected)
         pending.take(key)
         if not committed:
             return False
@@ -359,7 +359,7 @@ class _Folding:
         """``previous`` with the next chunk of turns from ``start`` folded in; ``None``: no turns."""
         parts = self.parts
         if self.turns is None:
-            self.turns = await parts.store.turns(self.key.tenant, self.key.session_id, from_seq=start, to_seq=self.end)
+            self.turns = await parts.store.turns(self.key, from_seq=start, to_seq=self.end)
         pending = [t for t in self.turns if t.seq >= start]
         if not pending:
             return None

@@ -53,7 +53,7 @@ from ..settings import EngineSettings
 from ..store.base import Store
 from ..store.memory import MemoryStore
 from ..tokens.base import TokenCounter
-from ..types import SessionState
+from ..types import SessionKey, SessionState
 from .report import Steps, print_json_line, print_table, progress_steps
 
 __all__ = ["CATEGORIES", "EvalOptions", "evaluate_locomo", "load_locomo", "plot_recall", "register"]
@@ -216,7 +216,7 @@ async def _baseline_context(
     engine: Engine, sid: str, question: str, strategy: _Baseline, budget: int, plain: Recaller,
 ) -> Context | None:
     """What a baseline sends for ``question`` with ``budget`` tokens of input."""
-    state = await engine.store.load(_TENANT, sid, recent=_BASELINE_TAIL, max_uncovered=_BASELINE_TAIL)
+    state = await engine.store.load(SessionKey(_TENANT, sid), recent=_BASELINE_TAIL, max_uncovered=_BASELINE_TAIL)
     state = replace(without_notices(state), summary=None, constraints=(), key_moments=())
     if strategy.name == "bm25_recent":
         found = await plain.recall(engine.store, state, question, limit=128, recent_turns=0)
@@ -310,7 +310,7 @@ async def _evaluate(
                 await _ask(engine, conv, sid, seq_of, chosen, budgets, cells, step)
             finally:
                 if options.store_url:
-                    await store.delete(_TENANT, sid)
+                    await store.delete(SessionKey(_TENANT, sid))
                 await engine.close()
     return _report(cells, chosen, budgets, counter, options)
 

@@ -43,7 +43,7 @@ from ..service.codes import Unauthorized, code_for_exception, public_message
 from ..service.responses import exception_response
 from ..service.schemas import ConstraintOut, ContextOut
 from ..store.records import trace_to_dict
-from ..types import validate_id
+from ..types import SessionKey, validate_id
 
 try:
     from mcp.server.mcpserver import MCPServer
@@ -107,7 +107,7 @@ class MemoryTools:
 
     async def search(self, session_id: str, query: str, *, limit: int = 5) -> list[RecalledOut]:
         engine = self.memory.engine
-        state = await engine.store.load(self.tenant, validate_id(session_id), recent=0)
+        state = await engine.store.load(SessionKey(self.tenant, validate_id(session_id)), recent=0)
         # An explicit query: no terms borrowed from the newest turns (turns=()), and the newest
         # turns are searched too (recent_turns=0: no recent window to leave them to).
         state = replace(state, turns=())
@@ -123,19 +123,19 @@ class MemoryTools:
 
     async def pins(self, session_id: str) -> list[ConstraintOut]:
         await self.memory.engine.drain()  # the constraint jobs of the last turns
-        state = await self.memory.engine.store.load(self.tenant, validate_id(session_id), recent=0)
+        state = await self.memory.engine.store.load(SessionKey(self.tenant, validate_id(session_id)), recent=0)
         return [ConstraintOut.of(c) for c in state.constraints]
 
     async def remove_pin(self, session_id: str, key: str) -> RemovedPinOut:
         engine = self.memory.engine
         await engine.drain()  # a job still running could otherwise write the pin back
         for _ in range(_PIN_RETRIES):
-            state = await engine.store.load(self.tenant, validate_id(session_id), recent=0)
+            state = await engine.store.load(SessionKey(self.tenant, validate_id(session_id)), recent=0)
             kept = [c for c in state.constraints if c.key != key]
             if len(kept) == len(state.constraints):
                 return RemovedPinOut(removed=False, pins=[ConstraintOut.of(c) for c in kept])
             if await engine.store.commit_constraints(
-                self.tenant, session_id, kept, expected_version=state.constraints_version
+                SessionKey(self.tenant, session_id), kept, expected_version=state.constraints_version
             ):
                 return RemovedPinOut(removed=True, pins=[ConstraintOut.of(c) for c in kept])
         raise ConflictError(f"the pins of session {session_id!r} kept changing; try again")

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from ..errors import InputError, SessionExists
 from ..store.base import Store
 from ..store.lifecycle import LifecycleStore
-from ..types import Constraint, NewTurn, Summary, Turn, utc_now, validate_id
+from ..types import Constraint, NewTurn, SessionKey, Summary, Turn, utc_now, validate_id
 from .forget import forget, lifecycle_store
 
 __all__ = [
@@ -116,7 +116,7 @@ async def _sessions(store: Store, tenants: Sequence[str] | None) -> AsyncIterato
 async def _session_records(
     store: Store, tenant: str, session_id: str, derived: bool, footer: Footer
 ) -> AsyncIterator[Record]:
-    info = await store.info(tenant, session_id)
+    info = await store.info(SessionKey(tenant, session_id))
     if info is None:
         return  # deleted since it was listed
     yield {"type": "session", "tenant": tenant, "session_id": session_id, "user_id": info.user_id,
@@ -125,13 +125,13 @@ async def _session_records(
     sha = hashlib.sha256()
     count = 0
     for start in range(1, info.last_seq + 1, PAGE):
-        for turn in await store.turns(tenant, session_id, from_seq=start, to_seq=min(info.last_seq, start + PAGE - 1)):
+        for turn in await store.turns(SessionKey(tenant, session_id), from_seq=start, to_seq=min(info.last_seq, start + PAGE - 1)):
             record = turn_record(turn, derived=derived)
             sha.update(_canonical(record))
             count += 1
             yield record
     if derived:
-        state = await store.load(tenant, session_id, recent=0, max_uncovered=0)
+        state = await store.load(SessionKey(tenant, session_id), recent=0, max_uncovered=0)
         if state.summary is not None:
             s = state.summary
             yield {"type": "summary", "text": s.text, "covers_seq": s.covers_seq, "tokens": s.tokens,
@@ -343,7 +343,7 @@ class _Importer:
             if self.renamed > 1:
                 raise ValueError("a new session id is given, but the export holds more than one session")
             session_id = validate_id(self.rules.rename)
-        info = await self.store.info(tenant, session_id)
+        info = await self.store.info(SessionKey(tenant, session_id))
         skip = False
         if info is not None and self.rules.existing != "resume":
             skip = await self._existing(tenant, session_id, (record["tenant"], record["session_id"]))
@@ -402,7 +402,7 @@ class _Importer:
         if not target.buffer:
             return
         written = await self.store.append(
-            target.tenant, target.session_id, target.buffer,
+            SessionKey(target.tenant, target.session_id), target.buffer,
             expected_last_seq=target.last_seq, user_id=target.user_id,
         )
         target.last_seq = written[-1].seq
@@ -427,14 +427,14 @@ class _Importer:
             return
         await self._flush(target)
         store, key = self.store, (target.tenant, target.session_id)
-        state = await store.load(*key, recent=0, max_uncovered=0)
+        state = await store.load(SessionKey(*key), recent=0, max_uncovered=0)
         if target.summary is not None and state.summary_covers_seq < target.summary.covers_seq:
-            await store.commit_summary(*key, target.summary,
+            await store.commit_summary(SessionKey(*key), target.summary,
                                        expected_version=state.summary.version if state.summary else 0)
         if target.constraints is not None and list(state.constraints) != target.constraints:
-            await store.commit_constraints(*key, target.constraints,
+            await store.commit_constraints(SessionKey(*key), target.constraints,
                                            expected_version=state.constraints_version)
-        await store.restore_session(*key, user_id=target.user_id, created_at=target.created_at,
+        await store.restore_session(SessionKey(*key), user_id=target.user_id, created_at=target.created_at,
                                     updated_at=target.updated_at)
         self.report.sessions += 1
         self.current = None
@@ -448,7 +448,7 @@ class _Importer:
         if target is None or target.skip or self.rules.existing == "resume":
             return
         if target.last_seq or target.buffer:
-            await self.store.erase_session(target.tenant, target.session_id)
+            await self.store.erase_session(SessionKey(target.tenant, target.session_id))
 
 
 async def import_records(

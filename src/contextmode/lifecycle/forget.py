@@ -31,7 +31,7 @@ from ..store.lifecycle import (
     is_lifecycle_store,
     merge_counts,
 )
-from ..types import validate_id
+from ..types import SessionKey, validate_id
 
 __all__ = ["LocalCaches", "PendingWrites", "forget", "lifecycle_store", "resume_forgets", "settle_writes"]
 
@@ -98,13 +98,13 @@ async def _erase_images(store: Store, tenant: str, session_id: str, image_dir: P
 
     Only files directly inside ``image_dir`` are touched, whatever a turn's metadata says.
     """
-    info = await store.info(tenant, session_id)
+    info = await store.info(SessionKey(tenant, session_id))
     if info is None:
         return 0
     folder = image_dir.resolve()
     erased = 0
     for start in range(1, info.last_seq + 1, 500):
-        for turn in await store.turns(tenant, session_id, from_seq=start, to_seq=start + 499):
+        for turn in await store.turns(SessionKey(tenant, session_id), from_seq=start, to_seq=start + 499):
             for image in turn.metadata.get("images") or ():
                 path = Path(str(image.get("path", ""))) if isinstance(image, dict) else None
                 if path is None or path.resolve().parent != folder:
@@ -125,7 +125,7 @@ async def _run(
         await settle_writes(caches, record.tenant, session_id)
         for cache in caches:
             merge_counts(local, cache.forget_local(record.tenant, session_id))
-        await store.erase_session(record.tenant, session_id, record_id=record.id)
+        await store.erase_session(SessionKey(record.tenant, session_id), record_id=record.id)
         for cache in caches:  # a job that was mid-write may have re-filled a cache
             merge_counts(local, cache.forget_local(record.tenant, session_id))
     await store.compact()

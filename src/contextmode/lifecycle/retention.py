@@ -26,7 +26,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..store.base import Store
 from ..store.lifecycle import LifecycleStore, merge_counts
-from ..types import utc_now, validate_id
+from ..types import SessionKey, utc_now, validate_id
 from .forget import LocalCaches, lifecycle_store, settle_writes
 
 __all__ = ["RetentionPolicy", "RetentionSettings", "enforce_retention"]
@@ -175,12 +175,12 @@ async def enforce_retention(
             await settle_writes(caches, tenant, session_id)
             for cache in caches:
                 merge_counts(local, cache.forget_local(tenant, session_id))
-            await lifecycle.erase_session(tenant, session_id, record_id=record.id)
+            await lifecycle.erase_session(SessionKey(tenant, session_id), record_id=record.id)
         if policy.max_turns is not None:
             for session_id, last_seq, _ in await _all_sessions(lifecycle, tenant):
                 if last_seq > policy.max_turns and session_id not in doomed:
                     erased = await lifecycle.erase_turns_before(
-                        tenant, session_id, last_seq - policy.max_turns + 1, record_id=record.id
+                        SessionKey(tenant, session_id), last_seq - policy.max_turns + 1, record_id=record.id
                     )
                     if any(erased.values()):
                         for cache in caches:

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from ..store.base import Store
 from ..store.lifecycle import merge_counts
+from ..types import SessionKey
 from .forget import lifecycle_store
 
 __all__ = ["CacheHolder", "ForgetWatcher"]
@@ -68,7 +69,7 @@ class ForgetWatcher:
             since = started.get(tenant)
             if since is None:
                 continue
-            probe = await self.store.version(tenant, session_id)
+            probe = await self.store.version(SessionKey(tenant, session_id))
             if since == _EVERYTHING or probe.last_seq == 0 or (
                     probe.created_at is not None and probe.created_at >= since):
                 merge_counts(self.dropped, self.holder.forget_local(tenant, session_id))

@@ -28,6 +28,7 @@ from ..engine.warmup import warm_up
 from ..errors import ContextModeError, StoreError
 from ..jobs import takes_hooks
 from ..store.base import keeps_idempotency
+from ..types import SessionKey
 from .auth import ApiKeys
 from .bodyscan import JsonShape
 from .client_gone import reset, watching
@@ -322,7 +323,7 @@ def create_app(engine: Engine | None = None, settings: ServiceSettings | None = 
     async def healthz(request: Request) -> Any:
         current: AppState = request.app.state.contextmode
         try:
-            await asyncio.wait_for(current.engine.store.version(current.settings.local_tenant, "healthz"), 5.0)
+            await asyncio.wait_for(current.engine.store.version(SessionKey(current.settings.local_tenant, "healthz")), 5.0)
         except Exception as exc:
             log.warning("health check: store unavailable: %s", type(exc).__name__)
             return _error_response("/healthz", code_for_exception(StoreError("down")), "store unavailable")

@@ -19,6 +19,7 @@ from typing import TypeGuard
 from .._protocols import implements
 from ..errors import LockNotAcquired
 from ..store.base import LockHandle, Store, StoreAbility, TurnLocks, let_go
+from ..types import SessionKey
 
 __all__ = ["SessionBusy", "SessionGate"]
 
@@ -82,7 +83,7 @@ class SessionGate:
         step = 0
         while True:
             held: AbstractAsyncContextManager[LockHandle] = locks.turn_lock(
-                tenant, session_id, ttl_s=self.ttl_s
+                SessionKey(tenant, session_id), ttl_s=self.ttl_s
             )
             try:
                 handle = await held.__aenter__()

@@ -116,7 +116,7 @@ async def adopt_history(
     kept = [(role, text) for role, text in history if text.strip()]
     if not kept:
         return 0
-    state = await engine.store.load(key.tenant, key.session_id, recent=1)
+    state = await engine.store.load(key, recent=1)
     if state.turns:
         return 0
     for role, text in kept:

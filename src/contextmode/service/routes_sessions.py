@@ -230,13 +230,13 @@ async def get_session(
     # Read before the store: a job that ends meanwhile is then either still pending here or
     # counted in `info`, never neither.
     pending = state.engine.jobs.pending(tenant, session_id)
-    info = await store.info(tenant, session_id)
+    info = await store.info(SessionKey(tenant, session_id))
     if info is None:
         raise SessionNotFound(f"no session {session_id!r}")
     end = min(before - 1 if before is not None else info.last_seq, info.last_seq)
     start = max(1, end - limit + 1)
-    turns = await store.turns(tenant, session_id, from_seq=start, to_seq=end) if end >= 1 else []
-    loaded = await store.load(tenant, session_id, recent=0, max_uncovered=0)
+    turns = await store.turns(SessionKey(tenant, session_id), from_seq=start, to_seq=end) if end >= 1 else []
+    loaded = await store.load(SessionKey(tenant, session_id), recent=0, max_uncovered=0)
     data = SessionOut(
         session_id=session_id,
         last_seq=info.last_seq,
@@ -271,7 +271,7 @@ async def get_session(
 async def get_storage(session_id: SessionId, tenant: Tenant, state: State) -> Any:
     _key(tenant, session_id)
     await state.engine.settle_writes(tenant, session_id)  # a trace still being written counts
-    usage = await session_storage(state.engine.store, tenant, session_id)
+    usage = await session_storage(state.engine.store, SessionKey(tenant, session_id))
     return envelope(StorageOut(session_id=session_id, exchanges=usage.exchanges, raw_text_bytes=usage.raw_text_bytes,
                                total_bytes=usage.total_bytes, per_exchange=usage.per_exchange, bytes=dict(usage.bytes)))
 
@@ -282,12 +282,12 @@ async def get_storage(session_id: SessionId, tenant: Tenant, state: State) -> An
 async def delete_session(session_id: SessionId, tenant: Tenant, state: State) -> Any:
     _key(tenant, session_id)
     store = state.engine.store
-    if await store.info(tenant, session_id) is None:
+    if await store.info(SessionKey(tenant, session_id)) is None:
         raise SessionNotFound(f"no session {session_id!r}")
     if not is_lifecycle_store(store):  # a custom store without the lifecycle abilities
         await state.engine.settle_writes(tenant, session_id)  # a trace still being written
         state.engine.forget_local(tenant, session_id)
-        if not await store.delete(tenant, session_id):
+        if not await store.delete(SessionKey(tenant, session_id)):
             raise SessionNotFound(f"no session {session_id!r}")
         return envelope(DeletedOut(session_id=session_id, deleted=True))
     record = await forget(

@@ -19,7 +19,6 @@ from ..types import Constraint, NewTurn, Summary, validate_id
 
 __all__ = [
     "being_cancelled",
-    "check_ids",
     "check_owner",
     "check_user",
     "constraints_from_json",
@@ -78,11 +77,6 @@ def constraints_from_json(text: str | None) -> tuple[Constraint, ...]:
 def summary_fields(summary: Summary) -> tuple[str, int, int, int]:
     """``(text, covers_seq, tokens, created_at micros)`` of a summary."""
     return summary.text, summary.covers_seq, summary.tokens, to_micros(summary.created_at)
-
-
-def check_ids(tenant: str, session_id: str) -> tuple[str, str]:
-    """Validate both ids before they reach a backend."""
-    return validate_id(tenant, "tenant"), validate_id(session_id)
 
 
 def check_owner(stored: str | None, given: str | None, session_id: str) -> None:

@@ -24,8 +24,9 @@ at the first statement, `let_go` hands it back early. A turn and a burst of back
 jobs use it (`one_connection`, `let_go`), and let go before anything that may call a model
 works (`engine.seams.SafeWithSharedConnection`) and before any pause.
 
-Every call is scoped by ``tenant``; ids are validated with `validate_id`
-before they reach a backend. Turns are never rewritten or deleted except by
+Every session call takes a `SessionKey` (a tenant and a session id, checked once where the key
+was made); tenant-wide calls take the tenant. The store callers hold is a front
+(`store.front`) over a backend's driver. Turns are never rewritten or deleted except by
 erasing the whole session or by a retention policy's turn limit (the lifecycle
 abilities in `store.lifecycle`, docs/lifecycle.md).
 """
@@ -40,7 +41,7 @@ from typing import Generic, Protocol, Self, TypeGuard, TypeVar, runtime_checkabl
 
 from .._protocols import implements
 from ..errors import SessionNotFound, TurnNotFound
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn
+from ..types import Constraint, NewTurn, SessionKey, SessionState, Summary, Turn
 from .records import TurnTrace
 
 __all__ = [
@@ -138,8 +139,7 @@ class LockHandle:
 class TurnLog(Protocol):
     async def append(
         self,
-        tenant: str,
-        session_id: str,
+        key: SessionKey,
         turns: Sequence[NewTurn],
         *,
         expected_last_seq: int | None = None,
@@ -160,8 +160,7 @@ class TurnLog(Protocol):
 
     async def load(
         self,
-        tenant: str,
-        session_id: str,
+        key: SessionKey,
         *,
         recent: int = 8,
         max_uncovered: int = 200,
@@ -178,12 +177,12 @@ class TurnLog(Protocol):
         ...
 
     async def turns(
-        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+        self, key: SessionKey, *, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Turn]:
         """Turns with ``from_seq <= seq <= to_seq``, oldest first."""
         ...
 
-    async def version(self, tenant: str, session_id: str) -> SessionVersion:
+    async def version(self, key: SessionKey) -> SessionVersion:
         """A one-row probe of the session's counters (all 0 for an unknown session).
 
         Caches compare it with the probe taken at load time to never serve a
@@ -195,7 +194,7 @@ class TurnLog(Protocol):
 @runtime_checkable
 class DerivedRecords(Protocol):
     async def commit_summary(
-        self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
+        self, key: SessionKey, summary: Summary, *, expected_version: int
     ) -> bool:
         """Commit ``summary`` as version ``expected_version + 1`` (its own ``version`` is ignored).
 
@@ -208,8 +207,7 @@ class DerivedRecords(Protocol):
 
     async def commit_constraints(
         self,
-        tenant: str,
-        session_id: str,
+        key: SessionKey,
         constraints: Sequence[Constraint],
         *,
         expected_version: int,
@@ -217,7 +215,7 @@ class DerivedRecords(Protocol):
         """Replace the pinned constraints by compare-and-set on their version."""
         ...
 
-    async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
+    async def set_emotions(self, key: SessionKey, scores: Mapping[int, float]) -> None:
         """Record emotion intensities (0–1) for turns by sequence number (idempotent).
 
         Unknown sequence numbers and unknown sessions are ignored. Scores are
@@ -226,7 +224,7 @@ class DerivedRecords(Protocol):
         ...
 
     async def record_job(
-        self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
+        self, key: SessionKey, job: str, *, ok: bool, error: str | None = None,
         rejected: bool = False,
     ) -> None:
         """Count a background job's outcome in the session's stats (ignored for unknown sessions):
@@ -252,7 +250,7 @@ class JobOutcomes(Protocol):
     counts a burst of jobs at once on a store that has it; PostgreSQL does)."""
 
     async def record_jobs(
-        self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
+        self, key: SessionKey, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
     ) -> None:
         """`DerivedRecords.record_job` for each outcome, in order, in one write; with ``release``
         (a job lock of this store) that lock is released (fencing-checked) in the same write, and
@@ -267,7 +265,7 @@ def counts_job_batches(store: object) -> TypeGuard[JobOutcomes]:
 
 @runtime_checkable
 class SessionAdmin(Protocol):
-    async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
+    async def info(self, key: SessionKey) -> SessionInfo | None:
         """The session's info, or ``None`` if the tenant has no such session."""
         ...
 
@@ -277,7 +275,7 @@ class SessionAdmin(Protocol):
         """The tenant's sessions (only ``user_id``'s when given), most recently updated first."""
         ...
 
-    async def delete(self, tenant: str, session_id: str) -> bool:
+    async def delete(self, key: SessionKey) -> bool:
         """Delete the session with all its turns and derived records; False if absent."""
         ...
 
@@ -289,7 +287,7 @@ class SessionAdmin(Protocol):
 @runtime_checkable
 class JobLocks(Protocol):
     def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
+        self, key: SessionKey, *, ttl_s: float = 60.0
     ) -> AbstractAsyncContextManager[LockHandle]:
         """Hold the session's job lock, or raise `LockNotAcquired` at once if another holds it.
 
@@ -303,7 +301,7 @@ class JobLocks(Protocol):
 @runtime_checkable
 class TurnLocks(Protocol):
     def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
+        self, key: SessionKey, *, ttl_s: float = 300.0
     ) -> AbstractAsyncContextManager[LockHandle]:
         """Hold the session's turn lock (not the job lock), or raise `LockNotAcquired` at once.
 
@@ -376,8 +374,7 @@ class TraceRecords(Protocol):
 
     async def put_trace(
         self,
-        tenant: str,
-        session_id: str,
+        key: SessionKey,
         trace: TurnTrace,
         *,
         keep: int = 0,
@@ -393,11 +390,11 @@ class TraceRecords(Protocol):
         """
         ...
 
-    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+    async def get_trace(self, key: SessionKey, turn: int) -> TurnTrace | None:
         """The trace of exchange ``turn``, or ``None`` (never kept, pruned or deleted)."""
         ...
 
-    async def delete_traces(self, tenant: str, session_id: str) -> int:
+    async def delete_traces(self, key: SessionKey) -> int:
         """Delete every trace of the session (turns stay); return how many were deleted."""
         ...
 
@@ -477,7 +474,7 @@ async def let_go(store: object) -> None:
         await store.let_go()
 
 
-async def load_trace(store: Store, tenant: str, session_id: str, turn: int) -> TurnTrace:
+async def load_trace(store: Store, key: SessionKey, turn: int) -> TurnTrace:
     """The kept trace of exchange ``turn``; `SessionNotFound` / `TurnNotFound` otherwise.
 
     Shared by the HTTP route and ``contextmode inspect --turn`` so both answer alike.
@@ -485,14 +482,14 @@ async def load_trace(store: Store, tenant: str, session_id: str, turn: int) -> T
     keeper: object = store
     if not keeps_traces(keeper):
         raise TurnNotFound("this store keeps no per-turn context")
-    trace = await keeper.get_trace(tenant, session_id, turn)
+    trace = await keeper.get_trace(key, turn)
     if trace is not None:
         return trace
-    info = await store.info(tenant, session_id)
+    info = await store.info(key)
     if info is None:
-        raise SessionNotFound(f"no session {session_id!r}")
+        raise SessionNotFound(f"no session {key.session_id!r}")
     raise TurnNotFound(
-        f"no kept context for turn {turn} of session {session_id!r}: turns count user messages "
+        f"no kept context for turn {turn} of session {key.session_id!r}: turns count user messages "
         "from 1; a turn's context is kept only for live turns, within the retention setting "
         "(CONTEXTMODE_TRACE_KEEP, CONTEXTMODE_TRACE_MAX_AGE_DAYS); it is written just after the "
         "reply, so a turn whose process stopped at that moment is stored without it"

@@ -15,13 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..types import SessionState
-from ._codec import check_ids
+from ..types import SessionKey, SessionState
 from .base import SessionVersion, Store
 
 __all__ = ["CacheStats", "SessionCache"]
 
-_Key = tuple[str, str, int, int, int, float]
+_Key = tuple[SessionKey, int, int, int, float]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,8 +71,7 @@ class SessionCache:
 
     async def get(
         self,
-        tenant: str,
-        session_id: str,
+        key: SessionKey,
         *,
         recent: int = 8,
         max_uncovered: int = 200,
@@ -81,40 +79,38 @@ class SessionCache:
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
         """The session's state, from memory if the store says nothing changed since."""
-        check_ids(tenant, session_id)
-        key: _Key = (tenant, session_id, recent, max_uncovered, key_moments, key_moment_threshold)
+        entry_key: _Key = (key, recent, max_uncovered, key_moments, key_moment_threshold)
         now = self._clock()
         self.evict_idle(now)
         # The probe is taken before the load: a write landing in between makes the
         # next probe differ, so the worst case is one extra load, never a stale state.
-        probe = await self.store.version(tenant, session_id)
-        entry = self._entries.get(key)
+        probe = await self.store.version(key)
+        entry = self._entries.get(entry_key)
         if entry is not None and entry.version == probe:
             entry.used_at = now
-            self._entries.move_to_end(key)
+            self._entries.move_to_end(entry_key)
             self._hits += 1
             return entry.state
         self._misses += 1
         state = await self.store.load(
-            tenant,
-            session_id,
+            key,
             recent=recent,
             max_uncovered=max_uncovered,
             key_moments=key_moments,
             key_moment_threshold=key_moment_threshold,
         )
-        self._entries[key] = _Entry(version=probe, state=state, used_at=now)
-        self._entries.move_to_end(key)
+        self._entries[entry_key] = _Entry(version=probe, state=state, used_at=now)
+        self._entries.move_to_end(entry_key)
         while len(self._entries) > self.max_sessions:
             self._entries.popitem(last=False)
             self._evictions += 1
         return state
 
-    def invalidate(self, tenant: str, session_id: str) -> int:
+    def invalidate(self, key: SessionKey) -> int:
         """Forget every cached state of the session; return how many were dropped."""
-        doomed = [k for k in self._entries if k[0] == tenant and k[1] == session_id]
-        for key in doomed:
-            del self._entries[key]
+        doomed = [k for k in self._entries if k[0] == key]
+        for entry_key in doomed:
+            del self._entries[entry_key]
         return len(doomed)
 
     def evict_idle(self, now: float | None = None) -> int:

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Literal, Protocol, TypeGuard, runtime_checkable
 
 from .._protocols import implements
+from ..types import SessionKey
 from .base import Store
 
 __all__ = [
@@ -166,7 +167,7 @@ class UserDirectory(Protocol):
 @runtime_checkable
 class Erasure(Protocol):
     async def erase_session(
-        self, tenant: str, session_id: str, *, record_id: int | None = None
+        self, key: SessionKey, *, record_id: int | None = None
     ) -> dict[str, int]:
         """Erase the session and every derived record of it in one transaction.
 
@@ -177,7 +178,7 @@ class Erasure(Protocol):
         ...
 
     async def erase_turns_before(
-        self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
+        self, key: SessionKey, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
         """Erase the session's turns (and per-turn records) with ``seq`` < ``seq`` (retention)."""
         ...
@@ -209,7 +210,7 @@ class DeletionLog(Protocol):
 @runtime_checkable
 class Restore(Protocol):
     async def restore_session(
-        self, tenant: str, session_id: str, *, user_id: str | None,
+        self, key: SessionKey, *, user_id: str | None,
         created_at: datetime, updated_at: datetime,
     ) -> bool:
         """Set an existing session's owner and times (import, migrate); False if absent."""

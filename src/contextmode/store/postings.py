@@ -16,7 +16,7 @@ hundred bytes on a page or two instead of a growing 6 KB row per term) and
 merge them into the block's rows when it seals, in the same transaction; they
 keep each term's document frequency over the sealed blocks in a row of its own
 (``recall_df``, added to at each seal), so a term's frequency is one lookup plus
-its open-block rows. Redis keeps its own layout (`_redis_postings`).
+its open-block rows. Redis keeps its own layout (`store.redis.postings`).
 
 A session written before the index existed has no statistics row: appends
 leave it alone (its index would have a hole) until `index_backfill` has caught
@@ -40,8 +40,7 @@ import numpy as np
 from .._protocols import implements
 from ..text.index_terms import PREVIOUS_WEIGHT, indexed, turn_counts
 from ..text.index_terms import analyze as analyze_terms
-from ..types import NewTurn, Turn
-from ._codec import check_ids, check_user
+from ..types import NewTurn, SessionKey, Turn
 from .base import SharesConnection, one_connection
 
 __all__ = [
@@ -222,12 +221,12 @@ def analyze_texts(texts: Sequence[str]) -> dict[str, list[str]]:
 
 @dataclass(frozen=True, slots=True)
 class AppendInput:
-    """What every persistent backend's `append` starts from (`append_input`)."""
+    """What a driver's `append` takes: the store front builds it (`append_input` for a driver
+    with postings), once, before the driver's transaction."""
 
     key: tuple[str, str]
-    """``(tenant, session_id)``, checked."""
+    """``(tenant, session_id)``."""
     user_id: str | None
-    """Checked."""
     turns: list[NewTurn]
     analyzed: dict[str, list[str]]
     """Index terms of each turn's content and speaker name (`analyze_texts`)."""
@@ -236,12 +235,13 @@ class AppendInput:
 def append_input(
     tenant: str, session_id: str, turns: Sequence[NewTurn], user_id: str | None
 ) -> AppendInput:
-    """The ids and the user checked, the turns listed and their texts analysed: an append's
-    prologue, before its transaction (the write lock is held only to write)."""
+    """The turns listed and their texts analysed: an append's prologue, before its
+    transaction (the write lock is held only to write). The ids and the user come checked
+    (the store front's)."""
     listed = list(turns)
     speakers = [t.metadata["speaker"] for t in listed if isinstance(t.metadata.get("speaker"), str)]
     return AppendInput(
-        key=check_ids(tenant, session_id), user_id=check_user(user_id), turns=listed,
+        key=(tenant, session_id), user_id=user_id, turns=listed,
         analyzed=analyze_texts([t.content for t in listed] + speakers),
     )
 
@@ -288,24 +288,24 @@ def postings_for(
 class PostingsStore(Protocol):
     """A store that keeps the recall index beside the log (see the module docstring)."""
 
-    async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
+    async def index_stats(self, key: SessionKey) -> IndexStats:
         """The session's index statistics (all 0 / ``exists=False`` when it has none)."""
         ...
 
     async def postings(
-        self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
+        self, key: SessionKey, terms: Sequence[str], *, from_block: int = 0
     ) -> dict[str, list[tuple[int, bytes]]]:
         """For each of ``terms`` that has postings: its ``(block, packed)`` rows with
         ``block >= from_block``, in block order. A row may hold several consecutive
         blocks (``block`` is then the first one's): readers split by seq, not by row."""
         ...
 
-    async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
+    async def term_counts(self, key: SessionKey, terms: Sequence[str]) -> dict[str, int]:
         """How many indexed turns contain each of ``terms`` (absent terms left out)."""
         ...
 
     async def query_postings(
-        self, tenant: str, session_id: str, terms: Mapping[str, int], *,
+        self, key: SessionKey, terms: Mapping[str, int], *,
         capped: Mapping[str, int], cap: int, most: int,
     ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
         """A query's postings in one read (one statement, script or read transaction): the
@@ -316,7 +316,7 @@ class PostingsStore(Protocol):
         query unread, and so are those past the query's last."""
         ...
 
-    async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
+    async def index_backfill(self, key: SessionKey, *, batch: int = 2000) -> int:
         """Index up to ``batch`` turns the stored index lacks, in one transaction that
         also advances ``indexed_seq``; return how many turns were indexed (0 = caught up)."""
         ...
@@ -336,7 +336,7 @@ class TurnsAt(Protocol):
     """A store that reads a session's turns at scattered seqs in one round trip (the
     turns recall returns: hits and their neighbours, spread over the whole log)."""
 
-    async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
+    async def turns_at(self, key: SessionKey, seqs: Sequence[int]) -> list[Turn]:
         """The turns at ``seqs`` that exist, oldest first."""
         ...
 
@@ -372,7 +372,8 @@ async def catch_up(
     if on_progress is not None:
         on_progress(0, total)
     for tenant, session_id, _, _ in lagging:
-        while (added := await store.index_backfill(tenant, session_id, batch=batch)) > 0:
+        key = SessionKey(tenant, session_id)
+        while (added := await store.index_backfill(key, batch=batch)) > 0:
             indexed += added
             if on_progress is not None:
                 on_progress(indexed, max(total, indexed))

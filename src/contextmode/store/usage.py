@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 from .._protocols import implements
+from ..types import SessionKey
 from .lifecycle import REDIS_SESSION_KEYS, SQL_SESSION_TABLES
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ SQL_KINDS: tuple[tuple[str, str], ...] = (
 class StorageUsage(Protocol):
     """A store that tells what one session keeps, in bytes, by kind of record."""
 
-    async def session_bytes(self, tenant: str, session_id: str) -> Mapping[str, int]:
+    async def session_bytes(self, key: SessionKey) -> Mapping[str, int]:
         """Kind → bytes the session's records of that kind take (kinds with none left out);
         empty for an unknown session."""
         ...
@@ -112,7 +113,7 @@ class SessionStorage:
     """Kind of record → bytes, largest first."""
 
 
-async def session_storage(store: Store, tenant: str, session_id: str) -> SessionStorage:
+async def session_storage(store: Store, key: SessionKey) -> SessionStorage:
     """The session's bytes by kind of record, beside its exchanges and raw text; raises
     `UserError` for a store that does not report its size, `SessionNotFound` for an
     unknown session."""
@@ -122,10 +123,10 @@ async def session_storage(store: Store, tenant: str, session_id: str) -> Session
     usage: object = store
     if not reports_usage(usage):
         raise UserError(f"{type(store).__name__} does not report its size per session")
-    if await store.info(tenant, session_id) is None:
-        raise SessionNotFound(f"no session {session_id!r} for tenant {tenant!r}")
-    kinds = await usage.session_bytes(tenant, session_id)
-    turns = await store.turns(tenant, session_id)
+    if await store.info(key) is None:
+        raise SessionNotFound(f"no session {key.session_id!r} for tenant {key.tenant!r}")
+    kinds = await usage.session_bytes(key)
+    turns = await store.turns(key)
     exchanges = exchange_count(turns) or sum(t.role == "user" for t in turns)
     total = sum(kinds.values())
     return SessionStorage(

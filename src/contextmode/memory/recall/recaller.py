@@ -53,7 +53,7 @@ from ...store.postings import (
 )
 from ...text.index_terms import analyze, indexed, turn_text
 from ...text.lang import is_chinese
-from ...types import SessionState, Turn
+from ...types import SessionKey, SessionState, Turn
 from .dense import DenseIndex, Embedder, convex_fuse, english_only, rrf_fuse
 from .index import BM25Index, QueryMemo, RecallIndex
 from .semantic import Thesaurus, default_thesaurus, expand
@@ -90,7 +90,7 @@ class TurnSource(Protocol):
     """What recall needs of a store: bounded reads of the turn log."""
 
     async def turns(
-        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
+        self, key: SessionKey, *, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Turn]: ...
 
 
@@ -336,7 +336,7 @@ class Recaller(ModelFree):
         done = min(i.last_seq for i in indexes)
         while done < last_seq:
             stop = min(last_seq, done + self.settings.batch)
-            turns = await store.turns(tenant, session_id, from_seq=done + 1, to_seq=stop)
+            turns = await store.turns(SessionKey(tenant, session_id), from_seq=done + 1, to_seq=stop)
             if not turns:
                 break
             if dense is not None or len(turns) >= _THREAD_BATCH:
@@ -414,7 +414,7 @@ class Recaller(ModelFree):
         source = store
         if has_postings(store) and self.embedder is None:
             async with one_connection(store):  # PostgreSQL: one pool acquisition for all the reads
-                stats = await store.index_stats(state.tenant, state.session_id)
+                stats = await store.index_stats(SessionKey(state.tenant, state.session_id))
                 if stats.exists and stats.indexed_seq >= state.last_seq:
                     hits = await self.rank_stored(store, source, state, message, stats, exclude_from)
                     return await self._turns_of(source, state, message, hits, limit, "bm25")
@@ -724,7 +724,7 @@ async def fetch_turns(
     out: dict[int, Turn] = {}
     if reads_turns_at(store):
         if wanted:
-            out = {turn.seq: turn for turn in await store.turns_at(tenant, session_id, wanted)}
+            out = {turn.seq: turn for turn in await store.turns_at(SessionKey(tenant, session_id), wanted)}
         return {seq: out[seq] for seq in wanted if seq in out}
     start = 0
     while start < len(wanted):
@@ -733,7 +733,7 @@ async def fetch_turns(
         while end + 1 < len(wanted) and wanted[end + 1] - wanted[end] <= 4:
             end += 1
         for turn in await store.turns(
-            tenant, session_id, from_seq=wanted[start], to_seq=wanted[end]
+            SessionKey(tenant, session_id), from_seq=wanted[start], to_seq=wanted[end]
         ):
             out[turn.seq] = turn
         start = end + 1

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...store.postings import BLOCK, LAYOUT, POSTING, IndexStats, PostingsStore, unpack, within_cap
 from ...text.index_terms import analyze, indexed, turn_counts
-from ...types import Turn
+from ...types import SessionKey, Turn
 from .index import BM25Params, Contributions, ScoreSums, bm25_idf, bm25_scores
 
 __all__ = ["StoredIndex", "StoredPostings", "TurnReader"]
@@ -147,7 +147,7 @@ class StoredIndex:
         if not plain and not over:
             return
         most = len(over) if most is None else most
-        rows, counts = await self._store.query_postings(*self._key, plain, capped=over, cap=cap, most=most)
+        rows, counts = await self._store.query_postings(SessionKey(*self._key), plain, capped=over, cap=cap, most=most)
         kept = within_cap(over, counts, cap, most)
         for term in over:
             self._df[term] = counts.get(term, 0)
@@ -202,7 +202,7 @@ class StoredIndex:
             await self.load_terms(cached)
         missing = [t for t in missing if t not in self._df]
         if missing:
-            counts = await self._store.term_counts(*self._key, missing)
+            counts = await self._store.term_counts(SessionKey(*self._key), missing)
             for term in missing:
                 self._df[term] = counts.get(term, 0)
 

@@ -24,21 +24,16 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, ConflictError, StoreError
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn
-from . import _sqlite_admin as admin
-from . import _sqlite_postings as postings
-from . import _sqlite_traces as traces
-from ._codec import (
-    check_ids,
+from ...errors import ConfigError, ConflictError, StoreError
+from ...types import Constraint, SessionState, Summary, Turn
+from .._codec import (
     check_owner,
-    check_user,
     constraints_from_json,
     constraints_to_json,
     from_micros,
@@ -49,11 +44,7 @@ from ._codec import (
     to_micros,
     window_start,
 )
-from ._sqlite_lifecycle import SQLiteLifecycle
-from ._sqlite_rows import TURN_SELECT
-from ._sqlite_rows import turn as turn_row
-from ._sqlite_schema import migrate
-from .base import (
+from ..base import (
     ClosesOnExit,
     IdempotencyRecord,
     LockHandle,
@@ -61,12 +52,17 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .postings import IndexStats, append_input, completes_block
-from .records import TurnTrace
-from .trace_pack import pack_trace_soon
-from .usage import sqlite_session_bytes
+from ..postings import AppendInput, IndexStats, completes_block
+from ..records import TurnTrace
+from ..trace_pack import pack_trace_soon
+from ..usage import sqlite_session_bytes
+from . import admin, postings, traces
+from .lifecycle import SQLiteLifecycle
+from .rows import TURN_SELECT
+from .rows import turn as turn_row
+from .schema import migrate
 
-__all__ = ["SQLiteStore"]
+__all__ = ["SQLiteDriver"]
 
 T = TypeVar("T")
 Db = sqlite3.Connection
@@ -106,7 +102,7 @@ class _OffTheLoop(Exception):
     instead (e.g. an append that merges a block of the recall index, ~0.2–0.5 s)."""
 
 
-class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
+class SQLiteDriver(SQLiteLifecycle, OwnConnections, ClosesOnExit):
     """A `Store` in one SQLite file; safe for many processes on one host.
 
     ``synchronous`` is SQLite's ``PRAGMA synchronous``: ``NORMAL`` (default)
@@ -251,17 +247,9 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
 
     # -- turn log ---------------------------------------------------------------
 
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        given = append_input(tenant, session_id, turns, user_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
         key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
+        session_id = key[1]
         now = now_micros()
         answer = last_answer(turns)
 
@@ -342,7 +330,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         key_moments: int = 0,
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
 
         def body(db: Db) -> SessionState:
             row = db.execute(f"SELECT {_SESSION_COLS} FROM sessions {admin.WHERE}", key).fetchone()
@@ -384,7 +372,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
     async def turns(
         self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Turn]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         upper = to_seq if to_seq is not None else 2**62
 
         def body(db: Db) -> list[Turn]:
@@ -397,7 +385,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         return await self._run(body)
 
     async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         wanted = sorted({int(s) for s in seqs})
 
         def body(db: Db) -> list[Turn]:
@@ -412,7 +400,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         return await self._run(lambda db: admin.read(db, lambda: body(db)))
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
 
         def body(db: Db) -> SessionVersion:
             row = db.execute(
@@ -434,7 +422,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
     async def commit_summary(
         self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
     ) -> bool:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         text, covers, tokens, created = summary_fields(summary)
 
         def body(db: Db) -> bool:
@@ -458,7 +446,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         *,
         expected_version: int,
     ) -> bool:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         encoded = constraints_to_json(constraints)
 
         def body(db: Db) -> bool:
@@ -472,7 +460,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         return await self._run(body)
 
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         items = [(int(seq), float(score)) for seq, score in scores.items()]
 
         def body(db: Db) -> None:
@@ -497,7 +485,7 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
         rejected: bool = False,
     ) -> None:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
 
         def body(db: Db) -> None:
             db.execute(
@@ -515,16 +503,15 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
     # -- administration ---------------------------------------------------------
 
     async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
-        return await self._run(admin.session_info, check_ids(tenant, session_id))
+        return await self._run(admin.session_info, (tenant, session_id))
 
     async def list_sessions(
         self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
-        tenant, _ = check_ids(tenant, "x")
-        return await self._run(admin.list_sessions, tenant, limit, offset, check_user(user_id))
+        return await self._run(admin.list_sessions, tenant, limit, offset, user_id)
 
     async def delete(self, tenant: str, session_id: str) -> bool:
-        return await self._run(admin.delete_session, check_ids(tenant, session_id))
+        return await self._run(admin.delete_session, (tenant, session_id))
 
     async def purge_idle(self, older_than: datetime) -> int:
         return await self._run(admin.purge_idle, to_micros(older_than))
@@ -543,19 +530,19 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         cutoff = None if older_than is None else to_micros(older_than)
         # Written just after the reply: on the loop's connection when the file is free, so the
         # session's next turn does not find it locked by the private thread.
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         packed = await pack_trace_soon(trace)
         await self._run_quick(traces.put_trace, key, packed, keep, cutoff, writes=True)
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
-        return await self._run(traces.get_trace, check_ids(tenant, session_id), turn)
+        return await self._run(traces.get_trace, (tenant, session_id), turn)
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
-        return await self._run(traces.delete_traces, check_ids(tenant, session_id))
+        return await self._run(traces.delete_traces, (tenant, session_id))
 
     async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
         """Bytes the session keeps by kind of record (`store.usage`)."""
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(lambda db: admin.read(db, lambda: sqlite_session_bytes(db, key)))
 
     # -- job locks --------------------------------------------------------------
@@ -563,19 +550,19 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
     # -- recall index (store/postings.py) ----------------------------------------
 
     async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(lambda db: postings.stats(db, key))
 
     async def postings(
         self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
     ) -> dict[str, list[tuple[int, bytes]]]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(
             lambda db: admin.read(db, lambda: postings.postings(db, key, list(terms), from_block))
         )
 
     async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(
             lambda db: admin.read(db, lambda: postings.term_counts(db, key, list(terms)))
         )
@@ -584,39 +571,28 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
         self, tenant: str, session_id: str, terms: Mapping[str, int], *,
         capped: Mapping[str, int], cap: int, most: int,
     ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(
             lambda db: admin.read(db, lambda: postings.query_postings(db, key, terms, capped, (cap, most)))
         )
 
     async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(lambda db: admin.write(db, lambda: postings.backfill(db, key, batch)))
 
     async def sessions_to_index(self, *, limit: int = 1000) -> list[tuple[str, str, int, int]]:
         return await self._run(lambda db: postings.lagging(db, limit))
 
     @asynccontextmanager
-    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``key`` (`store.front.Driver.hold`)."""
         token = await self._run_quick(admin.acquire_lock, key, ttl_s, writes=True)
         try:
             yield LockHandle(key=key, token=token)
         finally:
             await self._run_quick(admin.release_lock, key, token, writes=True)
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = check_ids(tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}", ttl_s)
-
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = check_ids(tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
+    async def release(self, handle: LockHandle) -> None:
         await self._run_quick(admin.release_lock, handle.key, handle.token, writes=True)
 
     # -- idempotency records ----------------------------------------------------
@@ -624,7 +600,6 @@ class SQLiteStore(SQLiteLifecycle, OwnConnections, ClosesOnExit):
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        tenant, session_id = check_ids(tenant, session_id)
         return await self._run_quick(
             admin.claim_idempotency, tenant, key, fingerprint, session_id, lease_s, writes=True
         )

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..types import Turn
-from ._codec import from_micros, loads_mapping
+from ...types import Turn
+from .._codec import from_micros, loads_mapping
 
 __all__ = ["TURN_SELECT", "turn"]
 

@@ -1,4 +1,4 @@
-"""SQLite side of the lifecycle abilities (`store.lifecycle.Lifecycle`), mixed into `SQLiteStore`.
+"""SQLite side of the lifecycle abilities (`store.lifecycle.Lifecycle`), mixed into `SQLiteDriver`.
 
 Erasure runs with ``PRAGMA secure_delete`` (set on every connection), so
 deleted rows are overwritten with zeros; `compact` then checkpoints the WAL and
@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ..errors import StoreError
-from ._codec import check_ids, check_user, from_micros, loads_mapping, now_micros, to_micros
-from ._sqlite_admin import WHERE, add_to_record, checkpoint, erase, read, write
-from .lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo
+from ...errors import StoreError
+from .._codec import from_micros, loads_mapping, now_micros, to_micros
+from ..lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo
+from .admin import WHERE, add_to_record, checkpoint, erase, read, write
 
 __all__ = ["SQLiteLifecycle"]
 
@@ -72,13 +72,12 @@ def _finish(db: Db, record_id: int, extra: Mapping[str, int]) -> DeletionRecord:
 
 
 class SQLiteLifecycle:
-    """Users, erasure, the deletion log and restore for `SQLiteStore`."""
+    """Users, erasure, the deletion log and restore for `SQLiteDriver`."""
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        raise NotImplementedError  # SQLiteStore's own
+        raise NotImplementedError  # SQLiteDriver's own
 
     async def list_users(self, tenant: str, *, limit: int = 100, offset: int = 0) -> list[UserInfo]:
-        tenant, _ = check_ids(tenant, "x")
 
         def body(db: Db) -> list[UserInfo]:
             rows = db.execute(
@@ -101,13 +100,13 @@ class SQLiteLifecycle:
     async def erase_session(
         self, tenant: str, session_id: str, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(lambda db: write(db, lambda: erase(db, key, record_id)))
 
     async def erase_turns_before(
         self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         return await self._run(lambda db: write(db, lambda: _erase_before(db, key, seq, record_id)))
 
     async def compact(self) -> None:
@@ -117,7 +116,6 @@ class SQLiteLifecycle:
     async def open_deletion(
         self, tenant: str, scope: Scope, target: str, *, actor: str
     ) -> DeletionRecord:
-        tenant, _ = check_ids(tenant, "x")
         return await self._run(lambda db: write(db, lambda: _open(db, tenant, scope, target, actor)))
 
     async def finish_deletion(self, record_id: int, extra: Mapping[str, int]) -> DeletionRecord:
@@ -141,8 +139,7 @@ class SQLiteLifecycle:
         self, tenant: str, session_id: str, *, user_id: str | None,
         created_at: datetime, updated_at: datetime,
     ) -> bool:
-        key = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
+        key = (tenant, session_id)
 
         def body(db: Db) -> bool:
             cursor = db.execute(

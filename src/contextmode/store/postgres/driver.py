@@ -18,12 +18,12 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     ConfigError,
     ConflictError,
     LockNotAcquired,
@@ -31,23 +31,17 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
-from . import _pg_postings as pg_postings
-from ._codec import (
+from ...types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now
+from .._codec import (
     being_cancelled,
-    check_ids,
     check_owner,
-    check_user,
     constraints_from_json,
     constraints_to_json,
     last_answer,
 )
-from ._codec import metadata_json as _meta
-from ._driver_errors import asyncpg_errors
-from ._pg_lifecycle import PostgresLifecycle, erase
-from ._pg_rows import turn as turn_row
-from ._pg_schema import KEY_MOMENT_FLOOR, migrate
-from .base import (
+from .._codec import metadata_json as _meta
+from .._driver_errors import asyncpg_errors
+from ..base import (
     ClosesOnExit,
     IdempotencyRecord,
     JobOutcome,
@@ -56,13 +50,17 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .lifecycle import SQL_SESSION_TABLES
-from .postings import IndexHead, IndexStats, KeptHeads, append_input, completes_block
-from .records import TurnTrace
-from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
-from .usage import postgres_session_bytes
+from ..lifecycle import SQL_SESSION_TABLES
+from ..postings import AppendInput, IndexHead, IndexStats, KeptHeads, completes_block
+from ..records import TurnTrace
+from ..trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
+from ..usage import postgres_session_bytes
+from . import postings as pg_postings
+from .lifecycle import PostgresLifecycle, erase
+from .rows import turn as turn_row
+from .schema import KEY_MOMENT_FLOOR, migrate
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresDriver"]
 
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _W = "WHERE tenant = $1 AND session_id = $2"
@@ -220,7 +218,7 @@ _AT_HEAD = (
 )
 _APPEND = _APPEND_AT.format(only="", at_head=_AT_HEAD.format(seq="ok.last_seq"))
 # The same statement writing nothing unless the head is as assumed: then it writes the turns
-# and their postings together, atomic on its own (no transaction: `PostgresStore.append`).
+# and their postings together, atomic on its own (no transaction: `PostgresDriver.append`).
 _APPEND_AT_HEAD = _APPEND_AT.format(
     only=" AND " + _AT_HEAD.format(seq="last_seq"), at_head=_AT_HEAD.format(seq="ok.last_seq"))
 
@@ -266,7 +264,7 @@ def _numbered(last: int, turns: Sequence[NewTurn]) -> list[Turn]:
 
 
 class _Scope:
-    """One task's `PostgresStore.one_connection`: the connection it holds now, if any."""
+    """One task's `PostgresDriver.one_connection`: the connection it holds now, if any."""
 
     __slots__ = ("db", "task")
 
@@ -283,7 +281,7 @@ async def _keep_session(db: Any) -> None:
     (``pg_advisory_xact_lock``, ``SET LOCAL``), and it opens no cursor and listens to nothing."""
 
 
-class PostgresStore(PostgresLifecycle, ClosesOnExit):
+class PostgresDriver(PostgresLifecycle, ClosesOnExit):
     """A `Store` in PostgreSQL; ``schema`` names the schema holding its tables."""
 
     def __init__(
@@ -400,17 +398,9 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
 
     # -- turn log ---------------------------------------------------------------
 
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        given = append_input(tenant, session_id, turns, user_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
         key, user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
+        session_id = key[1]
         now = utc_now()
         # The postings are computed for the head this process's last append left (if any) and
         # written by the append's own statement; `index_turns` redoes them if it was stale.
@@ -457,7 +447,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         key_moments: int = 0,
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         floor = f"AND emotion >= {KEY_MOMENT_FLOOR}" if key_moment_threshold >= KEY_MOMENT_FLOOR else ""
         async with self._db() as db:
             row = await db.fetchrow(
@@ -490,7 +480,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     async def turns(
         self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Turn]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         upper = to_seq if to_seq is not None else 2**62
         async with self._db() as db:
             rows = await db.fetch(
@@ -500,7 +490,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         return [turn_row(r) for r in rows]
 
     async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         wanted = sorted({int(s) for s in seqs})
         if not wanted:
             return []
@@ -509,7 +499,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         return [turn_row(r) for r in rows]
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             row = await db.fetchrow(
                 "SELECT last_seq, summary_version, constraints_version, emotions_version,"
@@ -523,7 +513,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     async def commit_summary(
         self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
     ) -> bool:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             status = await db.execute(
                 "UPDATE sessions SET summary_text = $3, summary_covers_seq = $4,"
@@ -543,7 +533,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         *,
         expected_version: int,
     ) -> bool:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             status = await db.execute(
                 "UPDATE sessions SET constraints = $3::jsonb,"
@@ -554,7 +544,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         return bool(status == "UPDATE 1")
 
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         items = [(int(s), float(e)) for s, e in scores.items()]
         if not items:
             return
@@ -584,7 +574,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     async def record_jobs(
         self, tenant: str, session_id: str, outcomes: Sequence[JobOutcome], *, release: LockHandle | None = None
     ) -> None:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         # One row per job name (a statement may change a row only once): counts summed, the
         # last outcome's error and time, as the outcomes one after the other would leave them.
         rows: dict[str, list[Any]] = {}
@@ -636,7 +626,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         ]
 
     async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
             rows = await db.fetch(f"{self._INFO} {_W}", *key)
             infos = await self._infos(db, tenant, rows)
@@ -645,8 +635,6 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     async def list_sessions(
         self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
-        tenant, _ = check_ids(tenant, "x")
-        user_id = check_user(user_id)
         async with self._db() as db, db.transaction(isolation="repeatable_read", readonly=True):
             rows = await db.fetch(
                 f"{self._INFO} WHERE tenant = $1 AND ($4::text IS NULL OR user_id = $4)"
@@ -656,7 +644,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             return await self._infos(db, tenant, rows)
 
     async def delete(self, tenant: str, session_id: str) -> bool:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         self._heads.forget(key)
         async with self._db() as db, db.transaction():
             counts = await erase(db, key, None)
@@ -692,7 +680,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         keep: int = 0,
         older_than: datetime | None = None,
     ) -> None:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         packed = await pack_trace_soon(trace)
         async with self._db() as db:
             await db.execute(
@@ -702,7 +690,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             )
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             row = await db.fetchrow(f"SELECT body, packed FROM turn_traces {_W} AND turn = $3", *key, turn)
             if row is None:
@@ -717,7 +705,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         return reading.rebuild({r["seq"]: r["content"] for r in turns}, {r["key"]: r["body"] for r in texts})
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             status = await db.execute(
                 f"WITH x AS (DELETE FROM trace_texts {_W}) DELETE FROM turn_traces {_W}", *key)
@@ -725,7 +713,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
 
     async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
         """Bytes the session keeps by kind of record (`store.usage`)."""
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             return await postgres_session_bytes(db, key)
 
@@ -734,19 +722,19 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     # -- recall index (store/postings.py) ----------------------------------------
 
     async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             return await pg_postings.stats(db, key)
 
     async def postings(
         self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
     ) -> dict[str, list[tuple[int, bytes]]]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             return await pg_postings.postings(db, key, list(terms), from_block)
 
     async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             return await pg_postings.term_counts(db, key, list(terms))
 
@@ -754,12 +742,12 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
         self, tenant: str, session_id: str, terms: Mapping[str, int], *,
         capped: Mapping[str, int], cap: int, most: int,
     ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             return await pg_postings.query_postings(db, key, terms, capped, (cap, most))
 
     async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db, db.transaction():
             return await pg_postings.backfill(db, key, batch)
 
@@ -768,7 +756,8 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
             return await pg_postings.lagging(db, limit)
 
     @asynccontextmanager
-    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``key`` (`store.front.Driver.hold`)."""
         async with self._db() as db:
             # Takes a free or expired lock in one statement; the database clock decides.
             token = await db.fetchval(
@@ -790,19 +779,7 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
                 async with self._db() as db:
                     await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", key, token)
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = check_ids(tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}", ttl_s)
-
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = check_ids(tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
+    async def release(self, handle: LockHandle) -> None:
         async with self._db() as db:
             await db.execute("DELETE FROM job_locks WHERE key = $1 AND token = $2", handle.key, handle.token)
 
@@ -811,7 +788,6 @@ class PostgresStore(PostgresLifecycle, ClosesOnExit):
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        tenant, session_id = check_ids(tenant, session_id)
         async with self._db() as db:
             for _ in range(3):  # a record read as live may lapse before the next statement
                 taken = await db.fetchval(

@@ -6,10 +6,10 @@ trace, ``trace_texts`` the texts it repeats that no turn holds, once per session
 
 from __future__ import annotations
 
-from ._codec import to_micros
-from ._sqlite_admin import WHERE, Db, read, write
-from .records import TurnTrace
-from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, read_trace
+from .._codec import to_micros
+from ..records import TurnTrace
+from ..trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, read_trace
+from .admin import WHERE, Db, read, write
 
 __all__ = ["delete_traces", "get_trace", "put_trace"]
 

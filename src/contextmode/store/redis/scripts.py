@@ -23,7 +23,7 @@ never turned into Lua numbers for storage (Lua would print them rounded).
 
 from __future__ import annotations
 
-from .postings import BLOCK, POSTING
+from ..postings import BLOCK, POSTING
 
 
 def _write_postings(postings: str, stats: str, row: str, indexed_seq: str, info: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..types import Turn
+from ...types import Turn
 
 __all__ = ["turn"]
 

@@ -14,11 +14,11 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
-from ..errors import (
+from ...errors import (
     ConfigError,
     ConflictError,
     LockNotAcquired,
@@ -26,12 +26,9 @@ from ..errors import (
     StoreError,
     translate,
 )
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, validate_id
-from . import _redis_scripts as lua
-from ._codec import (
+from ...types import Constraint, SessionState, Summary, Turn
+from .._codec import (
     being_cancelled,
-    check_ids,
-    check_user,
     constraints_from_json,
     constraints_to_json,
     from_micros,
@@ -39,11 +36,8 @@ from ._codec import (
     owner_error,
     to_micros,
 )
-from ._driver_errors import redis_errors
-from ._redis_lifecycle import RedisLifecycle
-from ._redis_postings import RedisPostings, index_rows
-from ._redis_rows import decode_turn, encode_turn
-from .base import (
+from .._driver_errors import redis_errors
+from ..base import (
     ClosesOnExit,
     IdempotencyRecord,
     JobStats,
@@ -52,13 +46,17 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .lifecycle import REDIS_SESSION_KEYS
-from .postings import KeptHeads, append_input
-from .records import TurnTrace
-from .trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
-from .usage import redis_session_bytes
+from ..lifecycle import REDIS_SESSION_KEYS
+from ..postings import AppendInput, KeptHeads
+from ..records import TurnTrace
+from ..trace_pack import TEXT_TURN_SLACK, TraceReading, pack_trace_soon, read_trace
+from ..usage import redis_session_bytes
+from . import scripts as lua
+from .lifecycle import RedisLifecycle
+from .postings import RedisPostings, index_rows
+from .rows import decode_turn, encode_turn
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisDriver"]
 
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._:\-]{0,64}$")
 
@@ -76,7 +74,7 @@ async def _read_seqs(client: Any, k: dict[str, str], seqs: list[int]) -> list[Tu
     return out
 
 
-class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
+class RedisDriver(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     """A `Store` in Redis; ``namespace`` prefixes every key (default ``cm:``)."""
 
     def __init__(self, url: str, *, namespace: str = "cm:") -> None:
@@ -163,17 +161,8 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
 
     # -- turn log ---------------------------------------------------------------
 
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        # Analysed once, before any script: a redone append only renumbers the postings.
-        given = append_input(tenant, session_id, turns, user_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
+        # Analysed once (by the front), before any script: a redone append only renumbers the postings.
         (tenant, session_id), user_id, turns, analyzed = given.key, given.user_id, given.turns, given.analyzed
         k = self._keys(tenant, session_id)
         answer = max((i for i, t in enumerate(turns, start=1) if t.role == "assistant"), default=0)
@@ -215,7 +204,6 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         key_moments: int = 0,
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         reply = await self._script(
             "LOAD", [k["sess"], k["turns"], k["emo"]],
@@ -251,7 +239,6 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     async def turns(
         self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Turn]:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         async with self._guard() as client:
             # A bounded range needs no read of last_seq: seqs past it are simply absent.
@@ -259,13 +246,11 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
             return await _read_seqs(client, k, list(range(max(1, from_seq), upper + 1)))
 
     async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         async with self._guard() as client:
             return await _read_seqs(client, k, sorted({int(s) for s in seqs if int(s) >= 1}))
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
-        tenant, session_id = check_ids(tenant, session_id)
         async with self._guard() as client:
             row = await client.hmget(
                 self._keys(tenant, session_id)["sess"],
@@ -284,7 +269,6 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     async def commit_summary(
         self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
     ) -> bool:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         args = [expected_version, summary.text, summary.covers_seq, summary.tokens,
                 to_micros(summary.created_at)]
@@ -298,13 +282,11 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         *,
         expected_version: int,
     ) -> bool:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         args = [expected_version, constraints_to_json(constraints)]
         return bool(await self._script("COMMIT_CONSTRAINTS", [k["sess"]], args))
 
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         args: list[Any] = []
         for seq, score in scores.items():
@@ -316,7 +298,6 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
         rejected: bool = False,
     ) -> None:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         args = [job, int(ok), error or "", now_micros(), int(not ok and rejected)]
         await self._script("RECORD_JOB", [k["sess"], k["jobs"]], args)
@@ -356,7 +337,6 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         return infos
 
     async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
-        tenant, session_id = check_ids(tenant, session_id)
         async with self._guard() as client:
             infos = await self._infos(client, tenant, [session_id])
         return infos[0] if infos else None
@@ -364,8 +344,6 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
     async def list_sessions(
         self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
-        tenant, _ = check_ids(tenant, "x")
-        user_id = check_user(user_id)
         if limit <= 0:
             return []
         index = (f"{self.namespace}ix:{tenant}" if user_id is None
@@ -375,7 +353,6 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
             return await self._infos(client, tenant, list(sids))
 
     async def delete(self, tenant: str, session_id: str) -> bool:
-        tenant, session_id = check_ids(tenant, session_id)
         return (await self._erase(tenant, session_id, "")).get("sessions", 0) == 1
 
     async def purge_idle(self, older_than: datetime) -> int:
@@ -400,7 +377,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         keep: int = 0,
         older_than: datetime | None = None,
     ) -> None:
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         cutoff = "" if older_than is None else to_micros(older_than)
         packed = await pack_trace_soon(trace)
         await self._script(
@@ -411,7 +388,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         )
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         async with self._raw() as client:
             body = await client.hget(k["traces"], str(turn))
             if body is None:
@@ -428,7 +405,7 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         )
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         async with self._guard() as client:
             pipe = client.pipeline(transaction=True)
             pipe.hlen(k["traces"])
@@ -438,14 +415,16 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
 
     async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]:
         """Bytes the session keeps by kind of record (`store.usage`)."""
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         async with self._guard() as client:
             return await redis_session_bytes(client, self.namespace, k["member"])
 
     # -- job locks --------------------------------------------------------------
 
     @asynccontextmanager
-    async def _hold(self, key: str, path: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, path: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``path`` (`store.front.Driver.hold`)."""
+        key = self._lock_key(path)
         async with self._guard() as client:
             token = int(await client.incr(f"{self.namespace}fence"))
             taken = await client.set(key, token, nx=True, px=max(1, int(ttl_s * 1000)))
@@ -456,32 +435,25 @@ class RedisStore(RedisLifecycle, RedisPostings, OwnConnections, ClosesOnExit):
         finally:
             await self._script("RELEASE_LOCK", [key], [token])
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = check_ids(tenant, session_id)
-        return self._hold(self._keys(tenant, session_id)["lock"], f"{tenant}/{session_id}", ttl_s)
+    def _lock_key(self, path: str) -> str:
+        """The Redis key of lock ``path``: ``tenant/session`` (a job lock, beside the
+        session's keys) or ``tenant/session#turn`` (a turn lock)."""
+        if path.endswith("#turn"):
+            return f"{self.namespace}turnlock:{path.removesuffix('#turn')}"
+        tenant, _, session_id = path.partition("/")
+        return self._keys(tenant, session_id)["lock"]
 
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = check_ids(tenant, session_id)
-        path = f"{tenant}/{session_id}"
-        return self._hold(f"{self.namespace}turnlock:{path}", f"{path}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
-        path = handle.key.removesuffix("#turn")
-        await self._script("RELEASE_LOCK", [f"{self.namespace}turnlock:{path}"], [handle.token])
+    async def release(self, handle: LockHandle) -> None:
+        await self._script("RELEASE_LOCK", [self._lock_key(handle.key)], [handle.token])
 
     # -- idempotency records (one string key each, expiring by itself) -----------
 
     def _idempotency_key(self, tenant: str, key: str) -> str:
-        return f"{self.namespace}idem:{validate_id(tenant, 'tenant')}:{key}"
+        return f"{self.namespace}idem:{tenant}:{key}"
 
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        tenant, session_id = check_ids(tenant, session_id)
         name = self._idempotency_key(tenant, key)
         listed = self._keys(tenant, session_id)["idempotency"]
         running = json.dumps({"fingerprint": fingerprint, "status": 0, "response": "",

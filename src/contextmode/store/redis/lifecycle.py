@@ -1,4 +1,4 @@
-"""Redis side of the lifecycle abilities (`store.lifecycle.Lifecycle`), mixed into `RedisStore`.
+"""Redis side of the lifecycle abilities (`store.lifecycle.Lifecycle`), mixed into `RedisDriver`.
 
 Erasing a session is one Lua script (`_redis_scripts.ERASE`): it deletes the
 session hash and one key per registered kind (`REDIS_SESSION_KEYS`), updates
@@ -12,10 +12,10 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
-from ..errors import StoreError
-from ._codec import check_ids, check_user, from_micros, now_micros, to_micros
-from .lifecycle import DeletionRecord, Scope, UserInfo
-from .postings import KeptHeads
+from ...errors import StoreError
+from .._codec import from_micros, now_micros, to_micros
+from ..lifecycle import DeletionRecord, Scope, UserInfo
+from ..postings import KeptHeads
 
 __all__ = ["RedisLifecycle"]
 
@@ -31,13 +31,13 @@ def _record(record_id: int, raw: Mapping[str, str]) -> DeletionRecord:
 
 
 class RedisLifecycle:
-    """Users, erasure, the deletion log and restore for `RedisStore`."""
+    """Users, erasure, the deletion log and restore for `RedisDriver`."""
 
     namespace: str
     _heads: KeptHeads
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
-        raise NotImplementedError  # RedisStore's own
+        raise NotImplementedError  # RedisDriver's own
 
     async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         raise NotImplementedError
@@ -51,7 +51,6 @@ class RedisLifecycle:
         raise NotImplementedError
 
     async def list_users(self, tenant: str, *, limit: int = 100, offset: int = 0) -> list[UserInfo]:
-        tenant, _ = check_ids(tenant, "x")
         if limit <= 0:
             return []
         ns = self.namespace
@@ -74,14 +73,12 @@ class RedisLifecycle:
     async def erase_session(
         self, tenant: str, session_id: str, *, record_id: int | None = None
     ) -> dict[str, int]:
-        tenant, session_id = check_ids(tenant, session_id)
         record = "" if record_id is None else f"{self.namespace}del:{record_id}"
         return await self._erase(tenant, session_id, "", record)
 
     async def erase_turns_before(
         self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
-        tenant, session_id = check_ids(tenant, session_id)
         self._heads.forget((tenant, session_id))  # its last turn, kept for the next append
         k = self._keys(tenant, session_id)
         record = "" if record_id is None else f"{self.namespace}del:{record_id}"
@@ -96,7 +93,6 @@ class RedisLifecycle:
     async def open_deletion(
         self, tenant: str, scope: Scope, target: str, *, actor: str
     ) -> DeletionRecord:
-        tenant, _ = check_ids(tenant, "x")
         ns = self.namespace
         record_id = int(await self._script(
             "OPEN_DELETION",
@@ -157,8 +153,6 @@ class RedisLifecycle:
         self, tenant: str, session_id: str, *, user_id: str | None,
         created_at: datetime, updated_at: datetime,
     ) -> bool:
-        tenant, session_id = check_ids(tenant, session_id)
-        user_id = check_user(user_id)
         k = self._keys(tenant, session_id)
         updated = to_micros(updated_at)
         async with self._guard() as client:

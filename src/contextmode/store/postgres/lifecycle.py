@@ -1,4 +1,4 @@
-"""PostgreSQL side of the lifecycle abilities (`store.lifecycle.Lifecycle`), mixed into `PostgresStore`.
+"""PostgreSQL side of the lifecycle abilities (`store.lifecycle.Lifecycle`), mixed into `PostgresDriver`.
 
 Erasure deletes the rows of every registered kind in one transaction; the
 rows are gone for every reader at commit (dead tuples are reclaimed by
@@ -13,10 +13,10 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
-from ..errors import StoreError
-from ._codec import check_ids, check_user, dumps
-from .lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo, merge_counts
-from .postings import KeptHeads
+from ...errors import StoreError
+from .._codec import dumps
+from ..lifecycle import SQL_SESSION_TABLES, DeletionRecord, Scope, UserInfo, merge_counts
+from ..postings import KeptHeads
 
 __all__ = ["PostgresLifecycle", "erase"]
 
@@ -57,16 +57,15 @@ async def erase(db: Any, key: tuple[str, str], record_id: int | None) -> dict[st
 
 
 class PostgresLifecycle:
-    """Users, erasure, the deletion log and restore for `PostgresStore`."""
+    """Users, erasure, the deletion log and restore for `PostgresDriver`."""
 
     _heads: KeptHeads
     """The store's kept index heads (a session's last turn): dropped with what they hold."""
 
     def _db(self) -> AbstractAsyncContextManager[Any]:
-        raise NotImplementedError  # PostgresStore's own
+        raise NotImplementedError  # PostgresDriver's own
 
     async def list_users(self, tenant: str, *, limit: int = 100, offset: int = 0) -> list[UserInfo]:
-        tenant, _ = check_ids(tenant, "x")
         async with self._db() as db:
             rows = await db.fetch(
                 "SELECT user_id, count(*) AS n, max(updated_at) AS newest FROM sessions"
@@ -85,7 +84,7 @@ class PostgresLifecycle:
     async def erase_session(
         self, tenant: str, session_id: str, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         self._heads.forget(key)
         async with self._db() as db, db.transaction():
             return await erase(db, key, record_id)
@@ -93,7 +92,7 @@ class PostgresLifecycle:
     async def erase_turns_before(
         self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         self._heads.forget(key)
         counts: dict[str, int] = {}
         async with self._db() as db, db.transaction():
@@ -110,7 +109,6 @@ class PostgresLifecycle:
     async def open_deletion(
         self, tenant: str, scope: Scope, target: str, *, actor: str
     ) -> DeletionRecord:
-        tenant, _ = check_ids(tenant, "x")
         async with self._db() as db, db.transaction():
             await db.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"forget:{tenant}/{scope}/{target}")
             row = await db.fetchrow(
@@ -153,11 +151,11 @@ class PostgresLifecycle:
         self, tenant: str, session_id: str, *, user_id: str | None,
         created_at: datetime, updated_at: datetime,
     ) -> bool:
-        key = check_ids(tenant, session_id)
+        key = (tenant, session_id)
         async with self._db() as db:
             status = await db.execute(
                 f"UPDATE sessions SET user_id = $3, created_at = $4, updated_at = $5 {_W}",
-                *key, check_user(user_id), created_at, updated_at,
+                *key, user_id, created_at, updated_at,
             )
         return bool(status == "UPDATE 1")
 

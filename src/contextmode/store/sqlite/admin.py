@@ -1,6 +1,6 @@
 """SQLite transactions, session administration and job locks, as plain functions of a connection.
 
-`SQLiteStore` runs them on its private thread; keeping them here keeps the
+`SQLiteDriver` runs them on its private thread; keeping them here keeps the
 store module about the turn log and its derived records.
 """
 
@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import LockNotAcquired
-from ._codec import dumps, from_micros, loads_mapping
-from .base import IdempotencyRecord, JobStats, SessionInfo
-from .lifecycle import SQL_SESSION_TABLES, merge_counts
+from ...errors import LockNotAcquired
+from .._codec import dumps, from_micros, loads_mapping
+from ..base import IdempotencyRecord, JobStats, SessionInfo
+from ..lifecycle import SQL_SESSION_TABLES, merge_counts
 
 __all__ = [
     "WHERE",

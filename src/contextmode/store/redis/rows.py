@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from ..types import NewTurn, Turn
-from ._codec import dumps, from_micros, to_micros
+from ...types import NewTurn, Turn
+from .._codec import dumps, from_micros, to_micros
 
 __all__ = ["decode_turn", "encode_turn"]
 

@@ -6,14 +6,14 @@ import asyncio
 import bisect
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from ..errors import ConflictError, LockNotAcquired
-from ..types import Constraint, NewTurn, SessionState, Summary, Turn, utc_now, validate_id
-from ._codec import check_ids, check_owner, check_user, window_start
-from .base import (
+from ...errors import ConflictError, LockNotAcquired
+from ...types import Constraint, SessionState, Summary, Turn, utc_now
+from .._codec import check_owner, window_start
+from ..base import (
     IdempotencyRecord,
     JobStats,
     LockHandle,
@@ -21,11 +21,12 @@ from .base import (
     SessionInfo,
     SessionVersion,
 )
-from .lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
-from .records import TurnTrace
-from .trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
+from ..lifecycle import DeletionRecord, Scope, UserInfo, merge_counts
+from ..postings import AppendInput
+from ..records import TurnTrace
+from ..trace_pack import TEXT_TURN_SLACK, PackedTrace, TraceReading, pack_trace_soon, read_trace
 
-__all__ = ["MemoryStore"]
+__all__ = ["MemoryDriver"]
 
 
 @dataclass
@@ -53,7 +54,7 @@ def _kept(turns: list[Turn]) -> list[Turn]:
     return [t for t in turns if not t.metadata.get("erased")]
 
 
-class MemoryStore(OwnConnections):
+class MemoryDriver(OwnConnections):
     """Keeps every session in a dict; safe for concurrent tasks of one event loop."""
 
     def __init__(self) -> None:
@@ -65,20 +66,9 @@ class MemoryStore(OwnConnections):
         """Per (tenant, key): the record, when it lapses (monotonic) and its session id."""
         self._deletions: list[DeletionRecord] = []
 
-    def _key(self, tenant: str, session_id: str) -> tuple[str, str]:
-        return check_ids(tenant, session_id)
-
-    async def append(
-        self,
-        tenant: str,
-        session_id: str,
-        turns: Sequence[NewTurn],
-        *,
-        expected_last_seq: int | None = None,
-        user_id: str | None = None,
-    ) -> list[Turn]:
-        key = self._key(tenant, session_id)
-        user_id = check_user(user_id)
+    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
+        key, user_id, turns = given.key, given.user_id, given.turns
+        session_id = key[1]
         async with self._guard:
             now = utc_now()
             session = self._sessions.get(key)
@@ -126,7 +116,7 @@ class MemoryStore(OwnConnections):
         key_moments: int = 0,
         key_moment_threshold: float = 0.7,
     ) -> SessionState:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         session = self._sessions.get(key)
         if session is None:
             return SessionState(tenant=tenant, session_id=session_id)
@@ -160,20 +150,20 @@ class MemoryStore(OwnConnections):
     async def turns(
         self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
     ) -> list[Turn]:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return []
         end = len(session.turns) if to_seq is None else min(to_seq, len(session.turns))
         return _kept(session.turns[max(0, from_seq - 1) : max(0, end)])
 
     async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return []
         return _kept([session.turns[s - 1] for s in sorted(set(seqs)) if 1 <= s <= len(session.turns)])
 
     async def version(self, tenant: str, session_id: str) -> SessionVersion:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return SessionVersion()
         return SessionVersion(
@@ -187,7 +177,7 @@ class MemoryStore(OwnConnections):
     async def commit_summary(
         self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
     ) -> bool:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
@@ -211,7 +201,7 @@ class MemoryStore(OwnConnections):
         *,
         expected_version: int,
     ) -> bool:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None or session.constraints_version != expected_version:
@@ -221,7 +211,7 @@ class MemoryStore(OwnConnections):
             return True
 
     async def set_emotions(self, tenant: str, session_id: str, scores: Mapping[int, float]) -> None:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
@@ -241,7 +231,7 @@ class MemoryStore(OwnConnections):
         self, tenant: str, session_id: str, job: str, *, ok: bool, error: str | None = None,
         rejected: bool = False,
     ) -> None:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return
         stats = session.jobs.get(job, JobStats())
@@ -268,14 +258,13 @@ class MemoryStore(OwnConnections):
         )
 
     async def info(self, tenant: str, session_id: str) -> SessionInfo | None:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         session = self._sessions.get(key)
         return self._info(key, session) if session else None
 
     async def list_sessions(
         self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
-        validate_id(tenant, "tenant")
         mine = [
             (k, s) for k, s in self._sessions.items()
             if k[0] == tenant and (user_id is None or s.user_id == user_id)
@@ -284,7 +273,7 @@ class MemoryStore(OwnConnections):
         return [self._info(k, s) for k, s in mine[offset : offset + limit]]
 
     async def delete(self, tenant: str, session_id: str) -> bool:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             self._erase_idempotency(*key)
             return self._sessions.pop(key, None) is not None
@@ -306,7 +295,7 @@ class MemoryStore(OwnConnections):
         keep: int = 0,
         older_than: datetime | None = None,
     ) -> None:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         packed = await pack_trace_soon(trace)
         async with self._guard:
             session = self._sessions.get(key)
@@ -327,7 +316,7 @@ class MemoryStore(OwnConnections):
                     del session.trace_texts[text_key]
 
     async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         kept = session.traces.get(turn) if session else None
         if session is None or kept is None:
             return None
@@ -339,7 +328,7 @@ class MemoryStore(OwnConnections):
         return reading.rebuild(turns, texts)
 
     async def delete_traces(self, tenant: str, session_id: str) -> int:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             if session is None:
@@ -352,7 +341,6 @@ class MemoryStore(OwnConnections):
     # -- lifecycle ----------------------------------------------------------------
 
     async def list_users(self, tenant: str, *, limit: int = 100, offset: int = 0) -> list[UserInfo]:
-        validate_id(tenant, "tenant")
         users: dict[str, list[_Session]] = {}
         for (t, _), session in self._sessions.items():
             if t == tenant and session.user_id is not None:
@@ -377,7 +365,7 @@ class MemoryStore(OwnConnections):
     async def erase_session(
         self, tenant: str, session_id: str, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.pop(key, None)
             counts = {"sessions": 0, "turns": 0, "summaries": 0, "pins": 0,
@@ -395,7 +383,7 @@ class MemoryStore(OwnConnections):
     async def erase_turns_before(
         self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
-        key = self._key(tenant, session_id)
+        key = (tenant, session_id)
         async with self._guard:
             session = self._sessions.get(key)
             counts = {"turns": 0, "emotion_scores": 0}
@@ -447,15 +435,16 @@ class MemoryStore(OwnConnections):
         self, tenant: str, session_id: str, *, user_id: str | None,
         created_at: datetime, updated_at: datetime,
     ) -> bool:
-        session = self._sessions.get(self._key(tenant, session_id))
+        session = self._sessions.get((tenant, session_id))
         if session is None:
             return False
-        session.user_id = check_user(user_id)
+        session.user_id = user_id
         session.created_at, session.updated_at = created_at, updated_at
         return True
 
     @asynccontextmanager
-    async def _hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+    async def hold(self, key: str, ttl_s: float) -> AsyncIterator[LockHandle]:
+        """Hold lock ``key`` (`store.front.Driver.hold`)."""
         now = time.monotonic()
         held = self._locks.get(key)
         if held is not None and held[1] > now:
@@ -469,19 +458,7 @@ class MemoryStore(OwnConnections):
             if self._locks.get(key, (None,))[0] == token:
                 del self._locks[key]
 
-    def lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 60.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = self._key(tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}", ttl_s)
-
-    def turn_lock(
-        self, tenant: str, session_id: str, *, ttl_s: float = 300.0
-    ) -> AbstractAsyncContextManager[LockHandle]:
-        tenant, session_id = self._key(tenant, session_id)
-        return self._hold(f"{tenant}/{session_id}#turn", ttl_s)
-
-    async def release_turn_lock(self, handle: LockHandle) -> None:
+    async def release(self, handle: LockHandle) -> None:
         if self._locks.get(handle.key, (None,))[0] == handle.token:
             del self._locks[handle.key]
 
@@ -490,7 +467,6 @@ class MemoryStore(OwnConnections):
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
-        tenant, session_id = check_ids(tenant, session_id)
         now = time.monotonic()
         held = self._idempotency.get((tenant, key))
         if held is not None and held[1] > now:

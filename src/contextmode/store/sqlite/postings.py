@@ -10,10 +10,8 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..types import Turn
-from ._sqlite_rows import TURN_SELECT
-from ._sqlite_rows import turn as turn_row
-from .postings import (
+from ...types import Turn
+from ..postings import (
     BLOCK,
     LAYOUT,
     POSTING,
@@ -24,6 +22,8 @@ from .postings import (
     postings_for,
     within_cap,
 )
+from .rows import TURN_SELECT
+from .rows import turn as turn_row
 
 __all__ = ["backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats", "term_counts"]
 

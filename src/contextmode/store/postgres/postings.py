@@ -10,10 +10,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..types import NewTurn, Turn
-from ._codec import metadata_json
-from ._pg_rows import turn as turn_row
-from .postings import (
+from ...types import NewTurn, Turn
+from .._codec import metadata_json
+from ..postings import (
     BLOCK,
     LAYOUT,
     POSTING,
@@ -23,6 +22,7 @@ from .postings import (
     completes_block,
     postings_for,
 )
+from .rows import turn as turn_row
 
 __all__ = [
     "NO_INDEX", "append_args", "backfill", "convert", "index_turns", "lagging", "postings", "seal", "stats",

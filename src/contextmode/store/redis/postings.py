@@ -1,4 +1,4 @@
-"""The recall index in Redis (see `store.postings`), mixed into `RedisStore`.
+"""The recall index in Redis (see `store.postings`), mixed into `RedisDriver`.
 
 Keys of one session (``P`` = namespace + ``tenant/session_id``): ``{ns}rp:P``, a
 hash ``block:term`` → packed postings (`postings.POSTING` records, appended by
@@ -26,11 +26,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from ..types import NewTurn, Turn
-from . import _redis_scripts as lua
-from ._codec import check_ids
-from ._redis_rows import decode_turn
-from .postings import POSTING, IndexHead, IndexStats, KeptHeads, PostingRows, postings_for
+from ...types import NewTurn, Turn
+from ..postings import POSTING, IndexHead, IndexStats, KeptHeads, PostingRows, postings_for
+from . import scripts as lua
+from .rows import decode_turn
 
 __all__ = ["IndexHead", "RedisPostings", "index_args", "index_rows"]
 
@@ -64,7 +63,7 @@ def index_rows(head: IndexHead, turns: Sequence[NewTurn], analyzed: Mapping[str,
 
 
 class RedisPostings:
-    """`PostingsStore` for `RedisStore` (see the module docstring)."""
+    """`PostingsStore` for `RedisDriver` (see the module docstring)."""
 
     namespace: str
     url: str
@@ -75,7 +74,7 @@ class RedisPostings:
     """What the next append of a session needs, as this process last wrote it."""
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
-        raise NotImplementedError  # RedisStore's own
+        raise NotImplementedError  # RedisDriver's own
 
     async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         raise NotImplementedError
@@ -132,7 +131,7 @@ class RedisPostings:
         self._heads.keep(key, before, turns, indexed=indexed, digest=_sha1(doc), size=len(doc))
 
     async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         async with self._guard() as client:
             row = await client.hmget(k["rindex"], ["indexed_seq", "docs", "total_len"])
         if row[0] is None:
@@ -143,7 +142,7 @@ class RedisPostings:
     async def postings(
         self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
     ) -> dict[str, list[tuple[int, bytes]]]:
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         out: dict[str, list[tuple[int, bytes]]] = {}
         if not terms:
             return out
@@ -159,7 +158,7 @@ class RedisPostings:
         self, tenant: str, session_id: str, terms: Mapping[str, int], *,
         capped: Mapping[str, int], cap: int, most: int,
     ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]:
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         out: dict[str, list[tuple[int, bytes]]] = {}
         counts: dict[str, int] = {}
         wanted = {**capped, **terms}
@@ -179,7 +178,7 @@ class RedisPostings:
         return out, counts
 
     async def term_counts(self, tenant: str, session_id: str, terms: Sequence[str]) -> dict[str, int]:
-        k = self._keys(*check_ids(tenant, session_id))
+        k = self._keys(tenant, session_id)
         wanted = list(dict.fromkeys(terms))
         if not wanted:
             return {}
@@ -188,7 +187,6 @@ class RedisPostings:
         return {t: int(c) for t, c in zip(wanted, counts, strict=True) if c is not None}
 
     async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int:
-        tenant, session_id = check_ids(tenant, session_id)
         k = self._keys(tenant, session_id)
         keys = [k["sess"], k["rpostings"], k["rindex"]]
         while True:
