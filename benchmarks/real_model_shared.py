@@ -169,7 +169,7 @@ async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]
               "tokens_out": c.completion_tokens, "outcome": c.outcome.split(":")[0]}
              for c in call_log().between(since)]  # every call of the run (a trace shows a turn's)
     for session in sessions:
-        info = await engine.store.info("local", session)
+        info = await engine.store.info(SessionKey("local", session))
         for name, stats in (info.jobs.items() if info is not None else ()):
             for outcome in ("ok", "rejected", "failed"):
                 jobs[name][outcome] += getattr(stats, outcome)

@@ -105,10 +105,10 @@ async def test_a_rejected_score_is_counted_and_the_turn_is_scored_offline() -> N
     engine.emotion = RejectedScorer()
     await engine.turn("t", "s", "I am so angry!!!")
     await engine.drain()
-    info = await engine.store.info("t", "s")
+    info = await engine.store.info(SessionKey("t", "s"))
     assert info is not None and (info.jobs["emotion"].ok, info.jobs["emotion"].rejected) == (0, 1)
     assert info.jobs["emotion"].last_error == "no intensity in the answer"
-    state = await engine.store.load("t", "s", recent=20)
+    state = await engine.store.load(SessionKey("t", "s"), recent=20)
     [said] = [t for t in state.turns if t.role == "user"]
     assert said.emotion is not None and said.emotion > 0.5  # the offline scorer's, not the model's
     notes = [c.outcome for c in call_log().between(0.0) if c.step == "emotion" and c.session == "s"]

@@ -58,7 +58,7 @@ async def test_summariser_failing_three_times_leaves_the_log_untouched(
 
 async def test_a_job_made_of_steps_counts_each_step_under_its_name() -> None:
     store = MemoryStore()
-    await store.append("t", "s", new_turns(1))
+    await store.append(SessionKey("t", "s"), new_turns(1))
     attempts = 0
 
     async def unit() -> None:
@@ -75,7 +75,7 @@ async def test_a_job_made_of_steps_counts_each_step_under_its_name() -> None:
     runner.schedule("t", "s", "memory", unit)
     assert runner.units("t", "s") == 1 and runner.units("t", "other") == 0
     await runner.drain()
-    info = await store.info("t", "s")
+    info = await store.info(SessionKey("t", "s"))
     assert info is not None
     stats = {name: (j.ok, j.failed, j.rejected) for name, j in info.jobs.items()}
     # the unit itself is not counted; each step is, the failed one once, after the last attempt

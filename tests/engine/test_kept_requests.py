@@ -80,7 +80,7 @@ async def test_the_usual_turn_does_not_read_the_previous_trace() -> None:
         assert reads == [1, 2, 3]  # only the test's own reads of the kept traces
         # Erased and started again: the first exchange of the new session is turn 1 again, and
         # what was remembered of the old one is gone.
-        await engine.store.delete("t", "s")
+        await engine.store.delete(SessionKey("t", "s"))
         reads.clear()
         again = await _usages(engine, "s", SAID[3:5])
         assert reads == [1, 2]

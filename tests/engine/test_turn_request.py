@@ -62,7 +62,7 @@ async def test_the_user_turn_is_stored_before_prepared_and_a_stream_closed_there
     assert engine.jobs.pending("t", "s") == []
     await stream.aclose()  # type: ignore[attr-defined]
     assert model.calls == []
-    assert [t.role for t in await engine.store.turns("t", "s")] == ["user"]
+    assert [t.role for t in await engine.store.turns(SessionKey("t", "s"))] == ["user"]
     assert engine.jobs.pending("t", "s") == ["memory"]  # the session's one unit: emotion, constraints
     await engine.close()
 

@@ -265,7 +265,7 @@ async def test_background_jobs_retry_with_backoff_then_give_up_visibly(stub: Stu
     await engine.drain()
 
     assert len(stub.chat_requests) == 9, "three attempts of the unit, each asking for the three steps"
-    info = await engine.store.info(TENANT, SID)
+    info = await engine.store.info(SessionKey(TENANT, SID))
     assert info is not None
     for name in ("emotion", "constraints", "summary"):
         job = info.jobs[name]

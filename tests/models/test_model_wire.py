@@ -67,7 +67,7 @@ async def test_openai_style_servers_get_json_schema_and_llamacpp_gets_json_objec
             # background calls are streams on every server (a call cut short or abandoned at
             # its timeout stops the server's work), and a llama.cpp server gets streams only
             assert all(r.stream for r in server.chat_requests)
-            state = await engine.store.load(T, S, recent=0)
+            state = await engine.store.load(SessionKey(T, S), recent=0)
             assert [(c.key, c.value) for c in state.constraints] == [("diet", "vegetarian")]
             info = await engine.store.info(SessionKey(T, S))
             assert info is not None and info.jobs["constraints"].ok == 1

@@ -299,18 +299,18 @@ async def test_jobs_waiting_behind_a_reply_too_long_are_deferred_not_failed_and_
         await until(lambda: any(c.session == "quiet" and c.outcome.startswith("deferred")
                                 for c in call_log().between(0.0)))
         # Gave up waiting for the slot: deferred, tried again; not a failed attempt.
-        info = await store.info("t", "quiet")
+        info = await store.info(SessionKey("t", "quiet"))
         assert info is not None and all(stats.failed == 0 for stats in info.jobs.values())
         assert engine.jobs.pending("t", "quiet") == ["memory"]
-        assert (await store.load("t", "quiet", recent=0)).constraints == ()
+        assert (await store.load(SessionKey("t", "quiet"), recent=0)).constraints == ()
         release.set()
         assert (await turn).answer == "Sure."
         await engine.drain()
-        info = await store.info("t", "quiet")
+        info = await store.info(SessionKey("t", "quiet"))
         assert info is not None
         for job in ("emotion", "constraints"):
             stats = info.jobs[job]
             assert (stats.ok, stats.failed, stats.rejected) == (1, 0, 0), job
-        assert [c.key for c in (await store.load("t", "quiet", recent=0)).constraints] == ["diet"]
+        assert [c.key for c in (await store.load(SessionKey("t", "quiet"), recent=0)).constraints] == ["diet"]
         assert gate.state().background_waiting == 0
         await engine.close()

@@ -165,7 +165,7 @@ async def _keep_trace(
         trace = keepable_trace(settings.pii_for(key.tenant), replace(trace, pii_masked=masked) if masked else trace)
         max_age = settings.trace_max_age_days
         async with parts.one_connection():  # the check and the write: one pooled connection
-            version = await parts.store.version(key.tenant, key.session_id)
+            version = await parts.store.version(key)
             if version.last_seq < outcome.user_seq:
                 return  # erased since the reply (a forget on another worker): keep nothing of it
             previous = await _previous_basis(parts, keeper, key, outcome, version.created_at)
@@ -173,7 +173,7 @@ async def _keep_trace(
                                                     prices=settings.prices))
             kept = cap_trace(trace, settings.trace_max_bytes)
             await keeper.put_trace(
-                key.tenant, key.session_id, kept, keep=settings.trace_keep,
+                key, kept, keep=settings.trace_keep,
                 older_than=trace.created_at - timedelta(days=max_age) if max_age else None,
             )
         if outcome.answer_seq is not None:
@@ -195,7 +195,7 @@ async def _previous_basis(
                                            session_created=created)
     if remembered is not None:
         return remembered
-    previous = await keeper.get_trace(key.tenant, key.session_id, outcome.turn - 1)
+    previous = await keeper.get_trace(key, outcome.turn - 1)
     return UsageBasis.of(previous) if previous is not None else None
 
 
