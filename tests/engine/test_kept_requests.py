@@ -70,9 +70,9 @@ async def test_the_usual_turn_does_not_read_the_previous_trace() -> None:
     assert isinstance(keeper, MemoryStore)
     original = keeper.get_trace
 
-    async def counted(tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+    async def counted(key: SessionKey, turn: int) -> TurnTrace | None:
         reads.append(turn)
-        return await original(tenant, session_id, turn)
+        return await original(key, turn)
 
     keeper.get_trace = counted  # type: ignore[method-assign]
     try:
