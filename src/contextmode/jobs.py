@@ -196,6 +196,11 @@ class _SessionQueue:
     """Outcomes not yet counted in the store (one write per burst, on a store with `JobOutcomes`)."""
     counting: tuple[JobOutcome, ...] = ()
     """Outcomes being written by `_count` right now (still pending for `pending`)."""
+    retrying: bool = False
+    """The running job waits before another attempt, which calls its factory again: a coalesced
+    job of its name scheduled meanwhile is that attempt (`JobRunner.schedule`)."""
+    settled: bool = False
+    """The running job's work has ended; only its outcome is being written (not a unit of work)."""
 
 
 _MAX_PREEMPTED = 20
@@ -251,6 +256,8 @@ class JobRunner:
         if self.hooks is not None:
             self.hooks.job_scheduled(job_name)
         queue = self._queues.setdefault(key, _SessionQueue())
+        if coalesce and queue.running == job_name and queue.retrying:
+            return  # its next attempt reads the latest state: it covers this one
         if coalesce:
             for i, (name, _) in enumerate(queue.waiting):
                 if name == job_name:
@@ -279,11 +286,12 @@ class JobRunner:
 
     def units(self, tenant: str, session_id: str) -> int:
         """Jobs of the session running or waiting: work not done yet (`pending` also lists
-        finished jobs whose outcome is being counted)."""
+        finished jobs whose outcome is being counted; a running job whose work has ended and
+        whose outcome is being written is not a unit)."""
         queue = self._queues.get((tenant, session_id))
         if queue is None:
             return 0
-        return (queue.running is not None) + len(queue.waiting)
+        return (queue.running is not None and not queue.settled) + len(queue.waiting)
 
     def sessions(self) -> list[tuple[str, str]]:
         """``(tenant, session_id)`` of every session with a running or waiting job."""
@@ -328,7 +336,7 @@ class JobRunner:
         try:
             while queue.waiting:
                 name, factory = queue.waiting.popleft()
-                queue.running = name
+                queue.running, queue.settled = name, False
                 try:
                     await self._run(key, name, factory, queue)
                 except Exception:  # a bug here must not stop the session's other jobs
@@ -385,7 +393,7 @@ class JobRunner:
                     log.info("job %s for %s/%s deferred for replies (%s); trying again", name, *key,
                              type(exc).__name__)
                     await let_go(self.store)
-                    await self._sleep(self._delay(1))
+                    await self._back_off(queue, self._delay(1))
                     continue
                 await self._record(key, queue, name, ok=False,
                                    error=f"cut short for replies {cut} times; left for the next turn")
@@ -406,15 +414,24 @@ class JobRunner:
                         log.warning("job %s for %s/%s failed (attempt %d/%d): %s",
                                     failed, *key, attempt, attempts, error)
                     await let_go(self.store)
-                    await self._sleep(self._delay(attempt))
+                    await self._back_off(queue, self._delay(attempt))
                     attempt += 1
                     continue
                 for failed, error in failures:
                     log.error("job %s for %s/%s gave up after %d attempts: %s", failed, *key, attempts, error)
                     await self._record(key, queue, failed, ok=False, error=f"after {attempts} attempts: {error}")
                 return None
+            queue.settled = True
             return await self._count_steps(key, queue, steps) or counted
         return None
+
+    async def _back_off(self, queue: _SessionQueue, delay: float) -> None:
+        """Wait before the running job's next attempt (`_SessionQueue.retrying` meanwhile)."""
+        queue.retrying = True
+        try:
+            await self._sleep(delay)
+        finally:
+            queue.retrying = False
 
     async def _count_steps(self, key: tuple[str, str], queue: _SessionQueue, steps: list[_Step]) -> bool:
         """Count the steps an attempt reported (`report_step`); True when there were any."""

@@ -181,6 +181,50 @@ async def test_coalesce_replaces_a_waiting_job_of_the_same_name() -> None:
     assert ran == ["new"]
 
 
+async def test_a_coalesced_job_scheduled_during_its_retry_is_that_retry() -> None:
+    """The session's unit fails once and waits to try again: a turn arriving meanwhile merges
+    into the retry (it calls the factory anew, reading the latest state) instead of queueing a
+    second unit behind it."""
+    backing_off, resume = asyncio.Event(), asyncio.Event()
+    runs: list[str] = []
+
+    async def sleep(_: float) -> None:
+        backing_off.set()
+        await resume.wait()
+
+    def unit(tag: str) -> JobFactory:
+        async def body() -> None:
+            runs.append(tag)
+            if len(runs) == 1:
+                raise RuntimeError("the model timed out")
+
+        return body
+
+    runner = JobRunner(None, FAST, sleep=sleep)
+    runner.schedule("t", "s", "memory", unit("first"), coalesce=True)
+    await backing_off.wait()
+    assert runner.units("t", "s") == 1
+    runner.schedule("t", "s", "memory", unit("second"), coalesce=True)
+    assert runner.units("t", "s") == 1 and runner.pending("t", "s") == ["memory"]
+    resume.set()
+    await runner.drain()
+    assert runs == ["first", "first"]  # the retry covered the second turn: two runs, not three
+
+    # Not retrying: a coalesced job scheduled while one of its name runs waits behind it.
+    gate = asyncio.Event()
+
+    async def running() -> None:
+        await gate.wait()
+
+    runner.schedule("t", "s", "memory", running, coalesce=True)
+    await asyncio.sleep(0)
+    runner.schedule("t", "s", "memory", unit("third"), coalesce=True)
+    assert runner.units("t", "s") == 2
+    gate.set()
+    await runner.drain()
+    assert runs[-1] == "third"
+
+
 async def test_stale_summary_arriving_after_a_newer_one_is_rejected(
     sqlite_store: SQLiteStore,
 ) -> None:
