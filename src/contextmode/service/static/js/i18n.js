@@ -4,7 +4,7 @@
 // Chinese names of what the server sends as identifiers (intents, jobs, pin keys, the
 // detector's reason), so the Chinese page has no English labels.
 const ZH_INTENTS = { detail: "展开", simplify: "简化", example: "举例", summary: "总结", pronoun: "指代" };
-const ZH_JOBS = { summary: "摘要", constraints: "约束", emotion: "情绪", index: "索引" };
+const ZH_JOBS = { memory: "记忆整理（情绪、约束、摘要）", summary: "摘要", constraints: "约束", emotion: "情绪", index: "索引" };
 const ZH_PIN_KEYS = {
   budget: "预算", spice: "辣度", diet: "饮食", name: "名字", age: "年龄", location: "住址", hometown: "家乡",
   job: "职业", workplace: "工作单位", like: "喜欢", dislike: "不喜欢", allergy: "过敏", avoid: "避免",
@@ -160,7 +160,7 @@ const STRINGS = {
   },
   en: {
     subtitle: "context inspector",
-    jobName: (name) => name,
+    jobName: (name) => (name === "memory" ? "memory (emotion, constraints, summary)" : name),
     pinKey: (key) => key.split(":").join(": "),
     session: "Session",
     newSession: "New session",
