@@ -44,13 +44,13 @@ class TestMinimalLifecycle(LifecycleContract):
     async def store(self) -> StoreFront[MinimalDriver]:
         return _store()
 
-    async def test_erase_turns_before_keeps_the_newest(self, store: StoreFront[MinimalDriver]) -> None:  # type: ignore[override]
+    async def test_erase_turns_before_keeps_the_newest(self, store: StoreFront[MinimalDriver]) -> None:
         await store.append(_K, new_turns(10))
         with pytest.raises(ConfigError, match="oldest turns"):
             await store.erase_turns_before(_K, 7)
         assert len(await store.turns(_K)) == 10
 
-    async def test_restore_session_sets_owner_and_times(self, store: StoreFront[MinimalDriver]) -> None:  # type: ignore[override]
+    async def test_restore_session_sets_owner_and_times(self, store: StoreFront[MinimalDriver]) -> None:
         await store.append(_K, new_turns(1))
         at = datetime(2024, 1, 2, tzinfo=UTC)
         with pytest.raises(ConfigError, match="owner and times"):
@@ -73,7 +73,7 @@ def test_every_shipped_driver_has_every_ability_natively(tmp_path: Path) -> None
 
 def test_a_driver_lacking_an_ability_and_records_is_refused() -> None:
     class LogOnly(MinimalDriver):
-        get_record = swap_record = list_records = None  # type: ignore[assignment]
+        get_record = swap_record = list_records = None
 
     with pytest.raises(TypeError, match=r"LockDriver.*no KeyedRecords"):
         StoreFront(LogOnly())
