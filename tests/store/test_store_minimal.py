@@ -17,6 +17,7 @@ from contextmode.store.lifecycle import is_lifecycle_store
 from contextmode.store.memory import MemoryDriver
 from contextmode.store.minimal import MinimalDriver
 from contextmode.store.postgres.driver import PostgresDriver
+from contextmode.store.records import TurnTrace
 from contextmode.store.redis.driver import RedisDriver
 from contextmode.store.sqlite.driver import SQLiteDriver
 from contextmode.testing.contract import StoreContract, new_turns
@@ -124,3 +125,46 @@ async def test_erasure_counts_what_the_front_kept_and_logs_it() -> None:
     assert (done.counts["turns"], done.counts["files"], done.pending) == (4, 2, False)
     assert await store.deletions() == [done]
     assert await store.driver.list_records("t", "idempotency-of") == []
+
+
+class _NativeTraces(MinimalDriver):
+    """The core plus traces of its own (a `TraceDriver`): the front keeps the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.traces: dict[tuple[str, str, int], TurnTrace] = {}
+
+    async def put_trace(self, tenant: str, session_id: str, trace: TurnTrace, *, keep: int = 0,
+                        older_than: datetime | None = None) -> None:
+        if (await self.version(tenant, session_id)).created_at is not None:
+            self.traces[(tenant, session_id, trace.turn)] = trace
+
+    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None:
+        return self.traces.get((tenant, session_id, turn))
+
+    async def delete_traces(self, tenant: str, session_id: str) -> int:
+        mine = [k for k in self.traces if k[:2] == (tenant, session_id)]
+        for k in mine:
+            del self.traces[k]
+        return len(mine)
+
+
+async def test_a_native_ability_is_used_and_the_front_erases_and_counts_it() -> None:
+    driver = _NativeTraces()
+    store = StoreFront(driver)
+    await store.append(_K, new_turns(2))
+    trace = TurnTrace(turn=1, user_seq=1, answer_seq=2, created_at=datetime.now(UTC), typed="hi", sent="hi")
+    await store.put_trace(_K, trace)
+    assert list(driver.traces) == [("t", "s", 1)] and await store.driver.list_records("t", "trace") == []
+    assert await store.get_trace(_K, 1) == trace
+    counts = await store.erase_session(_K)
+    assert (counts["traces"], counts["turns"], driver.traces) == (1, 2, {})
+
+
+def test_a_native_erasure_needs_native_session_records() -> None:
+    class ErasesItself(MinimalDriver):
+        erase_session = erase_turns_before = compact = open_deletion = finish_deletion = print
+        deletions = restore_session = print
+
+    with pytest.raises(TypeError, match="erases sessions itself"):
+        StoreFront(ErasesItself())
