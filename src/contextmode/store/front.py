@@ -5,26 +5,32 @@ front; the front hands the driver plain, already valid strings. So a backend is 
 of atomic reads and writes that checks no id itself: the front does what every backend
 would otherwise repeat: it checks the tenant of a tenant-wide call and any user id, and names
 the session locks (``tenant/session`` for background jobs, ``tenant/session#turn`` for a chat
-turn) that a driver only holds and releases (`Driver.hold`, `Driver.release`).
+turn) that a driver only holds and releases (`LockDriver.hold`, `LockDriver.release`).
+
+The driver seam (`store.drivers`) is a core every backend writes (`Driver` and
+`KeyedRecords`: 15 methods) and optional abilities (traces, idempotency, locks, lifecycle…)
+a backend may have natively; the front checks each once, when it is built, and provides the
+ones a driver lacks on the core (`store.kept`).
 
 | class | driver protocol | backends |
 |---|---|---|
-| `StoreFront` | `Driver` | memory (`store.memory`) |
+| `StoreFront` | `Driver` (+ `KeyedRecords` for the abilities it lacks) | memory (`store.memory`), the template (`store.minimal`) |
 | `IndexedFront` | `IndexDriver` (+ the recall postings and storage usage) | SQLite, Redis |
 | `BatchingFront` | `BatchingDriver` (+ several job outcomes in one write) | PostgreSQL |
 
 Each backend's folder (``store/sqlite/``, ``store/postgres/``, ``store/redis/``,
 ``store/memory/``) holds its driver (``driver.py``) and the front a caller builds
 (``SQLiteStore(path)`` is ``IndexedFront(SQLiteDriver(path))``). A fifth backend writes a
-driver and picks its front.
+driver (`store.minimal.MinimalDriver` is the template) and picks its front.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import replace
 from datetime import datetime
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 from ..types import Constraint, NewTurn, SessionKey, SessionState, Summary, Turn, validate_id
 from ._codec import check_user
@@ -35,6 +41,34 @@ from .base import (
     LockHandle,
     SessionInfo,
     SessionVersion,
+)
+from .drivers import (
+    BatchingDriver,
+    ConnectionDriver,
+    Driver,
+    IdempotencyDriver,
+    IndexDriver,
+    JobDriver,
+    KeyedRecords,
+    LifecycleDriver,
+    LockDriver,
+    PurgeDriver,
+    TraceDriver,
+    TurnsAtDriver,
+    UserDriver,
+)
+from .kept import (
+    DropsNativeTraces,
+    DropsSession,
+    RecordIdempotency,
+    RecordJobs,
+    RecordLifecycle,
+    RecordLocks,
+    Records,
+    RecordTraces,
+    list_users_by_sessions,
+    purge_by_listing,
+    turns_at_by_range,
 )
 from .lifecycle import DeletionRecord, Scope, UserInfo
 from .postings import AppendInput, IndexStats, append_input
@@ -47,157 +81,35 @@ __all__ = [
     "IndexDriver",
     "IndexedFront",
     "StoreFront",
+    "records_for",
 ]
 
-
-class Driver(Protocol):
-    """A backend's atomic reads and writes, each scoped by a tenant and (most) a session id
-    the front has checked. The calls mean what the `Store` protocols say of them."""
-
-    def one_connection(self) -> AbstractAsyncContextManager[None]: ...
-    async def let_go(self) -> None: ...
-    async def close(self) -> None: ...
-    async def append(self, given: AppendInput, *, expected_last_seq: int | None = None) -> list[Turn]:
-        """`TurnLog.append` of ``given`` (ids and user checked; index terms analysed when the
-        driver keeps postings)."""
-        ...
-    async def load(
-        self,
-        tenant: str,
-        session_id: str,
-        *,
-        recent: int = 8,
-        max_uncovered: int = 200,
-        key_moments: int = 0,
-        key_moment_threshold: float = 0.7,
-    ) -> SessionState: ...
-    async def turns(
-        self, tenant: str, session_id: str, *, from_seq: int = 1, to_seq: int | None = None
-    ) -> list[Turn]: ...
-    async def turns_at(self, tenant: str, session_id: str, seqs: Sequence[int]) -> list[Turn]: ...
-    async def version(self, tenant: str, session_id: str) -> SessionVersion: ...
-    async def commit_summary(
-        self, tenant: str, session_id: str, summary: Summary, *, expected_version: int
-    ) -> bool: ...
-    async def commit_constraints(
-        self,
-        tenant: str,
-        session_id: str,
-        constraints: Sequence[Constraint],
-        *,
-        expected_version: int,
-    ) -> bool: ...
-    async def set_emotions(
-        self, tenant: str, session_id: str, scores: Mapping[int, float]
-    ) -> None: ...
-    async def record_job(
-        self,
-        tenant: str,
-        session_id: str,
-        job: str,
-        *,
-        ok: bool,
-        error: str | None = None,
-        rejected: bool = False,
-    ) -> None: ...
-    async def info(self, tenant: str, session_id: str) -> SessionInfo | None: ...
-    async def list_sessions(
-        self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
-    ) -> list[SessionInfo]: ...
-    async def delete(self, tenant: str, session_id: str) -> bool: ...
-    async def purge_idle(self, older_than: datetime) -> int: ...
-    async def put_trace(
-        self,
-        tenant: str,
-        session_id: str,
-        trace: TurnTrace,
-        *,
-        keep: int = 0,
-        older_than: datetime | None = None,
-    ) -> None: ...
-    async def get_trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace | None: ...
-    async def delete_traces(self, tenant: str, session_id: str) -> int: ...
-    def hold(self, key: str, ttl_s: float) -> AbstractAsyncContextManager[LockHandle]:
-        """Hold lock ``key`` (the front names it: ``tenant/session``, ``tenant/session#turn``)
-        or raise `LockNotAcquired`; it expires ``ttl_s`` after it was taken, and the exit
-        releases it if its token still holds it (fencing)."""
-        ...
-    async def release(self, handle: LockHandle) -> None:
-        """Release a held lock, if its token still holds it."""
-        ...
-    async def claim_idempotency(
-        self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
-    ) -> IdempotencyRecord | None: ...
-    async def finish_idempotency(
-        self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
-    ) -> None: ...
-    async def release_idempotency(self, tenant: str, key: str) -> None: ...
-    async def list_users(
-        self, tenant: str, *, limit: int = 100, offset: int = 0
-    ) -> list[UserInfo]: ...
-    async def list_tenants(self) -> list[str]: ...
-    async def erase_session(
-        self, tenant: str, session_id: str, *, record_id: int | None = None
-    ) -> dict[str, int]: ...
-    async def erase_turns_before(
-        self, tenant: str, session_id: str, seq: int, *, record_id: int | None = None
-    ) -> dict[str, int]: ...
-    async def compact(self) -> None: ...
-    async def open_deletion(
-        self, tenant: str, scope: Scope, target: str, *, actor: str
-    ) -> DeletionRecord: ...
-    async def finish_deletion(self, record_id: int, extra: Mapping[str, int]) -> DeletionRecord: ...
-    async def deletions(
-        self, *, since_id: int = 0, pending_only: bool = False, limit: int = 100
-    ) -> list[DeletionRecord]: ...
-    async def restore_session(
-        self,
-        tenant: str,
-        session_id: str,
-        *,
-        user_id: str | None,
-        created_at: datetime,
-        updated_at: datetime,
-    ) -> bool: ...
+_KEPT_ABILITIES: tuple[type, ...] = (LockDriver, JobDriver, TraceDriver, IdempotencyDriver, LifecycleDriver)
+"""The abilities the front keeps in a driver's `KeyedRecords` when the driver lacks them."""
 
 
-class IndexDriver(Driver, Protocol):
-    """A driver that keeps the recall postings beside the log (`store.postings`) and reports
-    a session's storage (`store.usage`)."""
-
-    async def session_bytes(self, tenant: str, session_id: str) -> dict[str, int]: ...
-    async def index_stats(self, tenant: str, session_id: str) -> IndexStats: ...
-    async def postings(
-        self, tenant: str, session_id: str, terms: Sequence[str], *, from_block: int = 0
-    ) -> dict[str, list[tuple[int, bytes]]]: ...
-    async def term_counts(
-        self, tenant: str, session_id: str, terms: Sequence[str]
-    ) -> dict[str, int]: ...
-    async def query_postings(
-        self,
-        tenant: str,
-        session_id: str,
-        terms: Mapping[str, int],
-        *,
-        capped: Mapping[str, int],
-        cap: int,
-        most: int,
-    ) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, int]]: ...
-    async def index_backfill(self, tenant: str, session_id: str, *, batch: int = 2000) -> int: ...
-    async def sessions_to_index(self, *, limit: int = 1000) -> list[tuple[str, str, int, int]]: ...
+def records_for(driver: Driver) -> Records | None:
+    """The records the front keeps ``driver``'s missing abilities in (``None``: it lacks
+    none); `TypeError` when it lacks some and keeps no `KeyedRecords`, or when its abilities
+    do not fit together (a native erasure must erase native traces, idempotency records and
+    job counters; native idempotency records need a native erasure)."""
+    name = type(driver).__name__
+    missing = [ability.__name__ for ability in _KEPT_ABILITIES if not isinstance(driver, ability)]
+    if isinstance(driver, LifecycleDriver) and missing:
+        raise TypeError(f"{name} erases sessions itself (LifecycleDriver) but lacks {', '.join(missing)}")
+    if isinstance(driver, IdempotencyDriver) and not isinstance(driver, LifecycleDriver):
+        raise TypeError(f"{name} keeps idempotency records itself but has no LifecycleDriver to erase them")
+    if not missing:
+        return None
+    if not isinstance(driver, KeyedRecords):
+        raise TypeError(f"{name} lacks {', '.join(missing)} and has no KeyedRecords to keep them in")
+    return Records(driver)
 
 
-class BatchingDriver(IndexDriver, Protocol):
-    """An indexing driver that counts several job outcomes of a session in one write."""
-
-    async def record_jobs(
-        self,
-        tenant: str,
-        session_id: str,
-        outcomes: Sequence[JobOutcome],
-        *,
-        release: LockHandle | None = None,
-    ) -> None: ...
+def _kept(records: Records | None) -> Records:
+    if records is None:  # records_for returned None: the driver lacks no such ability
+        raise TypeError("the driver's abilities changed after its front checked them")
+    return records
 
 
 def _tenant(tenant: str) -> str:
@@ -215,12 +127,48 @@ class StoreFront(ClosesOnExit, Generic[_D]):
     def __init__(self, driver: _D) -> None:
         self.driver = driver
         """The backend's driver (its own knobs and state)."""
+        records = records_for(driver)
+        drops: list[DropsSession] = []
+        self._connection = driver if isinstance(driver, ConnectionDriver) else None
+        self._locks: LockDriver = driver if isinstance(driver, LockDriver) else RecordLocks(_kept(records))
+        self._turns_at = driver if isinstance(driver, TurnsAtDriver) else None
+        self._users = driver if isinstance(driver, UserDriver) else None
+        self._kept_jobs: RecordJobs | None = None
+        """The job counters the front keeps (``info`` shows them), when the driver has none."""
+        self._jobs: JobDriver
+        if isinstance(driver, JobDriver):
+            self._jobs = driver
+        else:
+            self._jobs = self._kept_jobs = RecordJobs(_kept(records), driver)
+            drops.append(self._kept_jobs)
+        self._traces: TraceDriver
+        if isinstance(driver, TraceDriver):
+            self._traces = driver
+        else:
+            self._traces = kept_traces = RecordTraces(_kept(records), driver)
+            drops.append(kept_traces)
+        self._idempotency: IdempotencyDriver
+        if isinstance(driver, IdempotencyDriver):
+            self._idempotency = driver
+        else:
+            self._idempotency = kept_idempotency = RecordIdempotency(_kept(records))
+            drops.append(kept_idempotency)
+        self._drops = tuple(drops)
+        """What the front keeps of a session itself: erased before the session."""
+        self._purge = driver if isinstance(driver, PurgeDriver) and not drops else None
+        self._lifecycle: LifecycleDriver
+        if isinstance(driver, LifecycleDriver):
+            self._lifecycle = driver
+        else:
+            native: list[DropsSession] = [DropsNativeTraces(driver)] if isinstance(driver, TraceDriver) else []
+            self._lifecycle = RecordLifecycle(_kept(records), driver, [*drops, *native])
 
     def one_connection(self) -> AbstractAsyncContextManager[None]:
-        return self.driver.one_connection()
+        return self._connection.one_connection() if self._connection is not None else nullcontext()
 
     async def let_go(self) -> None:
-        await self.driver.let_go()
+        if self._connection is not None:
+            await self._connection.let_go()
 
     async def close(self) -> None:
         await self.driver.close()
@@ -268,7 +216,9 @@ class StoreFront(ClosesOnExit, Generic[_D]):
         return await self.driver.turns(key.tenant, key.session_id, from_seq=from_seq, to_seq=to_seq)
 
     async def turns_at(self, key: SessionKey, seqs: Sequence[int]) -> list[Turn]:
-        return await self.driver.turns_at(key.tenant, key.session_id, seqs)
+        if self._turns_at is None:
+            return await turns_at_by_range(self.driver, key.tenant, key.session_id, seqs)
+        return await self._turns_at.turns_at(key.tenant, key.session_id, seqs)
 
     async def version(self, key: SessionKey) -> SessionVersion:
         return await self.driver.version(key.tenant, key.session_id)
@@ -299,25 +249,42 @@ class StoreFront(ClosesOnExit, Generic[_D]):
         error: str | None = None,
         rejected: bool = False,
     ) -> None:
-        await self.driver.record_job(
+        await self._jobs.record_job(
             key.tenant, key.session_id, job, ok=ok, error=error, rejected=rejected
         )
 
+    async def _with_jobs(self, info: SessionInfo) -> SessionInfo:
+        """``info`` with the job counters the front keeps, when it keeps them."""
+        if self._kept_jobs is None:
+            return info
+        jobs = await self._kept_jobs.jobs(info.tenant, info.session_id, info.created_at)
+        return replace(info, jobs=jobs)
+
     async def info(self, key: SessionKey) -> SessionInfo | None:
-        return await self.driver.info(key.tenant, key.session_id)
+        info = await self.driver.info(key.tenant, key.session_id)
+        return info if info is None or self._kept_jobs is None else await self._with_jobs(info)
 
     async def list_sessions(
         self, tenant: str, *, limit: int = 100, offset: int = 0, user_id: str | None = None
     ) -> list[SessionInfo]:
-        return await self.driver.list_sessions(
+        listed = await self.driver.list_sessions(
             _tenant(tenant), limit=limit, offset=offset, user_id=check_user(user_id)
         )
+        return listed if self._kept_jobs is None else [await self._with_jobs(i) for i in listed]
+
+    async def _delete(self, tenant: str, session_id: str) -> bool:
+        """Delete the session: the records the front keeps of it first, then the session."""
+        for drops in self._drops:
+            await drops.drop_session(tenant, session_id)
+        return await self.driver.delete(tenant, session_id)
 
     async def delete(self, key: SessionKey) -> bool:
-        return await self.driver.delete(key.tenant, key.session_id)
+        return await self._delete(key.tenant, key.session_id)
 
     async def purge_idle(self, older_than: datetime) -> int:
-        return await self.driver.purge_idle(older_than)
+        if self._purge is None:
+            return await purge_by_listing(self.driver, older_than, self._delete)
+        return await self._purge.purge_idle(older_than)
 
     async def put_trace(
         self,
@@ -327,49 +294,51 @@ class StoreFront(ClosesOnExit, Generic[_D]):
         keep: int = 0,
         older_than: datetime | None = None,
     ) -> None:
-        await self.driver.put_trace(
+        await self._traces.put_trace(
             key.tenant, key.session_id, trace, keep=keep, older_than=older_than
         )
 
     async def get_trace(self, key: SessionKey, turn: int) -> TurnTrace | None:
-        return await self.driver.get_trace(key.tenant, key.session_id, turn)
+        return await self._traces.get_trace(key.tenant, key.session_id, turn)
 
     async def delete_traces(self, key: SessionKey) -> int:
-        return await self.driver.delete_traces(key.tenant, key.session_id)
+        return await self._traces.delete_traces(key.tenant, key.session_id)
 
     def lock(
         self, key: SessionKey, *, ttl_s: float = 60.0
     ) -> AbstractAsyncContextManager[LockHandle]:
-        return self.driver.hold(f"{key.tenant}/{key.session_id}", ttl_s)
+        return self._locks.hold(f"{key.tenant}/{key.session_id}", ttl_s)
 
     def turn_lock(
         self, key: SessionKey, *, ttl_s: float = 300.0
     ) -> AbstractAsyncContextManager[LockHandle]:
-        return self.driver.hold(f"{key.tenant}/{key.session_id}#turn", ttl_s)
+        return self._locks.hold(f"{key.tenant}/{key.session_id}#turn", ttl_s)
 
     async def release_turn_lock(self, handle: LockHandle) -> None:
-        await self.driver.release(handle)
+        await self._locks.release(handle)
 
     async def claim_idempotency(
         self, tenant: str, key: str, fingerprint: str, *, session_id: str, lease_s: float
     ) -> IdempotencyRecord | None:
         session = SessionKey(tenant, session_id)
-        return await self.driver.claim_idempotency(
+        return await self._idempotency.claim_idempotency(
             session.tenant, key, fingerprint, session_id=session.session_id, lease_s=lease_s
         )
 
     async def finish_idempotency(
         self, tenant: str, key: str, *, status: int, response: str, ttl_s: float
     ) -> None:
-        await self.driver.finish_idempotency(
+        await self._idempotency.finish_idempotency(
             _tenant(tenant), key, status=status, response=response, ttl_s=ttl_s
         )
 
     async def release_idempotency(self, tenant: str, key: str) -> None:
-        await self.driver.release_idempotency(_tenant(tenant), key)
+        await self._idempotency.release_idempotency(_tenant(tenant), key)
 
     async def list_users(self, tenant: str, *, limit: int = 100, offset: int = 0) -> list[UserInfo]:
-        return await self.driver.list_users(_tenant(tenant), limit=limit, offset=offset)
+        if self._users is None:
+            return await list_users_by_sessions(self.driver, _tenant(tenant), limit=limit, offset=offset)
+        return await self._users.list_users(_tenant(tenant), limit=limit, offset=offset)
 
     async def list_tenants(self) -> list[str]:
         return await self.driver.list_tenants()
@@ -377,37 +346,37 @@ class StoreFront(ClosesOnExit, Generic[_D]):
     async def erase_session(
         self, key: SessionKey, *, record_id: int | None = None
     ) -> dict[str, int]:
-        return await self.driver.erase_session(key.tenant, key.session_id, record_id=record_id)
+        return await self._lifecycle.erase_session(key.tenant, key.session_id, record_id=record_id)
 
     async def erase_turns_before(
         self, key: SessionKey, seq: int, *, record_id: int | None = None
     ) -> dict[str, int]:
-        return await self.driver.erase_turns_before(
+        return await self._lifecycle.erase_turns_before(
             key.tenant, key.session_id, seq, record_id=record_id
         )
 
     async def compact(self) -> None:
-        await self.driver.compact()
+        await self._lifecycle.compact()
 
     async def open_deletion(
         self, tenant: str, scope: Scope, target: str, *, actor: str
     ) -> DeletionRecord:
-        return await self.driver.open_deletion(_tenant(tenant), scope, target, actor=actor)
+        return await self._lifecycle.open_deletion(_tenant(tenant), scope, target, actor=actor)
 
     async def finish_deletion(self, record_id: int, extra: Mapping[str, int]) -> DeletionRecord:
-        return await self.driver.finish_deletion(record_id, extra)
+        return await self._lifecycle.finish_deletion(record_id, extra)
 
     async def deletions(
         self, *, since_id: int = 0, pending_only: bool = False, limit: int = 100
     ) -> list[DeletionRecord]:
-        return await self.driver.deletions(
+        return await self._lifecycle.deletions(
             since_id=since_id, pending_only=pending_only, limit=limit
         )
 
     async def restore_session(
         self, key: SessionKey, *, user_id: str | None, created_at: datetime, updated_at: datetime
     ) -> bool:
-        return await self.driver.restore_session(
+        return await self._lifecycle.restore_session(
             key.tenant,
             key.session_id,
             user_id=check_user(user_id),

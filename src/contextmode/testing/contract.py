@@ -14,7 +14,8 @@ Run it against your own store by subclassing `StoreContract` and providing a
             await store.close()
 
 It needs pytest and pytest-asyncio (``asyncio_mode = "auto"``, or mark the
-fixture with ``pytest_asyncio.fixture`` in strict mode).
+fixture with ``pytest_asyncio.fixture`` in strict mode). A new backend's store is
+``StoreFront(YourDriver(...))``; `store.minimal.MinimalDriver` is the template driver.
 """
 
 from __future__ import annotations
