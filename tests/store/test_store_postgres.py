@@ -354,3 +354,49 @@ async def test_an_append_at_the_known_head_is_one_statement_and_writes_what_the_
     finally:
         await store.close()
         await other.close()
+
+
+async def test_index_stats_after_a_load_are_those_a_read_gives(schema: str) -> None:
+    """`load` reads the recall index statistics with the state; the same task's next call,
+    `index_stats`, answers from them (no statement). Anything run in between, or another
+    task, or another session, reads them: never older than what the store holds for them."""
+    import asyncio
+
+    from contextmode.store.postgres import PostgresStore
+    from contextmode.types import NewTurn
+
+    store = PostgresStore(DSN, schema=schema)
+    key, other = SessionKey("t", "s"), SessionKey("t", "o")
+    try:
+        for k in (key, other):
+            await store.append(k, [NewTurn(role="user", content="my sister is called Lucy", tokens=5)])
+        statements: list[str] = []
+        driver = store.driver
+        original = driver._db
+
+        def counting() -> object:
+            statements.append("db")
+            return original()
+
+        driver._db = counting  # type: ignore[method-assign]
+        await store.load(key)
+        first = await store.index_stats(key)
+        assert len(statements) == 1 and first.exists and first.indexed_seq == 1 and first.docs == 1
+        driver._db = original  # type: ignore[method-assign]
+        assert first == await store.index_stats(key)  # a read gives the same
+
+        await store.load(key)
+        await store.append(key, [NewTurn(role="assistant", content="noted", tokens=2)])
+        assert (await store.index_stats(key)).indexed_seq == 2  # the append in between: read again
+        await store.load(key)
+        assert (await store.index_stats(other)).indexed_seq == 1  # another session: read
+        await store.load(key)
+        await asyncio.create_task(store.append(key, [NewTurn(role="user", content="and tea", tokens=2)]))
+        assert (await store.index_stats(key)).indexed_seq == 3  # another task's statement: read again
+        await store.load(key)
+        assert (await asyncio.create_task(store.index_stats(key))).indexed_seq == 3  # another task: read
+        await store.append(SessionKey("t", "new"), [NewTurn(role="user", content="hi", tokens=1)])
+        await store.load(SessionKey("t", "new"))
+        assert await store.index_stats(SessionKey("t", "new")) == await store.index_stats(SessionKey("t", "new"))
+    finally:
+        await store.close()

@@ -12,7 +12,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import date, datetime
 from functools import lru_cache
 
 from ..errors import ConfigError, MessageTooLarge
@@ -479,11 +479,18 @@ def _whole_when_it_fits(candidates: dict[LayerName, list[_Candidate]], available
     return True
 
 
+@lru_cache(maxsize=4096)
+def _day_heading(day: date) -> str:
+    """A recall day's heading, ``[2023-05-08]`` (formatted once per day: ``strftime`` costs
+    more than the cache's look-up, and a context's recalled turns share a few days)."""
+    return f"[{day:%Y-%m-%d}]"
+
+
 def _recall_candidate(t: Turn, frame: _Frame, *, spare: bool = False) -> _Candidate:
     """A turn as a recall line, grouped under one "[2023-05-08]" heading per day: the date
     is paid once a day instead of on every line (docs/quality.md)."""
     line = turn_line(t, frame.locale)
-    day = f"[{t.created_at:%Y-%m-%d}]"
+    day = _day_heading(t.created_at.date())
     return _Candidate(line, frame.count(line) + 1, t.seq, t, day, frame.count(day) + 1, spare=spare)
 
 

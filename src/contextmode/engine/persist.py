@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from ..errors import ConflictError, SessionErased
 from ..models.base import answers_with_notices
-from ..models.caching import ModelUsage
+from ..models.caching import ModelUsage, request_text
 from ..models.calls import ModelCall
 from ..store.base import TraceRecords
 from ..store.postings import has_postings
@@ -169,8 +169,10 @@ async def _keep_trace(
             if version.last_seq < outcome.user_seq:
                 return  # erased since the reply (a forget on another worker): keep nothing of it
             previous = await _previous_basis(parts, keeper, key, outcome, version.created_at)
+            # The request as sent, rendered once: for this exchange's usage and the next one's basis.
+            request = None if trace.cut else request_text(trace.messages)
             trace = replace(trace, usage=turn_usage(trace, outcome, previous, counter=parts.counter,
-                                                    prices=settings.prices))
+                                                    prices=settings.prices, request=request))
             kept = cap_trace(trace, settings.trace_max_bytes)
             await keeper.put_trace(
                 key, kept, keep=settings.trace_keep,
@@ -178,7 +180,7 @@ async def _keep_trace(
             )
         if outcome.answer_seq is not None:
             parts.kept_requests.keep(key, keeper, kept, last_seq=outcome.answer_seq,
-                                     session_created=version.created_at)
+                                     session_created=version.created_at, request=request)
     except Exception:
         # The turn and its answer are stored; a lost trace must not fail anything.
         log.warning("trace of turn %d (session %s) not kept", outcome.turn, key.session_id, exc_info=True)

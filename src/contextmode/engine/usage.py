@@ -33,27 +33,30 @@ class UsageBasis:
     """The session's money up to that exchange, when it was priced."""
 
     @classmethod
-    def of(cls, trace: TurnTrace) -> UsageBasis:
-        return cls(
-            request=None if trace.cut else request_text(trace.messages),
-            session_usd=trace.usage.session_usd if trace.usage is not None else None,
-        )
+    def of(cls, trace: TurnTrace, request: str | None = None) -> UsageBasis:
+        """What ``trace`` gives; ``request``: its `request_text`, when the caller has it rendered."""
+        if trace.cut:
+            request = None
+        elif request is None:
+            request = request_text(trace.messages)
+        return cls(request=request, session_usd=trace.usage.session_usd if trace.usage is not None else None)
 
 
 def turn_usage(
     trace: TurnTrace, outcome: ExchangeOutcome, previous: UsageBasis | None, *, counter: TokenCounter,
-    prices: PriceTable,
+    prices: PriceTable, request: str | None = None,
 ) -> TurnUsage:
     """The usage of the exchange ``trace`` records (``previous``: what the session's exchange
     before it kept, when kept), measured with ``counter`` and priced with ``prices``. The
     cacheable part is measured only between two traces kept whole (a trace cut by its size cap
-    no longer holds the request as sent)."""
+    no longer holds the request as sent). ``request``: the trace's `request_text`, when the
+    caller has it rendered (the trace write renders it once for this and `UsageBasis`)."""
     prompt = outcome.reported_prompt_tokens or trace.total_tokens
     cacheable: int | None = None
     if trace.turn == 1:
         cacheable = 0
     elif previous is not None and previous.request is not None and not trace.cut:
-        text = request_text(trace.messages)
+        text = request if request is not None else request_text(trace.messages)
         shared = cacheable_prefix_tokens(previous.request, text, counter)
         # As a share of the request as rendered, applied to its tokens as the endpoint counts them.
         cacheable = min(prompt, round(prompt * shared / max(1, counter.count(text))))
@@ -100,14 +103,14 @@ class KeptRequests:
     _LIMIT = 512
 
     def __init__(self) -> None:
-        self._by_session: dict[tuple[str, str], _Kept] = {}
+        self._by_session: dict[SessionKey, _Kept] = {}
 
     def basis(
         self, key: SessionKey, keeper: object, *, turn: int, user_seq: int, session_created: datetime | None
     ) -> UsageBasis | None:
         """The basis of exchange ``turn - 1``'s kept trace, for exchange ``turn`` whose user turn
         is ``user_seq``; ``None`` when not remembered (read the trace from the store)."""
-        kept = self._by_session.get((key.tenant, key.session_id))
+        kept = self._by_session.get(key)
         if (kept is None or kept.keeper is not keeper or kept.session_created is None
                 or kept.session_created != session_created or kept.turn != turn - 1
                 or kept.last_seq + 1 != user_seq):
@@ -115,16 +118,17 @@ class KeptRequests:
         return kept.basis
 
     def keep(
-        self, key: SessionKey, keeper: object, trace: TurnTrace, *, last_seq: int, session_created: datetime | None
+        self, key: SessionKey, keeper: object, trace: TurnTrace, *, last_seq: int, session_created: datetime | None,
+        request: str | None = None,
     ) -> None:
-        """Remember what ``trace`` (as it was kept) gives the next exchange's usage."""
-        name = (key.tenant, key.session_id)
-        self._by_session.pop(name, None)  # newest last: the oldest goes first
+        """Remember what ``trace`` (as it was kept) gives the next exchange's usage (``request``:
+        its `request_text`, when the caller has it rendered)."""
+        self._by_session.pop(key, None)  # newest last: the oldest goes first
         if len(self._by_session) >= self._LIMIT:
             del self._by_session[next(iter(self._by_session))]
-        self._by_session[name] = _Kept(keeper=keeper, session_created=session_created, turn=trace.turn,
-                                       last_seq=last_seq, basis=UsageBasis.of(trace))
+        self._by_session[key] = _Kept(keeper=keeper, session_created=session_created, turn=trace.turn,
+                                      last_seq=last_seq, basis=UsageBasis.of(trace, request))
 
     def forget(self, tenant: str, session_id: str) -> bool:
         """Drop the session's; True when there was one."""
-        return self._by_session.pop((tenant, session_id), None) is not None
+        return self._by_session.pop(SessionKey(tenant, session_id), None) is not None

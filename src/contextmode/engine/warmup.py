@@ -1,7 +1,7 @@
 """Warm-up: load, before the first turn, what the first turn would otherwise load.
 
-A cold process pays once for jieba's dictionary and tagger, the shipped detector, fact
-scorer and emotion lexicons and the recall text analysis (about a second on a loaded
+A cold process pays once for jieba's dictionary, tagger and keyword table, the shipped
+detector, fact scorer and emotion lexicons and the recall text analysis (about a second on a loaded
 two-core machine). `warm_up` runs each model-free processor once on a sample exchange in
 Chinese and English, so the service's first context after a restart costs what the next
 ones do. A processor that may call a model is skipped: warming up never calls a model and
@@ -57,4 +57,6 @@ async def warm_up(engine: Warmable) -> float:
         await engine.processors.extractor.extract(history[0], ())
     if calls_no_model(engine.processors.emotion):
         await engine.processors.emotion.score(_SAMPLE_USER)
+    if calls_no_model(engine.processors.summarizer):  # its keyword table (the first summary job's load)
+        await engine.processors.summarizer.summarize(None, history)
     return (time.perf_counter() - started) * 1000

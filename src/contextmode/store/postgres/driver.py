@@ -105,9 +105,12 @@ _LOAD = (
     " AND emotion >= $6 AND seq < s.first AND $5::int > 0"
     " ORDER BY emotion DESC, seq DESC LIMIT $5) AS q CROSS JOIN LATERAL"
     " (SELECT * FROM turns x WHERE x.tenant = $1 AND x.session_id = $2 AND x.seq = q.seq"
-    " LIMIT 1) t ORDER BY t.seq) AS moments"
-    " FROM s"
+    " LIMIT 1) t ORDER BY t.seq) AS moments,"
+    " r.indexed_seq AS ix_seq, r.docs AS ix_docs, r.total_len AS ix_len, r.layout AS ix_layout"
+    " FROM s LEFT JOIN recall_index r ON r.tenant = $1 AND r.session_id = $2"
 )
+"""A session's state and, in the same snapshot, its recall index statistics (`index_stats`
+answers from them when it is the next call: one statement fewer per turn)."""
 
 
 # `put_trace` in one statement (atomic without a transaction): the write, then what the count
@@ -301,6 +304,10 @@ class PostgresDriver(PostgresLifecycle, ClosesOnExit):
         but as another task's: it takes its own connections)."""
         self._released: set[tuple[str, int]] = set()
         """Job locks `record_jobs` released; their context's exit has nothing left to do."""
+        self._loaded_stats: tuple[asyncio.Task[Any], tuple[str, str], IndexStats] | None = None
+        """The index statistics the last `load` read with the state (its task, its session):
+        `index_stats` answers from them when it is that task's next call and nobody's
+        statement ran in between (every statement clears them, `_db`)."""
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -327,6 +334,7 @@ class PostgresDriver(PostgresLifecycle, ClosesOnExit):
     async def _db(self) -> AsyncIterator[Any]:
         """A pooled connection (inside `one_connection`, the scope's: taken at its first
         statement); the one place asyncpg and socket errors become StoreError."""
+        self._loaded_stats = None  # a statement in between: `index_stats` reads them again
         try:
             scope = self._scope.get()
             if scope is not None and scope.task is asyncio.current_task():
@@ -456,6 +464,12 @@ class PostgresDriver(PostgresLifecycle, ClosesOnExit):
             )
         if row is None:
             return SessionState(tenant=tenant, session_id=session_id)
+        task = asyncio.current_task()
+        if task is not None:
+            stats = IndexStats() if row["ix_seq"] is None else IndexStats(
+                indexed_seq=row["ix_seq"], docs=row["ix_docs"], total_len=row["ix_len"], exists=True,
+                layout=row["ix_layout"])
+            self._loaded_stats = (task, key, stats)
         summary = None
         if row["summary_version"]:
             summary = Summary(
@@ -723,6 +737,9 @@ class PostgresDriver(PostgresLifecycle, ClosesOnExit):
 
     async def index_stats(self, tenant: str, session_id: str) -> IndexStats:
         key = (tenant, session_id)
+        loaded, self._loaded_stats = self._loaded_stats, None
+        if loaded is not None and loaded[0] is asyncio.current_task() and loaded[1] == key:
+            return loaded[2]  # read with the state just loaded, nothing run since (a turn's recall)
         async with self._db() as db:
             return await pg_postings.stats(db, key)
 
