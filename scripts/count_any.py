@@ -25,9 +25,8 @@ def _any_names(annotation: ast.expr | None) -> int:
         return 0
     count = 0
     for node in ast.walk(annotation):
-        if isinstance(node, ast.Name) and node.id == "Any":
-            count += 1
-        elif isinstance(node, ast.Attribute) and node.attr == "Any":
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if name == "Any":
             count += 1
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             try:

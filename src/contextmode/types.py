@@ -48,7 +48,7 @@ Role = Literal["user", "assistant", "system", "tool"]
 ConstraintKind = Literal["preference", "constraint", "identity", "fact"]
 
 JsonValue = TypeAliasType(
-    "JsonValue", "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
+    "JsonValue", "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
 )
 """A JSON value as `json.loads` returns it. A named recursive alias (PEP 695's, spelled for
 Python 3.11): mypy checks it, and a pydantic model validates a field typed with it."""
