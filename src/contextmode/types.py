@@ -106,9 +106,10 @@ def check_storable(value: object, where: str) -> None:
             todo.extend((f"{path}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class SessionKey:
-    """A tenant and one of its sessions, both checked once when the key is made.
+    """A tenant and one of its sessions, both checked once when the key is made (keys sort by
+    tenant, then session id).
 
     Built at the edge (an HTTP route, the proxy, the CLI, `ContextMode`); code
     that receives a ``SessionKey`` trusts it and checks nothing again.
