@@ -32,6 +32,7 @@ from ..errors import InputError
 from ..models.base import ToolChoice, ToolSpec
 from ..types import JsonObject, JsonValue, ToolResult, check_storable
 from .codes import code_for_exception, public_message
+from .schemas import WireObject
 
 __all__ = [
     "AnthropicMessage",
@@ -75,7 +76,7 @@ class AnthropicMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["user", "assistant"]
-    content: str | list[JsonObject]
+    content: str | list[WireObject]
 
 
 class MessagesRequest(BaseModel):
@@ -87,14 +88,14 @@ class MessagesRequest(BaseModel):
     model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
     max_tokens: int | None = Field(default=None, description="The reply's cap (lowered to what the context window leaves).")
     messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[JsonObject] | None = Field(default=None, description="This turn's system prompt.")
-    metadata: JsonObject | None = Field(
+    system: str | list[WireObject] | None = Field(default=None, description="This turn's system prompt.")
+    metadata: WireObject | None = Field(
         default=None,
         description="metadata.user_id names the session's user, and is the session id when no X-Session-Id header is sent.",
     )
     stream: StrictBool = False
-    tools: list[JsonObject] | None = Field(default=None, description="Tools offered to the model.")
-    tool_choice: JsonObject | None = None
+    tools: list[WireObject] | None = Field(default=None, description="Tools offered to the model.")
+    tool_choice: WireObject | None = None
 
     @model_validator(mode="before")
     @classmethod
