@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
@@ -192,6 +192,36 @@ def _usage(result: TurnResult) -> JsonObject:
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inp + out}
 
 
+class _OutputText(TypedDict):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[JsonValue]
+
+
+class _MessageItem(TypedDict):
+    """The answer's text, an output item of the response."""
+
+    type: Literal["message"]
+    id: str
+    status: Literal["in_progress", "completed"]
+    role: Literal["assistant"]
+    content: list[_OutputText]
+
+
+class _CallItem(TypedDict):
+    """One tool call of the answer, an output item of the response."""
+
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["completed"]
+
+
+_OutputItem = _MessageItem | _CallItem
+
+
 @dataclass
 class _Reply:
     """One response being written: its id, and its output items as they are made."""
@@ -201,7 +231,7 @@ class _Reply:
     created: int = field(default_factory=lambda: int(time.time()))
     seq: int = 0
 
-    def body(self, result: TurnResult | None, output: list[dict[str, Any]]) -> dict[str, Any]:
+    def body(self, result: TurnResult | None, output: Sequence[_OutputItem]) -> dict[str, object]:
         cut = result is not None and result.finish_reason == "length"
         status = "in_progress" if result is None else "incomplete" if cut else "completed"
         return {
@@ -211,18 +241,18 @@ class _Reply:
             "usage": _usage(result) if result is not None else None,
         }
 
-    def event(self, kind: str, payload: dict[str, Any]) -> bytes:
+    def event(self, kind: str, payload: Mapping[str, object]) -> bytes:
         self.seq += 1
         return sse_event({"type": kind, "sequence_number": self.seq, **payload})
 
 
-def _output(result: TurnResult) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
+def _output(result: TurnResult) -> list[_OutputItem]:
+    items: list[_OutputItem] = []
     if result.answer or not result.tool_calls:
         items.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed", "role": "assistant",
                       "content": [{"type": "output_text", "text": result.answer, "annotations": []}]})
-    items.extend({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c.id, "name": c.name,
-                  "arguments": c.arguments, "status": "completed"} for c in result.tool_calls)
+    items.extend(_CallItem(type="function_call", id=f"fc_{uuid.uuid4().hex}", call_id=c.id, name=c.name,
+                           arguments=c.arguments, status="completed") for c in result.tool_calls)
     return items
 
 
@@ -236,7 +266,7 @@ async def _events(events: AsyncIterator[TurnEvent], model: str) -> AsyncIterator
     then ``response.completed`` with the whole response (or ``error`` on a failure)."""
     reply = _Reply(model=model)
     yield reply.event("response.created", {"response": reply.body(None, [])})
-    text_item: dict[str, Any] | None = None
+    text_item: _MessageItem | None = None
     index = 0
     try:
         async for event in events:
@@ -262,11 +292,12 @@ async def _events(events: AsyncIterator[TurnEvent], model: str) -> AsyncIterator
         await events.aclose()  # type: ignore[attr-defined]
 
 
-def _finish(reply: _Reply, result: TurnResult, text_item: dict[str, Any] | None) -> list[bytes]:
+def _finish(reply: _Reply, result: TurnResult, text_item: _MessageItem | None) -> list[bytes]:
     """The ``.done`` events of every output item, then ``response.completed``."""
     output = _output(result)
-    if text_item is not None and output and output[0]["type"] == "message":
-        output[0]["id"] = text_item["id"]
+    first = output[0] if output else None
+    if text_item is not None and first is not None and first["type"] == "message":
+        first["id"] = text_item["id"]
     out: list[bytes] = []
     for index, item in enumerate(output):
         if item["type"] == "message":
