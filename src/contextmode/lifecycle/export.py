@@ -33,7 +33,7 @@ from typing import Any, Literal
 from ..errors import InputError, SessionExists
 from ..store.base import Store
 from ..store.lifecycle import LifecycleStore
-from ..types import Constraint, NewTurn, SessionKey, Summary, Turn, utc_now
+from ..types import Constraint, JsonObject, NewTurn, SessionKey, Summary, Turn, utc_now
 from .forget import forget, lifecycle_store
 
 __all__ = [
@@ -55,7 +55,8 @@ VERSION = 1
 PAGE = 500
 """Turns read or written per store call, and sessions listed per call."""
 
-Record = dict[str, Any]
+Record = JsonObject
+"""One line of an export, as written."""
 Progress = Callable[[int], None]
 """Called with how many turns were just handled."""
 
@@ -68,7 +69,7 @@ def _time(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def _canonical(record: Mapping[str, Any]) -> bytes:
+def _canonical(record: Mapping[str, object]) -> bytes:
     return json.dumps(record, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -157,10 +158,13 @@ async def export_records(
 
 async def session_digest(store: Store, key: SessionKey, *, derived: bool) -> tuple[int, str]:
     """Turn count and checksum of one stored session, as its export's ``end`` line would say."""
-    end: Mapping[str, Any] = {}
+    end: Record = {}
     async for record in _session_records(store, key, derived, Footer()):
         end = record
-    return (int(end["turns"]), str(end["sha256"])) if end else (0, "")
+    if not end:
+        return 0, ""
+    turns = end["turns"]
+    return turns if isinstance(turns, int) else 0, str(end["sha256"])
 
 
 @dataclass
