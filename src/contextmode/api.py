@@ -316,6 +316,10 @@ class ContextMode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
+    def _key(self, session_id: str) -> SessionKey:
+        """The session's key in this instance's tenant: a method's ``session_id`` checked once."""
+        return SessionKey(self.tenant, session_id)
+
     def _request(
         self, session_id: str, message: str, *, mode: Mode | None, strategy: str | Strategy | None,
         system_prompt: str | UseDefault | None, metadata: Mapping[str, Any] | None = None,
@@ -323,7 +327,7 @@ class ContextMode:
     ) -> TurnRequest:
         """The turn's request, checked here once (ids, message, user id)."""
         return TurnRequest(
-            key=SessionKey(self.tenant, session_id), message=message, mode=mode or self.mode, strategy=strategy,
+            key=self._key(session_id), message=message, mode=mode or self.mode, strategy=strategy,
             system_prompt=system_prompt, metadata=metadata or {}, user_id=user_id, now=now,
         )
 
@@ -383,7 +387,7 @@ class ContextMode:
 
     async def aturns(self, session_id: str) -> list[Turn]:
         """Every stored turn of the session, oldest first (empty for an unknown session)."""
-        return await self.engine.store.turns(SessionKey(self.tenant, session_id))
+        return await self.engine.store.turns(self._key(session_id))
 
     async def aforget(
         self, *, user_id: str | None = None, session_id: str | None = None, tenant: bool = False
@@ -525,7 +529,7 @@ class ContextMode:
 
         engine = self.engine
         parts = engine.parts()
-        key = SessionKey(self.tenant, session_id)
+        key = self._key(session_id)
         if not records:
             return []
         exchanges = await exchanges_so_far(parts, key, None)
@@ -539,7 +543,7 @@ class ContextMode:
             new.append(NewTurn(role=m.role, content=m.content, tokens=tokens, metadata=meta,
                                tool_calls=m.tool_calls, tool_call_id=m.tool_call_id,
                                created_at=record.created_at or utc_now()))
-        stored = await engine.store.append(SessionKey(self.tenant, session_id), engine.keepable(self.tenant, new), user_id=user_id)
+        stored = await engine.store.append(key, engine.keepable(self.tenant, new), user_id=user_id)
         observe(parts, key, stored)
         for turn in stored:
             if turn.role == "user":
@@ -553,44 +557,46 @@ class ContextMode:
         (a deletion record says so) and its other turns are stored again unchanged (same
         numbers, times, metadata and emotion scores), with the summary and the pins that
         did not come from the removed turn. O(session); meant for undo and retries."""
-        turns = await self.aturns(session_id)
+        key = self._key(session_id)
+        engine = self.engine
+        turns = await engine.store.turns(key)
         if not turns:
             return None
-        engine = self.engine
-        state = await engine.store.load(SessionKey(self.tenant, session_id), recent=0, max_uncovered=0)
-        info = await self._session_user(session_id)
+        state = await engine.store.load(key, recent=0, max_uncovered=0)
+        info = await self._session_user(key)
         popped, kept = turns[-1], turns[:-1]
         await self.aforget(session_id=session_id)
         if not kept:
             return popped
         from .types import NewTurn
 
-        stored = await engine.store.append(SessionKey(self.tenant, session_id), [
+        stored = await engine.store.append(key, [
             NewTurn(role=t.role, content=t.content, tokens=t.tokens, created_at=t.created_at,
                     emotion=t.emotion, metadata=t.metadata, tool_calls=t.tool_calls, tool_call_id=t.tool_call_id,
                     tool_name=t.tool_name) for t in kept], user_id=info)
         from .engine.persist import observe
 
-        observe(engine.parts(), SessionKey(self.tenant, session_id), stored)
+        observe(engine.parts(), key, stored)
         if state.summary is not None and state.summary.covers_seq < popped.seq:
-            await engine.store.commit_summary(SessionKey(self.tenant, session_id), state.summary, expected_version=0)
+            await engine.store.commit_summary(key, state.summary, expected_version=0)
         pins = [c for c in state.constraints if c.source_seq != popped.seq]
         if pins:
-            await engine.store.commit_constraints(SessionKey(self.tenant, session_id), pins, expected_version=0)
+            await engine.store.commit_constraints(key, pins, expected_version=0)
         return popped
 
-    async def _session_user(self, session_id: str) -> str | None:
-        info = await self.engine.store.info(SessionKey(self.tenant, session_id))
+    async def _session_user(self, key: SessionKey) -> str | None:
+        info = await self.engine.store.info(key)
         return info.user_id if info is not None else None
 
     async def aturns_between(self, session_id: str, from_seq: int, to_seq: int | None = None) -> list[Turn]:
         """The session's turns ``from_seq..to_seq`` (inclusive; ``None``: to the newest), oldest first."""
-        return await self.engine.store.turns(SessionKey(self.tenant, session_id), from_seq=from_seq, to_seq=to_seq)
+        return await self.engine.store.turns(self._key(session_id), from_seq=from_seq, to_seq=to_seq)
 
     async def anewest(self, session_id: str) -> Turn | None:
         """The session's newest stored turn (``None`` for an empty session), in O(1)."""
-        last = (await self.engine.store.version(SessionKey(self.tenant, session_id))).last_seq
-        tail = await self.engine.store.turns(SessionKey(self.tenant, session_id), from_seq=last, to_seq=last) if last else []
+        key = self._key(session_id)
+        last = (await self.engine.store.version(key)).last_seq
+        tail = await self.engine.store.turns(key, from_seq=last, to_seq=last) if last else []
         return tail[-1] if tail else None
 
     async def acontinue(self, session_id: str, *, system_prompt: str | UseDefault | None = USE_DEFAULT) -> Context:
@@ -605,8 +611,9 @@ class ContextMode:
 
         engine = self.engine
         chosen = get_strategy(engine.settings.strategy)
-        state = await engine.load(self.tenant, session_id, chosen)
-        history, user, step = await latest_user(engine.parts(), SessionKey(self.tenant, session_id), state)
+        key = self._key(session_id)
+        state = await engine.load(key.tenant, key.session_id, chosen)
+        history, user, step = await latest_user(engine.parts(), key, state)
         state = replace(state, turns=tuple(history))
         recall_limit = int(getattr(chosen, "recall_limit", 0) or 0)
         if engine.recaller is not None and recall_limit:

@@ -12,7 +12,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
+
+from typing_extensions import TypeAliasType
 
 from .errors import EmptyMessage, InputError, InvalidSessionId
 
@@ -23,6 +25,8 @@ __all__ = [
     "Constraint",
     "ConstraintKind",
     "ImageRef",
+    "JsonObject",
+    "JsonValue",
     "ModelCall",
     "NewTurn",
     "Role",
@@ -42,6 +46,14 @@ __all__ = [
 Role = Literal["user", "assistant", "system", "tool"]
 """``tool`` is the result of one tool call (it answers the call id in ``tool_call_id``)."""
 ConstraintKind = Literal["preference", "constraint", "identity", "fact"]
+
+JsonValue = TypeAliasType(
+    "JsonValue", "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
+)
+"""A JSON value as `json.loads` returns it. A named recursive alias (PEP 695's, spelled for
+Python 3.11): mypy checks it, and a pydantic model validates a field typed with it."""
+JsonObject: TypeAlias = dict[str, JsonValue]
+"""A JSON object (a request's content block, a wire message built for a client)."""
 
 NOTICE_PREFIXES: tuple[str, ...] = ("（未配置模型）", "(No model configured)")
 """How the offline responder's notices begin (recognises notices stored before they were marked)."""
@@ -94,9 +106,10 @@ def check_storable(value: object, where: str) -> None:
             todo.extend((f"{path}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class SessionKey:
-    """A tenant and one of its sessions, both checked once when the key is made.
+    """A tenant and one of its sessions, both checked once when the key is made (keys sort by
+    tenant, then session id).
 
     Built at the edge (an HTTP route, the proxy, the CLI, `ContextMode`); code
     that receives a ``SessionKey`` trusts it and checks nothing again.

@@ -213,10 +213,10 @@ def test_no_mix_of_pieces_survives_and_nothing_else_changes(text: str) -> None:
 async def test_the_trace_tells_a_typed_control_string_from_a_rewrite() -> None:
     engine = _engine()
     await _converse(engine, ["你好"])
-    trace = await engine.trace(T, S, 1)
+    trace = await engine.trace(SessionKey(T, S), 1)
     assert trace.follow_up is None
     await _converse(engine, [PLANTED[4]])
-    trace = await engine.trace(T, S, 2)
+    trace = await engine.trace(SessionKey(T, S), 2)
     assert trace.typed == PLANTED[4] and trace.sent == neutralise(PLANTED[4])
     assert trace.follow_up is None
     assert trace.rewrite is None or trace.rewrite.decision != "used" or trace.sent == neutralise(trace.rewrite.text)

@@ -179,7 +179,7 @@ async def test_a_degenerating_reply_stops_early_and_the_turn_keeps_what_was_said
     assert len(result.answer) < len("".join(chunks)) - 100  # stopped early, what was said kept
     assert "".join(chunks).startswith(result.answer)
     assert result.assistant_turn is not None and result.assistant_turn.metadata["stopped"] == why
-    trace = await engine.trace("t", "s", 1)
+    trace = await engine.trace(SessionKey("t", "s"), 1)
     assert trace.stopped == why
     await engine.close()
 

@@ -322,5 +322,5 @@ async def test_the_recalled_turns_are_explained_once_per_turn(monkeypatch: pytes
     await engine.drain()
     shown = recalled_turns(result.prepared)  # the reply's context asks too: worked out once
     assert calls == 1
-    trace = await engine.trace("t", "s", 4)
+    trace = await engine.trace(SessionKey("t", "s"), 4)
     assert trace.recalled == shown

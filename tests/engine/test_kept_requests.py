@@ -37,7 +37,7 @@ async def _usages(engine: Engine, session: str, said: Sequence[str]) -> list[Tur
     for text in said:
         await engine.turn(TurnRequest(key=key, message=text))
     await engine.drain()
-    traces = [await engine.trace("t", session, n) for n in range(1, len(said) + 1)]
+    traces = [await engine.trace(SessionKey("t", session), n) for n in range(1, len(said) + 1)]
     return [t.usage for t in traces]
 
 

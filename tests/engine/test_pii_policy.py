@@ -73,10 +73,10 @@ async def test_masked_session_leaves_no_planted_value_in_the_sqlite_files(tmp_pa
     # Later turns see the masked form.
     later = "\n".join(m.content for m in seen[-1][:-1])
     assert "138****5678" in later and PHONE not in later
-    trace = await engine.trace(T, S, 2)
+    trace = await engine.trace(SessionKey(T, S), 2)
     assert trace.typed.startswith("我叫张三，身份证号110")
     assert trace.pii_masked == {"id_card": 2, "bank_card": 2}  # the message and the answer repeating it
-    assert (await engine.trace(T, S, 4)).pii_masked == {}
+    assert (await engine.trace(SessionKey(T, S), 4)).pii_masked == {}
     _assert_none_planted(tmp_path)  # the database and its WAL, while open
     await engine.close()
     _assert_none_planted(tmp_path)  # and checkpointed
@@ -159,7 +159,7 @@ async def test_masked_session_leaves_no_planted_value_in_the_server_rows(backend
     async with fresh_store_url(backend, tmp_path) as url:  # type: ignore[arg-type]
         engine = _engine(url, "mask", [])
         await _converse(engine)
-        await engine.trace(T, S, 2)
+        await engine.trace(SessionKey(T, S), 2)
         await engine.close()
         data = await (_postgres_rows(url) if backend == "postgres" else _redis_values(url))
     assert b"138****5678" in data
@@ -180,8 +180,8 @@ async def test_a_tenant_can_mask_while_the_others_keep() -> None:
     await engine.drain()
     assert (await engine.store.turns(SessionKey("acme", S)))[0].content == "我的手机号是138****5678，我不吃辣"
     assert (await engine.store.turns(SessionKey("other", S)))[0].content == MESSAGES[0]
-    assert "138****5678" in (await engine.trace("acme", S, 1)).typed
-    assert PHONE in (await engine.trace("other", S, 1)).typed
+    assert "138****5678" in (await engine.trace(SessionKey("acme", S), 1)).typed
+    assert PHONE in (await engine.trace(SessionKey("other", S), 1)).typed
     await engine.close()
 
 

@@ -286,12 +286,12 @@ class _Holder:
         self.held = held
         self.dropped: list[tuple[str, str]] = []
 
-    def cached_sessions(self) -> set[tuple[str, str]]:
-        return set(self.held)
+    def cached_sessions(self) -> set[SessionKey]:
+        return {SessionKey(tenant, session_id) for tenant, session_id in self.held}
 
-    def forget_local(self, tenant: str, session_id: str) -> dict[str, int]:
-        self.held.discard((tenant, session_id))
-        self.dropped.append((tenant, session_id))
+    def forget_local(self, key: SessionKey) -> dict[str, int]:
+        self.held.discard((key.tenant, key.session_id))
+        self.dropped.append((key.tenant, key.session_id))
         return {"recall_cache": 1}
 
 

@@ -78,7 +78,7 @@ async def test_each_trace_holds_the_cacheable_and_cached_tokens_and_the_money(st
     engine = make_engine(_model(stub), context_window=4000, order="cache_first")
     try:
         await _talk(engine, "bees", SAID)
-        traces = [await engine.trace("t", "bees", n) for n in range(1, len(SAID) + 1)]
+        traces = [await engine.trace(SessionKey("t", "bees"), n) for n in range(1, len(SAID) + 1)]
     finally:
         await engine.close()
         await engine.model.aclose()  # type: ignore[attr-defined]

@@ -264,7 +264,7 @@ async def test_the_reply_does_not_wait_for_the_trace_and_a_read_right_after_wait
         assert engine.trace_writes.pending("local", "s")
         assert await store.get_trace(SessionKey("local", "s"), 1) is None
         read = asyncio.create_task(client.get("/v1/sessions/s/turns/1/context"))
-        direct = asyncio.create_task(engine.trace("local", "s", 1))
+        direct = asyncio.create_task(engine.trace(SessionKey("local", "s"), 1))
         await asyncio.sleep(0.05)
         assert not read.done() and not direct.done()  # both wait for the write, none answers 40402
         store.release.set()

@@ -79,7 +79,7 @@ async def test_the_traces_of_a_conversation_are_their_json_decoded() -> None:
         for text in said:
             await engine.turn(TurnRequest(key=key, message=text))
         await engine.drain()
-        traces = [await engine.trace("t", "s", n) for n in range(1, len(said) + 1)]
+        traces = [await engine.trace(SessionKey("t", "s"), n) for n in range(1, len(said) + 1)]
     finally:
         await engine.close()
     for trace in traces:

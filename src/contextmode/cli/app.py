@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from ..api import build_engine
-from ..engine import PreparedTurn
+from ..engine import PreparedTurn, TurnRequest
 from ..errors import ContextModeError, MissingExtra, UserError
 from ..session_keys import id_for_input, key_for_id
 from ..settings import EngineSettings
@@ -120,7 +120,7 @@ def chat(
     """Chat in the terminal, with /context, /summary, /constraints, /reset, /session."""
     from .chat import run_chat
 
-    asyncio.run(run_chat(console, session=session, store=store, tenant=tenant))
+    asyncio.run(run_chat(console, key=SessionKey(tenant, session), store=store))
 
 
 @app.command()
@@ -135,7 +135,7 @@ def inspect(
     """Show a stored session: its turns, summary, constraints and the layers of the next context,
     or with --turn N exactly what the model received at turn N."""
 
-    sid = id_for_input(session)
+    key = SessionKey(tenant, id_for_input(session))
 
     async def run() -> None:
         engine = build_engine(store=store)
@@ -143,22 +143,22 @@ def inspect(
             if turn is not None:
                 from ..store.records import trace_to_dict
 
-                trace = await engine.trace(tenant, sid, turn)
+                trace = await engine.trace(key, turn)
                 if as_json:
                     print(json.dumps(trace_to_dict(trace), ensure_ascii=False))
                 else:
-                    numbering = await load_numbering(engine.store, tenant, sid, trace_seqs(trace))
+                    numbering = await load_numbering(engine.store, key, trace_seqs(trace))
                     console.print(trace_panel(trace, numbering))
                 return
-            info = await engine.store.info(SessionKey(tenant, sid))
+            info = await engine.store.info(key)
             if info is None:
                 console.print(f"[red]no session {session!r} for tenant {tenant!r}[/red]")
                 raise typer.Exit(1)
-            state = await engine.store.load(SessionKey(tenant, sid), recent=20)
-            prepared = await engine.prepare(tenant, sid, message)
+            state = await engine.store.load(key, recent=20)
+            prepared = await engine.prepare(TurnRequest(key=key, message=message))
             if as_json:
                 print(json.dumps({
-                    "session": key_for_id(sid), "last_seq": info.last_seq,
+                    "session": key_for_id(key.session_id), "last_seq": info.last_seq,
                     "summary": state.summary.text if state.summary else None,
                     "summary_covers_seq": state.summary_covers_seq,
                     "constraints": [{"value": c.value, "key": c.key, "source_seq": c.source_seq} for c in state.constraints],
@@ -171,7 +171,7 @@ def inspect(
                 return
             console.print(turns_table(state.turns, state.constraints))
             if state.summary:
-                covers = await load_numbering(engine.store, tenant, sid, [state.summary.covers_seq])
+                covers = await load_numbering(engine.store, key, [state.summary.covers_seq])
                 console.print(f"[cyan]summary ({covers.through(state.summary.covers_seq)}, v{state.summary.version}):[/cyan] {state.summary.text}")
             for name, stats in info.jobs.items():
                 console.print(f"job {name}: ok {stats.ok}, failed {stats.failed}" + (f", last error: {stats.last_error}" if stats.last_error else ""))

@@ -48,11 +48,11 @@ def _line_editing() -> None:
         import readline  # noqa: F401 - importing it is what turns line editing on
 
 
-async def run_chat(console: Console, *, session: str, store: str | None, tenant: str) -> None:
+async def run_chat(console: Console, *, key: SessionKey, store: str | None) -> None:
     engine = build_engine(store=store)
     _line_editing()
     console.print(
-        f"context-mode chat · session [bold]{session}[/bold] · model {engine.model.name} · "
+        f"context-mode chat · session [bold]{key.session_id}[/bold] · model {engine.model.name} · "
         f"tokens {engine.counter.name}{'' if engine.counter.exact else ' (estimate)'} · /help for commands"
     )
     loop = asyncio.get_running_loop()
@@ -69,14 +69,14 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
                 command, _, arg = line.partition(" ")
                 if command in ("/quit", "/exit"):
                     break
-                session = await _command(console, engine, tenant, session, command, arg.strip())
+                key = await _command(console, engine, key, command, arg.strip())
                 continue
             printed = False
             try:
                 # The offline responder's text is an engine notice, not an answer: say so.
                 notice = isinstance(engine.model, OfflineResponder)
                 console.print("[bold yellow]通知 (notice)>[/bold yellow] " if notice else "[bold]助手>[/bold] ", end="")
-                async for event in engine.stream(TurnRequest(key=SessionKey(tenant, session), message=line)):
+                async for event in engine.stream(TurnRequest(key=key, message=line)):
                     if event.kind == "delta":
                         printed = printed or bool(event.text)
                         console.print(event.text, end="", markup=False, highlight=False)
@@ -93,41 +93,44 @@ async def run_chat(console: Console, *, session: str, store: str | None, tenant:
         await engine.close()
 
 
-async def _command(console: Console, engine: Engine, tenant: str, session: str, command: str, arg: str) -> str:
+async def _command(console: Console, engine: Engine, key: SessionKey, command: str, arg: str) -> SessionKey:
     if command in ("/summary", "/constraints", "/history", "/context"):
         await engine.drain()  # show what the background jobs of the last turn produced
     if command == "/help":
         console.print(help_table())
     elif command == "/context":
         try:
-            console.print(prepared_panel(await engine.prepare(tenant, session, arg or "…"), show_messages=True))
+            console.print(prepared_panel(await engine.prepare(TurnRequest(key=key, message=arg or "…")), show_messages=True))
         except ContextModeError as exc:
             console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
     elif command == "/summary":
-        state = await engine.store.load(SessionKey(tenant, session), recent=0)
+        state = await engine.store.load(key, recent=0)
         if state.summary:
-            covers = await load_numbering(engine.store, tenant, session, [state.summary.covers_seq])
+            covers = await load_numbering(engine.store, key, [state.summary.covers_seq])
             console.print(f"[cyan]{covers.through(state.summary.covers_seq)} (v{state.summary.version}):[/cyan] {state.summary.text}")
         else:
             console.print("no summary yet")
     elif command == "/constraints":
-        state = await engine.store.load(SessionKey(tenant, session), recent=0)
-        numbering = await load_numbering(engine.store, tenant, session, [c.source_seq for c in state.constraints])
+        state = await engine.store.load(key, recent=0)
+        numbering = await load_numbering(engine.store, key, [c.source_seq for c in state.constraints])
         for c in state.constraints:
             console.print(f"📌 {c.value}  [bright_black]({numbering.label(c.source_seq)}, {c.kind}, key {c.key})[/bright_black]")
         if not state.constraints:
             console.print("no pinned constraints")
     elif command == "/history":
-        state = await engine.store.load(SessionKey(tenant, session), recent=12)
+        state = await engine.store.load(key, recent=12)
         console.print(turns_table(state.turns, state.constraints))
     elif command == "/reset":
         await engine.drain()
-        deleted = await engine.store.delete(SessionKey(tenant, session))
+        deleted = await engine.store.delete(key)
         console.print("session deleted" if deleted else "nothing stored yet")
     elif command == "/session":
         if arg:
-            session = arg
-        console.print(f"session: {session}")
+            try:
+                key = SessionKey(key.tenant, arg)
+            except ContextModeError as exc:
+                console.print(f"[red]{type(exc).__name__}: {exc}[/red]")
+        console.print(f"session: {key.session_id}")
     else:
         console.print(f"unknown command {command}; /help lists them")
-    return session
+    return key

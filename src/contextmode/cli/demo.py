@@ -53,7 +53,8 @@ async def run_demo(
     counter = None if configured else counter_for_model(DEFAULT_COUNTING_MODEL)
     engine = build_engine(store=store or "memory://", model=model, settings=settings, counter=counter)
     tenant = settings.tenant
-    if await engine.store.info(SessionKey(tenant, session)) is not None:
+    key = SessionKey(tenant, session)
+    if await engine.store.info(key) is not None:
         await engine.close()
         raise ConfigError(
             f"session {session!r} already exists in --store {store}: the demo never overwrites "
@@ -74,7 +75,7 @@ async def run_demo(
             answer = result.answer if len(result.answer) < 160 else result.answer[:157] + "…"
             console.print(f"[bold]助手:[/bold] {answer}")
             await engine.drain()  # let summaries and constraints land before the next turn
-        state = await engine.store.load(SessionKey(tenant, session), recent=4)
+        state = await engine.store.load(key, recent=4)
         console.print(Rule("after the conversation"))
         console.print(turns_table(state.turns, state.constraints))
         for c in state.constraints:

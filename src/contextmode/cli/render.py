@@ -62,12 +62,12 @@ class Numbering:
         return f"turns 1–{known[0]}" if known else f"messages 1–{seq}"
 
 
-async def load_numbering(store: Store, tenant: str, session_id: str, seqs: Iterable[int]) -> Numbering:
+async def load_numbering(store: Store, key: SessionKey, seqs: Iterable[int]) -> Numbering:
     """The numbering of the stored turns ``seqs`` refer to (one read of their range)."""
     wanted = [s for s in seqs if s > 0]
     if not wanted:
         return Numbering()
-    return Numbering(await store.turns(SessionKey(tenant, session_id), from_seq=min(wanted), to_seq=max(wanted)))
+    return Numbering(await store.turns(key, from_seq=min(wanted), to_seq=max(wanted)))
 
 _COLORS = {
     "system": "bright_black",

@@ -103,8 +103,8 @@ def _answered_and_named(turns: Sequence[Turn]) -> tuple[set[str], dict[str, str]
 
 async def _store_results(parts: TurnParts, key: SessionKey, results: Sequence[ToolResult]) -> list[Turn]:
     """Append the results not stored yet (a client resending its history stores nothing twice)."""
-    tenant, session_id = key.tenant, key.session_id
-    state = await parts.store.load(SessionKey(tenant, session_id), recent=64, max_uncovered=64)
+    tenant = key.tenant
+    state = await parts.store.load(key, recent=64, max_uncovered=64)
     answered, names = _answered_and_named(state.turns)
     fresh = [r for r in results if r.call_id not in answered]
     if not fresh:
@@ -119,7 +119,7 @@ async def _store_results(parts: TurnParts, key: SessionKey, results: Sequence[To
         )
         for r in fresh
     ]
-    stored = await parts.store.append(SessionKey(tenant, session_id), parts.keepable(tenant, new))
+    stored = await parts.store.append(key, parts.keepable(tenant, new))
     observe(parts, key, stored)
     return stored
 

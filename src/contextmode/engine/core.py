@@ -288,24 +288,25 @@ class Engine:
 
     # -- what this process holds -------------------------------------------
 
-    def cached_sessions(self) -> set[tuple[str, str]]:
+    def cached_sessions(self) -> set[SessionKey]:
         """Sessions this process holds anything of in memory (recall index, pending summary, jobs)."""
         held = self.pending_summaries.sessions()
         if caches_sessions(self.recaller):
             held.update(self.recaller.cached_sessions())
         held.update(self.jobs.sessions())
-        return held
+        return {SessionKey(tenant, session_id) for tenant, session_id in held}
 
-    def forget_local(self, tenant: str, session_id: str) -> dict[str, int]:
+    def forget_local(self, key: SessionKey) -> dict[str, int]:
         """Drop everything this process holds of the session (its data is being erased).
 
         Returns counts: ``recall_cache`` (indexes dropped), ``pending_jobs``
         (jobs cancelled) and ``summary_cache`` (computed, uncommitted summaries).
         """
+        tenant, session_id = key.tenant, key.session_id
         dropped_index = 0
         if caches_sessions(self.recaller):
             dropped_index = int(bool(self.recaller.forget(tenant, session_id)))
-        self.backlog.forget(SessionKey(tenant, session_id))  # the turns' words go with the jobs
+        self.backlog.forget(key)  # the turns' words go with the jobs
         self.kept_requests.forget(tenant, session_id)
         return {
             "recall_cache": dropped_index,
@@ -322,16 +323,16 @@ class Engine:
             return None
         return self._keeper.of(self.store)
 
-    async def settle_writes(self, tenant: str, session_id: str) -> None:
+    async def settle_writes(self, key: SessionKey) -> None:
         """Wait until the session's traces still being written are stored (they are
         written just after each reply): before reading them, or erasing the session."""
-        await self.trace_writes.settle(tenant, session_id)
+        await self.trace_writes.settle(key.tenant, key.session_id)
 
-    async def trace(self, tenant: str, session_id: str, turn: int) -> TurnTrace:
+    async def trace(self, key: SessionKey, turn: int) -> TurnTrace:
         """The kept trace of exchange ``turn`` (a write still running is waited for);
         `SessionNotFound` / `TurnNotFound` otherwise (`store.base.load_trace`)."""
-        await self.settle_writes(tenant, session_id)
-        return await load_trace(self.store, SessionKey(tenant, session_id), turn)
+        await self.settle_writes(key)
+        return await load_trace(self.store, key, turn)
 
     def processor_versions(self) -> dict[str, str]:
         """Seam → the implementation that served the turn, with the package version.

@@ -304,11 +304,10 @@ async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = Fals
     that fit `EngineSettings.context_window`, and each chunk's summary is committed before
     the next one is asked for: a job cut off half-way keeps what it committed, and its retry
     starts after it."""
-    tenant, session_id = key.tenant, key.session_id
     store = parts.store
     strategy = get_strategy(parts.settings.strategy)
-    info = await store.version(SessionKey(tenant, session_id))
-    state = await store.load(SessionKey(tenant, session_id), recent=0, max_uncovered=0)
+    info = await store.version(key)
+    state = await store.load(key, recent=0, max_uncovered=0)
     previous = state.summary
     start = state.summary_covers_seq + 1
     # Due by count, the summary leaves the strategy's window alone (a steady window's turns
@@ -338,7 +337,7 @@ async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = Fals
             return committed
         pending.keep(key, PendingSummary(expected_version=expected, first_seq=start,
                                          session_created=info.created_at, summary=summary))
-        committed = await store.commit_summary(SessionKey(tenant, session_id), summary, expected_version=expected)
+        committed = await store.commit_summary(key, summary, expected_version=expected)
         pending.take(key)
         if not committed:
             return False

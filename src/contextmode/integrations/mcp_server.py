@@ -94,6 +94,10 @@ class MemoryTools:
     def tenant(self) -> str:
         return self.memory.tenant
 
+    def _key(self, session_id: str) -> SessionKey:
+        """The session's key in this server's tenant (the tool argument checked here, once)."""
+        return SessionKey(self.tenant, session_id)
+
     async def remember(
         self, session_id: str, role: Literal["user", "assistant"], content: str, *, user_id: str | None = None
     ) -> RememberedOut:
@@ -107,7 +111,7 @@ class MemoryTools:
 
     async def search(self, session_id: str, query: str, *, limit: int = 5) -> list[RecalledOut]:
         engine = self.memory.engine
-        state = await engine.store.load(SessionKey(self.tenant, validate_id(session_id)), recent=0)
+        state = await engine.store.load(self._key(session_id), recent=0)
         # An explicit query: no terms borrowed from the newest turns (turns=()), and the newest
         # turns are searched too (recent_turns=0: no recent window to leave them to).
         state = replace(state, turns=())
@@ -123,25 +127,26 @@ class MemoryTools:
 
     async def pins(self, session_id: str) -> list[ConstraintOut]:
         await self.memory.engine.drain()  # the constraint jobs of the last turns
-        state = await self.memory.engine.store.load(SessionKey(self.tenant, validate_id(session_id)), recent=0)
+        state = await self.memory.engine.store.load(self._key(session_id), recent=0)
         return [ConstraintOut.of(c) for c in state.constraints]
 
     async def remove_pin(self, session_id: str, key: str) -> RemovedPinOut:
         engine = self.memory.engine
         await engine.drain()  # a job still running could otherwise write the pin back
+        session = self._key(session_id)
         for _ in range(_PIN_RETRIES):
-            state = await engine.store.load(SessionKey(self.tenant, validate_id(session_id)), recent=0)
+            state = await engine.store.load(session, recent=0)
             kept = [c for c in state.constraints if c.key != key]
             if len(kept) == len(state.constraints):
                 return RemovedPinOut(removed=False, pins=[ConstraintOut.of(c) for c in kept])
             if await engine.store.commit_constraints(
-                SessionKey(self.tenant, session_id), kept, expected_version=state.constraints_version
+                session, kept, expected_version=state.constraints_version
             ):
                 return RemovedPinOut(removed=True, pins=[ConstraintOut.of(c) for c in kept])
         raise ConflictError(f"the pins of session {session_id!r} kept changing; try again")
 
     async def trace(self, session_id: str, turn: int) -> dict[str, Any]:
-        trace = await self.memory.engine.trace(self.tenant, validate_id(session_id), turn)
+        trace = await self.memory.engine.trace(self._key(session_id), turn)
         return trace_to_dict(trace)
 
 

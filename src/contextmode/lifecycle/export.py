@@ -33,7 +33,7 @@ from typing import Any, Literal
 from ..errors import InputError, SessionExists
 from ..store.base import Store
 from ..store.lifecycle import LifecycleStore
-from ..types import Constraint, NewTurn, SessionKey, Summary, Turn, utc_now, validate_id
+from ..types import Constraint, JsonObject, NewTurn, SessionKey, Summary, Turn, utc_now
 from .forget import forget, lifecycle_store
 
 __all__ = [
@@ -55,7 +55,8 @@ VERSION = 1
 PAGE = 500
 """Turns read or written per store call, and sessions listed per call."""
 
-Record = dict[str, Any]
+Record = JsonObject
+"""One line of an export, as written."""
 Progress = Callable[[int], None]
 """Called with how many turns were just handled."""
 
@@ -68,7 +69,7 @@ def _time(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def _canonical(record: Mapping[str, Any]) -> bytes:
+def _canonical(record: Mapping[str, object]) -> bytes:
     return json.dumps(record, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -91,6 +92,7 @@ class Footer:
     """XOR of every session's SHA-256 (as an integer): independent of listing order."""
 
     def add(self, tenant: str, session_id: str, turns: int, sha256: str) -> None:
+        """Count one session: its ids as the export names them (checked or not), its turns and checksum."""
         self.sessions += 1
         self.turns += turns
         self.digest ^= int(hashlib.sha256(f"{tenant}/{session_id}:{sha256}".encode()).hexdigest(), 16)
@@ -100,38 +102,36 @@ class Footer:
                 "sha256": f"{self.digest:064x}"}
 
 
-async def _sessions(store: Store, tenants: Sequence[str] | None) -> AsyncIterator[tuple[str, str]]:
+async def _sessions(store: Store, tenants: Sequence[str] | None) -> AsyncIterator[SessionKey]:
     lifecycle = lifecycle_store(store)
     for tenant in tenants if tenants is not None else await lifecycle.list_tenants():
         offset = 0
         while True:
             page = await store.list_sessions(tenant, limit=PAGE, offset=offset)
             for info in page:
-                yield tenant, info.session_id
+                yield SessionKey(tenant, info.session_id)
             if len(page) < PAGE:
                 break
             offset += PAGE
 
 
-async def _session_records(
-    store: Store, tenant: str, session_id: str, derived: bool, footer: Footer
-) -> AsyncIterator[Record]:
-    info = await store.info(SessionKey(tenant, session_id))
+async def _session_records(store: Store, key: SessionKey, derived: bool, footer: Footer) -> AsyncIterator[Record]:
+    info = await store.info(key)
     if info is None:
         return  # deleted since it was listed
-    yield {"type": "session", "tenant": tenant, "session_id": session_id, "user_id": info.user_id,
+    yield {"type": "session", "tenant": key.tenant, "session_id": key.session_id, "user_id": info.user_id,
            "created_at": _iso(info.created_at), "updated_at": _iso(info.updated_at),
            "last_seq": info.last_seq}
     sha = hashlib.sha256()
     count = 0
     for start in range(1, info.last_seq + 1, PAGE):
-        for turn in await store.turns(SessionKey(tenant, session_id), from_seq=start, to_seq=min(info.last_seq, start + PAGE - 1)):
+        for turn in await store.turns(key, from_seq=start, to_seq=min(info.last_seq, start + PAGE - 1)):
             record = turn_record(turn, derived=derived)
             sha.update(_canonical(record))
             count += 1
             yield record
     if derived:
-        state = await store.load(SessionKey(tenant, session_id), recent=0, max_uncovered=0)
+        state = await store.load(key, recent=0, max_uncovered=0)
         if state.summary is not None:
             s = state.summary
             yield {"type": "summary", "text": s.text, "covers_seq": s.covers_seq, "tokens": s.tokens,
@@ -139,7 +139,7 @@ async def _session_records(
         if state.constraints:
             yield {"type": "constraints", "version": state.constraints_version,
                    "items": [asdict(c) for c in state.constraints]}
-    footer.add(tenant, session_id, count, sha.hexdigest())
+    footer.add(key.tenant, key.session_id, count, sha.hexdigest())
     yield {"type": "end", "turns": count, "sha256": sha.hexdigest()}
 
 
@@ -150,18 +150,21 @@ async def export_records(
     yield {"type": "header", "format": FORMAT, "version": VERSION, "exported_at": _iso(utc_now()),
            "derived": derived}
     footer = Footer()
-    async for tenant, session_id in _sessions(store, tenants):
-        async for record in _session_records(store, tenant, session_id, derived, footer):
+    async for key in _sessions(store, tenants):
+        async for record in _session_records(store, key, derived, footer):
             yield record
     yield footer.record()
 
 
-async def session_digest(store: Store, tenant: str, session_id: str, *, derived: bool) -> tuple[int, str]:
+async def session_digest(store: Store, key: SessionKey, *, derived: bool) -> tuple[int, str]:
     """Turn count and checksum of one stored session, as its export's ``end`` line would say."""
-    end: Mapping[str, Any] = {}
-    async for record in _session_records(store, tenant, session_id, derived, Footer()):
+    end: Record = {}
+    async for record in _session_records(store, key, derived, Footer()):
         end = record
-    return (int(end["turns"]), str(end["sha256"])) if end else (0, "")
+    if not end:
+        return 0, ""
+    turns = end["turns"]
+    return turns if isinstance(turns, int) else 0, str(end["sha256"])
 
 
 @dataclass
@@ -264,8 +267,8 @@ async def verify_export(records: AsyncIterator[Mapping[str, Any]]) -> ExportPlan
 async def store_digest(store: Store, *, tenants: Sequence[str] | None = None) -> Footer:
     """Counts and checksum of ``store``'s sessions and turns (what `migrate` compares)."""
     footer = Footer()
-    async for tenant, session_id in _sessions(store, tenants):
-        async for _ in _session_records(store, tenant, session_id, False, footer):
+    async for key in _sessions(store, tenants):
+        async for _ in _session_records(store, key, False, footer):
             pass
     return footer
 
@@ -292,8 +295,7 @@ turn (a migration), refuse it (skip it when identical), or erase it first."""
 
 @dataclass
 class _Target:
-    tenant: str
-    session_id: str
+    key: SessionKey
     user_id: str | None
     created_at: datetime
     updated_at: datetime
@@ -342,31 +344,32 @@ class _Importer:
             self.renamed += 1
             if self.renamed > 1:
                 raise ValueError("a new session id is given, but the export holds more than one session")
-            session_id = validate_id(self.rules.rename)
-        info = await self.store.info(SessionKey(tenant, session_id))
+            session_id = self.rules.rename
+        key = SessionKey(tenant, session_id)
+        info = await self.store.info(key)
         skip = False
         if info is not None and self.rules.existing != "resume":
-            skip = await self._existing(tenant, session_id, (record["tenant"], record["session_id"]))
+            skip = await self._existing(key, (record["tenant"], record["session_id"]))
         self.current = _Target(
-            tenant=tenant, session_id=session_id, user_id=record.get("user_id"),
+            key=key, user_id=record.get("user_id"),
             created_at=_time(record["created_at"]), updated_at=_time(record["updated_at"]),
             last_seq=info.last_seq if info and not skip and self.rules.existing == "resume" else 0, skip=skip,
         )
 
-    async def _existing(self, tenant: str, session_id: str, archived: tuple[str, str]) -> bool:
+    async def _existing(self, key: SessionKey, archived: tuple[str, str]) -> bool:
         """Handle a session the target already holds: True to skip it (identical), else erase it
         (``replace``) or raise (``refuse``)."""
         plan = self.rules.plan
         if self.rules.existing == "replace":
-            await forget(self.store, tenant, "session", session_id, actor="import")
+            await forget(self.store, key.tenant, "session", key.session_id, actor="import")
             return False
         if plan is not None and self.rules.rename is None and plan.sessions.get(archived) == await session_digest(
-            self.store, tenant, session_id, derived=plan.derived
+            self.store, key, derived=plan.derived
         ):
             self.report.skipped_sessions += 1
             return True
         raise SessionExists(
-            f"session {session_id!r} of tenant {tenant!r} already exists and differs from the export; "
+            f"session {key.session_id!r} of tenant {key.tenant!r} already exists and differs from the export; "
             "import with --replace to overwrite it, or --as NEW_ID to import it under another id"
         )
 
@@ -387,7 +390,7 @@ class _Importer:
         if record["seq"] != expected:
             # Appends number turns without gaps: turns a retention policy erased cannot be
             # re-created, and renumbering would break summaries and reply_to links.
-            raise ValueError(f"session {target.session_id!r} jumps to turn {record['seq']} "
+            raise ValueError(f"session {target.key.session_id!r} jumps to turn {record['seq']} "
                              f"where {expected} was expected (turns erased by retention?)")
         emotion = record.get("emotion")
         target.buffer.append(NewTurn(
@@ -402,7 +405,7 @@ class _Importer:
         if not target.buffer:
             return
         written = await self.store.append(
-            SessionKey(target.tenant, target.session_id), target.buffer,
+            target.key, target.buffer,
             expected_last_seq=target.last_seq, user_id=target.user_id,
         )
         target.last_seq = written[-1].seq
@@ -426,15 +429,15 @@ class _Importer:
             self.current = None
             return
         await self._flush(target)
-        store, key = self.store, (target.tenant, target.session_id)
-        state = await store.load(SessionKey(*key), recent=0, max_uncovered=0)
+        store, key = self.store, target.key
+        state = await store.load(key, recent=0, max_uncovered=0)
         if target.summary is not None and state.summary_covers_seq < target.summary.covers_seq:
-            await store.commit_summary(SessionKey(*key), target.summary,
+            await store.commit_summary(key, target.summary,
                                        expected_version=state.summary.version if state.summary else 0)
         if target.constraints is not None and list(state.constraints) != target.constraints:
-            await store.commit_constraints(SessionKey(*key), target.constraints,
+            await store.commit_constraints(key, target.constraints,
                                            expected_version=state.constraints_version)
-        await store.restore_session(SessionKey(*key), user_id=target.user_id, created_at=target.created_at,
+        await store.restore_session(key, user_id=target.user_id, created_at=target.created_at,
                                     updated_at=target.updated_at)
         self.report.sessions += 1
         self.current = None
@@ -448,7 +451,7 @@ class _Importer:
         if target is None or target.skip or self.rules.existing == "resume":
             return
         if target.last_seq or target.buffer:
-            await self.store.erase_session(SessionKey(target.tenant, target.session_id))
+            await self.store.erase_session(target.key)
 
 
 async def import_records(
@@ -478,5 +481,5 @@ async def import_records(
             raise
     if importer.current is not None:
         await importer.undo_current()
-        raise InputError(f"the export ends inside session {importer.current.session_id!r} (truncated file?)")
+        raise InputError(f"the export ends inside session {importer.current.key.session_id!r} (truncated file?)")
     return importer.report

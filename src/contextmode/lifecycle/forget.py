@@ -41,7 +41,7 @@ _PAGE = 200
 class LocalCaches(Protocol):
     """Something holding session data in process memory (the `Engine`)."""
 
-    def forget_local(self, tenant: str, session_id: str) -> Mapping[str, int]:
+    def forget_local(self, key: SessionKey) -> Mapping[str, int]:
         """Drop everything held of the session; counts per kind."""
         ...
 
@@ -51,7 +51,7 @@ class PendingWrites(Protocol):
     """A holder that may still be writing a session's records after its reply (the `Engine`:
     each exchange's trace); an erasure waits for them, so nothing comes back after it."""
 
-    async def settle_writes(self, tenant: str, session_id: str) -> None:
+    async def settle_writes(self, key: SessionKey) -> None:
         """Return once the session's writes still running are done."""
         ...
 
@@ -60,11 +60,11 @@ def _writes_pending(cache: object) -> TypeGuard[PendingWrites]:
     return implements(cache, PendingWrites)
 
 
-async def settle_writes(caches: Sequence[LocalCaches], tenant: str, session_id: str) -> None:
+async def settle_writes(caches: Sequence[LocalCaches], key: SessionKey) -> None:
     """Wait for every write the ``caches`` still run for the session (before erasing it)."""
     for cache in caches:
         if _writes_pending(cache):
-            await cache.settle_writes(tenant, session_id)
+            await cache.settle_writes(key)
 
 
 def lifecycle_store(store: Store) -> LifecycleStore:
@@ -93,18 +93,18 @@ async def _session_ids(store: LifecycleStore, tenant: str, scope: Scope, target:
             yield session_id
 
 
-async def _erase_images(store: Store, tenant: str, session_id: str, image_dir: Path) -> int:
+async def _erase_images(store: Store, key: SessionKey, image_dir: Path) -> int:
     """Delete image temp files the session's turns name (a crash can leave one behind).
 
     Only files directly inside ``image_dir`` are touched, whatever a turn's metadata says.
     """
-    info = await store.info(SessionKey(tenant, session_id))
+    info = await store.info(key)
     if info is None:
         return 0
     folder = image_dir.resolve()
     erased = 0
     for start in range(1, info.last_seq + 1, 500):
-        for turn in await store.turns(SessionKey(tenant, session_id), from_seq=start, to_seq=start + 499):
+        for turn in await store.turns(key, from_seq=start, to_seq=start + 499):
             for image in turn.metadata.get("images") or ():
                 path = Path(str(image.get("path", ""))) if isinstance(image, dict) else None
                 if path is None or path.resolve().parent != folder:
@@ -120,14 +120,15 @@ async def _run(
 ) -> DeletionRecord:
     local: dict[str, int] = {"images": 0}
     async for session_id in _session_ids(store, record.tenant, record.scope, record.target):
+        key = SessionKey(record.tenant, session_id)
         if image_dir is not None:
-            local["images"] += await _erase_images(store, record.tenant, session_id, image_dir)
-        await settle_writes(caches, record.tenant, session_id)
+            local["images"] += await _erase_images(store, key, image_dir)
+        await settle_writes(caches, key)
         for cache in caches:
-            merge_counts(local, cache.forget_local(record.tenant, session_id))
-        await store.erase_session(SessionKey(record.tenant, session_id), record_id=record.id)
+            merge_counts(local, cache.forget_local(key))
+        await store.erase_session(key, record_id=record.id)
         for cache in caches:  # a job that was mid-write may have re-filled a cache
-            merge_counts(local, cache.forget_local(record.tenant, session_id))
+            merge_counts(local, cache.forget_local(key))
     await store.compact()
     return await store.finish_deletion(record.id, local)
 

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from ..errors import InputError
 from ..store.base import Store
+from ..types import JsonObject
 from .export import Footer, ImportReport, export_records, import_records, store_digest
 
 __all__ = ["MigrateReport", "migrate", "read_export", "write_export"]
@@ -36,9 +37,9 @@ async def write_export(
     derived: bool = True,
     tenants: Sequence[str] | None = None,
     progress: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     """Write the export of ``store`` to ``path`` (``-``: standard output); return the footer line."""
-    footer: dict[str, Any] = {}
+    footer: JsonObject = {}
     with _open_write(path) as out:
         async for record in export_records(store, tenants=tenants, derived=derived):
             out.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
@@ -49,7 +50,7 @@ async def write_export(
     return footer
 
 
-async def read_export(path: Path | str) -> AsyncIterator[dict[str, Any]]:
+async def read_export(path: Path | str) -> AsyncIterator[JsonObject]:
     """The records of an export file, one line at a time (``-``: standard input)."""
     handle = sys.stdin if str(path) == "-" else open(path, encoding="utf-8")  # noqa: SIM115
     try:

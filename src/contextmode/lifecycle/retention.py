@@ -172,19 +172,21 @@ async def enforce_retention(
         local: dict[str, int] = {}
         doomed = await _doomed(lifecycle, tenant, policy, now)
         for session_id in sorted(doomed):
-            await settle_writes(caches, tenant, session_id)
+            key = SessionKey(tenant, session_id)
+            await settle_writes(caches, key)
             for cache in caches:
-                merge_counts(local, cache.forget_local(tenant, session_id))
-            await lifecycle.erase_session(SessionKey(tenant, session_id), record_id=record.id)
+                merge_counts(local, cache.forget_local(key))
+            await lifecycle.erase_session(key, record_id=record.id)
         if policy.max_turns is not None:
             for session_id, last_seq, _ in await _all_sessions(lifecycle, tenant):
                 if last_seq > policy.max_turns and session_id not in doomed:
+                    key = SessionKey(tenant, session_id)
                     erased = await lifecycle.erase_turns_before(
-                        SessionKey(tenant, session_id), last_seq - policy.max_turns + 1, record_id=record.id
+                        key, last_seq - policy.max_turns + 1, record_id=record.id
                     )
                     if any(erased.values()):
                         for cache in caches:
-                            merge_counts(local, cache.forget_local(tenant, session_id))
+                            merge_counts(local, cache.forget_local(key))
         await lifecycle.compact()
         finished = await lifecycle.finish_deletion(record.id, local)
         merge_counts(total, finished.counts)

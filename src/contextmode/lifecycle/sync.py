@@ -28,9 +28,9 @@ _EVERYTHING = datetime.min.replace(tzinfo=UTC)
 class CacheHolder(Protocol):
     """What the watcher needs of an engine."""
 
-    def cached_sessions(self) -> Iterable[tuple[str, str]]: ...
+    def cached_sessions(self) -> Iterable[SessionKey]: ...
 
-    def forget_local(self, tenant: str, session_id: str) -> Mapping[str, int]: ...
+    def forget_local(self, key: SessionKey) -> Mapping[str, int]: ...
 
 
 class ForgetWatcher:
@@ -65,13 +65,13 @@ class ForgetWatcher:
 
     async def _sweep(self, started: Mapping[str, datetime]) -> int:
         dropped = 0
-        for tenant, session_id in sorted(self.holder.cached_sessions()):
-            since = started.get(tenant)
+        for key in sorted(self.holder.cached_sessions()):
+            since = started.get(key.tenant)
             if since is None:
                 continue
-            probe = await self.store.version(SessionKey(tenant, session_id))
+            probe = await self.store.version(key)
             if since == _EVERYTHING or probe.last_seq == 0 or (
                     probe.created_at is not None and probe.created_at >= since):
-                merge_counts(self.dropped, self.holder.forget_local(tenant, session_id))
+                merge_counts(self.dropped, self.holder.forget_local(key))
                 dropped += 1
         return dropped

@@ -22,7 +22,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -30,8 +30,9 @@ from ..engine import Delta, Engine, ToolCallPart, TurnEvent, TurnResult
 from ..engine.agent import AgentRequest
 from ..errors import InputError
 from ..models.base import ToolChoice, ToolSpec
-from ..types import ToolResult, check_storable
+from ..types import JsonObject, JsonValue, ToolResult, check_storable
 from .codes import code_for_exception, public_message
+from .schemas import WireObject
 
 __all__ = [
     "AnthropicMessage",
@@ -58,12 +59,12 @@ _ERROR_TYPES = {
 }
 
 
-def anthropic_error_body(code: int, name: str, message: str, data: Any = None) -> dict[str, Any]:
+def anthropic_error_body(code: int, name: str, message: str, data: JsonValue = None) -> JsonObject:
     """Anthropic's error shape ``{"type": "error", "error": {"type", "message"}}``, with the
     service's code name, envelope code (and any ``data``) alongside."""
     status = code // 100
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    error: dict[str, Any] = {"type": kind, "message": message, "code": name, "contextmode_code": code}
+    error: JsonObject = {"type": kind, "message": message, "code": name, "contextmode_code": code}
     if data is not None:
         error["contextmode_data"] = data
     return {"type": "error", "error": error}
@@ -75,7 +76,7 @@ class AnthropicMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
+    content: str | list[WireObject]
 
 
 class MessagesRequest(BaseModel):
@@ -87,18 +88,18 @@ class MessagesRequest(BaseModel):
     model: str | None = Field(default=None, description="Echoed back; the engine's model answers.")
     max_tokens: int | None = Field(default=None, description="The reply's cap (lowered to what the context window leaves).")
     messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = Field(default=None, description="This turn's system prompt.")
-    metadata: dict[str, Any] | None = Field(
+    system: str | list[WireObject] | None = Field(default=None, description="This turn's system prompt.")
+    metadata: WireObject | None = Field(
         default=None,
         description="metadata.user_id names the session's user, and is the session id when no X-Session-Id header is sent.",
     )
     stream: StrictBool = False
-    tools: list[dict[str, Any]] | None = Field(default=None, description="Tools offered to the model.")
-    tool_choice: dict[str, Any] | None = None
+    tools: list[WireObject] | None = Field(default=None, description="Tools offered to the model.")
+    tool_choice: WireObject | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _storable(cls, data: Any) -> Any:
+    def _storable(cls, data: object) -> object:
         check_storable(data, "request")  # NUL, lone surrogates: in tool results, names, ids too
         return data
 
@@ -118,7 +119,7 @@ class WireItem:
     """A user message of ``tool_result`` blocks: the results of the model's calls, in order."""
 
 
-def _text_of(content: Any) -> str:
+def _text_of(content: JsonValue) -> str:
     """A tool result's content: a string, or a list of text blocks."""
     if isinstance(content, str):
         return content
@@ -132,7 +133,7 @@ def _text_of(content: Any) -> str:
     raise InputError("tool_result content must be a string or a list of text blocks")
 
 
-def _image_url(block: Mapping[str, Any]) -> str:
+def _image_url(block: Mapping[str, JsonValue]) -> str:
     source = block.get("source")
     if not isinstance(source, Mapping):
         raise InputError("an image block needs a 'source'")
@@ -142,7 +143,7 @@ def _image_url(block: Mapping[str, Any]) -> str:
     return str(source.get("url", ""))
 
 
-def _user_item(blocks: Sequence[Mapping[str, Any]]) -> WireItem:
+def _user_item(blocks: Sequence[Mapping[str, JsonValue]]) -> WireItem:
     texts: list[str] = []
     images: list[str] = []
     results: list[ToolResult] = []
@@ -208,30 +209,30 @@ def agent_step(
     return AgentRequest(message=message, tool_results=tuple(results), tools=tuple(tools or ()), tool_choice=tool_choice)
 
 
-def system_text(system: str | list[dict[str, Any]] | None) -> str | None:
+def system_text(system: str | Sequence[Mapping[str, JsonValue]] | None) -> str | None:
     """The system prompt: a string or text blocks (``cache_control`` and the like are ignored)."""
     if system is None or isinstance(system, str):
         return system or None
     return "\n".join(str(b.get("text", "")) for b in system if b.get("type") == "text") or None
 
 
-def openai_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+def openai_tools(tools: Sequence[Mapping[str, JsonValue]] | None) -> list[JsonObject] | None:
     """Anthropic's tool definitions (``name``, ``description``, ``input_schema``) as OpenAI's."""
     if not tools:
         return None
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for tool in tools:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise InputError("every tool needs a 'name'")
-        function: dict[str, Any] = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
+        function: JsonObject = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description"):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})
     return out
 
 
-def openai_tool_choice(choice: Mapping[str, Any] | None) -> str | dict[str, Any] | None:
+def openai_tool_choice(choice: Mapping[str, JsonValue] | None) -> str | JsonObject | None:
     """``{"type": "auto" | "any" | "none" | "tool", "name"}`` as OpenAI's ``tool_choice``."""
     if choice is None:
         return None
@@ -245,10 +246,10 @@ def openai_tool_choice(choice: Mapping[str, Any] | None) -> str | dict[str, Any]
     raise InputError("tool_choice must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}")
 
 
-def _tool_input(arguments: str) -> dict[str, Any]:
+def _tool_input(arguments: str) -> JsonObject:
     """A call's arguments as the object a ``tool_use`` block carries (raw text kept if not one)."""
     try:
-        parsed = json.loads(arguments or "{}")
+        parsed: JsonValue = json.loads(arguments or "{}")
     except ValueError:
         return {"arguments": arguments}
     return parsed if isinstance(parsed, dict) else {"arguments": parsed}
@@ -264,22 +265,22 @@ the proxy, or with no twin; any other field (``temperature``, ``top_p``, ``top_k
 ``extra_body`` field) is sent as it is."""
 
 
-def openai_fields(body: MessagesRequest) -> dict[str, Any]:
+def openai_fields(body: MessagesRequest) -> JsonObject:
     """The request's fields in OpenAI's names, for a model endpoint that speaks OpenAI:
     ``max_tokens``, ``stop_sequences`` → ``stop``, ``tools`` and ``tool_choice`` converted,
     ``disable_parallel_tool_use`` → ``parallel_tool_calls: false``, ``thinking`` →
     ``reasoning_effort`` (by its token budget), ``output_config`` (`_output_config`),
     ``metadata.user_id`` → ``user``, a stream asks for its usage (``stream_options``); Anthropic's own
     fields with no twin are dropped (`_NOT_OPENAI`); the rest as sent."""
-    sent = body.model_dump(exclude_unset=True)
-    fields: dict[str, Any] = {k: v for k, v in sent.items() if k not in _NOT_OPENAI}
+    sent: JsonObject = body.model_dump(exclude_unset=True)
+    fields: JsonObject = {k: v for k, v in sent.items() if k not in _NOT_OPENAI}
     if body.max_tokens is not None:
         fields["max_tokens"] = body.max_tokens
     stop = sent.get("stop_sequences")
     if isinstance(stop, list) and stop:
         fields["stop"] = stop
     if tools := openai_tools(body.tools):
-        fields["tools"] = tools
+        fields["tools"] = [*tools]  # list is invariant: the same objects, as JSON values
     if (choice := openai_tool_choice(body.tool_choice)) is not None:
         fields["tool_choice"] = choice
     if (body.tool_choice or {}).get("disable_parallel_tool_use") is True:
@@ -297,12 +298,12 @@ def openai_fields(body: MessagesRequest) -> dict[str, Any]:
     return fields
 
 
-def _output_config(config: object) -> dict[str, Any]:
+def _output_config(config: JsonValue) -> JsonObject:
     """``output_config`` in OpenAI's names: ``effort`` → ``reasoning_effort`` (``xhigh`` and
     ``max`` → ``high``), a ``json_schema`` ``format`` → ``response_format``."""
     if not isinstance(config, Mapping):
         return {}
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     effort = config.get("effort")
     if isinstance(effort, str):
         out["reasoning_effort"] = effort if effort in ("low", "medium", "high") else "high"
@@ -344,9 +345,9 @@ def _stop_reason(result: TurnResult) -> str:
     return "stop_sequence" if result.stop_sequence else "end_turn"
 
 
-def message_body(engine: Engine, result: TurnResult, model: str) -> dict[str, Any]:
+def message_body(engine: Engine, result: TurnResult, model: str) -> JsonObject:
     """A finished turn as Anthropic's ``message`` object."""
-    content: list[dict[str, Any]] = []
+    content: list[JsonValue] = []
     if result.answer or not result.tool_calls:
         content.append({"type": "text", "text": result.answer})
     content.extend(
@@ -365,7 +366,7 @@ def message_body(engine: Engine, result: TurnResult, model: str) -> dict[str, An
     }
 
 
-def sse(name: str, payload: Mapping[str, Any]) -> bytes:
+def sse(name: str, payload: Mapping[str, JsonValue]) -> bytes:
     """One named event (``event:`` then ``data:``), as Anthropic streams them."""
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return f"event: {name}\ndata: {data}\n\n".encode()
@@ -386,13 +387,13 @@ class _Blocks:
         self.count += 1
         return [sse("content_block_stop", {"type": "content_block_stop", "index": self.count - 1})]
 
-    def start(self, key: tuple[str, int], block: dict[str, Any]) -> list[bytes]:
+    def start(self, key: tuple[str, int], block: JsonObject) -> list[bytes]:
         out = self.close()
         self.open = key
         out.append(sse("content_block_start", {"type": "content_block_start", "index": self.count, "content_block": block}))
         return out
 
-    def delta(self, delta: dict[str, Any]) -> bytes:
+    def delta(self, delta: JsonObject) -> bytes:
         return sse("content_block_delta", {"type": "content_block_delta", "index": self.count, "delta": delta})
 
 
@@ -406,7 +407,7 @@ def _event_bytes(event: Delta | ToolCallPart, blocks: _Blocks) -> list[bytes]:
     else:
         call = event.call
         if blocks.open != ("tool_use", call.index):
-            block: dict[str, Any] = {
+            block: JsonObject = {
                 "type": "tool_use", "id": call.id or f"call_{call.index}", "name": call.name or "", "input": {},
             }
             out += blocks.start(("tool_use", call.index), block)
@@ -418,7 +419,7 @@ def _event_bytes(event: Delta | ToolCallPart, blocks: _Blocks) -> list[bytes]:
 def _error_event(exc: Exception, partial: str) -> bytes:
     """A failure mid-stream as an ``error`` event, carrying the partial answer that was stored."""
     row = code_for_exception(exc)
-    data = {"partial_answer": partial, "interrupted": True}
+    data: JsonObject = {"partial_answer": partial, "interrupted": True}
     return sse("error", anthropic_error_body(row.code, row.name, public_message(exc, row), data))
 
 
@@ -442,7 +443,7 @@ async def message_events(
     """A turn's events (after ``Prepared``) as Anthropic's stream: ``message_start``, ``ping``,
     the content blocks, ``message_delta`` (stop reason, output tokens), ``message_stop``;
     a failure mid-stream (``Failed``, or a raised error) is an ``error`` event."""
-    message: dict[str, Any] = {
+    message: JsonObject = {
         "id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": input_tokens, "output_tokens": 0},
     }

@@ -15,15 +15,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from fastapi.responses import JSONResponse
 
 from ..engine import USE_DEFAULT, Engine, TurnEvent, TurnResult, UseDefault
 from ..engine.agent import AgentRequest, ToolResult
 from ..errors import InputError
-from ..models.base import ToolCallDelta
-from ..types import SessionKey
+from ..models.base import ToolCallDelta, ToolChoice, ToolSpec
+from ..types import JsonObject, JsonValue, SessionKey
 from .codes import code_for_exception, public_message
 from .metrics import ServiceMetrics
 from .openai_wire import completion_chunk, usage_chunk
@@ -39,10 +39,10 @@ class _Message(Protocol):
     @property
     def role(self) -> str: ...
     @property
-    def content(self) -> Any: ...
+    def content(self) -> object: ...
 
 
-def _text(content: Any) -> str:
+def _text(content: object) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -56,7 +56,7 @@ def _text(content: Any) -> str:
 
 
 def agent_request(
-    messages: Sequence[_Message], tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any
+    messages: Sequence[_Message], tools: Sequence[ToolSpec] | None, tool_choice: ToolChoice | None
 ) -> AgentRequest | None:
     """The agent step a request carries, or ``None`` for a plain chat turn."""
     if not tools and messages[-1].role != "tool":
@@ -83,7 +83,7 @@ def agent_request(
     return AgentRequest(message=message, tool_results=tuple(results), tools=tuple(tools or ()), tool_choice=tool_choice)
 
 
-def _wire_calls(result: TurnResult) -> list[dict[str, Any]]:
+def _wire_calls(result: TurnResult) -> list[JsonValue]:
     return [
         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in result.tool_calls
@@ -114,7 +114,7 @@ class ProxyReply:
 def _completion(result: TurnResult, reply: ProxyReply) -> JSONResponse:
     if result.upstream is not None:  # relayed: the endpoint's own completion
         return JSONResponse(dict(result.upstream.data), headers={**reply.headers, **result.upstream.headers})
-    message: dict[str, Any] = {"role": "assistant", "content": result.answer or None}
+    message: JsonObject = {"role": "assistant", "content": result.answer or None}
     if result.tool_calls:
         message["tool_calls"] = _wire_calls(result)
     return JSONResponse(
@@ -147,12 +147,13 @@ def agent_step(
     )
 
 
-def _tool_call_chunk(call: ToolCallDelta) -> dict[str, Any]:
-    piece: dict[str, Any] = {"index": call.index, "function": {"arguments": call.arguments}}
+def _tool_call_chunk(call: ToolCallDelta) -> JsonObject:
+    function: JsonObject = {"arguments": call.arguments}
+    piece: JsonObject = {"index": call.index, "function": function}
     if call.id:
         piece["id"], piece["type"] = call.id, "function"
     if call.name:
-        piece["function"]["name"] = call.name
+        function["name"] = call.name
     return {"tool_calls": [piece]}
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from starlette.responses import JSONResponse  # fastapi re-exports it; the MCP server has no fastapi
 
 from ..errors import ModelRateLimited
+from ..types import JsonObject, JsonValue
 from .anthropic_wire import anthropic_error_body
 from .codes import ErrorCode, code_for_exception, http_status, public_message
 
@@ -43,17 +43,17 @@ _ERROR_TYPES = {
 }
 
 
-def openai_error_body(code: int, name: str, message: str, data: Any = None) -> dict[str, Any]:
+def openai_error_body(code: int, name: str, message: str, data: JsonValue = None) -> JsonObject:
     """OpenAI's error shape, with the envelope code (and any ``data``) alongside."""
     status = code // 100
     kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    error: dict[str, Any] = {"message": message, "type": kind, "param": None, "code": name, "contextmode_code": code}
+    error: JsonObject = {"message": message, "type": kind, "param": None, "code": name, "contextmode_code": code}
     if data is not None:
         error["contextmode_data"] = data
     return {"error": error}
 
 
-def error_response(path: str, row: ErrorCode, msg: str, data: Any = None) -> JSONResponse:
+def error_response(path: str, row: ErrorCode, msg: str, data: JsonValue = None) -> JSONResponse:
     """The error ``row`` as the response for ``path`` (envelope, or OpenAI's or Anthropic's shape)."""
     status = http_status(row.code)
     headers = {"www-authenticate": "Bearer"} if status == 401 else None
@@ -64,7 +64,7 @@ def error_response(path: str, row: ErrorCode, msg: str, data: Any = None) -> JSO
     return JSONResponse({"code": row.code, "msg": msg, "data": data}, status_code=status, headers=headers)
 
 
-def exception_response(path: str, exc: BaseException, data: Any = None) -> JSONResponse:
+def exception_response(path: str, exc: BaseException, data: JsonValue = None) -> JSONResponse:
     """``exc`` as an error response for ``path`` (public message only); a rate-limited or
     overloaded model endpoint's wait is passed on as ``retry-after`` (and ``retry-after-ms``),
     the headers both SDKs' retries honour."""
@@ -82,22 +82,27 @@ _MAX_LISTED = 5
 """Validation problems listed one by one; the rest are only counted."""
 
 
-def _short(value: object, limit: int) -> object:
+def _short(value: object, limit: int) -> int | str:
     if isinstance(value, int):
         return value
     text = str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def validation_details(raw: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
+def _parts(loc: object) -> list[object]:
+    """A validation error's location (a tuple or list of keys and indexes) as a list."""
+    return list(loc) if isinstance(loc, (tuple, list)) else []
+
+
+def validation_details(raw: Sequence[Mapping[str, object]]) -> tuple[str, JsonObject]:
     """The message and ``data`` of a validation error: the first few problems (locations,
     messages and types cut short, never the input), then how many there were in all.
 
     A body with a million bad keys gets a few hundred bytes back, not a copy of itself.
     """
-    errors: list[dict[str, Any]] = [
+    problems: list[JsonObject] = [
         {
-            "loc": [_short(part, 64) for part in list(e.get("loc", ()))[:8]],
+            "loc": [_short(part, 64) for part in _parts(e.get("loc"))[:8]],
             "msg": _short(e.get("msg", ""), 200),
             "type": _short(e.get("type", ""), 64),
         }
@@ -105,14 +110,15 @@ def validation_details(raw: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str,
     ]
     if any(e.get("type") == "json_invalid" for e in raw[:_MAX_LISTED]):
         msg = "invalid JSON body"
-    elif errors:
-        where = ".".join(str(part) for part in errors[0]["loc"])
-        msg = str(_short(f"{where}: {errors[0]['msg']}", 300))
+    elif problems:
+        where = ".".join(str(part) for part in _parts(problems[0]["loc"]))
+        msg = str(_short(f"{where}: {problems[0]['msg']}", 300))
     else:
         msg = "invalid request"
     if len(raw) > 1:
         msg += f" (and {len(raw) - 1} more problem{'s' if len(raw) > 2 else ''})"
-    data: dict[str, Any] = {"errors": errors, "count": len(raw)}
+    errors: list[JsonValue] = [*problems]
+    data: JsonObject = {"errors": errors, "count": len(raw)}
     while errors and len(json.dumps(data, ensure_ascii=False).encode()) > MAX_ERROR_BYTES - 1024:
-        errors.pop()
+        errors.pop()  # the list ``data`` holds
     return msg, data

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from ..engine import Engine, TurnEvent, TurnRequest, TurnResult
 from ..errors import InputError
 from ..models.base import Relay
-from ..types import SessionKey, check_storable
+from ..types import JsonObject, JsonValue, SessionKey, check_storable
 from .bodies import OffLoopJsonRoute
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
@@ -45,6 +45,7 @@ from .proxy import (
     system_prompt,
 )
 from .responses import openai_error_body
+from .schemas import WireObject
 from .sse import DONE, sse_event
 from .state import AppState, Tenant, app_state
 from .turns import StartedStream, check_message, check_tool_results, serve_once
@@ -62,8 +63,8 @@ class ProxyMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = Field(default=None, description="Assistant messages: the calls it made.")
+    content: str | list[WireObject] | None = None
+    tool_calls: list[WireObject] | None = Field(default=None, description="Assistant messages: the calls it made.")
     tool_call_id: str | None = Field(default=None, description="'tool' messages: the call this result answers.")
 
 
@@ -79,13 +80,13 @@ class ChatCompletionRequest(BaseModel):
         default=None,
         description="The end user: names the session's user, and is the session id when no X-Session-Id header is sent.",
     )
-    stream_options: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = Field(default=None, description="Tools offered to the model (passed through).")
-    tool_choice: str | dict[str, Any] | None = None
+    stream_options: WireObject | None = None
+    tools: list[WireObject] | None = Field(default=None, description="Tools offered to the model (passed through).")
+    tool_choice: str | WireObject | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _cheap_shape_check(cls, data: Any) -> Any:
+    def _cheap_shape_check(cls, data: object) -> object:
         # One error for the first malformed message, instead of one per message.
         messages = data.get("messages") if isinstance(data, dict) else None
         if isinstance(messages, list):
@@ -96,7 +97,7 @@ class ChatCompletionRequest(BaseModel):
         return data
 
 
-def text_and_images(content: str | list[dict[str, Any]] | None) -> tuple[str, list[str]]:
+def text_and_images(content: str | Sequence[Mapping[str, JsonValue]] | None) -> tuple[str, list[str]]:
     if content is None:
         return "", []
     if isinstance(content, str):
@@ -122,7 +123,7 @@ def _usage(engine: Engine, prompt: int, answer: str) -> dict[str, int]:
 
 def _error_chunk(exc: Exception, partial: str) -> bytes:
     row = code_for_exception(exc)
-    data = {"partial_answer": partial, "interrupted": True}
+    data: JsonObject = {"partial_answer": partial, "interrupted": True}
     return sse_event(openai_error_body(row.code, row.name, public_message(exc, row), data))
 
 
@@ -217,7 +218,7 @@ _OWNED = frozenset({"messages", "model", "stream"})
 engine's model answers (``model``), and ``stream`` is the model call's own (the same value)."""
 
 
-def _forwarded(body: ChatCompletionRequest) -> dict[str, Any]:
+def _forwarded(body: ChatCompletionRequest) -> JsonObject:
     """The request's fields as the client sent them, but those the proxy owns (`_OWNED`)."""
     return body.model_dump(exclude_unset=True, exclude=set(_OWNED))
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from ..engine import TurnEvent, TurnRequest, TurnResult, UseDefault
 from ..errors import InputError
 from ..models.base import Relay
-from ..types import SessionKey
+from ..types import JsonObject, JsonValue, SessionKey
 from .codes import code_for_exception, public_message
 from .idempotency import IdempotencyKey, SessionHeader
 from .openai_tools import agent_request
@@ -44,6 +44,7 @@ from .proxy import (
     system_prompt,
 )
 from .routes_openai import ProxyMessage, client_history, system_texts, text_and_images
+from .schemas import WireObject
 from .sse import sse_event
 from .state import AppState, Tenant, app_state
 from .turns import StartedStream, Streamed, Whole, check_message, serve_once, step_runners
@@ -61,12 +62,12 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    input: str | list[dict[str, Any]] = Field(description="The new message, or items (messages, calls, outputs).")
+    input: str | list[WireObject] = Field(description="The new message, or items (messages, calls, outputs).")
     instructions: str | None = Field(default=None, description="The system prompt (with the memory notice).")
     stream: StrictBool = False
     user: str | None = Field(default=None, description="The end user, and the session when no X-Session-Id.")
-    tools: list[dict[str, Any]] | None = Field(default=None, description="Function tools.")
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[WireObject] | None = Field(default=None, description="Function tools.")
+    tool_choice: str | WireObject | None = None
 
 
 _RELAYED = ("temperature", "top_p", "parallel_tool_calls", "metadata", "user", "prompt_cache_key",
@@ -74,13 +75,13 @@ _RELAYED = ("temperature", "top_p", "parallel_tool_calls", "metadata", "user", "
 """Responses fields with the same name and meaning in chat completions."""
 
 
-def chat_fields(body: ResponsesRequest, tools: list[dict[str, Any]] | None, choice: Any) -> dict[str, Any]:
+def chat_fields(body: ResponsesRequest, tools: list[JsonObject] | None, choice: str | JsonObject | None) -> JsonObject:
     """The request's fields in chat-completions names: those of `_RELAYED` as sent, unknown
     (``extra_body``) fields as sent, ``max_output_tokens`` → ``max_tokens``, ``text.format`` →
     ``response_format``, ``reasoning.effort`` → ``reasoning_effort``, the tools converted.
     Responses-only fields (``previous_response_id``, ``include``, ``truncation``, ``store``,
     ``background``, ``conversation``, ``prompt``…) are not sent."""
-    sent = body.model_dump(exclude_unset=True)
+    sent: JsonObject = body.model_dump(exclude_unset=True)
     known = set(ResponsesRequest.model_fields) | {
         "max_output_tokens", "text", "reasoning", "previous_response_id", "include", "truncation", "store",
         "background", "conversation", "prompt", "max_tool_calls", "stream_options",
@@ -88,26 +89,28 @@ def chat_fields(body: ResponsesRequest, tools: list[dict[str, Any]] | None, choi
     fields = {k: v for k, v in sent.items() if k in _RELAYED or k not in known}
     if isinstance(sent.get("max_output_tokens"), int):
         fields["max_tokens"] = sent["max_output_tokens"]
-    form = (sent.get("text") or {}).get("format") if isinstance(sent.get("text"), Mapping) else None
-    if isinstance(form, Mapping) and form.get("type") == "json_schema":
-        schema = {k: form[k] for k in ("name", "schema", "strict", "description") if k in form}
+    text = sent.get("text")
+    form = text.get("format") if isinstance(text, dict) else None
+    if isinstance(form, dict) and form.get("type") == "json_schema":
+        schema: JsonObject = {k: form[k] for k in ("name", "schema", "strict", "description") if k in form}
         fields["response_format"] = {"type": "json_schema", "json_schema": schema}
-    elif isinstance(form, Mapping) and form.get("type") == "json_object":
+    elif isinstance(form, dict) and form.get("type") == "json_object":
         fields["response_format"] = {"type": "json_object"}
-    effort = (sent.get("reasoning") or {}).get("effort") if isinstance(sent.get("reasoning"), Mapping) else None
+    reasoning = sent.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     if isinstance(effort, str):
         fields["reasoning_effort"] = effort
     if tools:
-        fields["tools"] = tools
+        fields["tools"] = [*tools]  # list is invariant: the same objects, as JSON values
     if choice is not None:
         fields["tool_choice"] = choice
     return fields
 
 
-def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+def _chat_tools(tools: Sequence[Mapping[str, JsonValue]] | None) -> list[JsonObject] | None:
     if not tools:
         return None
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for tool in tools:
         if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
             raise InputError(f"only function tools are served (got {tool.get('type')!r})")
@@ -116,7 +119,7 @@ def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     return out
 
 
-def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+def _chat_tool_choice(choice: str | Mapping[str, JsonValue] | None) -> str | JsonObject | None:
     if choice is None or isinstance(choice, str):
         return choice
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
@@ -124,16 +127,17 @@ def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, An
     raise InputError("tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}")
 
 
-def _parts(content: Any) -> str | list[dict[str, Any]]:
+def _parts(content: JsonValue) -> str | list[WireObject]:
     """A Responses message's content as chat content (``input_text`` / ``output_text`` → text,
     ``input_image`` → ``image_url``)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InputError("an input message's content must be a string or a list of parts")
-    parts: list[dict[str, Any]] = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, Mapping) else None
+    parts: list[WireObject] = []
+    for item in content:
+        part = item if isinstance(item, dict) else {}  # not an object: no type, refused below
+        kind = part.get("type")
         if kind in ("input_text", "output_text", "text"):
             parts.append({"type": "text", "text": str(part.get("text", ""))})
         elif kind == "input_image":
@@ -169,7 +173,8 @@ def chat_messages(body: ResponsesRequest) -> list[ProxyMessage]:
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
-            messages.append(ProxyMessage(role="tool", content=text, tool_call_id=item.get("call_id")))
+            # validated as the request's own messages are (an id that is not a string is refused)
+            messages.append(ProxyMessage.model_validate({"role": "tool", "content": text, "tool_call_id": item.get("call_id")}))
         elif kind != "reasoning":
             raise InputError(f"unsupported input item type {kind!r}")
     if not messages or messages[-1].role in ("system", "developer"):
@@ -177,7 +182,7 @@ def chat_messages(body: ResponsesRequest) -> list[ProxyMessage]:
     return messages
 
 
-def _usage(result: TurnResult) -> dict[str, Any]:
+def _usage(result: TurnResult) -> JsonObject:
     usage = result.usage or {}
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
@@ -185,6 +190,36 @@ def _usage(result: TurnResult) -> dict[str, Any]:
     out = completion if isinstance(completion, int) else (result.assistant_turn.tokens if result.assistant_turn else 0)
     return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inp + out}
+
+
+class _OutputText(TypedDict):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[JsonValue]
+
+
+class _MessageItem(TypedDict):
+    """The answer's text, an output item of the response."""
+
+    type: Literal["message"]
+    id: str
+    status: Literal["in_progress", "completed"]
+    role: Literal["assistant"]
+    content: list[_OutputText]
+
+
+class _CallItem(TypedDict):
+    """One tool call of the answer, an output item of the response."""
+
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["completed"]
+
+
+_OutputItem = _MessageItem | _CallItem
 
 
 @dataclass
@@ -196,7 +231,7 @@ class _Reply:
     created: int = field(default_factory=lambda: int(time.time()))
     seq: int = 0
 
-    def body(self, result: TurnResult | None, output: list[dict[str, Any]]) -> dict[str, Any]:
+    def body(self, result: TurnResult | None, output: Sequence[_OutputItem]) -> dict[str, object]:
         cut = result is not None and result.finish_reason == "length"
         status = "in_progress" if result is None else "incomplete" if cut else "completed"
         return {
@@ -206,18 +241,18 @@ class _Reply:
             "usage": _usage(result) if result is not None else None,
         }
 
-    def event(self, kind: str, payload: dict[str, Any]) -> bytes:
+    def event(self, kind: str, payload: Mapping[str, object]) -> bytes:
         self.seq += 1
         return sse_event({"type": kind, "sequence_number": self.seq, **payload})
 
 
-def _output(result: TurnResult) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
+def _output(result: TurnResult) -> list[_OutputItem]:
+    items: list[_OutputItem] = []
     if result.answer or not result.tool_calls:
         items.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed", "role": "assistant",
                       "content": [{"type": "output_text", "text": result.answer, "annotations": []}]})
-    items.extend({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c.id, "name": c.name,
-                  "arguments": c.arguments, "status": "completed"} for c in result.tool_calls)
+    items.extend(_CallItem(type="function_call", id=f"fc_{uuid.uuid4().hex}", call_id=c.id, name=c.name,
+                           arguments=c.arguments, status="completed") for c in result.tool_calls)
     return items
 
 
@@ -231,7 +266,7 @@ async def _events(events: AsyncIterator[TurnEvent], model: str) -> AsyncIterator
     then ``response.completed`` with the whole response (or ``error`` on a failure)."""
     reply = _Reply(model=model)
     yield reply.event("response.created", {"response": reply.body(None, [])})
-    text_item: dict[str, Any] | None = None
+    text_item: _MessageItem | None = None
     index = 0
     try:
         async for event in events:
@@ -257,11 +292,12 @@ async def _events(events: AsyncIterator[TurnEvent], model: str) -> AsyncIterator
         await events.aclose()  # type: ignore[attr-defined]
 
 
-def _finish(reply: _Reply, result: TurnResult, text_item: dict[str, Any] | None) -> list[bytes]:
+def _finish(reply: _Reply, result: TurnResult, text_item: _MessageItem | None) -> list[bytes]:
     """The ``.done`` events of every output item, then ``response.completed``."""
     output = _output(result)
-    if text_item is not None and output and output[0]["type"] == "message":
-        output[0]["id"] = text_item["id"]
+    first = output[0] if output else None
+    if text_item is not None and first is not None and first["type"] == "message":
+        first["id"] = text_item["id"]
     out: list[bytes] = []
     for index, item in enumerate(output):
         if item["type"] == "message":

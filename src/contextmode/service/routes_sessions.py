@@ -225,18 +225,18 @@ async def get_session(
     limit: Annotated[int, Query(ge=1, le=500, description="Turns per page.")] = 50,
     before: Annotated[int | None, Query(ge=1, description="Only turns with seq < before (default: the newest).")] = None,
 ) -> Any:
-    _key(tenant, session_id)
+    key = _key(tenant, session_id)
     store = state.engine.store
     # Read before the store: a job that ends meanwhile is then either still pending here or
     # counted in `info`, never neither.
     pending = state.engine.jobs.pending(tenant, session_id)
-    info = await store.info(SessionKey(tenant, session_id))
+    info = await store.info(key)
     if info is None:
         raise SessionNotFound(f"no session {session_id!r}")
     end = min(before - 1 if before is not None else info.last_seq, info.last_seq)
     start = max(1, end - limit + 1)
-    turns = await store.turns(SessionKey(tenant, session_id), from_seq=start, to_seq=end) if end >= 1 else []
-    loaded = await store.load(SessionKey(tenant, session_id), recent=0, max_uncovered=0)
+    turns = await store.turns(key, from_seq=start, to_seq=end) if end >= 1 else []
+    loaded = await store.load(key, recent=0, max_uncovered=0)
     data = SessionOut(
         session_id=session_id,
         last_seq=info.last_seq,
@@ -269,9 +269,9 @@ async def get_session(
     summary="The bytes the session keeps, by kind of record",
 )
 async def get_storage(session_id: SessionId, tenant: Tenant, state: State) -> Any:
-    _key(tenant, session_id)
-    await state.engine.settle_writes(tenant, session_id)  # a trace still being written counts
-    usage = await session_storage(state.engine.store, SessionKey(tenant, session_id))
+    key = _key(tenant, session_id)
+    await state.engine.settle_writes(key)  # a trace still being written counts
+    usage = await session_storage(state.engine.store, key)
     return envelope(StorageOut(session_id=session_id, exchanges=usage.exchanges, raw_text_bytes=usage.raw_text_bytes,
                                total_bytes=usage.total_bytes, per_exchange=usage.per_exchange, bytes=dict(usage.bytes)))
 
@@ -280,14 +280,14 @@ async def get_storage(session_id: SessionId, tenant: Tenant, state: State) -> An
     "/{session_id}", response_model=Envelope[DeletedOut], responses=_ERRORS, summary="Delete a session and all its records"
 )
 async def delete_session(session_id: SessionId, tenant: Tenant, state: State) -> Any:
-    _key(tenant, session_id)
+    key = _key(tenant, session_id)
     store = state.engine.store
-    if await store.info(SessionKey(tenant, session_id)) is None:
+    if await store.info(key) is None:
         raise SessionNotFound(f"no session {session_id!r}")
     if not is_lifecycle_store(store):  # a custom store without the lifecycle abilities
-        await state.engine.settle_writes(tenant, session_id)  # a trace still being written
-        state.engine.forget_local(tenant, session_id)
-        if not await store.delete(SessionKey(tenant, session_id)):
+        await state.engine.settle_writes(key)  # a trace still being written
+        state.engine.forget_local(key)
+        if not await store.delete(key):
             raise SessionNotFound(f"no session {session_id!r}")
         return envelope(DeletedOut(session_id=session_id, deleted=True))
     record = await forget(

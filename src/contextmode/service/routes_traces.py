@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path
 from fastapi.responses import JSONResponse
 
 from ..store.records import trace_to_dict
-from ..types import validate_id
+from ..types import SessionKey
 from .codes import SUCCESS
 from .routes_sessions import SessionId, State
 from .schemas import ErrorEnvelope
@@ -43,6 +43,5 @@ async def get_turn_context(
     tenant: Tenant,
     state: State,
 ) -> Any:
-    validate_id(session_id)
-    trace = await state.engine.trace(tenant, session_id, turn)  # waits for a write still running
+    trace = await state.engine.trace(SessionKey(tenant, session_id), turn)  # waits for a write still running
     return JSONResponse({"code": SUCCESS, "msg": "success", "data": trace_to_dict(trace)})

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SkipValidation, StrictBool, model_validator
 
 from ..engine import PreparedTurn, TurnResult
 from ..engine.trace import recalled_turns
 from ..session_keys import key_for_id
 from ..store.base import SessionInfo
 from ..store.lifecycle import DeletionRecord
-from ..types import Constraint, Summary, ToolCall, Turn, check_storable
+from ..types import Constraint, JsonValue, Summary, ToolCall, Turn, check_storable
 
 __all__ = [
     "ConstraintOut",
@@ -37,7 +37,13 @@ __all__ = [
     "SummaryOut",
     "TurnOut",
     "TurnRecord",
+    "WireObject",
 ]
+
+WireObject: TypeAlias = dict[str, SkipValidation[JsonValue]]
+"""A JSON object of a request (a content block, a tool definition, ``metadata``): the object
+and its string keys are checked, its values are taken as parsed (already JSON, and a proxy
+request's history can be megabytes: not walked a second time)."""
 
 T = TypeVar("T")
 
@@ -64,7 +70,7 @@ class MessageRequest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _cheap_shape_check(cls, data: Any) -> Any:
+    def _cheap_shape_check(cls, data: object) -> object:
         # One error for many unknown keys or images, instead of one per key (each costs time and bytes).
         if isinstance(data, dict):
             unknown = [key for key in data if key not in cls.model_fields]

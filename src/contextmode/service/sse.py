@@ -28,7 +28,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -41,7 +40,7 @@ DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"
 
 
-def sse_event(payload: Any) -> bytes:
+def sse_event(payload: object) -> bytes:
     """One ``data:`` event holding ``payload`` as compact JSON (UTF-8, no ASCII escapes)."""
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 

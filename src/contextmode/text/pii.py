@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import ConfigError
+from ..types import JsonValue
 
 __all__ = [
     "PII_KINDS", "JsonValue", "Masked", "PiiKind", "PiiSpan", "find_pii", "mask_json", "mask_pii", "require_pii_libraries",
@@ -211,9 +212,6 @@ def mask_pii(text: str) -> Masked:
         last = span.end
     parts.append(text[last:])
     return Masked("".join(parts), dict(Counter(span.kind for span in spans)))
-
-
-JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 
 
 def mask_json(value: JsonValue, counts: Counter[PiiKind] | None = None) -> JsonValue:
