@@ -44,6 +44,7 @@ from contextmode.processors.detect import (
     OfflineContextDetector,
     context_features,
     feature_slots,
+    strong_cue,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,10 +95,12 @@ def _figures(gold: list[bool], predicted: list[bool]) -> dict[str, float]:
 
 
 def _bands(spec: str, datasets: dict[str, list[DetectionItem]], sources: np.ndarray, predicted: np.ndarray,
-           probability: np.ndarray, template: np.ndarray) -> dict[str, Any]:
-    """Out-of-fold figures inside and outside each probability band (``low-high``): a message is
-    *sure* outside it (its probability below ``low`` or at ``high`` and above) or when a template
-    intent ("give me an example") decided it; inside it, a cascade would ask a model."""
+           probability: np.ndarray, template: np.ndarray, cue: np.ndarray) -> dict[str, Any]:
+    """Out-of-fold figures inside and outside each probability band (``low-high``), as
+    `OfflineContextDetector` tells them apart (`Detection.sure`): a message is sure outside the
+    band (a probability at ``high`` and above, or below ``low`` with no follow-up cue) or when
+    a template intent ("give me an example") decided it; the others are where a cascade asks a
+    model."""
     out: dict[str, Any] = {}
     for band in spec.split(","):
         low, high = (float(x) for x in band.split("-"))
@@ -105,8 +108,8 @@ def _bands(spec: str, datasets: dict[str, list[DetectionItem]], sources: np.ndar
         for name, rows in datasets.items():
             mask = sources == name
             gold = np.array([item.needs_context for item in rows])
-            pred, prob, tmpl = predicted[mask], probability[mask], template[mask]
-            unsure = ~tmpl & (prob >= low) & (prob < high)
+            pred, prob, tmpl, cued = predicted[mask], probability[mask], template[mask], cue[mask]
+            unsure = ~tmpl & (((prob >= low) & (prob < high)) | (cued & (prob < low)))
             entry[name] = {"n": len(rows), "in_band": int(unsure.sum()),
                            "in_band_share": round(float(unsure.mean()), 3)}
             for part, sel in (("inside", unsure), ("outside", ~unsure)):
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     predicted = np.zeros(len(items), dtype=bool)
     probability = np.zeros(len(items))
     template = np.zeros(len(items), dtype=bool)
+    cue = np.array([strong_cue(item.message) is not None for item in items])
     splitter = StratifiedGroupKFold(args.folds, shuffle=True, random_state=args.seed)
     strata = np.array([f"{s}:{label}" for s, label in zip(sources, y, strict=True)])
     fold_scores: dict[str, list[float]] = {name: [] for name in datasets}
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         report[name] = entry
 
     if args.bands:
-        report["bands"] = _bands(args.bands, datasets, sources, predicted, probability, template)
+        report["bands"] = _bands(args.bands, datasets, sources, predicted, probability, template, cue)
 
     if not args.no_save:
         final = _fit(x, y, w, args.c, args.buckets, info={
