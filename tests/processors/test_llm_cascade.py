@@ -176,3 +176,24 @@ async def test_a_sound_summary_is_read_whole() -> None:
 
 def test_detection_is_unsure_unless_a_detector_says_otherwise() -> None:
     assert Detection(needs_context=True).sure is False
+
+
+async def test_over_http_the_call_stopped_at_the_verdict_has_ended_when_detect_returns() -> None:
+    pytest.importorskip("openai")
+    import time
+
+    from contextmode.models import OpenAIChatModel
+    from contextmode.models.calls import call_log
+    from contextmode.testing.stub_server import StubServer
+
+    server = StubServer(lambda request: "Yes, the message refers to the filter of the air conditioner.")
+    with server as url:
+        model = OpenAIChatModel(model="stub-model", base_url=url, max_retries=0, timeout=2)
+        started = time.monotonic()
+        detection = await LLMContextDetector(model).detect("那个呢?", HISTORY)
+        calls = call_log().between(started)
+        await model.aclose()
+    assert detection.needs_context and detection.reason.startswith("detect@")
+    assert server.chat_requests[0].stream
+    # Closed by the detector, not left running until the stream object is collected.
+    assert [(c.step, c.outcome) for c in calls] == [("detect", "closed by the caller")]
