@@ -143,15 +143,15 @@ EMOTION_SCHEMA = JsonSchema(name="emotion", schema={
 
 async def _ask(
     model: ChatModel, prompt: Prompt, *, chinese: bool, max_tokens: int | None,
-    timeout: float | None = None, schema: JsonSchema | None = None,
-    fit: tuple[ModelWindow | None, Sequence[Cut]] = (None, ()),
-    enough: Callable[[str], bool] | None = None, **fields: str | int,
+    timeout: float | None = None, read: JsonSchema | Callable[[str], bool] | None = None,
+    fit: tuple[ModelWindow | None, Sequence[Cut]] = (None, ()), **fields: str | int,
 ) -> str:
-    """One call (``complete_json`` with ``schema`` when the model takes one); ``timeout``
-    (seconds) bounds it on top of the client's own. ``fit``: the model's window, when known,
-    and the fields that may be cut so the call fits it (`window.fit_fields`). With ``enough``
-    the answer is streamed and the stream closed (the server stops generating) as soon as
-    ``enough(answer so far)`` is true: a verdict given, a line complete."""
+    """One call; ``timeout`` (seconds) bounds it on top of the client's own. ``fit``: the
+    model's window, when known, and the fields that may be cut so the call fits it
+    (`window.fit_fields`). ``read`` says how the answer is read: a `JsonSchema`, with
+    ``complete_json`` when the model takes one; a test of the answer so far, streamed
+    and the stream closed (the server stops generating) as soon as it holds (a verdict given, a
+    line complete); else whole."""
     window, cuts = fit
     if window is not None:
         fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
@@ -159,10 +159,11 @@ async def _ask(
     try:
         with model_step(prompt.name):
             async with asyncio.timeout(timeout):
-                if schema is not None and answers_to_schema(model):
-                    return await model.complete_json(messages, schema=schema, max_tokens=max_tokens)
-                if enough is not None:
-                    return await _read_until(model.stream(messages, max_tokens=max_tokens), enough)
+                if isinstance(read, JsonSchema):
+                    if answers_to_schema(model):
+                        return await model.complete_json(messages, schema=read, max_tokens=max_tokens)
+                elif read is not None:
+                    return await _read_until(model.stream(messages, max_tokens=max_tokens), read)
                 return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:
         raise ModelTimeout(f"{prompt.tag} took longer than {timeout} s") from None
@@ -186,7 +187,7 @@ async def _read_until(deltas: AsyncIterator[str], enough: Callable[[str], bool])
 class Degeneration:
     """Watches a background answer as it streams with the reply's own guard
     (`text.degenerate.ReplyGuard`: a loop, a phrase said over and over, a drift into a script
-    the call does not use); as ``enough`` of `_ask`, it ends the stream once it degenerates, so
+    the call does not use); as `_ask`'s ``read``, it ends the stream once it degenerates, so
     a looping summary does not hold the model up to its token cap. `check` then rejects the
     answer: nothing of a degenerate answer is stored."""
 
@@ -283,7 +284,7 @@ class LLMContextDetector:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
-                fit=(self.window, (("history", "tail"), ("message", "tail"))), enough=verdict_given,
+                fit=(self.window, (("history", "tail"), ("message", "tail"))), read=verdict_given,
                 message=message, history=format_turns(history[-self.history_turns :], chinese=chinese),
             )
             verdict = parse_yes_no(answer)
@@ -355,7 +356,7 @@ class LLMRewriter:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self._budget(original, chinese),
                 timeout=self.timeout, fit=(self.window, (("summary", "head"), ("history", "tail"))),
-                enough=self._line_given, message=original, summary=summary or ("（无）" if chinese else "(none)"),
+                read=self._line_given, message=original, summary=summary or ("（无）" if chinese else "(none)"),
                 history=format_turns(history[-self.history_turns :], chinese=chinese, turn_chars=self.turn_chars),
             )
             text = self._pick(answer)
@@ -445,7 +446,7 @@ class LLMSummarizer:
             degeneration = Degeneration(messages)
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens, timeout=self.timeout,
-                enough=degeneration, target_length=fields["target_length"], previous=fields["previous"],
+                read=degeneration, target_length=fields["target_length"], previous=fields["previous"],
                 turns=fields["turns"],
             )
             degeneration.check(answer)
@@ -594,7 +595,7 @@ class LLMConstraintExtractor:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=chinese, max_tokens=self.max_tokens,
-                timeout=self.timeout, schema=CONSTRAINTS_SCHEMA,
+                timeout=self.timeout, read=CONSTRAINTS_SCHEMA,
                 fit=(self.window, (("message", "head"), ("current", "head"))),
                 current=remembered, message=turn.content,
             )
@@ -661,7 +662,7 @@ class LLMEmotionScorer:
         try:
             answer = await _ask(
                 self.model, self.prompt, chinese=is_chinese(text), max_tokens=self.max_tokens,
-                timeout=self.timeout, schema=EMOTION_SCHEMA, fit=(self.window, (("text", "head"),)),
+                timeout=self.timeout, read=EMOTION_SCHEMA, fit=(self.window, (("text", "head"),)),
                 text=text[: self.text_chars],
             )
             value = parse_intensity(answer)
