@@ -44,6 +44,7 @@ from contextmode.processors.detect import (
     OfflineContextDetector,
     context_features,
     feature_slots,
+    strong_cue,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +94,31 @@ def _figures(gold: list[bool], predicted: list[bool]) -> dict[str, float]:
     return {k: scores[k] for k in HEADLINE}
 
 
+def _bands(spec: str, datasets: dict[str, list[DetectionItem]], sources: np.ndarray, predicted: np.ndarray,
+           probability: np.ndarray, template: np.ndarray, cue: np.ndarray) -> dict[str, Any]:
+    """Out-of-fold figures inside and outside each probability band (``low-high``), as
+    `OfflineContextDetector` tells them apart (`Detection.sure`): a message is sure outside the
+    band (a probability at ``high`` and above, or below ``low`` with no follow-up cue) or when
+    a template intent ("give me an example") decided it; the others are where a cascade asks a
+    model."""
+    out: dict[str, Any] = {}
+    for band in spec.split(","):
+        low, high = (float(x) for x in band.split("-"))
+        entry: dict[str, Any] = {}
+        for name, rows in datasets.items():
+            mask = sources == name
+            gold = np.array([item.needs_context for item in rows])
+            pred, prob, tmpl, cued = predicted[mask], probability[mask], template[mask], cue[mask]
+            unsure = ~tmpl & (((prob >= low) & (prob < high)) | (cued & (prob < low)))
+            entry[name] = {"n": len(rows), "in_band": int(unsure.sum()),
+                           "in_band_share": round(float(unsure.mean()), 3)}
+            for part, sel in (("inside", unsure), ("outside", ~unsure)):
+                if sel.any():
+                    entry[name][part] = _figures(list(gold[sel]), list(pred[sel]))
+        out[band] = entry
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--restoration", type=Path, required=True,
@@ -104,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buckets", type=int, default=1 << 18)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-save", action="store_true", help="only cross-validate")
+    parser.add_argument("--bands", default="", help="probability bands to report, e.g. 0.3-0.7,0.2-0.8: "
+                        "the out-of-fold figures inside and outside each (where a cascade asks a model)")
     args = parser.parse_args(argv)
 
     started = time.time()
@@ -124,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(items)} items, features built in {time.time() - started:.0f}s", file=sys.stderr)
 
     predicted = np.zeros(len(items), dtype=bool)
+    probability = np.zeros(len(items))
+    template = np.zeros(len(items), dtype=bool)
+    cue = np.array([strong_cue(item.message) is not None for item in items])
     splitter = StratifiedGroupKFold(args.folds, shuffle=True, random_state=args.seed)
     strata = np.array([f"{s}:{label}" for s, label in zip(sources, y, strict=True)])
     fold_scores: dict[str, list[float]] = {name: [] for name in datasets}
@@ -131,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         model = _fit(x[train], y[train], w[train], args.c, args.buckets)
         detector = OfflineContextDetector(model)
         for i in test:
-            predicted[i] = detector.detect_texts(items[i].message, items[i].context).needs_context
+            detection = detector.detect_texts(items[i].message, items[i].context)
+            predicted[i] = detection.needs_context
+            probability[i] = model.probability(items[i].message, items[i].context)
+            template[i] = detection.intent not in (None, "pronoun")
         for name in datasets:
             mask = test[sources[test] == name]
             fold_scores[name].append(
@@ -149,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         entry["baselines"] = {b: _figures(gold, p)
                               for b, p in baseline_predictions(rows).items()}
         report[name] = entry
+
+    if args.bands:
+        report["bands"] = _bands(args.bands, datasets, sources, predicted, probability, template, cue)
 
     if not args.no_save:
         final = _fit(x, y, w, args.c, args.buckets, info={

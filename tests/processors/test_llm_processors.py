@@ -345,7 +345,8 @@ async def test_processors_over_the_stub_server_survive_malformed_json() -> None:
         detection = await LLMContextDetector(model).detect("那个按钮在哪?", HISTORY)
         assert detection.needs_context is False  # "那个按钮" is no verdict
         assert len(server.chat_requests) == 4
-        assert all(not r.stream for r in server.chat_requests)
+        # The response path streams, to stop once its line or verdict is in; JSON comes whole.
+        assert [r.stream for r in server.chat_requests] == [False, False, True, True]
         assert isinstance(server.chat_requests[0].body["messages"][0], dict)
         assert ChatMessage  # the processors send plain chat messages through the model
 

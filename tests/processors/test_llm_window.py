@@ -81,7 +81,7 @@ async def test_without_a_window_the_same_call_is_refused_by_the_server(stub: Stu
 
 
 async def test_the_rewriter_cuts_summary_and_history_but_never_the_message(stub: StubServer) -> None:
-    rewriter = LLMRewriter(_model(stub), window=_window())
+    rewriter = LLMRewriter(_model(stub), window=_window(), turn_chars=2000)
     await rewriter.rewrite("Where is it?", _history(), summary=LONG)
     assert stub.overflows == [] and len(stub.chat_requests) == 1
     sent = stub.chat_requests[0].last_user

@@ -537,9 +537,14 @@ class OpenAIChatModel:
         self, messages: Sequence[ChatMessage], *, max_tokens: int | None = None
     ) -> AsyncIterator[str]:
         """Yield text deltas as they arrive; raise `ModelError` subclasses on failure."""
-        async for event in self.stream_events(messages, max_tokens=max_tokens):
-            if event.kind == "text":
-                yield event.text
+        events = self.stream_events(messages, max_tokens=max_tokens)
+        try:
+            async for event in events:
+                if event.kind == "text":
+                    yield event.text
+        finally:  # a caller that stops reading closes the request now, not when it is collected
+            if isinstance(events, AsyncGenerator):
+                await events.aclose()
 
     async def stream_events(
         self,
@@ -557,8 +562,13 @@ class OpenAIChatModel:
             request["tools"] = [dict(t) for t in tools]
         if tool_choice is not None:
             request["tool_choice"] = tool_choice if isinstance(tool_choice, str) else dict(tool_choice)
-        async for event in self._stream_request(request):
-            yield event
+        events = self._stream_request(request)
+        try:
+            async for event in events:
+                yield event
+        finally:
+            if isinstance(events, AsyncGenerator):
+                await events.aclose()
 
     async def relay(
         self, messages: Sequence[ChatMessage] | None, relay: Relay, *, max_tokens: int | None = None

@@ -71,6 +71,10 @@ class Detection:
     """The follow-up intent over the last answer, if one matched."""
     reason: str = ""
     """Short human-readable why (matched cue, model), for logs and the inspector."""
+    sure: bool = False
+    """True when the detector is sure of its verdict (a template intent, a probability outside
+    its unsure band): `LLMContextDetector` takes such a verdict of its fallback without asking
+    the model."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,6 +42,7 @@ from .intents import classify_follow_up_intent
 __all__ = [
     "CONTEXT_TURNS",
     "DEFAULT_MODEL_FILE",
+    "UNSURE_BAND",
     "DetectorModel",
     "OfflineContextDetector",
     "context_features",
@@ -283,12 +284,24 @@ def load_detector_model(path: str | None = None) -> DetectorModel:
     return DetectorModel.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
-class OfflineContextDetector(ModelFree):
-    """`ContextDetector` backed by the shipped model and the keyword follow-up intents."""
+UNSURE_BAND: tuple[float, float] = (0.3, 0.7)
+"""Probabilities of the shipped model, from the lower bound up to (not including) the upper, at
+which the detector is unsure (`Detection.sure` False), so a cascade asks a model. Out-of-fold
+on the dev data (``scripts/train_detector.py --bands``), see docs/models.md."""
 
-    def __init__(self, model: DetectorModel | None = None, *, threshold: float | None = None):
+
+class OfflineContextDetector(ModelFree):
+    """`ContextDetector` backed by the shipped model and the keyword follow-up intents.
+
+    A verdict is `Detection.sure` when a template intent ("give me an example") decided it, or
+    when the model's probability is outside ``unsure`` (`UNSURE_BAND`) and no cue contradicts it
+    (a follow-up cue on a message the model finds standalone is a disagreement: unsure)."""
+
+    def __init__(self, model: DetectorModel | None = None, *, threshold: float | None = None,
+                 unsure: tuple[float, float] = UNSURE_BAND):
         self._model = model
         self._threshold = threshold
+        self.unsure = unsure
 
     @property
     def model(self) -> DetectorModel:
@@ -308,17 +321,19 @@ class OfflineContextDetector(ModelFree):
         if not context:
             # Nothing earlier to lean on: even "举个例子" cannot be rewritten from history.
             return Detection(needs_context=False, score=0.0, intent=intent,
-                             reason="no earlier turns")
+                             reason="no earlier turns", sure=True)
         score = self.model.probability(message, context)
         threshold = self.model.threshold if self._threshold is None else self._threshold
         if intent is not None and intent != "pronoun":
             # These intents operate on the last answer by definition.
             return Detection(needs_context=True, score=max(score, threshold), intent=intent,
-                             reason=f"follow-up intent {intent}")
+                             reason=f"follow-up intent {intent}", sure=True)
         cue = strong_cue(message)
         needs = score >= threshold or cue is not None
         reason = f"model p={score:.2f}" + (f", cue: {cue}" if cue else "")
+        low, high = self.unsure
+        sure = score >= high or (score < low and cue is None)
         if cue is not None:
             score = max(score, threshold)
         return Detection(needs_context=needs, score=round(score, 4), intent=intent,
-                         reason=reason)
+                         reason=reason, sure=sure)
