@@ -4,16 +4,19 @@ degenerates (issue 41)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 import pytest
 
 from contextmode.errors import ModelTimeout, OutputRejected
+from contextmode.models.priority import PriorityGate, in_background, paused_limits
 from contextmode.processors.base import Detection
 from contextmode.processors.detect import DetectorModel, OfflineContextDetector
 from contextmode.processors.llm import (
     LLMContextDetector,
+    LLMEmotionScorer,
     LLMLimits,
     LLMRewriter,
     LLMSummarizer,
@@ -22,8 +25,8 @@ from contextmode.processors.llm import (
 )
 from contextmode.processors.window import ModelWindow
 from contextmode.testing import CharTokenCounter
-from contextmode.testing.models import ScriptedModel
-from contextmode.types import Turn
+from contextmode.testing.models import FunctionModel, ScriptedModel
+from contextmode.types import ChatMessage, Turn
 
 
 def turn(seq: int, role: str, content: str) -> Turn:
@@ -197,3 +200,45 @@ async def test_over_http_the_call_stopped_at_the_verdict_has_ended_when_detect_r
     assert server.chat_requests[0].stream
     # Closed by the detector, not left running until the stream object is collected.
     assert [(c.step, c.outcome) for c in calls] == [("detect", "closed by the caller")]
+
+
+async def test_a_background_processors_wait_for_a_slot_is_not_its_time() -> None:
+    # Before, the scorer's 30 s timeout counted the wait for the one slot of a local server: on a
+    # busy server the emotion job timed out waiting (three attempts, then failed) instead of being
+    # deferred (`background_wait_s`, not a failure). Here a reply holds the slot four times the
+    # scorer's limit; the call itself is well within it.
+    gate = PriorityGate(1)
+    await gate.acquire("reply")
+    waiting = asyncio.Event()
+
+    async def server(messages: tuple[ChatMessage, ...]) -> str:
+        with paused_limits():  # as `OpenAIChatModel` waits for a background call's slot
+            waiting.set()
+            await gate.acquire("background")
+        try:
+            await asyncio.sleep(0.01)
+            return '{"intensity": 0.8}'
+        finally:
+            gate.release("background")
+
+    scorer = LLMEmotionScorer(FunctionModel(server), timeout=0.05)
+    task = asyncio.create_task(in_background(scorer.score("I am so angry, the AC broke again!")))
+    await waiting.wait()
+    await asyncio.sleep(0.2)
+    assert not task.done()
+    gate.release("reply")
+    assert await task == pytest.approx(0.8)
+
+
+async def test_a_reply_processors_wait_for_a_slot_still_counts() -> None:
+    # The response path stays bounded as a whole: the detector's wait is its time.
+    gate = PriorityGate(1)
+    await gate.acquire("reply")
+
+    async def server(messages: tuple[ChatMessage, ...]) -> str:
+        await gate.acquire("reply")
+        return "yes"
+
+    detector = LLMContextDetector(FunctionModel(server), timeout=0.05)
+    detection = await detector.detect("And the second one?", EN_HISTORY)
+    assert detection.needs_context is False and detection.reason == "llm gave no verdict"

@@ -40,6 +40,7 @@ from ..errors import ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
 from ..models.base import ChatModel, JsonSchema, answers_to_schema
 from ..models.calls import model_step
+from ..models.priority import waits_excluded
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
 from ..text.degenerate import ReplyGuard, is_looping, scripts_of
@@ -151,20 +152,25 @@ async def _ask(
     (`window.fit_fields`). ``read`` says how the answer is read: a `JsonSchema`, with
     ``complete_json`` when the model takes one; a test of the answer so far, streamed
     and the stream closed (the server stops generating) as soon as it holds (a verdict given, a
-    line complete); else whole."""
+    line complete); else whole. A background call's wait for a slot does not count in
+    ``timeout``; a reply's does (the response path is bounded as a whole)."""
     window, cuts = fit
     if window is not None:
         fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     messages = prompt.render(chinese=chinese, **fields)
     try:
         with model_step(prompt.name):
-            async with asyncio.timeout(timeout):
-                if isinstance(read, JsonSchema):
-                    if answers_to_schema(model):
-                        return await model.complete_json(messages, schema=read, max_tokens=max_tokens)
-                elif read is not None:
-                    return await _read_until(model.stream(messages, max_tokens=max_tokens), read)
-                return await model.complete(messages, max_tokens=max_tokens)
+            # A background call's wait for a free slot is a deferral, not time the call took:
+            # ``timeout`` is paused while it waits (`waits_excluded`), so only the model's own
+            # ``background_wait_s`` ends that wait (`ModelDeferred`, tried again later).
+            async with asyncio.timeout(timeout) as limit:
+                with waits_excluded(limit):
+                    if isinstance(read, JsonSchema):
+                        if answers_to_schema(model):
+                            return await model.complete_json(messages, schema=read, max_tokens=max_tokens)
+                    elif read is not None:
+                        return await _read_until(model.stream(messages, max_tokens=max_tokens), read)
+                    return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:
         raise ModelTimeout(f"{prompt.tag} took longer than {timeout} s") from None
 
