@@ -45,6 +45,7 @@ from contextmode.processors.detect import (
     context_features,
     feature_slots,
     strong_cue,
+    sure_of,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +110,9 @@ def _bands(spec: str, datasets: dict[str, list[DetectionItem]], sources: np.ndar
             mask = sources == name
             gold = np.array([item.needs_context for item in rows])
             pred, prob, tmpl, cued = predicted[mask], probability[mask], template[mask], cue[mask]
-            unsure = ~tmpl & (((prob >= low) & (prob < high)) | (cued & (prob < low)))
+            decided = np.array([sure_of(float(p), cued=bool(c), unsure=(low, high))
+                                for p, c in zip(prob, cued, strict=True)], dtype=bool)
+            unsure = ~tmpl & ~decided
             entry[name] = {"n": len(rows), "in_band": int(unsure.sum()),
                            "in_band_share": round(float(unsure.mean()), 3)}
             for part, sel in (("inside", unsure), ("outside", ~unsure)):

@@ -50,6 +50,7 @@ __all__ = [
     "hash_feature",
     "load_detector_model",
     "strong_cue",
+    "sure_of",
 ]
 
 DEFAULT_MODEL_FILE = "detector.json"
@@ -290,6 +291,14 @@ which the detector is unsure (`Detection.sure` False), so a cascade asks a model
 on the dev data (``scripts/train_detector.py --bands``), see docs/models.md."""
 
 
+def sure_of(score: float, *, cued: bool, unsure: tuple[float, float] = UNSURE_BAND) -> bool:
+    """Whether the model's probability ``score`` decides a message without a template intent:
+    at the ``unsure`` band's upper bound and above, or below its lower bound with no follow-up
+    cue (``cued``: a cue on a message the model finds standalone is a disagreement)."""
+    low, high = unsure
+    return score >= high or (score < low and not cued)
+
+
 class OfflineContextDetector(ModelFree):
     """`ContextDetector` backed by the shipped model and the keyword follow-up intents.
 
@@ -331,8 +340,7 @@ class OfflineContextDetector(ModelFree):
         cue = strong_cue(message)
         needs = score >= threshold or cue is not None
         reason = f"model p={score:.2f}" + (f", cue: {cue}" if cue else "")
-        low, high = self.unsure
-        sure = score >= high or (score < low and cue is None)
+        sure = sure_of(score, cued=cue is not None, unsure=self.unsure)
         if cue is not None:
             score = max(score, threshold)
         return Detection(needs_context=needs, score=round(score, 4), intent=intent,
