@@ -103,6 +103,32 @@ async def test_with_more_slots_a_turn_keeps_one_free_and_background_calls_use_th
     assert gate.state().running == 3
 
 
+async def test_as_a_turn_ends_the_slot_stays_kept_a_moment_for_the_clients_next_message() -> None:
+    replies = Replies(settle_s=0.2)
+    gate = PriorityGate(1, replies=replies)
+    with replies.answering():
+        job = asyncio.create_task(gate.acquire("background"))
+        await until(lambda: gate.state().background_waiting == 1)
+    # The turn is over, but it ended a moment ago: the next turn's first call finds the slot free
+    # (nothing to cut), and the job waits its turn.
+    assert replies.settling() and not job.done()
+    with replies.answering():
+        await gate.acquire("reply")
+        assert gate.preempted == 0 and not job.done()
+        gate.release("reply")
+    await job  # let go once the last turn has settled, without another call to wake it
+    assert gate.state().running == 1 and gate.preempted == 0 and not replies.settling()
+
+
+async def test_without_a_settle_time_the_slot_is_free_as_the_turn_ends() -> None:
+    replies = Replies(settle_s=0)
+    gate = PriorityGate(1, replies=replies)
+    with replies.answering():
+        job = asyncio.create_task(gate.acquire("background"))
+        await until(lambda: gate.state().background_waiting == 1)
+    await until(job.done)
+
+
 async def test_a_background_calls_wait_for_a_slot_does_not_count_in_the_limits_around_it() -> None:
     gate = PriorityGate(1)
     await gate.acquire("reply")

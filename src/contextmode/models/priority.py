@@ -10,7 +10,8 @@ queue here instead, in a `PriorityGate` per endpoint (and event loop), before an
   free slot at once, or waits for the next one behind earlier replies only;
 - a **background** call (anything a background job does, marked with `in_background`) takes a
   slot only when one is free, no reply call is waiting, and one slot stays free for each turn
-  being answered (on a one-slot server: no turn is being answered). A background call already
+  being answered (on a one-slot server: no turn is being answered), and for `SETTLE_S` after
+  the last one ends (the client's next message is often on its way). A background call already
   running when a reply finds no free slot is cut short (`Cuttable`: its task is cancelled, its
   stream closed, which stops the server's generation; the model raises `ModelPreempted` and the
   job tries again later), so a reply waits at most for the server to notice.
@@ -149,16 +150,37 @@ class SlotGate(Protocol):
         ...
 
 
+SETTLE_S = 0.5
+"""After the last turn being answered ends, one slot stays kept this long (`Replies.settling`):
+a client that sends its next message as soon as a reply ends finds the server free, instead of
+waiting for a background call admitted in between to be cut (a server that is evaluating a
+prompt notices a closed request only when it starts generating)."""
+
+
 class Replies:
     """How many turns are being answered; while any is, background calls wait on every gate
-    sharing this count (one per event loop, see `answering`)."""
+    sharing this count (one per event loop, see `answering`). For ``settle_s`` seconds after the
+    last one ends, one slot stays kept all the same (`settling`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, settle_s: float = SETTLE_S) -> None:
         self.active = 0
+        self.settle_s = settle_s
+        self._quiet_since: float | None = None
+        """Loop time the last turn being answered ended (``None``: none has yet)."""
         self._gates: weakref.WeakSet[PriorityGate] = weakref.WeakSet()
 
     def attach(self, gate: PriorityGate) -> None:
         self._gates.add(gate)
+
+    def settling(self) -> bool:
+        """No turn is being answered, but the last one ended less than ``settle_s`` ago."""
+        if self.active or self._quiet_since is None:
+            return False
+        return asyncio.get_running_loop().time() - self._quiet_since < self.settle_s
+
+    def _hand_over(self) -> None:
+        for gate in list(self._gates):
+            gate.hand_over()
 
     @contextmanager
     def answering(self) -> Iterator[None]:
@@ -168,8 +190,12 @@ class Replies:
             yield
         finally:
             self.active -= 1
-            for gate in list(self._gates):  # the slot kept for this turn is free again
-                gate.hand_over()
+            if not self.active and self.settle_s > 0:
+                loop = asyncio.get_running_loop()
+                self._quiet_since = loop.time()
+                # the kept slot is let go then (a little after: a loop may run a timer early)
+                loop.call_later(self.settle_s + 0.005, self._hand_over)
+            self._hand_over()  # the slot kept for this turn is free again (for a reply at once)
 
 
 PREEMPTED = "contextmode: a reply needs the slot"
@@ -241,11 +267,12 @@ class PriorityGate:
 
     def _free(self, priority: CallPriority) -> bool:
         """A slot is free for ``priority``: for a background call, one slot stays kept for each
-        turn being answered that has no reply call running (its next call is coming)."""
+        turn being answered that has no reply call running (its next call is coming), and one
+        while the last turn settles (`Replies.settling`: the next turn may be coming)."""
         running = sum(self._running.values())
         if priority == "reply":
             return running < self.slots
-        kept = max(0, self.replies.active - self._running["reply"])
+        kept = max(0, self.replies.active - self._running["reply"]) + self.replies.settling()
         return running + kept < self.slots
 
     def _may_enter(self, priority: CallPriority) -> bool:
