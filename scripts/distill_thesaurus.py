@@ -33,10 +33,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from contextmode.memory.recall.text import analyze
 
 from contextmode.memory.recall.dense import MiniLMEmbedder
 from contextmode.memory.recall.semantic import SCALE, Thesaurus
-from contextmode.memory.recall.text import analyze
 
 EXAMPLES = ("martial", "arts", "church", "religious", "european", "pottery", "cooking", "dog", "guitar", "hiking")
 

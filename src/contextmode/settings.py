@@ -46,6 +46,18 @@ def env_int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -
     return value
 
 
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """Number from ``env[name]``; ``default`` when unset or blank. Raises `ConfigError` naming
+    the variable when the value is not a number."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
 def env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     """``True``/``False`` from ``env[name]`` (``1 true yes on`` / ``0 false no off``); ``default``
     when unset or blank. Raises `ConfigError` naming the variable for anything else."""
@@ -87,6 +99,15 @@ class EngineSettings:
     """Attempts per background job before it is given up (and recorded as failed)."""
     rewrite: bool = True
     """Rewrite context-dependent messages into standalone questions."""
+    response_share: float = 1.0
+    """The response path's memory calls to a model (detection and rewriting, before the reply)
+    may take together this many times the session's typical reply (the median of its newest
+    replies; the engine's while it has none), and never less than ``response_min_s``. Past that
+    the offline processors decide: the user's words go on as typed, or as the offline rewriter
+    verified them, and the trace says so. ``0``: no shared budget (each call has its own
+    timeout: detection 10 s, rewriting 15 s)."""
+    response_min_s: float = 1.0
+    """The least the response path's memory calls get (seconds), however quick the replies."""
     tenant: str = "local"
     """Tenant used when the caller names none (single-tenant use)."""
     trace_keep: int = 1000
@@ -127,6 +148,8 @@ class EngineSettings:
         for tenant, policy in self.pii_tenants.items():
             if policy not in ("keep", "mask"):
                 raise ConfigError(f"pii of tenant {tenant!r} (CONTEXTMODE_PII_TENANTS) must be 'keep' or 'mask', got {policy!r}")
+        if self.response_share < 0 or self.response_min_s < 0:
+            raise ConfigError("CONTEXTMODE_RESPONSE_SHARE and CONTEXTMODE_RESPONSE_MIN_S must be >= 0")
         if bool(self.embeddings_base_url) != bool(self.embeddings_model):
             raise ConfigError(
                 "dense recall needs both CONTEXTMODE_EMBEDDINGS_BASE_URL and CONTEXTMODE_EMBEDDINGS_MODEL "
@@ -146,6 +169,7 @@ class EngineSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
         """Settings from ``CONTEXTMODE_STRATEGY``, ``_CONTEXT_WINDOW``, ``_REPLY_RESERVE``,
         ``_MODE``, ``_ORDER``, ``_LOCALE``, ``_SUMMARY_THRESHOLD``, ``_JOB_ATTEMPTS``, ``_REWRITE``,
+        ``_RESPONSE_SHARE``, ``_RESPONSE_MIN_S``,
         ``_TRACE_KEEP``, ``_TRACE_MAX_AGE_DAYS``, ``_TRACE_MAX_BYTES``, ``_PII``, ``_PII_TENANTS``, ``_RAW_MESSAGE``,
         ``_EMBEDDINGS_BASE_URL``, ``_EMBEDDINGS_MODEL``, ``_EMBEDDINGS_API_KEY``, ``_PRICES``."""
         env = os.environ if env is None else env
@@ -160,6 +184,8 @@ class EngineSettings:
             summary_threshold=env_int(env, "CONTEXTMODE_SUMMARY_THRESHOLD", 10, minimum=1),
             job_attempts=env_int(env, "CONTEXTMODE_JOB_ATTEMPTS", 3, minimum=1),
             rewrite=env.get("CONTEXTMODE_REWRITE", "1").lower() not in ("0", "false", "no"),
+            response_share=env_float(env, "CONTEXTMODE_RESPONSE_SHARE", 1.0),
+            response_min_s=env_float(env, "CONTEXTMODE_RESPONSE_MIN_S", 1.0),
             trace_keep=env_int(env, "CONTEXTMODE_TRACE_KEEP", 1000),
             trace_max_age_days=env_int(env, "CONTEXTMODE_TRACE_MAX_AGE_DAYS", 90),
             trace_max_bytes=env_int(env, "CONTEXTMODE_TRACE_MAX_BYTES", 262_144),

@@ -92,7 +92,7 @@ async def test_an_unsure_offline_verdict_goes_to_the_model_and_the_reason_says_s
     detection = await detector.detect("How do I bake bread at home?", EN_HISTORY)
     assert detection.needs_context and detection.reason == "detect@1: yes (offline unsure: model p=0.45)"
     failed = await detector.detect("How do I bake bread at home?", EN_HISTORY)  # the model fails: offline
-    assert not failed.needs_context and failed.reason == "model p=0.45"
+    assert not failed.needs_context and failed.reason == "offline, the model gave no verdict: model p=0.45"
     assert len(model.calls) == 2
 
 

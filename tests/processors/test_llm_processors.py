@@ -129,8 +129,8 @@ class _Fixed:
 async def test_detector_falls_back_on_garbage_and_model_errors() -> None:
     fallback = _Fixed(Detection(needs_context=True, reason="offline"))
     detector = LLMContextDetector(ScriptedModel(["hmm, hard to say", ModelTimeout("slow")]), fallback=fallback)
-    assert (await detector.detect("那个呢?", HISTORY)).reason == "offline"
-    assert (await detector.detect("那个呢?", HISTORY)).reason == "offline"
+    assert (await detector.detect("那个呢?", HISTORY)).reason == "offline, the model gave no verdict: offline"
+    assert (await detector.detect("那个呢?", HISTORY)).reason == "offline, the model gave no verdict: offline"
     bare = LLMContextDetector(ScriptedModel(["???", ModelError("down")]))
     assert (await bare.detect("那个呢?", HISTORY)).needs_context is False
     assert (await bare.detect("那个呢?", HISTORY)).needs_context is False

@@ -43,6 +43,7 @@ from ..tokens.base import TokenCounter
 from ..types import NewTurn, SessionKey, SessionState, Turn
 from .agent import AgentRequest, stream_agent_turn
 from .backlog import Backlog
+from .pace import ReplyPace
 from .parts import PendingSummaries, TurnParts
 from .persist import record_turn
 from .prepare import load_state, prepare_turn
@@ -90,6 +91,7 @@ class Engine:
         )
         self.trace_writes = TraceWrites()
         self.kept_requests = KeptRequests()
+        self.pace = ReplyPace()
         """Per session, what the next exchange's usage needs of the newest trace kept here."""
         """Each exchange's trace write, started as the reply goes out (`trace`, `drain` and
         `close` wait for them)."""
@@ -168,7 +170,7 @@ class Engine:
             store=self.store, model=self.model, counter=self.counter, processors=self.processors,
             settings=self.settings, recaller=self.recaller, system_prompt=self.system_prompt, jobs=self.jobs,
             trace_writes=self.trace_writes, pending_summaries=self.pending_summaries, backlog=self.backlog,
-            trace_keeper=self.trace_keeper(), kept_requests=self.kept_requests,
+            trace_keeper=self.trace_keeper(), kept_requests=self.kept_requests, pace=self.pace,
         )
 
     # -- preparing -------------------------------------------------------
@@ -308,6 +310,7 @@ class Engine:
             dropped_index = int(bool(self.recaller.forget(tenant, session_id)))
         self.backlog.forget(key)  # the turns' words go with the jobs
         self.kept_requests.forget(tenant, session_id)
+        self.pace.forget(key)
         return {
             "recall_cache": dropped_index,
             "pending_jobs": self.jobs.cancel(tenant, session_id),

@@ -24,6 +24,7 @@ from ..store.base import Store, TraceRecords, let_go, one_connection
 from ..tokens.base import TokenCounter
 from ..types import NewTurn, SessionKey, Summary
 from .backlog import Backlog
+from .pace import ReplyPace
 from .privacy import keepable
 from .request import UseDefault
 from .seams import Processors, Recaller, safe_with_shared_connection
@@ -93,6 +94,8 @@ class TurnParts:
     """Where traces are kept (`Engine.trace_keeper`); ``None``: not kept."""
     kept_requests: KeptRequests
     """Per session, what the next exchange's usage needs of the newest kept trace."""
+    pace: ReplyPace
+    """How long the replies take (`engine/pace.py`): the response path's budget."""
 
     # -- the store's shared connection --------------------------------------
 

@@ -16,6 +16,7 @@ from typing import cast
 from ..assembly import Context, CurrentTurn, assemble, cut_to_tokens, to_messages
 from ..errors import MessageTooLarge, NoPreviousAnswer
 from ..memory.strategies import Strategy, get_strategy
+from ..models.priority import response_budget
 from ..processors.base import Detection, IntentKind, Rewrite
 from ..processors.intents import build_follow_up_prompt
 from ..processors.verify import verified
@@ -78,13 +79,17 @@ async def _prepare(parts: TurnParts, request: TurnRequest) -> PreparedTurn:
     # Tool results (often huge JSON) are no antecedents for a pronoun either.
     history = [t for t in state.turns if t.role != "tool"]
     detection = Detection(needs_context=False)
-    if history:
-        await parts.let_go_before(parts.processors.detector)
-        detection = await parts.processors.detector.detect(message, history)
-    if detection.intent in TEMPLATE_INTENTS:
-        step = _template_step(parts, raw, state, message, detection)
-    else:
-        step = await _rewrite_step(parts, state, message, detection, chosen)
+    settings = parts.settings
+    # Detection and rewriting share one budget relative to the session's replies (engine/pace.py).
+    with response_budget(parts.pace.budget(request.key, share=settings.response_share,
+                                           minimum=settings.response_min_s)):
+        if history:
+            await parts.let_go_before(parts.processors.detector)
+            detection = await parts.processors.detector.detect(message, history)
+        if detection.intent in TEMPLATE_INTENTS:
+            step = _template_step(parts, raw, state, message, detection)
+        else:
+            step = await _rewrite_step(parts, state, message, detection, chosen)
     current = step.current
     if mode == "decoupled" and step.verified_text is not None:
         current = step.verified_text

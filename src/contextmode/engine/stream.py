@@ -72,6 +72,7 @@ async def stream_turn(parts: TurnParts, request: TurnRequest) -> AsyncIterator[T
                     pieces.append(event.text)
                 yield event
         completed = True
+        parts.pace.record(request.key, time.perf_counter() - model_started)
     except ModelError as exc:
         error = exc
     finally:

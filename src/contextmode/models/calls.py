@@ -142,11 +142,11 @@ class CallLog:
         return self._add(CallMeter(step=step or (default_step if priority == "reply" else "background"),
                                    priority=priority, session=session, asked=time.monotonic()))
 
-    def note(self, step: str, session: str, outcome: str) -> None:
+    def note(self, step: str, session: str, outcome: str, *, priority: CallPriority = "background") -> None:
         """Log work done without the model in place of a ``step`` call (the offline processors
-        filling in for a model that fell behind)."""
+        filling in for a model that fell behind, or for a turn whose response path ran out of time)."""
         now = time.monotonic()
-        self._add(CallMeter(step=step, priority="background", session=session, asked=now,
+        self._add(CallMeter(step=step, priority=priority, session=session, asked=now,
                             admitted=now, ended=now, outcome=outcome))
 
     def between(self, start: float, end: float | None = None) -> tuple[ModelCall, ...]:

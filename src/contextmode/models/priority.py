@@ -56,6 +56,8 @@ __all__ = [
     "endpoint_gate",
     "in_background",
     "paused_limits",
+    "response_budget",
+    "response_time_left",
     "waits_excluded",
 ]
 
@@ -106,6 +108,30 @@ def paused_limits() -> Iterator[None]:
         for limit, when in paused:
             with suppress(RuntimeError):
                 limit.reschedule(when + waited)
+
+
+_DEADLINE: ContextVar[float | None] = ContextVar("contextmode_response_deadline", default=None)
+
+
+@contextmanager
+def response_budget(seconds: float | None) -> Iterator[None]:
+    """Reply calls made in the block (a turn's detection and rewriting) share ``seconds`` (loop
+    time from now; ``None``: no shared budget). Each reads what is left with `response_time_left`."""
+    deadline = None if seconds is None else asyncio.get_running_loop().time() + seconds
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def response_time_left() -> float | None:
+    """Seconds left of the `response_budget` around a reply call made here (``0`` when spent);
+    ``None`` without one, or inside a background job."""
+    deadline = _DEADLINE.get()
+    if deadline is None or call_priority() != "reply":
+        return None
+    return max(0.0, deadline - asyncio.get_running_loop().time())
 
 
 async def in_background(work: Awaitable[T]) -> T:

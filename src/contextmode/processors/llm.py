@@ -39,8 +39,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
 from ..models.base import ChatModel, JsonSchema, answers_to_schema
-from ..models.calls import model_step
-from ..models.priority import waits_excluded
+from ..models.calls import call_log, model_step
+from ..models.priority import response_time_left, waits_excluded
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
 from ..text.degenerate import ReplyGuard, is_looping, scripts_of
@@ -153,11 +153,21 @@ async def _ask(
     ``complete_json`` when the model takes one; a test of the answer so far, streamed
     and the stream closed (the server stops generating) as soon as it holds (a verdict given, a
     line complete); else whole. A background call's wait for a slot does not count in
-    ``timeout``; a reply's does (the response path is bounded as a whole)."""
+    ``timeout``; a reply's does. A reply call also ends with what is left of the turn's
+    `response_budget` (the response path is bounded as a whole), and is not made once it is
+    spent (`ModelTimeout` either way: the processor's offline fallback decides)."""
     window, cuts = fit
     if window is not None:
         fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     messages = prompt.render(chinese=chinese, **fields)
+    left = response_time_left()
+    if left is not None and (timeout is None or left < timeout):
+        if left <= 0:
+            call_log().note(prompt.name, "", "not asked: the response path's budget was spent", priority="reply")
+            raise ModelTimeout(f"{prompt.tag} not asked: the response path's budget was spent")
+        timeout, why = left, f"the response path's budget ({left:.1f} s left)"
+    else:
+        why = f"{timeout} s"
     try:
         with model_step(prompt.name):
             # A background call's wait for a free slot is a deferral, not time the call took:
@@ -172,7 +182,7 @@ async def _ask(
                         return await _read_until(model.stream(messages, max_tokens=max_tokens), read)
                     return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:
-        raise ModelTimeout(f"{prompt.tag} took longer than {timeout} s") from None
+        raise ModelTimeout(f"{prompt.tag} took longer than {why}") from None
 
 
 async def _read_until(deltas: AsyncIterator[str], enough: Callable[[str], bool]) -> str:
@@ -299,7 +309,7 @@ class LLMContextDetector:
             verdict, answer = None, ""
         if verdict is None:
             if first is not None:
-                return first
+                return replace(first, reason=f"offline, the model gave no verdict: {first.reason}")
             logger.warning("context detection gave no verdict (%r); assuming standalone", answer[:80])
             return Detection(needs_context=False, score=0.0, reason="llm gave no verdict")
         intent = classify_follow_up_intent(message) if verdict else None

@@ -1,0 +1,132 @@
+"""The response path's memory calls share one budget relative to the session's replies
+(`engine/pace.py`, issue "the reply first"): past it the offline processors decide and the
+user's words go on. Outcomes are asserted, never durations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from contextmode.engine import Engine
+from contextmode.engine.pace import ReplyPace
+from contextmode.engine.seams import Processors
+from contextmode.errors import ConfigError, ModelTimeout
+from contextmode.models.calls import call_log
+from contextmode.models.priority import in_background, response_budget, response_time_left
+from contextmode.processors.llm import LLMRewriter
+from contextmode.processors.rewrite import OfflineRewriter
+from contextmode.settings import EngineSettings
+from contextmode.store import MemoryStore
+from contextmode.testing import CharTokenCounter
+from contextmode.testing.models import FunctionModel
+from contextmode.types import ChatMessage, SessionKey
+
+A, B = SessionKey("t", "a"), SessionKey("t", "b")
+
+
+def test_a_sessions_budget_is_its_typical_reply_times_the_share() -> None:
+    pace = ReplyPace()
+    assert pace.budget(A, share=1.0, minimum=1.0) is None  # nothing measured: each call's own timeout
+    for seconds in (2.0, 9.0, 3.0):
+        pace.record(A, seconds)
+    assert pace.typical(A) == 3.0  # the median: one long reply does not move it
+    assert pace.budget(A, share=2.0, minimum=1.0) == 6.0
+    assert pace.budget(A, share=0.1, minimum=1.0) == 1.0  # never below the minimum
+    assert pace.budget(A, share=0.0, minimum=1.0) is None  # 0: no shared budget
+    # A session with no reply yet goes by the engine's.
+    assert pace.typical(B) == 3.0
+    pace.record(B, 20.0)
+    assert pace.typical(B) == 20.0 and pace.typical(A) == 3.0
+    pace.forget(A)
+    assert pace.typical(A) == pace.typical(SessionKey("t", "new"))
+
+
+def test_only_the_newest_replies_count_and_sessions_are_bounded() -> None:
+    pace = ReplyPace()
+    pace.SESSIONS = 3
+    for seconds in (50.0, 50.0, 1.0, 1.0, 1.0, 1.0, 1.0):
+        pace.record(A, seconds)
+    assert pace.typical(A) == 1.0
+    for i in range(5):
+        pace.record(SessionKey("t", f"s{i}"), 1.0)
+    assert A not in pace._sessions and len(pace._sessions) == 3
+
+
+def test_the_settings_read_the_budget_and_refuse_a_negative_one() -> None:
+    settings = EngineSettings.from_env({"CONTEXTMODE_RESPONSE_SHARE": "0.5", "CONTEXTMODE_RESPONSE_MIN_S": "2"})
+    assert (settings.response_share, settings.response_min_s) == (0.5, 2.0)
+    with pytest.raises(ConfigError, match="CONTEXTMODE_RESPONSE_SHARE"):
+        EngineSettings.from_env({"CONTEXTMODE_RESPONSE_SHARE": "-1"})
+    with pytest.raises(ConfigError, match="must be a number"):
+        EngineSettings.from_env({"CONTEXTMODE_RESPONSE_MIN_S": "soon"})
+
+
+async def test_a_background_call_is_outside_the_budget() -> None:
+    with response_budget(5.0):
+        left = response_time_left()
+        assert left is not None and 0 < left <= 5.0
+
+        async def job() -> float | None:
+            return response_time_left()
+
+        assert await in_background(job()) is None
+    assert response_time_left() is None
+
+
+HISTORY = ("My wife and I plan a trip to Kyoto in April.", "Kyoto in April is lovely: cherry blossoms.")
+
+
+def _engine(rewrite_model: FunctionModel, **settings: object) -> tuple[Engine, FunctionModel]:
+    async def reply(messages: Sequence[ChatMessage]) -> str:
+        await asyncio.sleep(0.01)  # a quick reply: the session's budget is its minimum
+        return "Sure."
+
+    model = FunctionModel(reply)
+    offline = Processors.offline()
+    engine = Engine(
+        store=MemoryStore(), model=model, counter=CharTokenCounter(),
+        processors=Processors(detector=offline.detector, rewriter=LLMRewriter(rewrite_model, fallback=OfflineRewriter()),
+                              summarizer=offline.summarizer, extractor=offline.extractor, emotion=offline.emotion),
+        settings=EngineSettings(job_attempts=1, **settings),  # type: ignore[arg-type]
+    )
+    return engine, model
+
+
+async def test_a_rewrite_past_the_budget_is_cut_and_the_offline_rewriter_decides() -> None:
+    finished: list[str] = []
+
+    async def slow(messages: Sequence[ChatMessage]) -> str:
+        await asyncio.sleep(30)  # a model far slower than the session's replies
+        finished.append("rewrite")
+        return "How much does a trip to Kyoto in April cost?"
+
+    engine, model = _engine(FunctionModel(slow), response_min_s=0.05)
+    await engine.turn("t", "trip", HISTORY[0])
+    result = await engine.turn("t", "trip", "How much would it cost?")
+    rewrite = result.prepared.rewrite
+    assert finished == [] and rewrite is not None and rewrite.source != "llm"  # cut; offline decided
+    assert model.calls[-1].last_user.endswith("How much would it cost?")  # the user's words reach the model
+    await engine.close()
+
+
+async def test_a_spent_budget_asks_no_model_and_without_a_budget_the_model_is_waited_for() -> None:
+    asked: list[str] = []
+
+    async def quick(messages: Sequence[ChatMessage]) -> str:
+        asked.append("rewrite")
+        await asyncio.sleep(0.05)  # slower than the replies' 0.01 s, quicker than the call's timeout
+        return "How much does the Kyoto trip in April cost?"
+
+    engine, _ = _engine(FunctionModel(quick), response_share=0)
+    await engine.turn("t", "trip", HISTORY[0])
+    result = await engine.turn("t", "trip", "How much would it cost?")
+    assert asked and result.prepared.rewrite is not None and result.prepared.rewrite.source == "llm"
+    await engine.close()
+    with response_budget(0.0):
+        rewriter = LLMRewriter(FunctionModel(quick))
+        with pytest.raises(ModelTimeout, match="budget was spent"):
+            from contextmode.processors.llm import REWRITE, _ask
+            await _ask(rewriter.model, REWRITE, chinese=False, max_tokens=8, message="it?", summary="", history="")
+        assert call_log().calls[-1].outcome == "not asked: the response path's budget was spent"
