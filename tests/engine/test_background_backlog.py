@@ -196,3 +196,43 @@ async def test_a_reply_in_the_users_own_script_is_never_cut() -> None:
     assert result.answer == text
     assert result.assistant_turn is not None and "stopped" not in result.assistant_turn.metadata
     await engine.close()
+
+
+class CountingSummarizer:
+    """A summariser standing for a model: counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def summarize(self, previous: object, turns: Sequence[Turn]) -> object:
+        from contextmode.processors.base import SummaryResult
+
+        self.calls += 1
+        return SummaryResult(text="the model's summary")
+
+
+@pytest.mark.parametrize("behind", [False, True])
+async def test_a_summary_due_while_the_model_is_behind_is_folded_offline_and_said_so(behind: bool) -> None:
+    from contextmode.engine.schedule import _summary_step
+
+    engine = build_engine(store=MemoryStore(), model=FunctionModel(answer), counter=CharTokenCounter(),
+                          settings=settings())
+    summarizer = CountingSummarizer()
+    engine.summarizer = summarizer  # type: ignore[assignment]
+    key = SessionKey("t", f"behind-{behind}")
+    for i in range(6):
+        await engine.record(key.tenant, key.session_id, "user", f"Question {i} about the Kyoto trip budget of {i}00 dollars")
+        await engine.record(key.tenant, key.session_id, "assistant", f"Answer {i}.")
+    await engine.drain()
+    parts = engine.parts()
+    parts.backlog.want_summary(key, 8)
+    assert await _summary_step(parts, key, behind)
+    state = await engine.store.load(key, recent=2)
+    assert state.summary is not None and state.summary.covers_seq >= 8
+    notes = [c.outcome for c in call_log().between(0.0) if c.step == "summary" and c.session == key.session_id]
+    if behind:  # the offline summariser folded the turns: no model call, a note
+        assert summarizer.calls == 0 and notes == ["filled in offline: the model fell behind"]
+        assert "the model's summary" not in state.summary.text and "Kyoto" in state.summary.text
+    else:
+        assert summarizer.calls == 1 and notes == [] and state.summary.text.startswith("the model's summary")
+    await engine.close()

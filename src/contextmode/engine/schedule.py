@@ -22,6 +22,7 @@ from ..processors.base import (
     ConstraintUpdate,
     EmotionScorer,
     PriorTurn,
+    Summarizer,
     extracts_alone,
     fits_a_window,
     scores_in_context,
@@ -91,9 +92,10 @@ async def _unit_pass(parts: TurnParts, key: SessionKey) -> None:
     counted under its own name (`report_step`). A step cut short for a reply stops the pass (the
     job tries again later); a step that fails lets the others run, then fails the attempt."""
     failed: list[tuple[str, BaseException]] = []
+    behind = parts.backlog.pending(key) > MODEL_TURNS  # the model fell behind the conversation
     for kind, step in _STEPS:
         try:
-            ran = await step(parts, key)
+            ran = await step(parts, key, behind)
         except ModelPreempted:
             raise
         except OutputRejected as exc:
@@ -107,12 +109,17 @@ async def _unit_pass(parts: TurnParts, key: SessionKey) -> None:
         raise StepFailed(failed)
 
 
-async def _summary_step(parts: TurnParts, key: SessionKey) -> bool:
+async def _summary_step(parts: TurnParts, key: SessionKey, behind: bool) -> bool:
+    """The summary due, folded by the engine's summariser; when the model fell behind (the pass
+    began with more than `MODEL_TURNS` turns waiting), by the offline one, noted in the call log."""
     upto = parts.backlog.take_summary(key)
     if upto is None:
         return False
+    filled = behind and not safe_with_shared_connection(parts.processors.summarizer)  # it calls a model
     try:
-        await summarize_now(parts, key, upto=upto or None)
+        await summarize_now(parts, key, upto=upto or None, summarizer=_offline().summarizer if filled else None)
+        if filled:
+            call_log().note("summary", key.session_id, "filled in offline: the model fell behind")
     except BaseException as exc:
         if not isinstance(exc, OutputRejected):
             parts.backlog.want_summary(key, upto)
@@ -125,7 +132,7 @@ MODEL_TURNS = 3
 call scores the newest. Older turns of a backlog are covered by the offline processors."""
 
 
-async def _score_backlog(parts: TurnParts, key: SessionKey) -> bool:
+async def _score_backlog(parts: TurnParts, key: SessionKey, behind: bool) -> bool:
     """Score the emotion of every turn the session's backlog holds: the newest with the engine's
     scorer, older ones (the model fell behind) with the offline one, noted in the call log."""
     backlog = parts.backlog
@@ -154,7 +161,7 @@ async def _score_backlog(parts: TurnParts, key: SessionKey) -> bool:
     return True
 
 
-async def _extract_backlog(parts: TurnParts, key: SessionKey) -> bool:
+async def _extract_backlog(parts: TurnParts, key: SessionKey, behind: bool) -> bool:
     """Extract constraints from every turn the session's backlog holds: with a model extractor,
     the newest `MODEL_TURNS` in one call and older ones offline (noted in the call log); with a
     model-free one, turn by turn."""
@@ -190,12 +197,13 @@ def _offline() -> Processors:
     return Processors.offline()
 
 
-_STEPS: tuple[tuple[str, Callable[[TurnParts, SessionKey], Awaitable[bool]]], ...] = (
+_STEPS: tuple[tuple[str, Callable[[TurnParts, SessionKey, bool], Awaitable[bool]]], ...] = (
     ("emotion", _score_backlog),
     ("constraints", _extract_backlog),
     ("summary", _summary_step),
 )
-"""A unit's steps in order: each takes its part of the backlog, returns whether it had any."""
+"""A unit's steps in order: each takes its part of the backlog (and whether the model fell
+behind), returns whether it had any."""
 
 
 def _summary_due(parts: TurnParts, user_turn: Turn, prepared: PreparedTurn | None) -> int | None:
@@ -297,8 +305,12 @@ def _from_source(pin: Constraint, sources: Sequence[Turn]) -> Constraint:
     return pin
 
 
-async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = False, upto: int | None = None) -> bool:
-    """Fold the turns outside the recent window into the summary (see `Engine.summarize_now`).
+async def summarize_now(
+    parts: TurnParts, key: SessionKey, *, force: bool = False, upto: int | None = None,
+    summarizer: Summarizer | None = None,
+) -> bool:
+    """Fold the turns outside the recent window into the summary (see `Engine.summarize_now`),
+    with ``summarizer`` (default: the engine's).
 
     A summariser that must fit a model's window (`WindowedSummarizer`) folds them in chunks
     that fit `EngineSettings.context_window`, and each chunk's summary is committed before
@@ -319,7 +331,7 @@ async def summarize_now(parts: TurnParts, key: SessionKey, *, force: bool = Fals
     due = end - start + 1
     if due <= 0 or (due < parts.settings.summary_threshold and not force):
         return False
-    folding = _Folding(parts=parts, key=key, end=end)
+    folding = _Folding(parts=parts, key=key, end=end, summarizer=summarizer or parts.processors.summarizer)
     committed = False
     # An attempt cut off (job timeout) after the summariser answered keeps its result
     # here; the retry commits it instead of paying for the same range twice.
@@ -352,6 +364,7 @@ class _Folding:
     parts: TurnParts
     key: SessionKey
     end: int
+    summarizer: Summarizer
     turns: Sequence[Turn] | None = None
 
     async def next_summary(self, previous: Summary | None, start: int) -> Summary | None:
@@ -362,23 +375,24 @@ class _Folding:
         pending = [t for t in self.turns if t.seq >= start]
         if not pending:
             return None
-        covers, remembered = _next_chunk(parts, previous, pending)
+        covers, remembered = _next_chunk(parts, previous, pending, self.summarizer)
         if remembered:
-            await parts.let_go_before(parts.processors.summarizer)
-            text = (await parts.processors.summarizer.summarize(previous, remembered)).text
+            await parts.let_go_before(self.summarizer)
+            text = (await self.summarizer.summarize(previous, remembered)).text
         else:
             text = previous.text if previous else ""
         return Summary(text=text, covers_seq=covers, tokens=parts.counter.count(text), created_at=utc_now())
 
 
-def _next_chunk(parts: TurnParts, previous: Summary | None, pending: Sequence[Turn]) -> tuple[int, list[Turn]]:
+def _next_chunk(
+    parts: TurnParts, previous: Summary | None, pending: Sequence[Turn], summarizer: Summarizer
+) -> tuple[int, list[Turn]]:
     """The last turn the next summary covers and the turns its call is given: all of ``pending``,
     or for a `WindowedSummarizer` the most that fit the window (at least one, cut to fit).
 
     Engine notices are never summarised; the summary still covers their seqs. Tool calls
     and results are summarised as sentences, never raw JSON."""
     remembered = [as_sentence(t) for t in pending if not t.notice]
-    summarizer = parts.processors.summarizer
     if not remembered or not fits_a_window(summarizer):
         return pending[-1].seq, remembered
     limit = usable_tokens(parts.settings.context_window)
