@@ -21,6 +21,7 @@ from contextmode.settings import EngineSettings
 from contextmode.store import MemoryStore
 from contextmode.testing import CharTokenCounter
 from contextmode.testing.models import FunctionModel
+from contextmode.tokens.tools import count_messages
 from contextmode.types import ChatMessage, SessionKey
 
 A, B = SessionKey("t", "a"), SessionKey("t", "b")
@@ -130,3 +131,59 @@ async def test_a_spent_budget_asks_no_model_and_without_a_budget_the_model_is_wa
             from contextmode.processors.llm import REWRITE, _ask
             await _ask(rewriter.model, REWRITE, chinese=False, max_tokens=8, message="it?", summary="", history="")
         assert call_log().calls[-1].outcome == "not asked: the response path's budget was spent"
+
+
+# -- a response-path prompt the server reads in time --------------------------------------------
+
+def _measured(rate: float, calls: int = 3) -> None:
+    """Calls in this loop's log whose prompts the server read at ``rate`` tokens per second."""
+    from contextmode.models.calls import CallMeter
+
+    log = call_log()
+    for _ in range(calls):
+        log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=1.0,
+                           first_chunk=1.0 + 1000 / rate, ended=50.0, prompt_tokens=1000))
+
+
+async def test_the_servers_prompt_rate_is_the_median_of_its_newest_calls() -> None:
+    assert call_log().prompt_rate() is None
+    _measured(100.0)
+    _measured(400.0, calls=1)
+    assert call_log().prompt_rate() == pytest.approx(100.0)
+
+
+HISTORY_TURNS = [
+    f"{role}: {text}" for role, text in (("user", "We plan a trip to Kyoto in April, two people."),
+                                          ("assistant", "Kyoto in April: cherry blossoms. " * 20))
+]
+
+
+async def test_a_response_path_prompt_is_cut_to_what_the_server_reads_in_its_time() -> None:
+    from contextmode.processors.window import ModelWindow
+    from contextmode.testing.models import ScriptedModel
+    from contextmode.types import Turn
+
+    history = [Turn(seq=i + 1, role="user" if i % 2 == 0 else "assistant", content=t.split(": ", 1)[1],
+                    tokens=len(t), created_at=__import__("datetime").datetime.now(__import__("datetime").UTC))
+               for i, t in enumerate(HISTORY_TURNS)]
+    window = ModelWindow(tokens=4096, counter=CharTokenCounter())
+    whole = ScriptedModel(["How much does the Kyoto trip cost?\n"])
+    await LLMRewriter(whole, window=window).rewrite("How much would it cost?", history)
+    _measured(2000.0)  # 2,000 tokens a second: the rewriter's 15 s read everything
+    roomy = ScriptedModel(["How much does the Kyoto trip cost?\n"])
+    await LLMRewriter(roomy, window=window).rewrite("How much would it cost?", history)
+    assert roomy.calls[0].messages == whole.calls[0].messages
+    tight = ScriptedModel(["How much does the Kyoto trip cost?\n"])
+    full = count_messages(window.counter, whole.calls[0].messages)
+    with response_budget(2 * (full - 60) / 2000):  # time to read all but 60 tokens: the newest history kept
+        result = await LLMRewriter(tight, window=window).rewrite("How much would it cost?", history)
+    sent = tight.calls[0].messages
+    assert sum(len(m.content) for m in sent) < sum(len(m.content) for m in whole.calls[0].messages)
+    assert "cherry blossoms." in sent[-1].content and "How much would it cost?" in sent[-1].content
+    assert result.text == "How much does the Kyoto trip cost?"
+    # With 0.05 s (50 tokens) not even the instructions are read in time: not asked.
+    unasked = ScriptedModel([])
+    with response_budget(0.05):
+        result = await LLMRewriter(unasked, window=window).rewrite("How much would it cost?", history)
+    assert unasked.calls == [] and not result.changed
+    assert call_log().calls[-1].outcome.startswith("not asked: its shortest prompt takes the server longer")

@@ -14,6 +14,7 @@ shared server while it ran. The log keeps the newest `CallLog.KEEP` calls of the
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 import weakref
 from collections import deque
@@ -63,6 +64,8 @@ class CallMeter:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     chunks: int = 0
+    first_chunk: float | None = None
+    """Monotonic time its first streamed chunk came (the server had read the prompt)."""
     outcome: str = "running"
     log: CallLog | None = field(default=None, repr=False, compare=False)
     """The log it was started in (told when it ends)."""
@@ -148,6 +151,24 @@ class CallLog:
         now = time.monotonic()
         self._add(CallMeter(step=step, priority=priority, session=session, asked=now,
                             admitted=now, ended=now, outcome=outcome))
+
+    RATE_CALLS = 16
+    """Newest calls `prompt_rate` reads."""
+
+    def prompt_rate(self) -> float | None:
+        """Prompt tokens per second the loop's model server reads: the median over the newest
+        `RATE_CALLS` calls that reported their prompt's tokens (64 or more) and streamed, of
+        those tokens over the time from the call's slot to its first chunk (a wait in the server's
+        own queue counts, so the figure errs slow). ``None`` before any such call."""
+        rates: list[float] = []
+        for meter in reversed(self.calls):
+            tokens, admitted, first = meter.prompt_tokens, meter.admitted, meter.first_chunk
+            if tokens is None or tokens < 64 or admitted is None or first is None or first <= admitted:
+                continue
+            rates.append(tokens / (first - admitted))
+            if len(rates) == self.RATE_CALLS:
+                break
+        return statistics.median(rates) if rates else None
 
     def between(self, start: float, end: float | None = None) -> tuple[ModelCall, ...]:
         """The calls that overlapped ``[start, end]`` (monotonic times; ``end`` None: now),

@@ -982,6 +982,8 @@ class _StreamWatch:
 def _meter_chunk(meter: CallMeter, chunk: Any) -> None:
     """Count a streamed chunk in ``meter`` (the server's usage, when a chunk carries it)."""
     meter.chunks += 1
+    if meter.first_chunk is None:
+        meter.first_chunk = time.monotonic()
     usage = _field(chunk, "usage")
     if usage is not None:
         prompt, completion = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")

@@ -32,15 +32,15 @@ import os
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import ModelError, ModelTimeout, OutputRejected
+from ..errors import ContextWindowExceeded, ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
 from ..models.base import ChatModel, JsonSchema, answers_to_schema
 from ..models.calls import call_log, model_step
-from ..models.priority import response_time_left, waits_excluded
+from ..models.priority import call_priority, response_time_left, waits_excluded
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
 from ..text.degenerate import ReplyGuard, is_looping, scripts_of
@@ -156,18 +156,17 @@ async def _ask(
     ``timeout``; a reply's does. A reply call also ends with what is left of the turn's
     `response_budget` (the response path is bounded as a whole), and is not made once it is
     spent (`ModelTimeout` either way: the processor's offline fallback decides)."""
-    window, cuts = fit
-    if window is not None:
-        fields = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
-    messages = prompt.render(chinese=chinese, **fields)
     left = response_time_left()
     if left is not None and (timeout is None or left < timeout):
         if left <= 0:
-            call_log().note(prompt.name, "", "not asked: the response path's budget was spent", priority="reply")
-            raise ModelTimeout(f"{prompt.tag} not asked: the response path's budget was spent")
+            _not_asked(prompt, "the response path's budget was spent")
         timeout, why = left, f"the response path's budget ({left:.1f} s left)"
     else:
         why = f"{timeout} s"
+    window, cuts = fit
+    if window is not None:
+        fields = _fit(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts, timeout=timeout)
+    messages = prompt.render(chinese=chinese, **fields)
     try:
         with model_step(prompt.name):
             # A background call's wait for a free slot is a deferral, not time the call took:
@@ -183,6 +182,40 @@ async def _ask(
                     return await model.complete(messages, max_tokens=max_tokens)
     except TimeoutError:
         raise ModelTimeout(f"{prompt.tag} took longer than {why}") from None
+
+
+PROMPT_SHARE = 0.5
+"""Of a response-path call's time, the most its prompt may take the server to read (the rest is
+for its answer): at the server's measured rate (`CallLog.prompt_rate`), a longer prompt has its
+history cut, newest lines kept. A cut call's prompt is read to its end all the same (a server
+notices a closed request only when it generates), and the reply would wait for it."""
+
+
+def _fit(
+    window: ModelWindow, prompt: Prompt, fields: Mapping[str, str | int], *, chinese: bool,
+    max_tokens: int | None, cuts: Sequence[Cut], timeout: float | None,
+) -> dict[str, str | int]:
+    """``fields`` cut to fit the model's ``window`` (`fit_fields`) and, for a reply call with a
+    ``timeout``, what the server reads in `PROMPT_SHARE` of it; `ModelTimeout` (not asked) when
+    even the cut prompt takes longer, for a reply call (`ContextWindowExceeded` otherwise)."""
+    rate = call_log().prompt_rate() if timeout is not None and call_priority() == "reply" else None
+    if rate is None or timeout is None:
+        return fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
+    readable = int(PROMPT_SHARE * timeout * rate)
+    try:
+        return fit_fields(window.within(readable + (max_tokens or 0)), prompt, fields, chinese=chinese,
+                          max_tokens=max_tokens, cuts=cuts)
+    except ContextWindowExceeded:
+        # Too long for the model's own window too: that error, not this one.
+        fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
+        _not_asked(prompt, f"its shortest prompt takes the server longer to read than {PROMPT_SHARE * timeout:.1f} s "
+                           f"(~{rate:.0f} tokens/s)")
+
+
+def _not_asked(prompt: Prompt, why: str) -> NoReturn:
+    """Log a reply call that was not made, and raise `ModelTimeout` saying why."""
+    call_log().note(prompt.name, "", f"not asked: {why}", priority="reply")
+    raise ModelTimeout(f"{prompt.tag} not asked: {why}")
 
 
 async def _read_until(deltas: AsyncIterator[str], enough: Callable[[str], bool]) -> str:
