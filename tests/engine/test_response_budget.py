@@ -13,7 +13,7 @@ from contextmode.engine import Engine
 from contextmode.engine.pace import ReplyPace
 from contextmode.engine.seams import Processors
 from contextmode.errors import ConfigError, ModelTimeout
-from contextmode.models.calls import call_log
+from contextmode.models.calls import PROMPT_ESTIMATE, call_log
 from contextmode.models.priority import in_background, response_budget, response_time_left
 from contextmode.processors.llm import LLMRewriter
 from contextmode.processors.rewrite import OfflineRewriter
@@ -142,7 +142,7 @@ def _measured(rate: float, calls: int = 3) -> None:
     log = call_log()
     for _ in range(calls):
         log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=1.0,
-                           first_chunk=1.0 + 1000 / rate, ended=50.0, prompt_tokens=1000))
+                           first_chunk=1.0 + 1000 / rate, ended=50.0, prompt_size=1000))
 
 
 async def test_the_servers_prompt_rate_is_the_median_of_its_newest_calls() -> None:
@@ -174,7 +174,7 @@ async def test_a_response_path_prompt_is_cut_to_what_the_server_reads_in_its_tim
     await LLMRewriter(roomy, window=window).rewrite("How much would it cost?", history)
     assert roomy.calls[0].messages == whole.calls[0].messages
     tight = ScriptedModel(["How much does the Kyoto trip cost?\n"])
-    full = count_messages(window.counter, whole.calls[0].messages)
+    full = count_messages(PROMPT_ESTIMATE, whole.calls[0].messages)
     with response_budget(2 * (full - 60) / 2000):  # time to read all but 60 tokens: the newest history kept
         result = await LLMRewriter(tight, window=window).rewrite("How much would it cost?", history)
     sent = tight.calls[0].messages

@@ -110,3 +110,22 @@ def test_json_complete_reads_strings_and_nesting() -> None:
     assert not json_complete('{"a": [1, {"b": 2}]')
     assert not json_complete('{"a": "}')
     assert not json_complete("no json {}") and not json_complete("")
+
+
+async def test_a_streamed_call_is_measured_for_the_servers_prompt_rate(server: object) -> None:
+    from contextmode.models.calls import PROMPT_ESTIMATE, estimate_prompt
+    from contextmode.testing.stub_server import StubServer
+    from contextmode.tokens.tools import count_messages
+    from contextmode.types import ChatMessage
+
+    assert isinstance(server, StubServer)
+    model = OpenAIChatModel(model="stub-model", base_url=server.url, max_retries=0)
+    messages = [ChatMessage(role="system", content="You rewrite queries. " * 20), *said("the user")]
+    assert call_log().prompt_rate() is None
+    "".join([d async for d in model.stream(messages)])
+    meter = call_log().calls[-1]
+    # llama-cpp-python reports no usage while streaming: the prompt is measured on our side.
+    assert meter.prompt_size == count_messages(PROMPT_ESTIMATE, messages) == estimate_prompt(
+        [{"role": m.role, "content": m.content} for m in messages])
+    assert meter.first_chunk is not None and meter.admitted is not None and meter.first_chunk >= meter.admitted
+    assert call_log().prompt_rate() is not None

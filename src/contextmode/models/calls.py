@@ -18,15 +18,17 @@ import statistics
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from ..types import ModelCall
+from ..tokens.estimate import EstimateCounter
+from ..tokens.tools import count_messages
+from ..types import ChatMessage, ModelCall
 from .priority import CallPriority, call_priority
 
-__all__ = ["CallLog", "CallMeter", "ModelCall", "call_log", "model_step", "step_session"]
+__all__ = ["PROMPT_ESTIMATE", "CallLog", "CallMeter", "ModelCall", "call_log", "estimate_prompt", "model_step", "step_session"]
 
 _STEP: ContextVar[str | None] = ContextVar("contextmode_model_step", default=None)
 _SESSION: ContextVar[str] = ContextVar("contextmode_model_session", default="")
@@ -66,6 +68,9 @@ class CallMeter:
     chunks: int = 0
     first_chunk: float | None = None
     """Monotonic time its first streamed chunk came (the server had read the prompt)."""
+    prompt_size: int | None = None
+    """Its prompt's tokens as `estimate_prompt` counts them (servers report none while streaming:
+    llama-cpp-python), the measure `CallLog.prompt_rate` reads."""
     outcome: str = "running"
     log: CallLog | None = field(default=None, repr=False, compare=False)
     """The log it was started in (told when it ends)."""
@@ -156,13 +161,13 @@ class CallLog:
     """Newest calls `prompt_rate` reads."""
 
     def prompt_rate(self) -> float | None:
-        """Prompt tokens per second the loop's model server reads: the median over the newest
-        `RATE_CALLS` calls that reported their prompt's tokens (64 or more) and streamed, of
-        those tokens over the time from the call's slot to its first chunk (a wait in the server's
-        own queue counts, so the figure errs slow). ``None`` before any such call."""
+        """Prompt tokens (as `estimate_prompt` counts them) per second the loop's model server
+        reads: the median over the newest `RATE_CALLS` streamed calls with a prompt of 64 or
+        more, of its tokens over the time from the call's slot to its first chunk (a wait in the
+        server's own queue counts, so the figure errs slow). ``None`` before any such call."""
         rates: list[float] = []
         for meter in reversed(self.calls):
-            tokens, admitted, first = meter.prompt_tokens, meter.admitted, meter.first_chunk
+            tokens, admitted, first = meter.prompt_size, meter.admitted, meter.first_chunk
             if tokens is None or tokens < 64 or admitted is None or first is None or first <= admitted:
                 continue
             rates.append(tokens / (first - admitted))
@@ -201,6 +206,20 @@ class CallLog:
 
 
 _LOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CallLog] = weakref.WeakKeyDictionary()
+
+
+PROMPT_ESTIMATE = EstimateCounter()
+"""One measure of prompts for every model (the generic estimate): what `CallMeter.prompt_size`
+holds, and what a response-path call is fitted with (`processors.llm`)."""
+
+
+def estimate_prompt(messages: Sequence[Mapping[str, object]]) -> int:
+    """A request's messages (as sent: ``role`` and ``content``) in `PROMPT_ESTIMATE` tokens, as
+    `count_messages` counts them (a content that is not text counts nothing)."""
+    return count_messages(PROMPT_ESTIMATE, [
+        ChatMessage(role=str(m.get("role") or "user"), content=content)  # type: ignore[arg-type]
+        for m in messages if isinstance(content := m.get("content"), str)
+    ])
 
 
 def call_log() -> CallLog:

@@ -44,7 +44,7 @@ from .base import (
     UpstreamReply,
 )
 from .caching import ModelUsage, current_cache_key, report_usage, usage_from
-from .calls import CallMeter, call_log
+from .calls import CallMeter, call_log, estimate_prompt
 from .priority import Cuttable, SlotGate, call_priority, endpoint_gate, paused_limits
 from .server import ServerInfo, probe_server
 from .settings import LLMSettings, ResponseFormatMode, check_model_request_allowed
@@ -714,6 +714,7 @@ class OpenAIChatModel:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         async with self._slot(deadline) as meter:
+            meter.prompt_size = estimate_prompt(request.get("messages") or ())
             events = self._stream_in_slot(request, self._call_deadline(meter), meter)
             async with aclosing(events):  # closed before the slot is given back
                 async for event in events:

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import ContextWindowExceeded, ModelError, ModelTimeout, OutputRejected
 from ..jsonparse import extract_json
 from ..models.base import ChatModel, JsonSchema, answers_to_schema
-from ..models.calls import call_log, model_step
+from ..models.calls import PROMPT_ESTIMATE, call_log, model_step
 from ..models.priority import call_priority, response_time_left, waits_excluded
 from ..prompts import CONSTRAINTS, DETECT, EMOTION, REWRITE, SUMMARY, Prompt
 from ..settings import env_int
@@ -201,13 +201,11 @@ def _fit(
     rate = call_log().prompt_rate() if timeout is not None and call_priority() == "reply" else None
     if rate is None or timeout is None:
         return fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
-    readable = int(PROMPT_SHARE * timeout * rate)
+    fitted = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
+    readable = ModelWindow(tokens=int(PROMPT_SHARE * timeout * rate) + (max_tokens or 0), counter=PROMPT_ESTIMATE)
     try:
-        return fit_fields(window.within(readable + (max_tokens or 0)), prompt, fields, chinese=chinese,
-                          max_tokens=max_tokens, cuts=cuts)
+        return fit_fields(readable, prompt, fitted, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     except ContextWindowExceeded:
-        # Too long for the model's own window too: that error, not this one.
-        fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
         _not_asked(prompt, f"its shortest prompt takes the server longer to read than {PROMPT_SHARE * timeout:.1f} s "
                            f"(~{rate:.0f} tokens/s)")
 
