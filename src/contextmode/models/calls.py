@@ -208,7 +208,7 @@ class CallLog:
 _LOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CallLog] = weakref.WeakKeyDictionary()
 
 
-PROMPT_ESTIMATE = EstimateCounter()
+PROMPT_ESTIMATE = EstimateCounter(quiet=True)
 """One measure of prompts for every model (the generic estimate): what `CallMeter.prompt_size`
 holds, and what a response-path call is fitted with (`processors.llm`)."""
 

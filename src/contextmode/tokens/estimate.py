@@ -233,8 +233,10 @@ class EstimateCounter:
     exact = False
 
     def __init__(
-        self, family: str = "generic", *, coefficients: EstimateCoefficients | None = None
+        self, family: str = "generic", *, coefficients: EstimateCoefficients | None = None, quiet: bool = False
     ) -> None:
+        """``quiet``: no warning that counts are estimates (a measure kept on the side, not the
+        engine's counter)."""
         if family not in _COEFFICIENTS and coefficients is None:
             raise ValueError(f"unknown estimate family {family!r}; use one of {ESTIMATE_FAMILIES}")
         self.family = family
@@ -247,8 +249,9 @@ class EstimateCounter:
         self._weights = {name: getattr(self.coefficients, name) for name in FITTED}
         self._weights.update(FIXED_WEIGHTS)
         with _warned_lock:
-            first = self.name not in _warned
-            _warned.add(self.name)
+            first = not quiet and self.name not in _warned
+            if not quiet:
+                _warned.add(self.name)
         if first:
             logger.warning(
                 "token counts for %s are ESTIMATES (exact=False): no exact tokenizer in use",
