@@ -28,7 +28,11 @@ kinds of work it covers; a finished job whose outcome is being written is not co
 unit per session at any moment); the time to drain after the last turn
 (goal ≤ 30 s); each run's model calls by step (reply or background: count, time, wait for a
 slot, outcomes) from the event loop's call log (`models.calls`, what the turns' traces show), and
-the background jobs' outcomes with their last errors.
+the background jobs' outcomes with their last errors. Each turn also has its time to
+``Prepared`` (``prep``: loading, detection, rewriting, assembly and storing the user turn:
+memory's part before the reply is asked for); ``worst_turn_memory_only_ratio`` is the worst turn
+counting only what memory added (its ``prep`` beyond its twin's) on top of its twin, so a ratio
+can be told apart from a small model's reply that ran longer in one run than in the other.
 """
 
 from __future__ import annotations
@@ -118,10 +122,13 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
 
     started = time.perf_counter()
     ttft: float | None = None
+    prepared_s: float | None = None
     answer, outcome, partial = "", "answered", False
     try:
         async for event in engine.stream(TurnRequest(key=SessionKey("local", session), message=message)):
-            if event.kind == "delta" and ttft is None:
+            if event.kind == "prepared":
+                prepared_s = time.perf_counter() - started  # memory's part: load, detect, rewrite, assemble
+            elif event.kind == "delta" and ttft is None:
                 ttft = time.perf_counter() - started
             elif event.kind == "done":
                 answer, partial = event.result.answer, event.result.partial
@@ -129,7 +136,7 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
                 answer, outcome = event.partial_answer, f"failed: {type(event.error).__name__}"
     except Exception as exc:  # a bug, not a model failure: counted, the run goes on
         outcome = f"error: {type(exc).__name__}: {exc}"[:120]
-    return {"seconds": time.perf_counter() - started, "ttft_s": ttft, "chars": len(answer),
+    return {"seconds": time.perf_counter() - started, "ttft_s": ttft, "prepared_s": prepared_s, "chars": len(answer),
             "partial": partial, "outcome": outcome if answer.strip() or outcome != "answered" else "empty"}
 
 
@@ -206,6 +213,10 @@ async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]
     }
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
 def _compress(samples: list[tuple[float, dict[str, int]]]) -> list[list[Any]]:
     """The samples where a session's pending count changed: ``[t, {session: n}]``."""
     out: list[list[Any]] = []
@@ -222,7 +233,17 @@ def compare(offline: dict[str, Any], llm: dict[str, Any]) -> dict[str, Any]:
     ratios = [(r["seconds"] / twins[(r["session"], r["turn"])], r["session"], r["turn"])
               for r in llm["rows"] if twins.get((r["session"], r["turn"]))]
     worst = max(ratios, default=(0.0, "-", 0))
+    # Memory's own part of a turn: the time to `Prepared` (load, detection, rewriting, assembly)
+    # beyond its twin's, against the twin's whole turn; the rest of a ratio is the reply itself
+    # (a small model's reply length varies with its context).
+    prepared = {(r["session"], r["turn"]): r.get("prepared_s") or 0.0 for r in offline["rows"]}
+    added = [((r.get("prepared_s") or 0.0) - prepared.get((r["session"], r["turn"]), 0.0), r["session"], r["turn"])
+             for r in llm["rows"] if twins.get((r["session"], r["turn"]))]
+    worst_added = max(((a / twins[(s, t)], s, t) for a, s, t in added), default=(0.0, "-", 0))
     return {
+        "memory_added_s_total": round(sum(a for a, _, _ in added), 1),
+        "worst_turn_memory_only_ratio": round(1 + worst_added[0], 2),
+        "worst_turn_memory_only": f"{worst_added[1]} {worst_added[2]}",
         "total_ratio": round(llm["total_s"] / offline["total_s"], 2) if offline["total_s"] else None,
         "worst_turn_ratio": round(worst[0], 2),
         "worst_turn": f"{worst[1]} {worst[2]}",
@@ -234,14 +255,15 @@ def compare(offline: dict[str, Any], llm: dict[str, Any]) -> dict[str, Any]:
 
 def _print(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     offline, llm = runs[-2], runs[-1]
-    print(f"{'turn':<9} {'llm s':>7} {'ttft':>5} {'offline s':>9} {'ttft':>5} {'ratio':>6} "
+    print(f"{'turn':<9} {'llm s':>7} {'ttft':>5} {'prep':>5} {'offline s':>9} {'ttft':>5} {'prep':>5} {'ratio':>6} "
           f"{'pending llm':>11} {'offline':>7}")
     twins = {(r["session"], r["turn"]): r for r in offline["rows"]}
     for r in llm["rows"]:
         twin = twins.get((r["session"], r["turn"]))
         ratio = r["seconds"] / twin["seconds"] if twin and twin["seconds"] else float("nan")
         print(f"{r['session'] + ' ' + str(r['turn']):<9} {r['seconds']:>7.1f} {r['ttft_s'] or 0:>5.1f} "
-              f"{twin['seconds'] if twin else 0:>9.1f} {(twin or {}).get('ttft_s') or 0:>5.1f} {ratio:>6.2f} "
+              f"{r.get('prepared_s') or 0:>5.1f} {twin['seconds'] if twin else 0:>9.1f} "
+              f"{(twin or {}).get('ttft_s') or 0:>5.1f} {(twin or {}).get('prepared_s') or 0:>5.1f} {ratio:>6.2f} "
               f"{r['pending_at_start']:>11} {(twin or {}).get('pending_at_start', 0):>7}")
     print("pending units per session over time (llm run; where a count changed):")
     for t, counts in llm["pending_timeline"][:60]:
@@ -250,6 +272,8 @@ def _print(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
         print(f"{run['processors']:<8} total {run['total_s']} s, p50 {run['p50_s']} s, p95 {run['p95_s']} s, "
               f"ttft p50 {run['ttft_p50_s']} s p95 {run['ttft_p95_s']} s, drain {run['drain_s']} s, "
               f"pending peak {run['pending_peak']}, jobs {run['jobs']}")
+    print(f"memory's part (time to Prepared beyond the twin's): {summary['memory_added_s_total']} s in all; "
+          f"worst turn counting only it {summary['worst_turn_memory_only']} {summary['worst_turn_memory_only_ratio']}x")
     print(f"total ratio {summary['total_ratio']} (goal <= 1.5), worst turn {summary['worst_turn']} "
           f"{summary['worst_turn_ratio']}x (goal <= 3), pending peak per session "
           f"{summary['pending_peak_per_session']} (goal <= 1), drain {summary['drain_s']} s (goal <= 30)")
@@ -298,7 +322,9 @@ def main() -> None:
         "rounds_summary": summaries,
         "runs": [{k: v for k, v in run.items() if k not in ("rows", "pending_timeline")} for run in runs],
         "turns": [{"session": r["session"], "turn": r["turn"], "llm_s": round(r["seconds"], 1),
-                   "offline_s": round(t["seconds"], 1), "pending": r["pending_at_start"]}
+                   "offline_s": round(t["seconds"], 1), "llm_ttft_s": _round(r["ttft_s"]),
+                   "offline_ttft_s": _round(t["ttft_s"]), "llm_prepared_s": _round(r["prepared_s"]),
+                   "offline_prepared_s": _round(t["prepared_s"]), "pending": r["pending_at_start"]}
                   for r, t in zip(runs[-1]["rows"], runs[-2]["rows"], strict=True)],
         "pending_timeline_llm": runs[-1]["pending_timeline"][:200],
         "median_total_ratio": round(statistics.median(s["total_ratio"] or 0 for s in summaries), 2),
