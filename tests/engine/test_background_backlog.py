@@ -199,10 +199,13 @@ async def test_a_reply_in_the_users_own_script_is_never_cut() -> None:
 
 
 class CountingSummarizer:
-    """A summariser standing for a model: counts its calls."""
+    """A summariser standing for a model (it says what its call costs of the window): counts its calls."""
 
     def __init__(self) -> None:
         self.calls = 0
+
+    def call_tokens(self, previous: object, turns: Sequence[Turn], counter: object) -> int:
+        return 100
 
     async def summarize(self, previous: object, turns: Sequence[Turn]) -> object:
         from contextmode.processors.base import SummaryResult

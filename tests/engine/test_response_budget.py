@@ -187,3 +187,27 @@ async def test_a_response_path_prompt_is_cut_to_what_the_server_reads_in_its_tim
         result = await LLMRewriter(unasked, window=window).rewrite("How much would it cost?", history)
     assert unasked.calls == [] and not result.changed
     assert call_log().calls[-1].outcome.startswith("not asked: its shortest prompt takes the server longer")
+
+
+# -- a reply that fits the server's window when counts are estimates ----------------------------
+
+@pytest.mark.parametrize("estimated", [True, False])
+async def test_with_estimated_counts_a_full_window_caps_the_reply_at_what_is_left(estimated: bool) -> None:
+    from contextmode.tokens.estimate import EstimateCounter
+
+    model = FunctionModel(lambda messages: "好的。")
+    counter = EstimateCounter(quiet=True) if estimated else CharTokenCounter()
+    engine = Engine(store=MemoryStore(), model=model, counter=counter, processors=Processors.offline(),
+                    settings=EngineSettings(context_window=512, job_attempts=1, summary_threshold=1000))
+    for i in range(60):  # far more than the window holds, in small turns: the window fills to its brim
+        await engine.record("t", "full", "user" if i % 2 == 0 else "assistant", f"西湖边第{i}家茶馆安静吗？")
+    result = await engine.turn("t", "full", "还有别的吗？")
+    cap = model.calls[-1].max_tokens
+    total = result.prepared.context.total_tokens
+    assert total > (512 - engine.budget().reserve) / 1.1  # the window is full: a 10 % miss would overflow
+    if estimated:  # a few percent low would overflow the server's window: the reply gives way
+        assert cap is not None and 1 <= cap < engine.budget().reserve
+        assert total * 1.1 + cap <= 512 + 1
+    else:
+        assert cap is None  # exact counts: the model's own cap
+    await engine.close()

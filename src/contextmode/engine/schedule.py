@@ -111,11 +111,14 @@ async def _unit_pass(parts: TurnParts, key: SessionKey) -> None:
 
 async def _summary_step(parts: TurnParts, key: SessionKey, behind: bool) -> bool:
     """The summary due, folded by the engine's summariser; when the model fell behind (the pass
-    began with more than `MODEL_TURNS` turns waiting), by the offline one, noted in the call log."""
+    began with more than `MODEL_TURNS` turns waiting) and the summariser is a model's (it says
+    what its call costs of the model's window: `LLMSummarizer`, audited or not), by the offline
+    one, noted in the call log."""
     upto = parts.backlog.take_summary(key)
     if upto is None:
         return False
-    filled = behind and not safe_with_shared_connection(parts.processors.summarizer)  # it calls a model
+    summarizer = parts.processors.summarizer
+    filled = behind and fits_a_window(summarizer) and summarizer.call_tokens(None, (), parts.counter) is not None
     try:
         await summarize_now(parts, key, upto=upto or None, summarizer=_offline().summarizer if filled else None)
         if filled:

@@ -10,6 +10,7 @@ partial if the stream broke, in a ``finally`` that cancellation cannot skip. A
 from __future__ import annotations
 
 import asyncio
+import math
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -141,7 +142,7 @@ async def _answer(
     model, relay = parts.model, request.relay
     if relay is None or not relays(model):
         guard = ReplyGuard(scripts_of(m.content for m in prepared.messages))
-        deltas = model.stream(prepared.messages)
+        deltas = model.stream(prepared.messages, max_tokens=reply_cap(parts, prepared))
         try:
             async for delta in deltas:
                 yield Delta(text=delta)
@@ -161,6 +162,24 @@ async def _answer(
             yield Upstream(reply=event)
         elif event.kind == "text":
             yield Delta(text=event.text)
+
+
+ESTIMATE_MARGIN = 0.1
+"""Share of an estimated prompt kept free besides it: an estimate (`EstimateCounter`, for a model
+whose tokenizer we cannot run) may count a few percent low, and a server refuses a request whose
+prompt and ``max_tokens`` together exceed its window (llama-cpp-python: "Requested tokens (4170)
+exceed context window of 4096", every later turn of the session with it)."""
+
+
+def reply_cap(parts: TurnParts, prepared: PreparedTurn) -> int | None:
+    """``max_tokens`` of the reply when counts are estimates and the window is nearly full: what
+    the window leaves after the prompt plus `ESTIMATE_MARGIN` of it, if that is less than the
+    reply's reserve; else ``None`` (the model's own cap)."""
+    if parts.counter.exact:
+        return None
+    prompt = math.ceil(prepared.context.total_tokens * (1 + ESTIMATE_MARGIN))
+    left = parts.settings.context_window - prompt
+    return max(1, left) if left < parts.budget().reserve else None
 
 
 def _log_turn(prepared: PreparedTurn, user_turn: Turn, answer: Answer, jobs: list[str]) -> None:
