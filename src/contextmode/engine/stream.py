@@ -10,8 +10,8 @@ partial if the stream broke, in a ``finally`` that cancellation cannot skip. A
 from __future__ import annotations
 
 import asyncio
-import math
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
