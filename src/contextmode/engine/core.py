@@ -91,10 +91,11 @@ class Engine:
         )
         self.trace_writes = TraceWrites()
         self.kept_requests = KeptRequests()
-        self.pace = ReplyPace()
         """Per session, what the next exchange's usage needs of the newest trace kept here."""
         """Each exchange's trace write, started as the reply goes out (`trace`, `drain` and
         `close` wait for them)."""
+        self.pace = ReplyPace()
+        """How long the replies take, per session: the response path's budget (`engine/pace.py`)."""
         self.owns_model = False
         """True when the engine's builder made the model (`build_engine` from ``CONTEXTMODE_LLM_*``):
         `close` then closes the model's HTTP client too; a model passed in stays the caller's."""

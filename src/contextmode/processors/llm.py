@@ -198,10 +198,10 @@ def _fit(
     """``fields`` cut to fit the model's ``window`` (`fit_fields`) and, for a reply call with a
     ``timeout``, what the server reads in `PROMPT_SHARE` of it; `ModelTimeout` (not asked) when
     even the cut prompt takes longer, for a reply call (`ContextWindowExceeded` otherwise)."""
+    fitted = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
     rate = call_log().prompt_rate() if timeout is not None and call_priority() == "reply" else None
     if rate is None or timeout is None:
-        return fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
-    fitted = fit_fields(window, prompt, fields, chinese=chinese, max_tokens=max_tokens, cuts=cuts)
+        return fitted
     readable = ModelWindow(tokens=int(PROMPT_SHARE * timeout * rate) + (max_tokens or 0), counter=PROMPT_ESTIMATE)
     try:
         return fit_fields(readable, prompt, fitted, chinese=chinese, max_tokens=max_tokens, cuts=cuts)

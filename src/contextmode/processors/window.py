@@ -10,7 +10,7 @@ prompt (the history first, then the message…) until the call fits, and raises
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import ContextWindowExceeded
@@ -41,10 +41,6 @@ class ModelWindow:
     """The model's context window (``EngineSettings.context_window``)."""
     counter: TokenCounter
     """Counts the prompt (the engine's counter: the server's tokenizer where it has one)."""
-
-    def within(self, tokens: int) -> ModelWindow:
-        """This window, no larger than ``tokens``."""
-        return self if tokens >= self.tokens else replace(self, tokens=max(0, tokens))
 
     def cost(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> int:
         """Tokens a call takes of the window: the request plus the output it allows."""
