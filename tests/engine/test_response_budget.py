@@ -152,6 +152,40 @@ async def test_the_servers_prompt_rate_is_the_median_of_its_newest_calls() -> No
     assert call_log().prompt_rate() == pytest.approx(100.0)
 
 
+def _wrote(tokens_per_s: float, calls: int = 3, *, reported: bool = False) -> None:
+    """Calls in this loop's log that streamed 100 tokens at ``tokens_per_s`` after their first chunk
+    (counted as chunks, or as the server's own count when ``reported``)."""
+    from contextmode.models.calls import CallMeter
+
+    log = call_log()
+    for _ in range(calls):
+        log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=1.0, first_chunk=2.0,
+                           ended=2.0 + 100 / tokens_per_s, chunks=7 if reported else 100,
+                           completion_tokens=100 if reported else None))
+
+
+async def test_the_servers_output_rate_is_the_median_of_its_newest_calls() -> None:
+    log = call_log()
+    assert log.output_rate() is None and log.output_in_time(60.0, 1000) is None
+    _wrote(10.0, calls=2)
+    _wrote(40.0, calls=3, reported=True)  # the server's own count when it gives one
+    assert log.output_rate() == pytest.approx(40.0)
+    log.note("rewrite", "", "not asked")  # a call that sent nothing does not count
+    assert log.output_rate() == pytest.approx(40.0)
+
+
+async def test_what_fits_in_time_is_the_output_after_the_prompt_is_read() -> None:
+    from contextmode.models.calls import MIN_OUTPUT, OUTPUT_SHARE
+
+    log = call_log()
+    _wrote(20.0)
+    assert log.output_in_time(60.0, 1000) == int(20.0 * 60.0 * OUTPUT_SHARE)  # no prompt rate yet: no reading time
+    _measured(100.0)  # 1,000 prompt tokens take 10 s to read
+    assert log.output_in_time(60.0, 1000) == int(20.0 * 50.0 * OUTPUT_SHARE)
+    assert log.output_in_time(60.0, None) == int(20.0 * 60.0 * OUTPUT_SHARE)
+    assert log.output_in_time(5.0, 1000) == MIN_OUTPUT  # past its time already: cut at the deadline anyway
+
+
 HISTORY_TURNS = [
     f"{role}: {text}" for role, text in (("user", "We plan a trip to Kyoto in April, two people."),
                                           ("assistant", "Kyoto in April: cherry blossoms. " * 20))
@@ -191,8 +225,10 @@ async def test_a_response_path_prompt_is_cut_to_what_the_server_reads_in_its_tim
 
 # -- a reply that fits the server's window when counts are estimates ----------------------------
 
+@pytest.mark.parametrize("agent", [False, True], ids=["reply", "agent step"])
 @pytest.mark.parametrize("estimated", [True, False])
-async def test_with_estimated_counts_a_full_window_caps_the_reply_at_what_is_left(estimated: bool) -> None:
+async def test_with_estimated_counts_a_full_window_caps_the_reply_at_what_is_left(estimated: bool, agent: bool) -> None:
+    from contextmode.engine.agent import AgentRequest
     from contextmode.tokens.estimate import EstimateCounter
 
     model = FunctionModel(lambda messages: "好的。")
@@ -201,7 +237,11 @@ async def test_with_estimated_counts_a_full_window_caps_the_reply_at_what_is_lef
                     settings=EngineSettings(context_window=512, job_attempts=1, summary_threshold=1000))
     for i in range(60):  # far more than the window holds, in small turns: the window fills to its brim
         await engine.record("t", "full", "user" if i % 2 == 0 else "assistant", f"西湖边第{i}家茶馆安静吗？")
-    result = await engine.turn("t", "full", "还有别的吗？")
+    if agent:
+        events = [e async for e in engine.stream_agent(SessionKey("t", "full"), AgentRequest(message="还有别的吗？"))]
+        result = next(e.result for e in events if e.kind == "done")
+    else:
+        result = await engine.turn("t", "full", "还有别的吗？")
     cap = model.calls[-1].max_tokens
     total = result.prepared.context.total_tokens
     assert total > (512 - engine.budget().reserve) / 1.1  # the window is full: a 10 % miss would overflow

@@ -129,3 +129,34 @@ async def test_a_streamed_call_is_measured_for_the_servers_prompt_rate(server: o
         [{"role": m.role, "content": m.content} for m in messages])
     assert meter.first_chunk is not None and meter.admitted is not None and meter.first_chunk >= meter.admitted
     assert call_log().prompt_rate() is not None
+
+
+async def test_a_call_is_sized_to_end_by_its_deadline_at_the_servers_measured_rate(server: object) -> None:
+    """A server that notices a closed stream only as it sends a chunk (llama-cpp-python, on tokens
+    that do not decode) would go on generating a reply stopped at its deadline: a call asks for
+    no more than the server writes before the deadline comes."""
+    from contextmode.models.base import Relay
+    from contextmode.models.calls import CallMeter
+    from contextmode.testing.stub_server import StubServer
+
+    assert isinstance(server, StubServer)
+    from contextmode.models.openai import OpenAIOptions
+
+    model = OpenAIChatModel(model="stub-model", base_url=server.url, max_retries=0,
+                            options=OpenAIOptions(deadline=30.0))
+    "".join([d async for d in model.stream(said("first"), max_tokens=2000)])
+    assert server.chat_requests[-1].body["max_tokens"] == 2000  # nothing measured yet: as asked
+    log = call_log()
+    for _ in range(3):  # a server writing 10 tokens a second
+        log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=1.0, first_chunk=2.0,
+                           ended=12.0, chunks=100))
+    "".join([d async for d in model.stream(said("second"), max_tokens=2000)])
+    sized = server.chat_requests[-1].body["max_tokens"]
+    assert 200 <= sized <= 10 * 30  # about what 30 s hold at 10 tokens a second, less reading time
+    "".join([d async for d in model.stream(said("short"), max_tokens=50)])
+    assert server.chat_requests[-1].body["max_tokens"] == 50  # a cap that fits stays
+    relayed = Relay(fields={"messages": [{"role": "user", "content": "relayed"}], "max_completion_tokens": 5000},
+                    stream=True)
+    [e async for e in model.relay(None, relayed)]
+    body = server.chat_requests[-1].body
+    assert "max_tokens" not in body and 200 <= body["max_completion_tokens"] <= 300  # under the client's own name

@@ -55,7 +55,7 @@ from .request import (
     UseDefault,
 )
 from .schedule import schedule_jobs
-from .stream import Ending
+from .stream import Ending, reply_cap, window_left
 
 __all__ = ["AgentRequest", "ToolResult", "latest_user", "prepare_step", "stream_agent_turn"]
 
@@ -188,16 +188,17 @@ async def _events(
     model = parts.model
     with cache_session(prepared.state.tenant, prepared.state.session_id):  # the session's prompt-cache hints
         if request.relay is not None and relays(model):
-            left = max(1, parts.settings.context_window - prepared.context.total_tokens)
+            left = max(1, window_left(parts, prepared))
             async for item in model.relay(prepared.messages, request.relay, max_tokens=left):
                 yield item
             return
+        cap = reply_cap(parts, prepared)
         if request.tools and calls_tools(model):
             async for event in model.stream_events(prepared.messages, tools=request.tools,
-                                                   tool_choice=request.tool_choice):
+                                                   tool_choice=request.tool_choice, max_tokens=cap):
                 yield event
             return
-        async for text in model.stream(prepared.messages):
+        async for text in model.stream(prepared.messages, max_tokens=cap):
             yield TextDelta(text=text)
 
 

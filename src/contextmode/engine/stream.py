@@ -154,8 +154,7 @@ async def _answer(
             if isinstance(deltas, AsyncGenerator):  # closed now: the server stops generating
                 await deltas.aclose()
         return
-    left = max(1, parts.settings.context_window - prepared.context.total_tokens)
-    async for event in model.relay(prepared.messages, relay, max_tokens=left):
+    async for event in model.relay(prepared.messages, relay, max_tokens=max(1, window_left(parts, prepared))):
         if event.kind == "upstream":
             if not event.accepted_only:
                 ending.read(event, whole=not relay.stream)
@@ -171,14 +170,22 @@ prompt and ``max_tokens`` together exceed its window (llama-cpp-python: "Request
 exceed context window of 4096", every later turn of the session with it)."""
 
 
+def window_left(parts: TurnParts, prepared: PreparedTurn) -> int:
+    """Tokens the context window leaves after the turn's prompt: its count, plus
+    `ESTIMATE_MARGIN` of it when counts are estimates (may be 0 or less)."""
+    prompt = prepared.context.total_tokens
+    if not parts.counter.exact:
+        prompt = math.ceil(prompt * (1 + ESTIMATE_MARGIN))
+    return parts.settings.context_window - prompt
+
+
 def reply_cap(parts: TurnParts, prepared: PreparedTurn) -> int | None:
     """``max_tokens`` of the reply when counts are estimates and the window is nearly full: what
-    the window leaves after the prompt plus `ESTIMATE_MARGIN` of it, if that is less than the
-    reply's reserve; else ``None`` (the model's own cap)."""
+    the window leaves (`window_left`), if that is less than the reply's reserve; else ``None``
+    (the model's own cap). A relayed request is always capped at what the window leaves."""
     if parts.counter.exact:
         return None
-    prompt = math.ceil(prepared.context.total_tokens * (1 + ESTIMATE_MARGIN))
-    left = parts.settings.context_window - prompt
+    left = window_left(parts, prepared)
     return max(1, left) if left < parts.budget().reserve else None
 
 

@@ -14,6 +14,7 @@ shared server while it ran. The log keeps the newest `CallLog.KEEP` calls of the
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import time
 import weakref
@@ -175,6 +176,36 @@ class CallLog:
                 break
         return statistics.median(rates) if rates else None
 
+    def output_rate(self) -> float | None:
+        """Tokens per second the loop's model server writes: the median over the newest
+        `RATE_CALLS` streamed calls with 32 or more tokens out (the server's count when it
+        reported one, else the chunks it sent: llama-cpp-python reports none while streaming and
+        sends a chunk per token, or one per character that takes several, so the figure errs
+        slow), of those tokens over the time from the first chunk to the call's end. ``None``
+        before any such call."""
+        rates: list[float] = []
+        for meter in reversed(self.calls):
+            tokens = meter.completion_tokens if meter.completion_tokens is not None else meter.chunks
+            first, ended = meter.first_chunk, meter.ended
+            if tokens < 32 or first is None or ended is None or ended <= first:
+                continue
+            rates.append(tokens / (ended - first))
+            if len(rates) == self.RATE_CALLS:
+                break
+        return statistics.median(rates) if rates else None
+
+    def output_in_time(self, seconds: float, prompt_size: int | None) -> int | None:
+        """The tokens the server can write in ``seconds`` after reading a prompt of
+        ``prompt_size`` (`estimate_prompt` tokens), at `OUTPUT_SHARE` of its measured rates
+        (`output_rate`, `prompt_rate`); ``None`` while it has not been measured. At least
+        `MIN_OUTPUT`: a call that late is cut at its deadline anyway."""
+        rate = self.output_rate()
+        if rate is None:
+            return None
+        reading = self.prompt_rate()
+        left = seconds - (prompt_size / reading if prompt_size and reading else 0.0)
+        return max(MIN_OUTPUT, math.floor(rate * left * OUTPUT_SHARE))
+
     def between(self, start: float, end: float | None = None) -> tuple[ModelCall, ...]:
         """The calls that overlapped ``[start, end]`` (monotonic times; ``end`` None: now),
         in the order they asked for a slot, times from ``start``."""
@@ -203,6 +234,14 @@ class CallLog:
             older.add(number)
         before = [self.calls[n - oldest_kept] for n in sorted(older) if n >= oldest_kept]
         return [m for m in before if m.asked < start and m.asked <= end] + newest
+
+
+OUTPUT_SHARE = 0.8
+"""Of the time a call has left when it is sent, the share its answer is sized to fill at the
+server's measured rates (`CallLog.output_in_time`); the rest absorbs a slower stretch."""
+
+MIN_OUTPUT = 16
+"""The fewest tokens `CallLog.output_in_time` allows a call."""
 
 
 _LOGS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CallLog] = weakref.WeakKeyDictionary()

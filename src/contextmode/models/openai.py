@@ -521,8 +521,8 @@ class OpenAIChatModel:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         try:
-            async with self._slot(deadline) as meter, asyncio.timeout_at(self._call_deadline(meter)):
-                completion = await self._create(request, stream=False)
+            async with self._slot(deadline) as meter, asyncio.timeout_at(call_deadline := self._call_deadline(meter)):
+                completion = await self._create(_sized_in_time(request, meter, call_deadline, "max_tokens"), stream=False)
                 _meter_chunk(meter, {"usage": _field(completion, "usage")})
         except TimeoutError:
             raise ModelTimeout(f"the model did not answer within the {self.deadline} s deadline") from None
@@ -582,10 +582,12 @@ class OpenAIChatModel:
         request = self._relay_request(messages, relay, max_tokens)
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
-        events = self._relay_stream(request, deadline) if relay.stream else self._relay_whole(request, deadline)
-        async with self._slot(deadline), aclosing(events):
-            async for event in events:
-                yield event
+        async with self._slot(deadline) as meter:
+            request = _sized_in_time(request, meter, deadline, self._length_param)
+            events = self._relay_stream(request, deadline) if relay.stream else self._relay_whole(request, deadline)
+            async with aclosing(events):
+                async for event in events:
+                    yield event
 
     def _relay_request(
         self, messages: Sequence[ChatMessage] | None, relay: Relay, max_tokens: int | None
@@ -714,8 +716,9 @@ class OpenAIChatModel:
         loop = asyncio.get_running_loop()
         deadline = None if self.deadline is None else loop.time() + self.deadline
         async with self._slot(deadline) as meter:
-            meter.prompt_size = estimate_prompt(request.get("messages") or ())
-            events = self._stream_in_slot(request, self._call_deadline(meter), meter)
+            call_deadline = self._call_deadline(meter)
+            request = _sized_in_time(request, meter, call_deadline, "max_tokens")
+            events = self._stream_in_slot(request, call_deadline, meter)
             async with aclosing(events):  # closed before the slot is given back
                 async for event in events:
                     yield event
@@ -978,6 +981,31 @@ class _StreamWatch:
             if is_looping(text):
                 return "stopped early: the reply repeats itself", "the reply repeats itself"
         return None
+
+
+def _sized_in_time(
+    request: dict[str, Any], meter: CallMeter, deadline: float | None, length_key: str
+) -> dict[str, Any]:
+    """``request`` with its length cap lowered to what the server writes before ``deadline`` (a
+    loop time) at its measured rates (`CallLog.output_in_time`), when that is less; ``meter``
+    gets its prompt size (`estimate_prompt`). The cap is the one the request names
+    (``max_completion_tokens`` or ``max_tokens``), else ``length_key``.
+
+    A client's deadline ends a call for the client, not always for the server:
+    llama-cpp-python notices a closed stream only when it next sends a chunk, and it sends none
+    while the tokens it has made do not decode (a small model's broken UTF-8 in Chinese; its
+    issue 372), so a reply stopped at its deadline went on being generated to its
+    ``max_tokens`` for nobody, and the next turn waited for it. Sized in time, it ends by
+    itself about when the deadline comes (its ``finish_reason`` is ``length``)."""
+    meter.prompt_size = estimate_prompt(request.get("messages") or ())
+    log = meter.log
+    if deadline is None or log is None:
+        return request
+    fits = log.output_in_time(deadline - asyncio.get_running_loop().time(), meter.prompt_size)
+    named = next((k for k in ("max_completion_tokens", "max_tokens") if isinstance(request.get(k), int)), None)
+    if fits is None or (named is not None and request[named] <= fits):
+        return request
+    return {**request, (named or length_key): fits}
 
 
 def _meter_chunk(meter: CallMeter, chunk: Any) -> None:
