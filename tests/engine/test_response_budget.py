@@ -160,8 +160,8 @@ def _wrote(tokens_per_s: float, calls: int = 3, *, reported: bool = False) -> No
     log = call_log()
     for _ in range(calls):
         log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=1.0, first_chunk=2.0,
-                           ended=2.0 + 100 / tokens_per_s, chunks=7 if reported else 100,
-                           completion_tokens=100 if reported else None))
+                           last_chunk=2.0 + 100 / tokens_per_s, ended=3.0 + 100 / tokens_per_s,
+                           chunks=7 if reported else 100, completion_tokens=100 if reported else None))
 
 
 async def test_the_servers_output_rate_is_the_median_of_its_newest_calls() -> None:
@@ -172,6 +172,22 @@ async def test_the_servers_output_rate_is_the_median_of_its_newest_calls() -> No
     assert log.output_rate() == pytest.approx(40.0)
     log.note("rewrite", "", "not asked")  # a call that sent nothing does not count
     assert log.output_rate() == pytest.approx(40.0)
+
+
+async def test_a_silence_after_the_last_chunk_is_not_writing_time() -> None:
+    """A reply cut at its deadline after a long silence (a server making tokens it cannot send)
+    measures the rate it wrote at; counted to its end it would size every later call to a few
+    tokens, too few to measure the rate again."""
+    from contextmode.models.calls import MIN_OUTPUT, CallMeter
+
+    log = call_log()
+    log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=0.0, first_chunk=1.0,
+                       last_chunk=3.0, ended=120.0, chunks=60))
+    assert log.output_rate() == pytest.approx(30.0)
+    for _ in range(2):  # calls as short as the fewest allowed still measure the rate
+        log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=0.0, first_chunk=1.0,
+                           last_chunk=1.5, ended=1.6, chunks=MIN_OUTPUT))
+    assert log.output_rate() == pytest.approx(MIN_OUTPUT / 0.5)
 
 
 async def test_what_fits_in_time_is_the_output_after_the_prompt_is_read() -> None:

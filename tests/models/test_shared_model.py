@@ -149,7 +149,7 @@ async def test_a_call_is_sized_to_end_by_its_deadline_at_the_servers_measured_ra
     log = call_log()
     for _ in range(3):  # a server writing 10 tokens a second
         log._add(CallMeter(step="reply", priority="reply", session="", asked=0.0, admitted=1.0, first_chunk=2.0,
-                           ended=12.0, chunks=100))
+                           last_chunk=12.0, ended=12.0, chunks=100))
     "".join([d async for d in model.stream(said("second"), max_tokens=2000)])
     sized = server.chat_requests[-1].body["max_tokens"]
     assert 200 <= sized <= 10 * 30  # about what 30 s hold at 10 tokens a second, less reading time

@@ -69,6 +69,8 @@ class CallMeter:
     chunks: int = 0
     first_chunk: float | None = None
     """Monotonic time its first streamed chunk came (the server had read the prompt)."""
+    last_chunk: float | None = None
+    """Monotonic time its latest streamed chunk came."""
     prompt_size: int | None = None
     """Its prompt's tokens as `estimate_prompt` counts them (servers report none while streaming:
     llama-cpp-python), the measure `CallLog.prompt_rate` reads."""
@@ -178,18 +180,21 @@ class CallLog:
 
     def output_rate(self) -> float | None:
         """Tokens per second the loop's model server writes: the median over the newest
-        `RATE_CALLS` streamed calls with 32 or more tokens out (the server's count when it
+        `RATE_CALLS` streamed calls with 8 or more tokens out (the server's count when it
         reported one, else the chunks it sent: llama-cpp-python reports none while streaming and
         sends a chunk per token, or one per character that takes several, so the figure errs
-        slow), of those tokens over the time from the first chunk to the call's end. ``None``
-        before any such call."""
+        slow), of those tokens over the time from the first chunk to the last. A silence after
+        the last chunk (a stream cut at its deadline while the server made tokens it could not
+        send) is not writing time: counted, one such call would size every later call to a few
+        tokens, and calls that short would never measure the rate again. ``None`` before any
+        such call."""
         rates: list[float] = []
         for meter in reversed(self.calls):
             tokens = meter.completion_tokens if meter.completion_tokens is not None else meter.chunks
-            first, ended = meter.first_chunk, meter.ended
-            if tokens < 32 or first is None or ended is None or ended <= first:
+            first, last = meter.first_chunk, meter.last_chunk
+            if tokens < 8 or first is None or last is None or last <= first:
                 continue
-            rates.append(tokens / (ended - first))
+            rates.append(tokens / (last - first))
             if len(rates) == self.RATE_CALLS:
                 break
         return statistics.median(rates) if rates else None

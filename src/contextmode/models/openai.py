@@ -1011,8 +1011,9 @@ def _sized_in_time(
 def _meter_chunk(meter: CallMeter, chunk: Any) -> None:
     """Count a streamed chunk in ``meter`` (the server's usage, when a chunk carries it)."""
     meter.chunks += 1
+    meter.last_chunk = time.monotonic()
     if meter.first_chunk is None:
-        meter.first_chunk = time.monotonic()
+        meter.first_chunk = meter.last_chunk
     usage = _field(chunk, "usage")
     if usage is not None:
         prompt, completion = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")
