@@ -96,3 +96,17 @@ async def test_a_reply_while_a_background_call_runs_gets_its_first_token_within_
     print(f"first token: idle {idle:.2f} s; with a background call generating {[round(b, 2) for b in busy]} s")
     assert gate.preempted == 3
     assert statistics.median(busy) <= 2 * idle, (busy, idle)
+
+
+async def test_llama_cpp_python_is_asked_for_valid_utf8_and_still_answers_in_chinese(base_url: str) -> None:
+    """The probe names llama-cpp-python as a server that stalls on broken text, and a Chinese reply
+    is asked for valid UTF-8 (a grammar the server accepts, not a refused request)."""
+    from contextmode.models.calls import call_log
+    from contextmode.models.server import probe_server
+
+    assert probe_server(base_url, LOCAL_MODEL_ALIAS).stalls_on_broken_text
+    model = OpenAIChatModel(model=LOCAL_MODEL_ALIAS, base_url=base_url, max_retries=0)
+    text = "".join([d async for d in model.stream([ChatMessage(role="user", content="推荐一家杭州的餐厅。")],
+                                                   max_tokens=24)])
+    assert text.strip()
+    assert call_log().calls[-1].outcome in ("stop", "length")

@@ -160,3 +160,42 @@ async def test_a_call_is_sized_to_end_by_its_deadline_at_the_servers_measured_ra
     [e async for e in model.relay(None, relayed)]
     body = server.chat_requests[-1].body
     assert "max_tokens" not in body and 200 <= body["max_completion_tokens"] <= 300  # under the client's own name
+
+
+@pytest.mark.parametrize("valid_text", [True, False])
+async def test_a_server_that_stalls_on_broken_text_is_asked_for_valid_utf8_in_chinese(
+    server: object, valid_text: bool,
+) -> None:
+    """llama-cpp-python sends nothing more once a model writes bytes that do not decode, and spends
+    ever longer on each later token: text calls in Chinese ask it for valid UTF-8 (a grammar)."""
+    from contextmode.models.base import Relay
+    from contextmode.models.openai import VALID_TEXT, OpenAIOptions
+    from contextmode.models.server import ServerInfo
+    from contextmode.testing.stub_server import StubServer
+
+    assert isinstance(server, StubServer)
+    info = ServerInfo(kind="llamacpp", slots=0, stalls_on_broken_text=True)
+    model = OpenAIChatModel(model="stub-model", base_url=server.url, max_retries=0,
+                            options=OpenAIOptions(server_info=info, valid_text=valid_text))
+    "".join([d async for d in model.stream(said("推荐一家杭州的餐厅。"))])
+    assert server.chat_requests[-1].body.get("grammar") == (VALID_TEXT if valid_text else None)
+    "".join([d async for d in model.stream(said("Recommend a café in Hangzhou."))])
+    assert "grammar" not in server.chat_requests[-1].body  # no character of three bytes: no stall to fear
+    await model.complete_json(said("心情如何？"), schema=SCHEMA, max_tokens=20)
+    assert server.chat_requests[-1].body.get("grammar") is None  # a JSON call has its own grammar
+    [e async for e in model.relay(None, Relay(fields={"messages": [{"role": "user", "content": "它在哪？"}]}, stream=True))]
+    assert server.chat_requests[-1].body.get("grammar") == (VALID_TEXT if valid_text else None)
+    other = OpenAIChatModel(model="stub-model", base_url=server.url, max_retries=0,
+                            options=OpenAIOptions(server_info=ServerInfo(kind="llamacpp", slots=0)))
+    "".join([d async for d in other.stream(said("推荐一家杭州的餐厅。"))])
+    assert "grammar" not in server.chat_requests[-1].body  # llama.cpp's own server sends what it has
+
+
+def test_valid_text_is_read_from_the_environment() -> None:
+    from contextmode.errors import ConfigError
+    from contextmode.models import LLMSettings
+
+    assert LLMSettings.from_env({}).valid_text is True
+    assert LLMSettings.from_env({"CONTEXTMODE_LLM_VALID_TEXT": "0"}).valid_text is False
+    with pytest.raises(ConfigError, match="CONTEXTMODE_LLM_VALID_TEXT"):
+        LLMSettings.from_env({"CONTEXTMODE_LLM_VALID_TEXT": "maybe"})

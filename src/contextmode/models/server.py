@@ -60,6 +60,12 @@ class ServerInfo:
     slots: int | None = None
     """Requests the server answers at once, when known: llama.cpp's ``/props total_slots``;
     1 for llama-cpp-python (it serves one request at a time). ``None`` = no known limit."""
+    stalls_on_broken_text: bool = False
+    """llama-cpp-python: once a model writes bytes that do not decode as UTF-8, its stream sends
+    nothing more until the reply ends, and each later token costs it time that grows with their
+    number (it tries every prefix of them; its issue 372). A closed stream goes unnoticed
+    meanwhile. Text calls in a script of multi-byte characters ask it for valid UTF-8
+    (`models.openai.VALID_TEXT`)."""
 
     @property
     def response_format(self) -> Literal["json_schema", "json_object"]:
@@ -116,7 +122,7 @@ def probe_server(
         return ServerInfo()
     root, base = server_root(base_url), base_url.rstrip("/")
     kind: ServerKind = "openai"
-    window, source, tokenize, slots = None, None, None, None
+    window, source, tokenize, slots, stalls = None, None, None, None, False
     try:
         with httpx.Client(timeout=timeout, headers=dict(headers or {})) as client:
             props = _get_json(client, f"{root}/props")
@@ -130,8 +136,9 @@ def probe_server(
                 kind = "llamacpp"
             if window is None and models_window is not None:
                 window, source = models_window, models_source
-            if slots is None and owner == "me":
-                slots = 1  # llama-cpp-python: one request at a time, under one lock
+            if owner == "me":  # llama-cpp-python
+                slots = 1 if slots is None else slots  # one request at a time, under one lock
+                stalls = True
             if tokenize is None and owned and _tokenizes(client, f"{root}/extras/tokenize", model):
                 tokenize = f"{root}/extras/tokenize"
             if window is None and owned:
@@ -139,7 +146,8 @@ def probe_server(
                 source = "context_length_exceeded" if window else None
     except Exception as exc:  # a probe is advice; the configured values stand
         logger.info("probing %s failed: %s", root, type(exc).__name__)
-    return ServerInfo(kind=kind, context_window=window, window_source=source, tokenize_url=tokenize, slots=slots)
+    return ServerInfo(kind=kind, context_window=window, window_source=source, tokenize_url=tokenize, slots=slots,
+                      stalls_on_broken_text=stalls)
 
 
 def _from_props(props: dict[str, object]) -> tuple[int | None, int | None]:

@@ -72,6 +72,10 @@ class LLMSettings:
     background_wait_s: float | None = 30.0
     """Seconds a background job's call waits for a free slot before it gives up (``0`` in the
     env = no limit; the job's own timeout still applies)."""
+    valid_text: bool = True
+    """Ask a server that stalls on broken text (llama-cpp-python) for valid UTF-8 in text calls
+    written in a script of multi-byte characters (`ServerInfo.stalls_on_broken_text`;
+    ``CONTEXTMODE_LLM_VALID_TEXT=0`` = never)."""
 
     @property
     def configured(self) -> bool:
@@ -118,6 +122,9 @@ class LLMSettings:
                 "CONTEXTMODE_LLM_REPLY_MAX_TOKENS must be an integer >= 0 and CONTEXTMODE_LLM_DEADLINE_S >= 0"
             )
         slots, background_wait = _gate_settings(env)
+        valid_text = (text("VALID_TEXT") or "1").lower()
+        if valid_text not in ("0", "1", "true", "false", "on", "off"):
+            raise ConfigError(f"CONTEXTMODE_LLM_VALID_TEXT must be 1 or 0, got {valid_text!r}")
         fmt = (text("RESPONSE_FORMAT") or "auto").lower()
         if fmt not in _FORMATS:
             raise ConfigError(f"CONTEXTMODE_LLM_RESPONSE_FORMAT must be one of {', '.join(_FORMATS)}, got {fmt!r}")
@@ -134,6 +141,7 @@ class LLMSettings:
             response_format=fmt,
             slots=slots,
             background_wait_s=background_wait,
+            valid_text=valid_text in ("1", "true", "on"),
         )
 
 
