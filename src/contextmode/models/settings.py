@@ -11,7 +11,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
-from ..settings import env_int
+from ..settings import env_flag, env_int
 
 __all__ = [
     "ALLOW_MODEL_REQUESTS_ENV",
@@ -122,9 +122,6 @@ class LLMSettings:
                 "CONTEXTMODE_LLM_REPLY_MAX_TOKENS must be an integer >= 0 and CONTEXTMODE_LLM_DEADLINE_S >= 0"
             )
         slots, background_wait = _gate_settings(env)
-        valid_text = (text("VALID_TEXT") or "1").lower()
-        if valid_text not in ("0", "1", "true", "false", "on", "off"):
-            raise ConfigError(f"CONTEXTMODE_LLM_VALID_TEXT must be 1 or 0, got {valid_text!r}")
         fmt = (text("RESPONSE_FORMAT") or "auto").lower()
         if fmt not in _FORMATS:
             raise ConfigError(f"CONTEXTMODE_LLM_RESPONSE_FORMAT must be one of {', '.join(_FORMATS)}, got {fmt!r}")
@@ -141,7 +138,7 @@ class LLMSettings:
             response_format=fmt,
             slots=slots,
             background_wait_s=background_wait,
-            valid_text=valid_text in ("1", "true", "on"),
+            valid_text=env_flag(env, "CONTEXTMODE_LLM_VALID_TEXT", True),
         )
 
 
