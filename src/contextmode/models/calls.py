@@ -19,7 +19,7 @@ import statistics
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -168,15 +168,13 @@ class CallLog:
         reads: the median over the newest `RATE_CALLS` streamed calls with a prompt of 64 or
         more, of its tokens over the time from the call's slot to its first chunk (a wait in the
         server's own queue counts, so the figure errs slow). ``None`` before any such call."""
-        rates: list[float] = []
-        for meter in reversed(self.calls):
+        def rate(meter: CallMeter) -> float | None:
             tokens, admitted, first = meter.prompt_size, meter.admitted, meter.first_chunk
             if tokens is None or tokens < 64 or admitted is None or first is None or first <= admitted:
-                continue
-            rates.append(tokens / (first - admitted))
-            if len(rates) == self.RATE_CALLS:
-                break
-        return statistics.median(rates) if rates else None
+                return None
+            return tokens / (first - admitted)
+
+        return self._median_rate(rate)
 
     def output_rate(self) -> float | None:
         """Tokens per second the loop's model server writes: the median over the newest
@@ -188,15 +186,24 @@ class CallLog:
         send) is not writing time: counted, one such call would size every later call to a few
         tokens, and calls that short would never measure the rate again. ``None`` before any
         such call."""
-        rates: list[float] = []
-        for meter in reversed(self.calls):
+        def rate(meter: CallMeter) -> float | None:
             tokens = meter.completion_tokens if meter.completion_tokens is not None else meter.chunks
             first, last = meter.first_chunk, meter.last_chunk
             if tokens < 8 or first is None or last is None or last <= first:
-                continue
-            rates.append(tokens / (last - first))
-            if len(rates) == self.RATE_CALLS:
-                break
+                return None
+            return tokens / (last - first)
+
+        return self._median_rate(rate)
+
+    def _median_rate(self, rate: Callable[[CallMeter], float | None]) -> float | None:
+        """The median of ``rate`` over the newest `RATE_CALLS` calls it measures (``None`` for
+        a call it cannot); ``None`` when it measures none."""
+        rates: list[float] = []
+        for meter in reversed(self.calls):
+            if (measured := rate(meter)) is not None:
+                rates.append(measured)
+                if len(rates) == self.RATE_CALLS:
+                    break
         return statistics.median(rates) if rates else None
 
     def output_in_time(self, seconds: float, prompt_size: int | None) -> int | None:
