@@ -32,7 +32,14 @@ the background jobs' outcomes with their last errors. Each turn also has its tim
 ``Prepared`` (``prep``: loading, detection, rewriting, assembly and storing the user turn:
 memory's part before the reply is asked for); ``worst_turn_memory_only_ratio`` is the worst turn
 counting only what memory added (its ``prep`` beyond its twin's) on top of its twin, so a ratio
-can be told apart from a small model's reply that ran longer in one run than in the other.
+can be told apart from a small model's reply that ran longer in one run than in the other. Each
+turn's progress line (and its row in the JSON, ``calls``) lists the model calls that overlapped
+it: the step (``bg`` and the session for a background job's), when it asked (seconds from the
+turn's start), its wait for a slot, its time, tokens out and outcome.
+
+The benchmark also runs on earlier code, for a *before* figure on the same machine:
+``PYTHONPATH=<checkout>/src python benchmarks/real_model_shared.py --table --label before`` (an
+engine without the call log lists no calls).
 """
 
 from __future__ import annotations
@@ -120,6 +127,7 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
     from contextmode.engine import TurnRequest
     from contextmode.types import SessionKey
 
+    since = time.monotonic()
     started = time.perf_counter()
     ttft: float | None = None
     prepared_s: float | None = None
@@ -137,7 +145,26 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
     except Exception as exc:  # a bug, not a model failure: counted, the run goes on
         outcome = f"error: {type(exc).__name__}: {exc}"[:120]
     return {"seconds": time.perf_counter() - started, "ttft_s": ttft, "prepared_s": prepared_s, "chars": len(answer),
-            "partial": partial, "outcome": outcome if answer.strip() or outcome != "answered" else "empty"}
+            "partial": partial, "outcome": outcome if answer.strip() or outcome != "answered" else "empty",
+            "calls": [_call_line(c) for c in _calls_since(since)]}
+
+
+def _calls_since(since: float) -> Sequence[Any]:
+    """The model calls that overlapped ``[since, now]`` (`models.calls.CallLog.between`); none
+    from an engine older than the call log (a *before* run on earlier code)."""
+    try:
+        from contextmode.models.calls import call_log
+    except ImportError:
+        return ()
+    return call_log().between(since)
+
+
+def _call_line(call: Any) -> str:
+    """One model call that overlapped a turn, in a line: step (``bg`` for a background job's),
+    when it asked (s from the turn's start), its wait for a slot, its time, tokens out, outcome."""
+    where = "" if call.priority == "reply" else f"bg {call.session} "
+    return (f"{where}{call.step} at {call.start_ms / 1000:.1f} wait {call.wait_ms / 1000:.1f} "
+            f"took {call.duration_ms / 1000:.1f} out {call.completion_tokens or 0} {call.outcome.split(':')[0]}")
 
 
 async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]:
@@ -163,20 +190,22 @@ async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]
         rows.append(row)
         print(f"[{processors} {session} {turn}] {row['seconds']:.1f} s (ttft {row['ttft_s'] or 0:.1f} s) "
               f"{row['outcome']}, {row['chars']} chars, pending here {row['pending_at_start']} "
-              f"/ all {row['pending_all_at_start']}, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+              f"/ all {row['pending_all_at_start']}, load {os.getloadavg()[0]:.1f}; prep {row['prepared_s'] or 0:.1f} s; "
+              f"calls: {'; '.join(row['calls']) or 'none'}", file=sys.stderr, flush=True)
     last_turn = time.perf_counter()
     await engine.drain()
     drain_s = time.perf_counter() - last_turn
     sampler.cancel()
     jobs: dict[str, dict[str, int]] = defaultdict(lambda: {"ok": 0, "rejected": 0, "failed": 0})
     errors: dict[str, str] = {}
-    from contextmode.models.calls import call_log
-
     calls = [{"step": c.step, "priority": c.priority, "wait_s": c.wait_ms / 1000, "seconds": c.duration_ms / 1000,
               "tokens_out": c.completion_tokens, "outcome": c.outcome.split(":")[0]}
-             for c in call_log().between(since)]  # every call of the run (a trace shows a turn's)
+             for c in _calls_since(since)]  # every call of the run (a trace shows a turn's)
     for session in sessions:
-        info = await engine.store.info(SessionKey("local", session))
+        try:
+            info = await engine.store.info(SessionKey("local", session))
+        except TypeError:  # earlier code (a *before* run): the store took the tenant and the id
+            info = await engine.store.info("local", session)
         for name, stats in (info.jobs.items() if info is not None else ()):
             for outcome in ("ok", "rejected", "failed"):
                 jobs[name][outcome] += getattr(stats, outcome)
@@ -300,7 +329,8 @@ def main() -> None:
         os.environ["CONTEXTMODE_LLM_REPLY_MAX_TOKENS"] = str(args.reply_max_tokens)
     plan = issue_table() if args.table else interleaved(turns)
     load_before = os.getloadavg()
-    with llama_server(Path(tempfile.mkdtemp(prefix="contextmode-real-model-")), threads=args.threads) as base_url:
+    threads = {"threads": args.threads} if args.threads else {}  # earlier code (a *before* run) has no such option
+    with llama_server(Path(tempfile.mkdtemp(prefix="contextmode-real-model-")), **threads) as base_url:
         for _ in range(max(1, args.rounds)):
             for processors in ("offline", "llm"):
                 runs.append(asyncio.run(run_mode(base_url, processors, plan)))
