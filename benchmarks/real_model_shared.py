@@ -35,7 +35,9 @@ counting only what memory added (its ``prep`` beyond its twin's) on top of its t
 can be told apart from a small model's reply that ran longer in one run than in the other. Each
 turn's progress line (and its row in the JSON, ``calls``) lists the model calls that overlapped
 it: the step (``bg`` and the session for a background job's), when it asked (seconds from the
-turn's start), its wait for a slot, its time, tokens out and outcome.
+turn's start), its wait for a slot, its time, tokens out and outcome; and what the response path
+decided: who gave the detection verdict (the model or the offline detector) and what became of
+a rewrite (verified, refused by the verifier, none), counted per run in ``response_path``.
 
 The benchmark also runs on earlier code, for a *before* figure on the same machine:
 ``PYTHONPATH=<checkout>/src python benchmarks/real_model_shared.py --table --label before`` (an
@@ -49,12 +51,13 @@ import asyncio
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -131,11 +134,13 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
     started = time.perf_counter()
     ttft: float | None = None
     prepared_s: float | None = None
+    decided: dict[str, str] = {}
     answer, outcome, partial = "", "answered", False
     try:
         async for event in engine.stream(TurnRequest(key=SessionKey("local", session), message=message)):
             if event.kind == "prepared":
                 prepared_s = time.perf_counter() - started  # memory's part: load, detect, rewrite, assemble
+                decided = _decided(event.prepared)
             elif event.kind == "delta" and ttft is None:
                 ttft = time.perf_counter() - started
             elif event.kind == "done":
@@ -146,7 +151,25 @@ async def _one_turn(engine: Any, session: str, message: str) -> dict[str, Any]:
         outcome = f"error: {type(exc).__name__}: {exc}"[:120]
     return {"seconds": time.perf_counter() - started, "ttft_s": ttft, "prepared_s": prepared_s, "chars": len(answer),
             "partial": partial, "outcome": outcome if answer.strip() or outcome != "answered" else "empty",
-            "calls": [_call_line(c) for c in _calls_since(since)]}
+            "calls": [_call_line(c) for c in _calls_since(since)], **decided}
+
+
+def _decided(prepared: Any) -> dict[str, str]:
+    """What the response path decided for a turn: who gave the detection verdict (``llm``: the
+    model; ``offline``: the offline detector, sure, standing in for the model, or alone) and what
+    became of a rewrite (``llm verified``, ``offline verified``, ``llm rejected``…, ``none``)."""
+    detection = prepared.detection
+    reason = str(getattr(detection, "reason", ""))
+    who = "llm" if re.match(r"\w+@\w+: (yes|no)", reason) else "offline"  # `LLMContextDetector`'s own verdict
+    rewrite, rejected = prepared.rewrite, getattr(prepared, "rejected_rewrite", None)
+    if rewrite is not None and rewrite.changed:
+        what = f"{rewrite.source or '?'} {'verified' if rewrite.verified else 'unverified'}"
+    elif rejected is not None:
+        what = f"{rejected.source or '?'} rejected"
+    else:
+        what = "none"
+    return {"detected_by": f"{who} ({'needs context' if detection.needs_context else 'standalone'})",
+            "rewrite": what}
 
 
 def _calls_since(since: float) -> Sequence[Any]:
@@ -191,6 +214,7 @@ async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]
         print(f"[{processors} {session} {turn}] {row['seconds']:.1f} s (ttft {row['ttft_s'] or 0:.1f} s) "
               f"{row['outcome']}, {row['chars']} chars, pending here {row['pending_at_start']} "
               f"/ all {row['pending_all_at_start']}, load {os.getloadavg()[0]:.1f}; prep {row['prepared_s'] or 0:.1f} s; "
+              f"detected by {row.get('detected_by', '?')}, rewrite {row.get('rewrite', '?')}; "
               f"calls: {'; '.join(row['calls']) or 'none'}", file=sys.stderr, flush=True)
     last_turn = time.perf_counter()
     await engine.drain()
@@ -239,6 +263,10 @@ async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]
         "jobs": dict(jobs),
         "job_errors": errors,
         "model_calls": {k: {**v, "outcomes": dict(v["outcomes"])} for k, v in by_step.items()},
+        "response_path": {  # what the response path's calls bought: who decided, which rewrites stood
+            "detected_by": dict(Counter(r.get("detected_by", "?").split(" ")[0] for r in rows)),
+            "rewrites": dict(Counter(r.get("rewrite", "?") for r in rows)),
+        },
     }
 
 
@@ -300,7 +328,7 @@ def _print(runs: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     for run in runs:
         print(f"{run['processors']:<8} total {run['total_s']} s, p50 {run['p50_s']} s, p95 {run['p95_s']} s, "
               f"ttft p50 {run['ttft_p50_s']} s p95 {run['ttft_p95_s']} s, drain {run['drain_s']} s, "
-              f"pending peak {run['pending_peak']}, jobs {run['jobs']}")
+              f"pending peak {run['pending_peak']}, jobs {run['jobs']}, response path {run['response_path']}")
     print(f"memory's part (time to Prepared beyond the twin's): {summary['memory_added_s_total']} s in all; "
           f"worst turn counting only it {summary['worst_turn_memory_only']} {summary['worst_turn_memory_only_ratio']}x")
     print(f"total ratio {summary['total_ratio']} (goal <= 1.5), worst turn {summary['worst_turn']} "
