@@ -168,7 +168,7 @@ def _decided(prepared: Any) -> dict[str, str]:
         what = f"{rejected.source or '?'} rejected"
     else:
         what = "none"
-    return {"detected_by": f"{who} ({'needs context' if detection.needs_context else 'standalone'})",
+    return {"detected_by": who, "verdict": "needs context" if detection.needs_context else "standalone",
             "rewrite": what}
 
 
@@ -214,7 +214,7 @@ async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]
         print(f"[{processors} {session} {turn}] {row['seconds']:.1f} s (ttft {row['ttft_s'] or 0:.1f} s) "
               f"{row['outcome']}, {row['chars']} chars, pending here {row['pending_at_start']} "
               f"/ all {row['pending_all_at_start']}, load {os.getloadavg()[0]:.1f}; prep {row['prepared_s'] or 0:.1f} s; "
-              f"detected by {row.get('detected_by', '?')}, rewrite {row.get('rewrite', '?')}; "
+              f"detected by {row.get('detected_by', '?')} ({row.get('verdict', '?')}), rewrite {row.get('rewrite', '?')}; "
               f"calls: {'; '.join(row['calls']) or 'none'}", file=sys.stderr, flush=True)
     last_turn = time.perf_counter()
     await engine.drain()
@@ -264,7 +264,7 @@ async def run_mode(base_url: str, processors: str, plan: Plan) -> dict[str, Any]
         "job_errors": errors,
         "model_calls": {k: {**v, "outcomes": dict(v["outcomes"])} for k, v in by_step.items()},
         "response_path": {  # what the response path's calls bought: who decided, which rewrites stood
-            "detected_by": dict(Counter(r.get("detected_by", "?").split(" ")[0] for r in rows)),
+            "detected_by": dict(Counter(r.get("detected_by", "?") for r in rows)),
             "rewrites": dict(Counter(r.get("rewrite", "?") for r in rows)),
         },
     }
